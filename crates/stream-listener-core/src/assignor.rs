@@ -1,0 +1,1 @@
+//! assignor (in progress)

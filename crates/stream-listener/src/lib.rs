@@ -1,0 +1,11 @@
+//! stream-listener: Kafka-grade consumer groups for sharded Redis Streams.
+//!
+//! This facade re-exports the pieces users need. See `DESIGN.md` in the repository for the
+//! architecture and the protocol.
+
+pub use stream_listener_core::{assignor, coordinator, model};
+
+/// The real-Redis test harness (cargo feature `testing`): throwaway `redis-server` processes, a
+/// local 3-master cluster and fault injection. See [`stream_listener_core::testing`].
+#[cfg(feature = "testing")]
+pub use stream_listener_core::testing;
