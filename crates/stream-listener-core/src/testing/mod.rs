@@ -1,1 +1,47 @@
-//! testing harness (in progress)
+//! A real-Redis test harness (cargo feature `testing`): throwaway `redis-server` processes, a local
+//! 3-master Redis Cluster, and fault injection.
+//!
+//! - [`RedisServer`]: one `redis-server` on a free `127.0.0.1` port in its own temporary
+//!   directory, without persistence unless asked for an append-only file
+//!   ([`RedisServerBuilder::aof`]);
+//! - [`RedisCluster`]: a local Redis Cluster of 3 masters (no replicas) for redis-rs's
+//!   `cluster::ClusterClient`;
+//! - fault injection on both: `pause` (`SIGSTOP`), `resume` (`SIGCONT`), `kill` (`SIGKILL`) and
+//!   `restart` (same port, same directory).
+//!
+//! Every process is stopped when its handle is dropped, and on Linux also when the test process
+//! dies, even by `SIGKILL` (children get `PR_SET_PDEATHSIG` and are forked by one long-lived thread).
+//! Nothing panics: every fallible call returns [`HarnessError`], whose
+//! [`RedisNotInstalled`](HarnessError::RedisNotInstalled) variant says how to install Redis.
+//!
+//! Binaries come from `PATH`, or from [`REDIS_SERVER_ENV`] (`STREAM_LISTENER_REDIS_SERVER`) and
+//! [`REDIS_CLI_ENV`] (`STREAM_LISTENER_REDIS_CLI`). Unix only.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use stream_listener_core::testing::RedisServer;
+//!
+//! let server = RedisServer::builder().aof(true).start()?;
+//! let mut con = server.client().get_connection()?;
+//! redis::cmd("SET").arg("k").arg("v").exec(&mut con)?;
+//! server.pause()?; // the server stops answering
+//! server.resume()?;
+//! # Ok(())
+//! # }
+//! ```
+
+#[cfg(not(unix))]
+compile_error!("the stream-listener testing harness needs a Unix-like OS (Linux or macOS)");
+
+mod binaries;
+mod cluster;
+mod error;
+mod ports;
+mod probe;
+mod process;
+mod server;
+
+pub use binaries::{REDIS_CLI_ENV, REDIS_SERVER_ENV};
+pub use cluster::{RedisCluster, RedisClusterBuilder};
+pub use error::HarnessError;
+pub use server::{Appendfsync, RedisServer, RedisServerBuilder};
