@@ -8,6 +8,7 @@
 
 pub mod assignor;
 pub mod coordinator;
+pub mod fence;
 pub mod model;
 
 #[cfg(feature = "testing")]

@@ -1,1 +1,0 @@
-//! coordinator (in progress)

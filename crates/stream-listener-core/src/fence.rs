@@ -1,0 +1,107 @@
+//! Per-shard fencing tokens (DESIGN.md §8).
+//!
+//! Each shard has a fence hash `{<prefix>:<i>}:fence` with one field per consumer group holding the
+//! token of the member process allowed to read, ack and claim there. These are the comparison
+//! rules; the Redis scripts of the data plane implement exactly the same ones, and the coordinator
+//! simulation uses these functions to model them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Epoch, Micros};
+
+/// A fencing token: `(incarnation, memberEpoch, memberId, processId)` as of the heartbeat response
+/// that gave the member the shard. Tokens are ordered by `(incarnation, memberEpoch)` only; two
+/// different tokens with the same pair are *not* ordered (neither may replace the other).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceToken {
+    /// The group incarnation (µs) of the response.
+    pub incarnation: Micros,
+    /// The member epoch of the response.
+    pub member_epoch: Epoch,
+    /// The member id.
+    pub member_id: String,
+    /// The member's process id.
+    pub process_id: String,
+}
+
+/// The answer of a fence script (DESIGN.md §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FenceVerdict {
+    /// The fence holds this token (after a raise: it was accepted): go on.
+    Equal,
+    /// The fence is below the token: a raise was lost in a failover. Re-check lease and
+    /// assignment, raise again, retry.
+    Lower,
+    /// The fence holds a higher or a competing token: stop using the shard and report the conflict.
+    Higher,
+}
+
+impl FenceToken {
+    fn order_key(&self) -> (Micros, Epoch) {
+        (self.incarnation, self.member_epoch)
+    }
+
+    /// Raises `fence` to `self` when `self` is strictly higher by `(incarnation, memberEpoch)` (or
+    /// the fence is empty); accepts the same token again. Returns the verdict and the fence value
+    /// after the script: `Equal` when the fence now holds `self`, `Higher` when it holds a token
+    /// that `self` may not replace (left unchanged).
+    pub fn raise(&self, fence: Option<&FenceToken>) -> (FenceVerdict, FenceToken) {
+        match fence {
+            Some(current) if current == self => (FenceVerdict::Equal, self.clone()),
+            Some(current) if current.order_key() >= self.order_key() => {
+                (FenceVerdict::Higher, current.clone())
+            }
+            _ => (FenceVerdict::Equal, self.clone()),
+        }
+    }
+
+    /// Checks `fence` before a read, ack or claim: `Equal` only when it holds exactly `self`.
+    pub fn check(&self, fence: Option<&FenceToken>) -> FenceVerdict {
+        match fence {
+            Some(current) if current == self => FenceVerdict::Equal,
+            Some(current) if current.order_key() >= self.order_key() => FenceVerdict::Higher,
+            _ => FenceVerdict::Lower,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(incarnation: Micros, epoch: Epoch, member: &str) -> FenceToken {
+        FenceToken {
+            incarnation,
+            member_epoch: epoch,
+            member_id: member.into(),
+            process_id: format!("p-{member}"),
+        }
+    }
+
+    #[test]
+    fn raise_accepts_only_strictly_higher_or_same_token() {
+        let a5 = token(1, 5, "a");
+        assert_eq!(a5.raise(None), (FenceVerdict::Equal, a5.clone()));
+        assert_eq!(a5.raise(Some(&a5)), (FenceVerdict::Equal, a5.clone()));
+        let b6 = token(1, 6, "b");
+        assert_eq!(b6.raise(Some(&a5)), (FenceVerdict::Equal, b6.clone()));
+        assert_eq!(a5.raise(Some(&b6)), (FenceVerdict::Higher, b6.clone()));
+        // Same (incarnation, epoch), another member: neither replaces the other.
+        let b5 = token(1, 5, "b");
+        assert_eq!(b5.raise(Some(&a5)), (FenceVerdict::Higher, a5.clone()));
+        // A new incarnation wins whatever the epoch.
+        let c1 = token(2, 1, "c");
+        assert_eq!(c1.raise(Some(&b6)), (FenceVerdict::Equal, c1.clone()));
+    }
+
+    #[test]
+    fn check_distinguishes_lost_raise_from_conflict() {
+        let a5 = token(1, 5, "a");
+        assert_eq!(a5.check(Some(&a5)), FenceVerdict::Equal);
+        assert_eq!(a5.check(None), FenceVerdict::Lower);
+        assert_eq!(a5.check(Some(&token(1, 4, "z"))), FenceVerdict::Lower);
+        assert_eq!(a5.check(Some(&token(1, 6, "b"))), FenceVerdict::Higher);
+        assert_eq!(a5.check(Some(&token(1, 5, "b"))), FenceVerdict::Higher);
+    }
+}
