@@ -1,7 +1,6 @@
 //! The real-Redis test harness, standalone servers: start, streams, fault injection, ports,
 //! a missing binary, and no leaked server when the test process is killed.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,6 +37,7 @@ fn answers_ping(port: u16) -> bool {
     redis::cmd("PING").query::<String>(&mut con).ok().as_deref() == Some("PONG")
 }
 
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 /// Polls `condition` every 20 ms until it holds or `limit` passes; returns whether it held.
 fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
@@ -320,8 +320,12 @@ fn helper_env_override_missing() {
     );
 }
 
+// The parent-death signal is Linux-only; elsewhere servers stop on `Drop` only.
+#[cfg(target_os = "linux")]
 #[test]
 fn servers_die_with_a_sigkilled_test_process() {
+    use std::io::{BufRead, BufReader};
+
     let mut helper = run_helper("helper_start_server_and_wait", &[])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
