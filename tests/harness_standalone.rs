@@ -10,6 +10,8 @@ use stream_listener::testing::{HarnessError, REDIS_SERVER_ENV, RedisServer};
 
 /// Set in the environment of re-executed copies of this test binary (see [`run_helper`]).
 const HELPER_ENV: &str = "STREAM_LISTENER_HARNESS_HELPER";
+/// Where the leak helper creates its server's directory.
+const HELPER_DIR_ENV: &str = "STREAM_LISTENER_HARNESS_HELPER_DIR";
 /// Prefix of the line the leak helper prints with its server's port.
 const PORT_LINE: &str = "harness-helper-port=";
 
@@ -265,6 +267,30 @@ fn missing_binary_is_reported_with_install_instructions() {
     assert!(message.contains(REDIS_SERVER_ENV), "{message}");
 }
 
+/// A directory removed (with its contents) when dropped.
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl RemovedOnDrop {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "stream-listener-{name}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Runs the `#[ignore]`d helper test `name` of this binary in a child process with `env` set.
 fn run_helper(name: &str, env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(std::env::current_exe().unwrap());
@@ -326,11 +352,16 @@ fn helper_env_override_missing() {
 fn servers_die_with_a_sigkilled_test_process() {
     use std::io::{BufRead, BufReader};
 
-    let mut helper = run_helper("helper_start_server_and_wait", &[])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // The killed helper cannot remove its server's directory: give it one we remove.
+    let parent = RemovedOnDrop::new("leak-test");
+    let mut helper = run_helper(
+        "helper_start_server_and_wait",
+        &[(HELPER_DIR_ENV, parent.0.to_str().unwrap())],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     let stdout = helper.stdout.take().unwrap();
     let port: u16 = BufReader::new(stdout)
         .lines()
@@ -364,7 +395,8 @@ fn helper_start_server_and_wait() {
     }
     // Start the server from a thread that exits at once: the parent-death signal must not fire
     // when this thread ends, only when the process does.
-    let server = std::thread::spawn(|| RedisServer::start().unwrap())
+    let parent = std::env::var_os(HELPER_DIR_ENV).unwrap();
+    let server = std::thread::spawn(|| RedisServer::builder().temp_dir_in(parent).start().unwrap())
         .join()
         .unwrap();
     println!("{PORT_LINE}{}", server.port());

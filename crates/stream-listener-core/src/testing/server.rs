@@ -63,6 +63,7 @@ pub struct RedisServerBuilder {
     start_timeout: Duration,
     port_attempts: u32,
     bus_port: bool,
+    parent_dir: Option<PathBuf>,
 }
 
 impl Default for RedisServerBuilder {
@@ -75,6 +76,7 @@ impl Default for RedisServerBuilder {
             start_timeout: Duration::from_secs(10),
             port_attempts: 5,
             bus_port: false,
+            parent_dir: None,
         }
     }
 }
@@ -122,6 +124,14 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Creates the server's temporary directory inside `parent` instead of the system's
+    /// temporary directory (useful when the test process may be killed, which leaves the
+    /// directory behind: put it in one the caller cleans up).
+    pub fn temp_dir_in(mut self, parent: impl Into<PathBuf>) -> Self {
+        self.parent_dir = Some(parent.into());
+        self
+    }
+
     /// Reserves the cluster bus port (`port + 10000`) as well; used for cluster nodes.
     pub(crate) fn with_bus_port(mut self) -> Self {
         self.bus_port = true;
@@ -142,10 +152,13 @@ impl RedisServerBuilder {
     /// - [`HarnessError::Io`], [`HarnessError::Spawn`], [`HarnessError::SpawnerGone`].
     pub fn start(self) -> Result<RedisServer, HarnessError> {
         let binary = Binary::Server.resolve(self.binary.as_deref())?;
-        let dir = tempfile::Builder::new()
-            .prefix("stream-listener-redis-")
-            .tempdir()
-            .map_err(|e| HarnessError::io("cannot create a temporary directory", e))?;
+        let mut dir = tempfile::Builder::new();
+        dir.prefix("stream-listener-redis-");
+        let dir = match &self.parent_dir {
+            Some(parent) => dir.tempdir_in(parent),
+            None => dir.tempdir(),
+        }
+        .map_err(|e| HarnessError::io("cannot create a temporary directory", e))?;
         let lease = ports::lease(self.bus_port)?;
         let mut server = RedisServer {
             args: self.args(lease.port(), dir.path()),
