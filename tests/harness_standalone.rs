@@ -267,6 +267,19 @@ fn missing_binary_is_reported_with_install_instructions() {
     assert!(message.contains(REDIS_SERVER_ENV), "{message}");
 }
 
+#[test]
+fn a_server_that_exits_at_start_is_reported_with_its_log_tail() {
+    let error = RedisServer::builder()
+        .config("no-such-directive", "1")
+        .start()
+        .unwrap_err();
+    let HarnessError::ServerExited { log_tail, .. } = &error else {
+        panic!("expected ServerExited, got {error:?}");
+    };
+    assert!(log_tail.contains("no-such-directive"), "{log_tail}");
+    assert!(error.to_string().contains("no-such-directive"), "{error}");
+}
+
 /// A directory removed (with its contents) when dropped.
 struct RemovedOnDrop(std::path::PathBuf);
 
