@@ -60,6 +60,7 @@ pub fn heartbeat(
             response
         }
     };
+    retire_finished_members(group, now, config);
     finish(group, now);
     Ok(response)
 }
