@@ -975,3 +975,15 @@ fn catches_only_the_last_replaced_process_remembered() {
     });
     assert_two_readers(report, "single-ghost");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Seeds beyond the fixed range, so every run explores new histories too.
+    #[test]
+    fn any_seed_keeps_every_invariant(seed in proptest::prelude::any::<u64>(), lost_writes in proptest::prelude::any::<bool>()) {
+        let faults = Faults { lost_writes, stream_changes: true, check_holdings: true };
+        let outcome = run_history(seed, 300, Variant::default(), faults);
+        proptest::prop_assert!(outcome.is_ok(), "replay with SIM_SEED={seed}: {}", outcome.unwrap_err());
+    }
+}

@@ -686,3 +686,43 @@ fn group_metadata_uses_the_field_names_of_the_design() {
     assert_eq!(response["status"], "OK");
     assert_eq!(response["heartbeatIntervalMs"], 3000);
 }
+
+#[test]
+fn more_members_than_shards_reach_stable_and_stay() {
+    let mut f = Fixture::new(1);
+    let mut epochs = BTreeMap::new();
+    for m in ["a", "b", "c"] {
+        epochs.insert(m, f.join(m).member_epoch);
+    }
+    for _ in 0..2 {
+        for m in ["a", "b", "c"] {
+            let owned: Vec<ShardIndex> =
+                f.group.members[m].assigned_shards.iter().copied().collect();
+            epochs.insert(m, f.beat(m, epochs[m], &owned).member_epoch);
+        }
+    }
+    assert_eq!(f.group.meta.state, GroupState::Stable);
+    let fingerprint = |f: &Fixture| {
+        let meta = &f.group.meta;
+        let members: Vec<Epoch> = f.group.members.values().map(|m| m.member_epoch).collect();
+        (meta.group_epoch, meta.assignment_epoch, members)
+    };
+    let before = fingerprint(&f);
+    for _ in 0..10 {
+        f.advance_ms(3000);
+        for m in ["a", "b", "c"] {
+            let owned: Vec<ShardIndex> =
+                f.group.members[m].assigned_shards.iter().copied().collect();
+            let r = f.beat(m, epochs[m], &owned);
+            assert_eq!(r.status, HeartbeatStatus::Ok);
+        }
+        assert_eq!(f.group.meta.state, GroupState::Stable);
+        assert_eq!(fingerprint(&f), before);
+    }
+    let owners: Vec<&String> = f.group.meta.target_assignment.members.keys().collect();
+    assert_eq!(
+        owners,
+        vec!["a"],
+        "the one shard stays with its first owner"
+    );
+}
