@@ -56,6 +56,30 @@ impl FenceToken {
         }
     }
 
+    /// The value stored in a fence hash field: `<incarnation>:<memberEpoch>:<processId>:<memberId>`
+    /// (the member id last, so it may contain `:`). Scripts compare the first two numerically.
+    pub fn encode(&self) -> String {
+        format!(
+            "{}:{}:{}:{}",
+            self.incarnation, self.member_epoch, self.process_id, self.member_id
+        )
+    }
+
+    /// Parses [`FenceToken::encode`]'s format; `None` when `value` is not such a token.
+    pub fn decode(value: &str) -> Option<FenceToken> {
+        let mut parts = value.splitn(4, ':');
+        let incarnation = parts.next()?.parse().ok()?;
+        let member_epoch = parts.next()?.parse().ok()?;
+        let process_id = parts.next()?.to_owned();
+        let member_id = parts.next()?.to_owned();
+        Some(FenceToken {
+            incarnation,
+            member_epoch,
+            member_id,
+            process_id,
+        })
+    }
+
     /// Checks `fence` before a read, ack or claim: `Equal` only when it holds exactly `self`.
     pub fn check(&self, fence: Option<&FenceToken>) -> FenceVerdict {
         match fence {
@@ -93,6 +117,20 @@ mod tests {
         // A new incarnation wins whatever the epoch.
         let c1 = token(2, 1, "c");
         assert_eq!(c1.raise(Some(&b6)), (FenceVerdict::Equal, c1.clone()));
+    }
+
+    #[test]
+    fn tokens_round_trip_through_their_stored_form() {
+        let t = FenceToken {
+            incarnation: 1_747_303_200_000_000,
+            member_epoch: 12,
+            member_id: "pod:1-m0".into(),
+            process_id: "0190a1b2-c3d4".into(),
+        };
+        assert_eq!(t.encode(), "1747303200000000:12:0190a1b2-c3d4:pod:1-m0");
+        assert_eq!(FenceToken::decode(&t.encode()), Some(t));
+        assert_eq!(FenceToken::decode("12:x:p:m"), None);
+        assert_eq!(FenceToken::decode("12"), None);
     }
 
     #[test]

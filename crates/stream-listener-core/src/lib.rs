@@ -4,12 +4,19 @@
 //! - [`model`]: the protocol's data (stream, group and member metadata, heartbeat request and response);
 //! - [`assignor`]: the sticky assignor (DESIGN.md §7);
 //! - [`coordinator`]: the pure coordinator state machine (DESIGN.md §4–§6); it knows nothing of Redis;
+//! - [`fence`]: per-shard fencing tokens (DESIGN.md §8);
+//! - [`keys`]: the key layout in Redis and name validation (DESIGN.md §2);
+//! - [`connection`]: standalone or cluster connections behind one type;
+//! - [`store`]: the Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction (DESIGN.md §5);
 //! - `testing` (feature `testing`): a real-Redis test harness.
 
 pub mod assignor;
+pub mod connection;
 pub mod coordinator;
 pub mod fence;
+pub mod keys;
 pub mod model;
+pub mod store;
 
 #[cfg(feature = "testing")]
 pub mod testing;

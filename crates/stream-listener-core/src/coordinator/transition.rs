@@ -81,6 +81,53 @@ pub fn advance(group: &mut Group, ctx: &Context<'_>, config: &CoordinatorConfig)
     finish(group, now);
 }
 
+/// The response a converged member of a STABLE group gets for a heartbeat that repeats its epoch
+/// and reports exactly its target as owned, with nothing revoking and no fence conflict: what
+/// [`heartbeat`] would answer when no time-based work is due. `None` when the group is not
+/// STABLE, a correction round runs, or the member is not converged. The store's fast path
+/// (DESIGN.md §5) answers with it without running the full transition.
+pub fn steady_response(
+    group: &Group,
+    member_id: &str,
+    config: &CoordinatorConfig,
+) -> Option<HeartbeatResponse> {
+    if group.meta.state != GroupState::Stable || in_correction_round(group) {
+        return None;
+    }
+    let member = group.members.get(member_id)?;
+    let target = group.target_of(member_id);
+    let converged = member.state == MemberState::Active
+        && !member.away
+        && &member.assigned_shards == target
+        && &member.current_assignment == target
+        && member.revoking.is_empty();
+    converged.then(|| HeartbeatResponse {
+        status: HeartbeatStatus::Ok,
+        member_epoch: member.member_epoch,
+        assigned_shards: target.iter().copied().collect(),
+        ..base_response(group, config)
+    })
+}
+
+/// The earliest time-based trigger other than a member lease (µs): revoke deadlines, replaced
+/// processes' leases, the end of a correction round, the end of a hand-out hold. The store's
+/// fast path falls back to the full transition once it has passed.
+pub fn next_deadline(group: &Group) -> Option<Micros> {
+    let members = group.members.values();
+    let revokes = members.clone().filter_map(|m| m.revoke_deadline);
+    let old = members.flat_map(|m| m.old_process_holdings.iter().map(|o| o.lease_expires_at));
+    let round = group
+        .meta
+        .correction_round
+        .as_ref()
+        .map(|r| r.not_before_end);
+    revokes
+        .chain(old)
+        .chain(round)
+        .chain(group.meta.hand_out_not_before)
+        .min()
+}
+
 enum Answer {
     Accepted(HeartbeatStatus),
     Fencing(HeartbeatStatus),

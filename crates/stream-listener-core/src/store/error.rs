@@ -1,0 +1,121 @@
+//! Errors of the Redis store.
+
+use crate::coordinator::CoordinatorError;
+use crate::keys::NameError;
+
+/// Why a store operation failed. Every variant says what to do; none loses data (a failed
+/// operation changes nothing, or leaves a change that the next attempt finishes).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Redis did not answer or refused a command.
+    #[error(
+        "Redis command failed: {0}; check that Redis is up and reachable at the configured URL"
+    )]
+    Redis(#[from] redis::RedisError),
+    /// A stream prefix or group name that cannot be used.
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    /// The stream metadata does not exist.
+    #[error(
+        "stream {prefix:?} does not exist (no key {key}); create it with `stream-listener stream create {prefix} --shards N`, or set `shards` for it in the config so it is created at startup"
+    )]
+    MissingStream {
+        /// The stream prefix.
+        prefix: String,
+        /// The missing key.
+        key: String,
+    },
+    /// The group metadata is missing although the group is registered (lost metadata).
+    #[error(
+        "group {group:?} of stream {prefix:?} is registered but its metadata {key} is missing: Redis lost data; it is not rebuilt from member reports. Re-create it (configure `shards` for the stream, or `stream-listener group delete` then restart the members)"
+    )]
+    MissingGroup {
+        /// The stream prefix.
+        prefix: String,
+        /// The consumer group.
+        group: String,
+        /// The missing key.
+        key: String,
+    },
+    /// A consumer group that is not registered on the stream.
+    #[error(
+        "consumer group {group:?} is not registered on stream {prefix:?}; start a listener for it, or register it with the admin API"
+    )]
+    UnknownGroup {
+        /// The stream prefix.
+        prefix: String,
+        /// The consumer group.
+        group: String,
+    },
+    /// A stored field is not valid JSON of the expected shape.
+    #[error(
+        "corrupt metadata in {key} field {field}: {source}; fix or delete the key by hand (it is not rebuilt automatically)"
+    )]
+    CorruptMetadata {
+        /// The key.
+        key: String,
+        /// The hash field.
+        field: String,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// A stored value that is not JSON but should have another shape (a number, a list).
+    #[error("corrupt metadata in {key}: {detail}; fix or delete the key by hand")]
+    Malformed {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Metadata written by another version of stream-listener.
+    #[error(
+        "metadata {key} has schema {found}, this build reads schema {supported}: run the same stream-listener version everywhere"
+    )]
+    UnknownSchema {
+        /// The key.
+        key: String,
+        /// The stored schema.
+        found: String,
+        /// The schema this build reads.
+        supported: u32,
+    },
+    /// The coordinator refused the request.
+    #[error(transparent)]
+    Coordinator(#[from] CoordinatorError),
+    /// Redis is older than 7.0.
+    #[error(
+        "Redis {found} is too old: stream-listener needs Redis 7.0 or newer (XAUTOCLAIM/XCLAIM semantics, scripts); upgrade the server"
+    )]
+    RedisTooOld {
+        /// The version `INFO server` reported.
+        found: String,
+    },
+    /// Too many concurrent changes: the compare-and-set kept failing.
+    #[error(
+        "{what} kept conflicting with concurrent changes after {attempts} attempts; retry later"
+    )]
+    Contended {
+        /// The operation.
+        what: &'static str,
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+impl StoreError {
+    pub(crate) fn corrupt(key: &str, field: &str, source: serde_json::Error) -> Self {
+        StoreError::CorruptMetadata {
+            key: key.to_owned(),
+            field: field.to_owned(),
+            source,
+        }
+    }
+
+    pub(crate) fn malformed(key: &str, detail: impl Into<String>) -> Self {
+        StoreError::Malformed {
+            key: key.to_owned(),
+            detail: detail.into(),
+        }
+    }
+}

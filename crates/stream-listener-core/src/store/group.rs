@@ -1,0 +1,600 @@
+//! Group metadata in Redis and the heartbeat transaction (DESIGN.md §2, §5).
+//!
+//! `sl:{<prefix>:<group>}:group` is a hash: `schema`, `revision`, `leaseRevision`, `meta` (the
+//! group-level JSON), one `member:<id>` JSON per member, and the fast-path fields `steady`
+//! (`<metadataVersion>|<next deadline µs>`, present only while the group is STABLE),
+//! `fast:<id>` (`<fingerprint>\n<response JSON>`) and `fastseq:<id>`. Leases live in the sorted
+//! set `:leases` (member id → expiry µs); the capped `:history` list keeps retired members.
+//!
+//! A full heartbeat loads everything and Redis `TIME` with one script, runs the pure
+//! [`crate::coordinator::heartbeat`], and writes only the changed fields with a compare-and-set
+//! script that checks `revision` and `leaseRevision`; conflicts retry with jitter, then `RETRY`.
+//! A steady-state heartbeat is one script that answers exactly what the full transition would
+//! and only moves the lease (bumping `leaseRevision`, so a concurrent full transition notices).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+
+use super::stream::{SCHEMA_VERSION, check_schema, load_stream_metadata, parse_u64};
+use super::{StoreError, scripts};
+use crate::connection::RedisConnection;
+use crate::coordinator::{self, Context, CoordinatorConfig, CoordinatorError, Group, StreamView};
+use crate::fence::FenceToken;
+use crate::keys::{GroupKeys, StreamKeys};
+use crate::model::{
+    GroupMetadata, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberMetadata, Micros,
+    PROTOCOL_VERSION, ShardIndex,
+};
+
+/// `TIME` seconds and µs, the group hash, the leases (member, score).
+type LoadReply = (u64, u64, HashMap<String, String>, Vec<(String, f64)>);
+
+/// Full transitions attempted before answering `RETRY`.
+const MAX_ATTEMPTS: u32 = 8;
+
+const META: &str = "meta";
+const MEMBER: &str = "member:";
+const FAST: &str = "fast:";
+const FAST_SEQ: &str = "fastseq:";
+const STEADY: &str = "steady";
+
+/// The answer to one heartbeat, with how it was reached (for metrics and benchmarks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    /// The response for the member.
+    pub response: HeartbeatResponse,
+    /// Answered by the steady-state fast path (one script).
+    pub fast_path: bool,
+    /// Compare-and-set attempts of the full transition (0 on the fast path).
+    pub attempts: u32,
+}
+
+/// A group as loaded, with what the compare-and-set needs to detect concurrent changes.
+#[derive(Debug, Clone)]
+pub struct LoadedGroup {
+    /// The coordinator state (history not loaded: empty).
+    pub group: Group,
+    /// Redis `TIME` of the load, µs.
+    pub now: Micros,
+    revision: u64,
+    lease_revision: u64,
+    fields: HashMap<String, String>,
+    leases: HashMap<String, Micros>,
+}
+
+/// The Redis-recorded coordinator of one consumer group.
+#[derive(Debug, Clone)]
+pub struct GroupStore {
+    conn: RedisConnection,
+    stream_keys: StreamKeys,
+    keys: GroupKeys,
+    config: CoordinatorConfig,
+    stream_view: Option<StreamView>,
+}
+
+impl GroupStore {
+    /// A store for group `keys` of stream `stream_keys`, with the protocol timings `config`.
+    pub fn new(
+        conn: RedisConnection,
+        stream_keys: StreamKeys,
+        keys: GroupKeys,
+        config: CoordinatorConfig,
+    ) -> Self {
+        GroupStore {
+            conn,
+            stream_keys,
+            keys,
+            config,
+            stream_view: None,
+        }
+    }
+
+    /// The group's keys.
+    pub fn keys(&self) -> &GroupKeys {
+        &self.keys
+    }
+
+    /// Creates the group metadata if it does not exist, at Redis `TIME` (its `incarnation`).
+    /// With `after_loss`, no shard is handed out until one lease TTL later, because members of
+    /// the lost incarnation may still be reading (DESIGN.md §5). Returns whether it was created.
+    ///
+    /// # Errors
+    /// [`StoreError::Redis`] when Redis fails; [`StoreError::MissingStream`] without stream metadata.
+    pub async fn provision(&mut self, after_loss: bool) -> Result<bool, StoreError> {
+        let stream = self.read_stream_view(None).await?;
+        let now = self.redis_time().await?;
+        let mut group = Group::new(self.keys.prefix(), self.keys.group(), &stream, now);
+        if after_loss {
+            group.meta.hand_out_not_before = Some(now + duration_us(self.config.member_lease_ttl));
+        }
+        let meta = serde_json::to_string(&group.meta)
+            .map_err(|e| StoreError::corrupt(&self.keys.metadata(), META, e))?;
+        let written: i64 = scripts::group_create()
+            .key(self.keys.metadata())
+            .arg(SCHEMA_VERSION)
+            .arg(meta)
+            .invoke_async(&mut self.conn)
+            .await?;
+        Ok(written == 1)
+    }
+
+    /// Loads the group and Redis `TIME` in one script.
+    ///
+    /// # Errors
+    /// [`StoreError::MissingGroup`] when the hash does not exist; [`StoreError::UnknownSchema`],
+    /// [`StoreError::CorruptMetadata`], [`StoreError::Malformed`] when it cannot be read (fail
+    /// closed); [`StoreError::Redis`].
+    pub async fn load(&mut self) -> Result<LoadedGroup, StoreError> {
+        let (secs, micros, fields, leases): LoadReply = scripts::group_load()
+            .key(self.keys.metadata())
+            .key(self.keys.leases())
+            .invoke_async(&mut self.conn)
+            .await?;
+        let now = secs * 1_000_000 + micros;
+        let key = self.keys.metadata();
+        if fields.is_empty() {
+            return Err(StoreError::MissingGroup {
+                prefix: self.keys.prefix().to_owned(),
+                group: self.keys.group().to_owned(),
+                key,
+            });
+        }
+        check_schema(&key, fields.get("schema"))?;
+        let revision = parse_u64(&key, "revision", fields.get("revision"))?;
+        let lease_revision = match fields.get("leaseRevision") {
+            Some(v) => parse_u64(&key, "leaseRevision", Some(v))?,
+            None => 0,
+        };
+        // Scores are whole µs below 2^53, so f64 holds them exactly.
+        let leases: HashMap<String, Micros> =
+            leases.into_iter().map(|(m, s)| (m, s as Micros)).collect();
+        let group = decode_group(&key, &fields, &leases, &self.config)?;
+        Ok(LoadedGroup {
+            group,
+            now,
+            revision,
+            lease_revision,
+            fields,
+            leases,
+        })
+    }
+
+    /// Runs one heartbeat: the fast path when it applies, else the full transition under
+    /// compare-and-set, retried with jitter up to a bound and then answered `RETRY`.
+    ///
+    /// # Errors
+    /// [`StoreError::Coordinator`] for a malformed or stale request; [`StoreError::MissingStream`],
+    /// [`StoreError::MissingGroup`], corrupt metadata (fail closed); [`StoreError::Redis`].
+    pub async fn heartbeat(
+        &mut self,
+        request: &HeartbeatRequest,
+    ) -> Result<HeartbeatOutcome, StoreError> {
+        let stream_version = self.read_stream_version().await?;
+        if let Some(response) = self.fast_path(request, stream_version).await? {
+            return Ok(HeartbeatOutcome {
+                response,
+                fast_path: true,
+                attempts: 0,
+            });
+        }
+        let stream = self.read_stream_view(Some(stream_version)).await?;
+        for attempt in 1..=MAX_ATTEMPTS {
+            let loaded = self.load().await?;
+            let (group, response) = self.transition(&loaded, request, &stream).await?;
+            let writes = Writes::diff(&loaded, &group, &self.config)?;
+            if writes.is_empty() || self.compare_and_set(&loaded, &writes).await? {
+                return Ok(HeartbeatOutcome {
+                    response,
+                    fast_path: false,
+                    attempts: attempt,
+                });
+            }
+            tracing::debug!(
+                stream = %self.keys.prefix(),
+                group = %self.keys.group(),
+                member = %request.member_id,
+                attempt,
+                "group metadata changed concurrently; reloading"
+            );
+            tokio::time::sleep(jitter(attempt)).await;
+        }
+        let loaded = self.load().await?;
+        Ok(HeartbeatOutcome {
+            response: retry_response(&loaded.group, &self.config),
+            fast_path: false,
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+
+    async fn transition(
+        &mut self,
+        loaded: &LoadedGroup,
+        request: &HeartbeatRequest,
+        stream: &StreamView,
+    ) -> Result<(Group, HeartbeatResponse), StoreError> {
+        let mut group = loaded.group.clone();
+        let ctx = Context {
+            now: loaded.now,
+            stream,
+            fences: None,
+        };
+        match coordinator::heartbeat(&mut group, request, &ctx, &self.config) {
+            Ok(response) => Ok((group, response)),
+            Err(CoordinatorError::FencesRequired) => {
+                let fences = self
+                    .read_fences(&stream.readable.iter().copied().collect::<Vec<_>>())
+                    .await?;
+                let mut group = loaded.group.clone();
+                let ctx = Context {
+                    fences: Some(&fences),
+                    ..ctx
+                };
+                let response = coordinator::heartbeat(&mut group, request, &ctx, &self.config)?;
+                Ok((group, response))
+            }
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    /// The steady-state fast path (DESIGN.md §5); `None` when the full transition must run.
+    async fn fast_path(
+        &mut self,
+        request: &HeartbeatRequest,
+        stream_version: u64,
+    ) -> Result<Option<HeartbeatResponse>, StoreError> {
+        let eligible = request.member_epoch > 0
+            && request.protocol_version == PROTOCOL_VERSION
+            && request.revoking_shards.is_empty()
+            && request.fence_conflicts.is_empty()
+            && !request.member_id.is_empty();
+        if !eligible {
+            return Ok(None);
+        }
+        let mut owned = request.owned_shards.clone();
+        owned.sort_unstable();
+        let print = fingerprint(
+            &request.process_id,
+            request.member_epoch,
+            request.metadata_version,
+            request.runtime_max_concurrency.max(1),
+            owned.iter(),
+        );
+        let reply: Vec<String> = scripts::group_fast_path()
+            .key(self.keys.metadata())
+            .key(self.keys.leases())
+            .arg(&request.member_id)
+            .arg(print)
+            .arg(request.request_seq)
+            .arg(duration_us(self.config.member_lease_ttl))
+            .arg(stream_version)
+            .invoke_async(&mut self.conn)
+            .await?;
+        match reply.first().map(String::as_str) {
+            Some("1") => {
+                let json = reply.get(1).map(String::as_str).unwrap_or_default();
+                let response = serde_json::from_str(json).map_err(|e| {
+                    StoreError::corrupt(
+                        &self.keys.metadata(),
+                        &format!("{FAST}{}", request.member_id),
+                        e,
+                    )
+                })?;
+                Ok(Some(response))
+            }
+            Some("2") => {
+                let last = reply.get(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+                Err(CoordinatorError::StaleRequestSeq {
+                    got: request.request_seq,
+                    last,
+                }
+                .into())
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn compare_and_set(
+        &mut self,
+        loaded: &LoadedGroup,
+        writes: &Writes,
+    ) -> Result<bool, StoreError> {
+        let mut invocation = scripts::group_cas().prepare_invoke();
+        invocation
+            .key(self.keys.metadata())
+            .key(self.keys.leases())
+            .key(self.keys.history())
+            .arg(loaded.revision)
+            .arg(loaded.lease_revision)
+            .arg(loaded.revision + 1)
+            .arg(self.config.history_capacity)
+            .arg(writes.set.len());
+        for (field, value) in &writes.set {
+            invocation.arg(field).arg(value);
+        }
+        invocation.arg(writes.delete.len());
+        for field in &writes.delete {
+            invocation.arg(field);
+        }
+        invocation.arg(writes.leases.len());
+        for (member, lease) in &writes.leases {
+            invocation.arg(member).arg(lease);
+        }
+        invocation.arg(writes.lease_removals.len());
+        for member in &writes.lease_removals {
+            invocation.arg(member);
+        }
+        invocation.arg(writes.history.len());
+        for entry in &writes.history {
+            invocation.arg(entry);
+        }
+        let written: i64 = invocation.invoke_async(&mut self.conn).await?;
+        Ok(written == 1)
+    }
+
+    /// This group's fence of each shard (DESIGN.md §8), for a correction round. One `HGET` per
+    /// shard, pipelined (fences of different shards live in different slots on a cluster).
+    async fn read_fences(
+        &mut self,
+        shards: &[ShardIndex],
+    ) -> Result<BTreeMap<ShardIndex, FenceToken>, StoreError> {
+        let mut pipe = redis::pipe();
+        for shard in shards {
+            pipe.hget(self.stream_keys.fence(*shard), self.keys.group());
+        }
+        let values: Vec<Option<String>> = pipe.query_async(&mut self.conn).await?;
+        Ok(shards
+            .iter()
+            .zip(values)
+            .filter_map(|(shard, value)| Some((*shard, FenceToken::decode(&value?)?)))
+            .collect())
+    }
+
+    async fn read_stream_version(&mut self) -> Result<u64, StoreError> {
+        super::read_metadata_version(&mut self.conn, &self.stream_keys)
+            .await?
+            .ok_or_else(|| self.missing_stream())
+    }
+
+    /// The stream view at `version`, from the cache when it has that version.
+    async fn read_stream_view(&mut self, version: Option<u64>) -> Result<StreamView, StoreError> {
+        if let (Some(view), Some(version)) = (&self.stream_view, version)
+            && view.metadata_version == version
+        {
+            return Ok(view.clone());
+        }
+        let meta = load_stream_metadata(&mut self.conn, &self.stream_keys)
+            .await?
+            .ok_or_else(|| self.missing_stream())?;
+        let view = StreamView::from(&meta);
+        self.stream_view = Some(view.clone());
+        Ok(view)
+    }
+
+    fn missing_stream(&self) -> StoreError {
+        StoreError::MissingStream {
+            prefix: self.stream_keys.prefix().to_owned(),
+            key: self.stream_keys.metadata(),
+        }
+    }
+
+    async fn redis_time(&mut self) -> Result<Micros, StoreError> {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut self.conn).await?;
+        Ok(secs * 1_000_000 + micros)
+    }
+
+    /// The group's history, newest first (EXPIRED / FENCED / LEFT members).
+    ///
+    /// # Errors
+    /// [`StoreError::Redis`]; [`StoreError::CorruptMetadata`] for an entry that is not JSON.
+    pub async fn history(&mut self) -> Result<Vec<MemberMetadata>, StoreError> {
+        let entries: Vec<String> = self.conn.lrange(self.keys.history(), 0, -1).await?;
+        entries
+            .iter()
+            .map(|e| {
+                serde_json::from_str(e)
+                    .map_err(|err| StoreError::corrupt(&self.keys.history(), "entry", err))
+            })
+            .collect()
+    }
+}
+
+fn duration_us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Backoff before attempt `attempt + 1`: random in `[0, min(2^attempt, 64)]` ms.
+fn jitter(attempt: u32) -> Duration {
+    let cap = 1u64 << attempt.min(6);
+    Duration::from_micros(rand::random_range(0..=cap * 1000))
+}
+
+fn retry_response(group: &Group, config: &CoordinatorConfig) -> HeartbeatResponse {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    HeartbeatResponse {
+        status: HeartbeatStatus::Retry,
+        member_epoch: 0,
+        group_epoch: group.meta.group_epoch,
+        assignment_epoch: group.meta.assignment_epoch,
+        metadata_version: group.meta.metadata_version,
+        incarnation: group.meta.incarnation,
+        assigned_shards: Vec::new(),
+        pending_shards: Vec::new(),
+        heartbeat_interval_ms: ms(config.heartbeat_interval),
+        member_lease_ttl_ms: ms(config.member_lease_ttl),
+        rebalance_timeout_ms: ms(config.rebalance_timeout),
+    }
+}
+
+/// What identifies a steady heartbeat: the member's process, epoch, adopted metadata version,
+/// weight and owned shards (ascending). The fast path answers only a request with exactly the
+/// fingerprint stored for the member when the group became STABLE.
+fn fingerprint<'a>(
+    process_id: &str,
+    epoch: i64,
+    metadata_version: u64,
+    weight: u32,
+    owned: impl Iterator<Item = &'a ShardIndex>,
+) -> String {
+    let owned: Vec<String> = owned.map(ToString::to_string).collect();
+    format!(
+        "{process_id}|{epoch}|{metadata_version}|{weight}|{}",
+        owned.join(",")
+    )
+}
+
+fn decode_group(
+    key: &str,
+    fields: &HashMap<String, String>,
+    leases: &HashMap<String, Micros>,
+    config: &CoordinatorConfig,
+) -> Result<Group, StoreError> {
+    let json = fields
+        .get(META)
+        .ok_or_else(|| StoreError::malformed(key, "field meta is missing"))?;
+    let meta: GroupMetadata =
+        serde_json::from_str(json).map_err(|e| StoreError::corrupt(key, META, e))?;
+    let ttl = duration_us(config.member_lease_ttl);
+    let mut members = BTreeMap::new();
+    for (field, json) in fields {
+        let Some(id) = field.strip_prefix(MEMBER) else {
+            continue;
+        };
+        let mut member: MemberMetadata =
+            serde_json::from_str(json).map_err(|e| StoreError::corrupt(key, field, e))?;
+        if let Some(lease) = leases.get(id) {
+            member.member_lease_expires_at = *lease;
+            member.last_heartbeat_at = member.last_heartbeat_at.max(lease.saturating_sub(ttl));
+        }
+        apply_fast_path_state(key, fields, id, &mut member)?;
+        members.insert(id.to_owned(), member);
+    }
+    Ok(Group {
+        meta,
+        members,
+        history: Default::default(),
+    })
+}
+
+/// Requests the fast path accepted count as accepted: their sequence and (steady) response.
+fn apply_fast_path_state(
+    key: &str,
+    fields: &HashMap<String, String>,
+    id: &str,
+    member: &mut MemberMetadata,
+) -> Result<(), StoreError> {
+    let seq_field = format!("{FAST_SEQ}{id}");
+    let Some(seq) = fields.get(&seq_field) else {
+        return Ok(());
+    };
+    let seq = parse_u64(key, &seq_field, Some(seq))?;
+    if seq <= member.last_request_seq {
+        return Ok(());
+    }
+    member.last_request_seq = seq;
+    let entry = fields.get(&format!("{FAST}{id}"));
+    if let Some((_, json)) = entry.and_then(|e| e.split_once('\n')) {
+        let response = serde_json::from_str(json)
+            .map_err(|e| StoreError::corrupt(key, &format!("{FAST}{id}"), e))?;
+        member.last_response = Some(response);
+    }
+    Ok(())
+}
+
+/// The changed fields of one transition.
+#[derive(Debug, Default)]
+struct Writes {
+    set: Vec<(String, String)>,
+    delete: Vec<String>,
+    leases: Vec<(String, String)>,
+    lease_removals: Vec<String>,
+    history: Vec<String>,
+}
+
+impl Writes {
+    fn is_empty(&self) -> bool {
+        self.set.is_empty()
+            && self.delete.is_empty()
+            && self.leases.is_empty()
+            && self.lease_removals.is_empty()
+            && self.history.is_empty()
+    }
+
+    fn diff(
+        loaded: &LoadedGroup,
+        group: &Group,
+        config: &CoordinatorConfig,
+    ) -> Result<Self, StoreError> {
+        let key_err = |field: &str, e| StoreError::corrupt("group", field, e);
+        let mut writes = Writes::default();
+        let mut set = |field: String, value: String| {
+            if loaded.fields.get(&field) != Some(&value) {
+                writes.set.push((field, value));
+            }
+        };
+        set(
+            META.into(),
+            serde_json::to_string(&group.meta).map_err(|e| key_err(META, e))?,
+        );
+        let steady = group.meta.state == crate::model::GroupState::Stable
+            && group.meta.correction_round.is_none();
+        for (id, member) in &group.members {
+            let json = serde_json::to_string(member).map_err(|e| key_err(id, e))?;
+            set(format!("{MEMBER}{id}"), json);
+            if steady && let Some(response) = coordinator::steady_response(group, id, config) {
+                let print = fingerprint(
+                    &member.process_id,
+                    member.member_epoch,
+                    group.meta.metadata_version,
+                    member.runtime_max_concurrency,
+                    member.current_assignment.iter(),
+                );
+                let json = serde_json::to_string(&response).map_err(|e| key_err(id, e))?;
+                set(format!("{FAST}{id}"), format!("{print}\n{json}"));
+                set(
+                    format!("{FAST_SEQ}{id}"),
+                    member.last_request_seq.to_string(),
+                );
+            }
+        }
+        if steady {
+            let deadline = coordinator::next_deadline(group).unwrap_or(0);
+            set(
+                STEADY.into(),
+                format!("{}|{deadline}", group.meta.metadata_version),
+            );
+        } else if loaded.fields.contains_key(STEADY) {
+            writes.delete.push(STEADY.into());
+        }
+        for id in loaded.group.members.keys() {
+            if !group.members.contains_key(id) {
+                for prefix in [MEMBER, FAST, FAST_SEQ] {
+                    let field = format!("{prefix}{id}");
+                    if loaded.fields.contains_key(&field) {
+                        writes.delete.push(field);
+                    }
+                }
+            }
+        }
+        for (id, member) in &group.members {
+            if loaded.leases.get(id) != Some(&member.member_lease_expires_at) {
+                writes
+                    .leases
+                    .push((id.clone(), member.member_lease_expires_at.to_string()));
+            }
+        }
+        for id in loaded.leases.keys() {
+            if !group.members.contains_key(id) {
+                writes.lease_removals.push(id.clone());
+            }
+        }
+        // Oldest first, so the newest ends at the head of the list.
+        for member in group.history.iter().rev() {
+            writes
+                .history
+                .push(serde_json::to_string(member).map_err(|e| key_err("history", e))?);
+        }
+        Ok(writes)
+    }
+}

@@ -1,0 +1,17 @@
+//! The Redis-recorded coordinator (DESIGN.md §2, §3, §5): stream metadata and group metadata in
+//! Redis hashes, each change a compare-and-set on a `revision` field, and the heartbeat
+//! transaction that runs the pure [`crate::coordinator`] on what it loads.
+//!
+//! Missing metadata, invalid JSON or an unknown `schema` fail closed with a typed error: metadata
+//! is never rebuilt from what members report.
+
+mod error;
+mod group;
+mod scripts;
+mod stream;
+
+pub use error::StoreError;
+pub use group::{GroupStore, HeartbeatOutcome};
+pub use stream::{
+    SCHEMA_VERSION, StreamCas, load_stream_metadata, read_metadata_version, write_stream_metadata,
+};

@@ -1,0 +1,132 @@
+//! The Lua scripts of the store. Each touches keys of one hash slot only (DESIGN.md §2).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Compare-and-set of the stream metadata hash.
+/// KEYS[1] stream metadata. ARGV: expected revision ('' = must not exist), new revision,
+/// metadataVersion, meta JSON, schema. Returns 1 when written, 0 on a conflict.
+pub(crate) fn stream_cas() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local current = redis.call('HGET', KEYS[1], 'revision')
+if ARGV[1] == '' then
+  if current then return 0 end
+elseif current ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'schema', ARGV[5], 'revision', ARGV[2], 'metadataVersion', ARGV[3], 'meta', ARGV[4])
+return 1
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Loads a group: Redis `TIME`, the group hash and the leases, in one call on the group's node.
+/// KEYS[1] group hash, KEYS[2] leases. Returns {seconds, microseconds, HGETALL, ZRANGE WITHSCORES}.
+pub(crate) fn group_load() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local t = redis.call('TIME')
+return {t[1], t[2], redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Creates a group hash if absent. KEYS[1] group hash. ARGV: schema, meta JSON.
+/// Returns 1 when created, 0 when it existed.
+pub(crate) fn group_create() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'schema', ARGV[1], 'revision', '1', 'leaseRevision', '0', 'meta', ARGV[2])
+return 1
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Compare-and-set of a group: writes only the changed fields if `revision` and `leaseRevision`
+/// are still the loaded ones. KEYS[1] group hash, KEYS[2] leases, KEYS[3] history.
+/// ARGV: expected revision, expected lease revision, new revision, history cap, then counted
+/// lists: n, field/value pairs to HSET; n, fields to HDEL; n, member/score pairs to ZADD;
+/// n, members to ZREM; n, history entries to LPUSH (oldest first). Returns 1 or 0 (conflict).
+pub(crate) fn group_cas() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local current = redis.call('HMGET', KEYS[1], 'revision', 'leaseRevision')
+if (current[1] or '') ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
+local i = 5
+local n = tonumber(ARGV[i]); i = i + 1
+local set = {'revision', ARGV[3]}
+for _ = 1, n do
+  set[#set + 1] = ARGV[i]; set[#set + 1] = ARGV[i + 1]; i = i + 2
+end
+redis.call('HSET', KEYS[1], unpack(set))
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('HDEL', KEYS[1], ARGV[i]); i = i + 1 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i]); i = i + 2 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('ZREM', KEYS[2], ARGV[i]); i = i + 1 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('LPUSH', KEYS[3], ARGV[i]); i = i + 1 end
+if n > 0 then redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[4]) - 1) end
+return 1
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// The steady-state heartbeat (DESIGN.md §5). KEYS[1] group hash, KEYS[2] leases.
+/// ARGV: member id, request fingerprint, requestSeq, lease TTL (µs), the stream's metadataVersion.
+/// Returns {'1', response JSON} when answered, {'2', last seq} for a stale request, {'0'} when
+/// the full transition must run: the group is not STABLE, the stream changed, a deadline or the
+/// earliest lease has passed, every lease is old (an outage to re-arm), or the request differs
+/// from the member's steady fingerprint.
+pub(crate) fn group_fast_path() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local h = KEYS[1]
+local steady = redis.call('HGET', h, 'steady')
+if not steady then return {'0'} end
+local sep = string.find(steady, '|', 1, true)
+if string.sub(steady, 1, sep - 1) ~= ARGV[5] then return {'0'} end
+local deadline = tonumber(string.sub(steady, sep + 1))
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if deadline > 0 and now >= deadline then return {'0'} end
+local entry = redis.call('HGET', h, 'fast:' .. ARGV[1])
+if not entry then return {'0'} end
+local nl = string.find(entry, '\n', 1, true)
+if string.sub(entry, 1, nl - 1) ~= ARGV[2] then return {'0'} end
+local seq = tonumber(ARGV[3])
+local last = tonumber(redis.call('HGET', h, 'fastseq:' .. ARGV[1]) or '0')
+if seq < last then return {'2', tostring(last)} end
+local response = string.sub(entry, nl + 1)
+if seq == last then return {'1', response} end
+local ttl = tonumber(ARGV[4])
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+if first[2] == nil or tonumber(first[2]) <= now then return {'0'} end
+if tonumber(newest[2]) < now + ttl / 2 then return {'0'} end
+redis.call('ZADD', KEYS[2], 'XX', string.format('%.0f', now + ttl), ARGV[1])
+redis.call('HSET', h, 'fastseq:' .. ARGV[1], ARGV[3])
+redis.call('HINCRBY', h, 'leaseRevision', 1)
+return {'1', response}
+",
+        )
+    });
+    &SCRIPT
+}
