@@ -5,6 +5,10 @@
 
 pub use stream_listener_core::{assignor, coordinator, model};
 
+/// Everything of `stream-listener-core`: the store, keys, connections and admin operations, for
+/// tools and tests that need more than the facade's surface.
+pub use stream_listener_core as core;
+
 /// The real-Redis test harness (cargo feature `testing`): throwaway `redis-server` processes, a
 /// local 3-master cluster and fault injection. See [`stream_listener_core::testing`].
 #[cfg(feature = "testing")]

@@ -1,0 +1,315 @@
+//! The Redis-recorded coordinator on real Redis (standalone and a 3-master cluster): the heartbeat
+//! transaction, its fast path, concurrent drivers, and failing closed on missing or corrupt
+//! metadata (DESIGN.md §5).
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::coordinator::CoordinatorConfig;
+use stream_listener::core::keys::StreamKeys;
+use stream_listener::core::model::{
+    GroupState, HeartbeatRequest, HeartbeatStatus, PROTOCOL_VERSION, RevokeState, RevokingShard,
+    ShardInfo, ShardState, StreamMetadata,
+};
+use stream_listener::core::store::{GroupStore, StoreError, StreamCas, write_stream_metadata};
+use stream_listener::testing::{RedisCluster, RedisServer};
+
+const SHARDS: u32 = 16;
+
+async fn connect(target: RedisTarget) -> RedisConnection {
+    RedisConnection::connect(&target, Duration::from_secs(5))
+        .await
+        .unwrap()
+}
+
+async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut meta = StreamMetadata {
+        stream_prefix: prefix.into(),
+        shard_count: shards,
+        shards: (0..shards)
+            .map(|i| ShardInfo {
+                shard_index: i,
+                state: ShardState::Active,
+            })
+            .collect(),
+        metadata_version: 1,
+        groups: Vec::new(),
+        migration: None,
+        updated_at: "2026-11-29T00:00:00Z".into(),
+        revision: 0,
+    };
+    let written = write_stream_metadata(conn, &keys, None, &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+}
+
+async fn group_store(conn: &RedisConnection, prefix: &str, group: &str) -> GroupStore {
+    let stream = StreamKeys::new(prefix).unwrap();
+    let keys = stream.group(group).unwrap();
+    let mut store = GroupStore::new(conn.clone(), stream, keys, CoordinatorConfig::default());
+    store.provision(false).await.unwrap();
+    store
+}
+
+fn request(member: &str, seq: u64, epoch: i64, owned: &[u32]) -> HeartbeatRequest {
+    HeartbeatRequest {
+        member_id: member.into(),
+        member_name: "test".into(),
+        instance_id: None,
+        process_id: format!("proc-{member}"),
+        request_seq: seq,
+        member_epoch: epoch,
+        metadata_version: 1,
+        runtime_max_concurrency: 1,
+        active_consumer_workers: 0,
+        owned_shards: owned.to_vec(),
+        revoking_shards: Vec::new(),
+        fence_conflicts: Vec::new(),
+        protocol_version: PROTOCOL_VERSION,
+    }
+}
+
+/// One member following the protocol: join, then heartbeat `rounds` times, releasing what it is
+/// no longer assigned at once. Returns its last requestSeq.
+async fn drive_member(mut store: GroupStore, member: String, rounds: u64) -> u64 {
+    let mut epoch = 0;
+    let mut owned: Vec<u32> = Vec::new();
+    let mut revoked: Vec<u32> = Vec::new();
+    let mut seq = 0;
+    for _ in 0..rounds {
+        seq += 1;
+        let mut req = request(&member, seq, epoch, &owned);
+        req.revoking_shards = revoked
+            .iter()
+            .map(|s| RevokingShard {
+                shard_index: *s,
+                state: RevokeState::Revoked,
+            })
+            .collect();
+        let outcome = store.heartbeat(&req).await.unwrap();
+        let response = outcome.response;
+        match response.status {
+            HeartbeatStatus::Ok => {
+                epoch = response.member_epoch;
+                revoked = owned
+                    .iter()
+                    .filter(|s| !response.assigned_shards.contains(s))
+                    .copied()
+                    .collect();
+                owned = response.assigned_shards.clone();
+            }
+            HeartbeatStatus::Retry => {}
+            other => panic!("{member}: unexpected {other:?}"),
+        }
+        tokio::task::yield_now().await;
+    }
+    seq
+}
+
+async fn concurrent_drivers_lose_no_update(conn: RedisConnection, prefix: &str, drivers: usize) {
+    let mut conn_for_setup = conn.clone();
+    create_stream(&mut conn_for_setup, prefix, SHARDS).await;
+    let mut tasks = Vec::new();
+    for i in 0..drivers {
+        let store = group_store(&conn, prefix, "g").await;
+        tasks.push(tokio::spawn(drive_member(store, format!("m{i:02}"), 12)));
+    }
+    let mut last_seqs = Vec::new();
+    for task in tasks {
+        last_seqs.push(task.await.unwrap());
+    }
+    // Settle: one more round each, sequentially, so every member reports its final state.
+    let mut store = group_store(&conn, prefix, "g").await;
+    for _ in 0..3 {
+        let loaded = store.load().await.unwrap();
+        for (i, last) in last_seqs.iter_mut().enumerate() {
+            let id = format!("m{i:02}");
+            let member = &loaded.group.members[&id];
+            let owned: Vec<u32> = member.assigned_shards.iter().copied().collect();
+            *last += 1;
+            let mut req = request(&id, *last, member.member_epoch, &owned);
+            req.revoking_shards = member
+                .current_assignment
+                .iter()
+                .filter(|s| !member.assigned_shards.contains(s))
+                .map(|s| RevokingShard {
+                    shard_index: *s,
+                    state: RevokeState::Revoked,
+                })
+                .collect();
+            let outcome = store.heartbeat(&req).await.unwrap();
+            assert_eq!(outcome.response.status, HeartbeatStatus::Ok);
+        }
+    }
+    let loaded = store.load().await.unwrap();
+    let group = &loaded.group;
+    assert_eq!(group.members.len(), drivers, "every join was recorded");
+    for (i, last) in last_seqs.iter().enumerate() {
+        let member = &group.members[&format!("m{i:02}")];
+        assert_eq!(
+            member.last_request_seq, *last,
+            "no lost heartbeat of m{i:02}"
+        );
+    }
+    assert_eq!(group.meta.state, GroupState::Stable);
+    let assigned: usize = group
+        .meta
+        .target_assignment
+        .members
+        .values()
+        .map(|s| s.len())
+        .sum();
+    assert_eq!(assigned, SHARDS as usize);
+    let counts: Vec<usize> = group
+        .meta
+        .target_assignment
+        .members
+        .values()
+        .map(|s| s.len())
+        .collect();
+    let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+    assert!(max - min <= 1, "balanced: {counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_drivers_lose_no_update() {
+    let server = RedisServer::start().unwrap();
+    let conn = connect(RedisTarget::Standalone(server.url())).await;
+    concurrent_drivers_lose_no_update(conn, "orders", 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_drivers_lose_no_update_on_a_cluster() {
+    let cluster = RedisCluster::start().unwrap();
+    let conn = connect(RedisTarget::Cluster(cluster.urls())).await;
+    concurrent_drivers_lose_no_update(conn, "orders", 20).await;
+}
+
+#[tokio::test]
+async fn a_steady_member_is_answered_by_the_fast_path_exactly_as_by_the_full_transition() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 4).await;
+    let mut store = group_store(&conn, "orders", "g").await;
+    let joined = store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
+    assert!(!joined.fast_path);
+    let epoch = joined.response.member_epoch;
+    let converged = store
+        .heartbeat(&request("a", 2, epoch, &[0, 1, 2, 3]))
+        .await
+        .unwrap();
+    assert!(!converged.fast_path);
+    assert_eq!(
+        store.load().await.unwrap().group.meta.state,
+        GroupState::Stable
+    );
+    let leases = StreamKeys::new("orders")
+        .unwrap()
+        .group("g")
+        .unwrap()
+        .leases();
+    let lease_before: f64 = conn.zscore(&leases, "a").await.unwrap();
+    let steady = store
+        .heartbeat(&request("a", 3, epoch, &[0, 1, 2, 3]))
+        .await
+        .unwrap();
+    assert!(steady.fast_path, "a steady heartbeat takes the fast path");
+    assert_eq!(steady.response, converged.response);
+    let lease_after: f64 = conn.zscore(&leases, "a").await.unwrap();
+    assert!(lease_after > lease_before, "the fast path moves the lease");
+    // The full transition, forced by a report that differs only in worker activity the fast path
+    // ignores... is not needed: a repeated sequence number gets the same answer too.
+    let retried = store
+        .heartbeat(&request("a", 3, epoch, &[0, 1, 2, 3]))
+        .await
+        .unwrap();
+    assert_eq!(retried.response, converged.response);
+    // A stale sequence number is refused.
+    let stale = store
+        .heartbeat(&request("a", 2, epoch, &[0, 1, 2, 3]))
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::Coordinator(_))),
+        "{stale:?}"
+    );
+    // A different report goes the full way and the full transition sees the fast path's seq.
+    let full = store
+        .heartbeat(&request("a", 4, epoch, &[0, 1, 2]))
+        .await
+        .unwrap();
+    assert!(!full.fast_path);
+    let member = &store.load().await.unwrap().group.members["a"];
+    assert_eq!(member.last_request_seq, 4);
+    // The lease the full transition wrote is not older than the fast path's.
+    let lease_full: f64 = conn.zscore(&leases, "a").await.unwrap();
+    assert!(lease_full >= lease_after);
+}
+
+#[tokio::test]
+async fn missing_metadata_fails_closed() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 2).await;
+    let mut store = group_store(&conn, "orders", "g").await;
+    store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
+    let keys = StreamKeys::new("orders").unwrap();
+    let _: () = conn.del(keys.group("g").unwrap().metadata()).await.unwrap();
+    let err = store.heartbeat(&request("a", 2, 1, &[])).await.unwrap_err();
+    assert!(matches!(err, StoreError::MissingGroup { .. }), "{err}");
+    assert!(err.to_string().contains("not rebuilt"), "{err}");
+    let exists: bool = conn
+        .exists(keys.group("g").unwrap().metadata())
+        .await
+        .unwrap();
+    assert!(!exists, "nothing was rebuilt from the member's report");
+    let _: () = conn.del(keys.metadata()).await.unwrap();
+    let err = store.heartbeat(&request("a", 3, 1, &[])).await.unwrap_err();
+    assert!(matches!(err, StoreError::MissingStream { .. }), "{err}");
+    assert!(
+        err.to_string().contains("stream-listener stream create"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn corrupt_json_is_an_error_not_a_rebuild() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 2).await;
+    let mut store = group_store(&conn, "orders", "g").await;
+    store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
+    let group_key = StreamKeys::new("orders")
+        .unwrap()
+        .group("g")
+        .unwrap()
+        .metadata();
+    let _: () = conn
+        .hset(&group_key, "member:a", "{not json")
+        .await
+        .unwrap();
+    let err = store.heartbeat(&request("a", 2, 1, &[])).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::CorruptMetadata { field, .. } if field == "member:a"),
+        "{err}"
+    );
+    let stored: String = conn.hget(&group_key, "member:a").await.unwrap();
+    assert_eq!(stored, "{not json", "left as found");
+    let _: () = conn.hset(&group_key, "schema", "99").await.unwrap();
+    let err = store.heartbeat(&request("a", 3, 1, &[])).await.unwrap_err();
+    assert!(matches!(err, StoreError::UnknownSchema { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn redis_unreachable_is_a_clear_error() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 2).await;
+    let mut store = group_store(&conn, "orders", "g").await;
+    drop(server);
+    let err = store.heartbeat(&request("a", 1, 0, &[])).await.unwrap_err();
+    assert!(matches!(err, StoreError::Redis(_)), "{err}");
+    assert!(err.to_string().contains("check that Redis is up"), "{err}");
+}
