@@ -33,8 +33,10 @@ pub fn heartbeat(
     config: &CoordinatorConfig,
 ) -> Result<HeartbeatResponse, CoordinatorError> {
     validate(request, ctx)?;
-    advance(group, ctx, config);
+    advance_time(group, ctx, config);
     if let Some(stored) = repeated_request(group, request)? {
+        recompute_target(group, ctx.now, config);
+        finish(group, ctx.now);
         return Ok(stored);
     }
     let now = ctx.now;
@@ -71,14 +73,19 @@ pub fn heartbeat(
 /// nothing to the history, ends a finished correction round, and stores a new target if one is
 /// needed. [`heartbeat`] runs it first; admin tools run it to describe a group as of now.
 pub fn advance(group: &mut Group, ctx: &Context<'_>, config: &CoordinatorConfig) {
+    advance_time(group, ctx, config);
+    recompute_target(group, ctx.now, config);
+    finish(group, ctx.now);
+}
+
+/// Rule 1 without the new target: [`heartbeat`] computes the target once, after the request.
+fn advance_time(group: &mut Group, ctx: &Context<'_>, config: &CoordinatorConfig) {
     let now = ctx.now;
     rearm_leases_after_outage(group, now, config);
     apply_stream_view(group, ctx);
     expire_and_fence(group, now);
     retire_finished_members(group, now, config);
     end_correction_round_if_done(group, now);
-    recompute_target(group, now, config);
-    finish(group, now);
 }
 
 /// The response a converged member of a STABLE group gets for a heartbeat that repeats its epoch
@@ -749,6 +756,41 @@ fn is_blocked(
     })
 }
 
+/// The shards of `shards` that are blocked for `member_id` (see [`is_blocked`]), in one pass over
+/// the members: what each holds is small, so this costs the group's holdings, not members × shards.
+fn blocked_among(
+    group: &Group,
+    shards: &BTreeSet<ShardIndex>,
+    member_id: &str,
+    now: Micros,
+    config: &CoordinatorConfig,
+) -> BTreeSet<ShardIndex> {
+    if shards.is_empty() {
+        return BTreeSet::new();
+    }
+    if group.meta.hand_out_not_before.is_some_and(|t| now < t) {
+        return shards.clone();
+    }
+    let mut blocked = BTreeSet::new();
+    for other in group.members.values() {
+        for old in &other.old_process_holdings {
+            if old.lease_expires_at > now {
+                blocked.extend(old.shards.intersection(shards).copied());
+            }
+        }
+        if other.member_id == member_id || other.member_lease_expires_at <= now {
+            continue;
+        }
+        let held = other
+            .assigned_shards
+            .iter()
+            .chain(&other.current_assignment)
+            .chain(&other.revoking);
+        blocked.extend(held.filter(|s| shards.contains(s) && holds(other, **s, now, config)));
+    }
+    blocked
+}
+
 fn is_live(member: &MemberMetadata, now: Micros) -> bool {
     member.state == MemberState::Active && member.member_lease_expires_at > now
 }
@@ -812,9 +854,9 @@ fn respond(
     force_epoch: bool,
 ) -> HeartbeatResponse {
     let target = group.target_of(member_id).clone();
-    let (assigned, pending): (BTreeSet<ShardIndex>, BTreeSet<ShardIndex>) = target
-        .iter()
-        .partition(|s| !is_blocked(group, **s, member_id, now, config));
+    let blocked = blocked_among(group, &target, member_id, now, config);
+    let (assigned, pending): (BTreeSet<ShardIndex>, BTreeSet<ShardIndex>) =
+        target.iter().partition(|s| !blocked.contains(s));
     // A joiner during a correction round is registered but gets nothing to start; a static
     // member away after `-2` is sent nothing while its target stays reserved.
     let away = group.members.get(member_id).is_some_and(|m| m.away);
