@@ -8,6 +8,7 @@
 //! - [`keys`]: the key layout in Redis and name validation (DESIGN.md §2);
 //! - [`connection`]: standalone or cluster connections behind one type;
 //! - [`store`]: the Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction (DESIGN.md §5);
+//! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (DESIGN.md §9);
 //! - `testing` (feature `testing`): a real-Redis test harness.
 
 pub mod assignor;
@@ -16,6 +17,7 @@ pub mod coordinator;
 pub mod fence;
 pub mod keys;
 pub mod model;
+pub mod producer;
 pub mod store;
 
 #[cfg(feature = "testing")]

@@ -5,6 +5,11 @@
 
 pub use stream_listener_core::{assignor, coordinator, model};
 
+/// The producer (DESIGN.md §9): routed publishing to a sharded stream.
+pub use stream_listener_core::producer::{
+    PublishError, Published, Publisher, PublisherOptions, RoutingSnapshot, shard_for_key,
+};
+
 /// Everything of `stream-listener-core`: the store, keys, connections and admin operations, for
 /// tools and tests that need more than the facade's surface.
 pub use stream_listener_core as core;

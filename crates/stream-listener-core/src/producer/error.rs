@@ -1,0 +1,143 @@
+//! Errors of the producer.
+
+use std::time::Duration;
+
+use crate::keys::NameError;
+use crate::store::StoreError;
+
+/// Why a publish (or building a [`super::Publisher`]) failed. Every variant says what to do.
+///
+/// Errors found before anything is sent (bad options, payload that does not serialize or is too
+/// large, a field named `key`) write nothing. A [`PublishError::Redis`] or
+/// [`PublishError::ShardMissing`] of a batch can come after some of its entries were appended:
+/// retrying the batch may then append those again (at-least-once, DESIGN.md §12).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The stream prefix is empty, too long or contains characters the key layout cannot carry.
+    #[error("invalid stream prefix: {0}")]
+    InvalidPrefix(#[from] NameError),
+    /// A [`super::PublisherOptions`] value that cannot work.
+    #[error("invalid publisher options: {detail}")]
+    InvalidOptions {
+        /// What is wrong and what to set instead.
+        detail: String,
+    },
+    /// No stream metadata for this prefix.
+    #[error(
+        "stream {prefix:?} does not exist (no key {key}); create it with `stream-listener stream create {prefix} --shards N`, or set `shards` for it in the config so it is created at startup"
+    )]
+    UnknownStream {
+        /// The stream prefix.
+        prefix: String,
+        /// The missing metadata key `sl:{<prefix>}:stream`.
+        key: String,
+    },
+    /// The payload could not be serialized to JSON (for example a map with non-string keys).
+    #[error(
+        "payload{} failed to serialize to JSON: {source}; make its Serialize implementation succeed, or publish bytes with publish_raw",
+        at_index(*.index)
+    )]
+    Serialize {
+        /// Position in the batch (`None` for a single publish).
+        index: Option<usize>,
+        /// The serde_json error.
+        source: serde_json::Error,
+    },
+    /// The payload is larger than `max_payload_bytes`: refused before any `XADD`.
+    #[error(
+        "payload{} is {size} bytes, over the limit of {limit} bytes (max_payload_bytes); make it smaller (store large blobs elsewhere and publish a reference) or raise max_payload_bytes",
+        at_index(*.index)
+    )]
+    PayloadTooLarge {
+        /// Position in the batch (`None` for a single publish).
+        index: Option<usize>,
+        /// Its size in bytes: the JSON bytes, or for `publish_raw` the sum of field names and
+        /// values.
+        size: usize,
+        /// `max_payload_bytes`.
+        limit: usize,
+    },
+    /// A raw field that would clash with the entry's own `key` field.
+    #[error(
+        "raw field {field:?} is reserved: every entry carries the partition key in field `key`; rename the field"
+    )]
+    ReservedField {
+        /// The field name.
+        field: String,
+    },
+    /// The stream has no ACTIVE shard (`shardCount` 0: it was fully drained).
+    #[error(
+        "stream {prefix:?} has no shards to publish to (shardCount 0 at metadataVersion {metadata_version}: it was fully drained); scale it out with `stream-listener stream scale {prefix} N` first"
+    )]
+    NoShards {
+        /// The stream prefix.
+        prefix: String,
+        /// The metadata version that says so.
+        metadata_version: u64,
+    },
+    /// The stream metadata contradicts itself (a shard below `shardCount` is not ACTIVE, or the
+    /// prefix differs): publishing is refused rather than guessed.
+    #[error(
+        "stream metadata of {prefix:?} is inconsistent: {detail}; finish or cancel the running resharding (`stream-listener stream scale`), or repair the metadata"
+    )]
+    InconsistentMetadata {
+        /// The stream prefix.
+        prefix: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The routing metadata could not be refreshed and its lease has run out: publishing with it
+    /// could append to a shard that is being retired, so publish fails closed (DESIGN.md §9, §10).
+    #[error(
+        "routing of stream {prefix:?} is {age:?} old, past its lease of {lease:?} (routing_lease), and refreshing it failed: {reason}; check that Redis is reachable, then retry"
+    )]
+    RoutingLeaseExpired {
+        /// The stream prefix.
+        prefix: String,
+        /// Time since the last successful metadata read was sent.
+        age: Duration,
+        /// `routing_lease`.
+        lease: Duration,
+        /// Why the refresh failed (the Redis error, or a read that answered too late).
+        reason: String,
+    },
+    /// `XADD ... NOMKSTREAM` found no stream for a shard the freshly refreshed metadata still
+    /// routes to: the shard stream was deleted although its shard is ACTIVE.
+    #[error(
+        "shard stream {stream_key} does not exist although metadataVersion {metadata_version} lists shard {shard} as ACTIVE; it was deleted by hand or never provisioned: re-create it with `stream-listener stream create`/`scale`, or repair the metadata"
+    )]
+    ShardMissing {
+        /// The shard stream key.
+        stream_key: String,
+        /// The shard index.
+        shard: u32,
+        /// The metadata version routed with.
+        metadata_version: u64,
+    },
+    /// The stream metadata exists but cannot be read (corrupt JSON, another schema version).
+    #[error(transparent)]
+    Metadata(StoreError),
+    /// Redis did not answer or refused a command.
+    #[error(
+        "Redis command failed: {0}; check that Redis is up and reachable, then retry (a retried batch may append some entries twice)"
+    )]
+    Redis(#[from] redis::RedisError),
+}
+
+impl From<StoreError> for PublishError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Redis(e) => PublishError::Redis(e),
+            StoreError::InvalidName(e) => PublishError::InvalidPrefix(e),
+            StoreError::MissingStream { prefix, key } => {
+                PublishError::UnknownStream { prefix, key }
+            }
+            other => PublishError::Metadata(other),
+        }
+    }
+}
+
+fn at_index(index: Option<usize>) -> String {
+    index.map_or_else(String::new, |i| format!(" of message #{i} of the batch"))
+}

@@ -1,0 +1,667 @@
+//! The producer on a real standalone Redis (DESIGN.md §9, issue 7): entries land where the
+//! routing says, resharding moves only the keys it must, a stale publisher refreshes after a
+//! scale-in, bad input is refused before any `XADD`, and publishing fails closed past the routing
+//! lease.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::keys::StreamKeys;
+use stream_listener::core::model::{ShardInfo, ShardState, StreamMetadata};
+use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
+use stream_listener::testing::RedisServer;
+use stream_listener::{PublishError, Published, Publisher, PublisherOptions, shard_for_key};
+
+async fn connect(url: String, response_timeout: Duration) -> RedisConnection {
+    RedisConnection::connect(&RedisTarget::Standalone(url), response_timeout)
+        .await
+        .unwrap()
+}
+
+async fn start() -> (RedisServer, RedisConnection) {
+    let server = RedisServer::start().unwrap();
+    let conn = connect(server.url(), Duration::from_secs(5)).await;
+    (server, conn)
+}
+
+/// An empty shard stream, as the admin creates it (so `XADD ... NOMKSTREAM` finds it).
+async fn provision_shard(conn: &mut RedisConnection, prefix: &str, shard: u32) {
+    let key = StreamKeys::new(prefix).unwrap().shard(shard);
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&key)
+        .arg("provision")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(&key)
+        .arg("provision")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Stream metadata with `shards` ACTIVE shards, and their (empty) shard streams.
+async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut meta = StreamMetadata {
+        stream_prefix: prefix.into(),
+        shard_count: shards,
+        shards: (0..shards)
+            .map(|i| ShardInfo {
+                shard_index: i,
+                state: ShardState::Active,
+            })
+            .collect(),
+        metadata_version: 1,
+        groups: Vec::new(),
+        migration: None,
+        updated_at: "2026-11-29T00:00:00Z".into(),
+        revision: 0,
+    };
+    for shard in 0..shards {
+        provision_shard(conn, prefix, shard).await;
+    }
+    let written = write_stream_metadata(conn, &keys, None, &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+}
+
+/// Applies `change` to the stream metadata, bumps `metadataVersion`, writes it (CAS).
+async fn change_metadata(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    change: impl FnOnce(&mut StreamMetadata),
+) {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut meta = load_stream_metadata(conn, &keys).await.unwrap().unwrap();
+    let revision = meta.revision;
+    change(&mut meta);
+    meta.metadata_version += 1;
+    let written = write_stream_metadata(conn, &keys, Some(revision), &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+}
+
+/// Scale-out as DESIGN.md §10 describes it: provision the new shard streams, mark them ACTIVE,
+/// raise `shardCount`, bump `metadataVersion`.
+async fn scale_out(conn: &mut RedisConnection, prefix: &str, target: u32) {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let from = load_stream_metadata(conn, &keys)
+        .await
+        .unwrap()
+        .unwrap()
+        .shard_count;
+    for shard in from..target {
+        provision_shard(conn, prefix, shard).await;
+    }
+    change_metadata(conn, prefix, |meta| {
+        for shard in from..target {
+            match meta.shards.iter_mut().find(|s| s.shard_index == shard) {
+                Some(info) => info.state = ShardState::Active,
+                None => meta.shards.push(ShardInfo {
+                    shard_index: shard,
+                    state: ShardState::Active,
+                }),
+            }
+        }
+        meta.shard_count = target;
+    })
+    .await;
+}
+
+/// Scale-in to `target`, then retirement of the removed shards, in two metadata versions (DRAINING,
+/// then RETIRED with the shard stream deleted), as the admin does once the shards are drained.
+async fn scale_in_and_retire(conn: &mut RedisConnection, prefix: &str, target: u32) {
+    change_metadata(conn, prefix, |meta| {
+        for shard in &mut meta.shards {
+            if shard.shard_index >= target {
+                shard.state = ShardState::Draining;
+            }
+        }
+        meta.shard_count = target;
+    })
+    .await;
+    let keys = StreamKeys::new(prefix).unwrap();
+    let meta = load_stream_metadata(conn, &keys).await.unwrap().unwrap();
+    for shard in meta.shards.iter().filter(|s| s.shard_index >= target) {
+        let _: i64 = conn.del(keys.shard(shard.shard_index)).await.unwrap();
+    }
+    change_metadata(conn, prefix, |meta| {
+        for shard in &mut meta.shards {
+            if shard.shard_index >= target {
+                shard.state = ShardState::Retired;
+            }
+        }
+    })
+    .await;
+}
+
+/// An `XRANGE` entry: id and fields with byte values.
+type RawEntry = (String, Vec<(String, Vec<u8>)>);
+
+async fn xlen(conn: &mut RedisConnection, key: &str) -> u64 {
+    conn.xlen(key).await.unwrap()
+}
+
+async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
+    conn.exists(key).await.unwrap()
+}
+
+/// `XADD` calls the server has executed (`INFO commandstats`).
+async fn xadd_calls(conn: &mut RedisConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_xadd:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// Total entries over shards `0..shards`.
+async fn total_len(conn: &mut RedisConnection, prefix: &str, shards: u32) -> u64 {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut total = 0;
+    for shard in 0..shards {
+        total += xlen(conn, &keys.shard(shard)).await;
+    }
+    total
+}
+
+fn fast_refresh() -> PublisherOptions {
+    PublisherOptions {
+        refresh_interval: Duration::ZERO,
+        ..PublisherOptions::default()
+    }
+}
+
+/// Options under which a publisher never refreshes on its own during a test.
+fn never_refresh() -> PublisherOptions {
+    PublisherOptions {
+        refresh_interval: Duration::from_secs(3600),
+        routing_lease: Duration::from_secs(7200),
+        ..PublisherOptions::default()
+    }
+}
+
+/// Publishes `keys` in batches of 64 with payload `[i, "order"]`.
+async fn publish_keys(publisher: &Publisher, keys: &[String]) -> Vec<Published> {
+    let mut published = Vec::new();
+    for (chunk_index, chunk) in keys.chunks(64).enumerate() {
+        let batch: Vec<(&str, (usize, &str))> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.as_str(), (chunk_index * 64 + i, "order")))
+            .collect();
+        published.extend(publisher.publish_batch(&batch).await.unwrap());
+    }
+    published
+}
+
+#[tokio::test]
+async fn entries_land_on_the_shard_the_routing_names() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 16).await;
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..3_000).map(|i| format!("customer-{i}")).collect();
+    let mut published = publish_keys(&publisher, &keys).await;
+    for key in &keys[..200] {
+        published.push(publisher.publish(key, &("single", 1)).await.unwrap());
+    }
+
+    let mut expected: BTreeMap<u32, u64> = BTreeMap::new();
+    for (key, p) in keys.iter().chain(&keys[..200]).zip(&published) {
+        let shard = shard_for_key(key, 16);
+        assert_eq!(p.shard, shard, "{key}");
+        assert_eq!(p.stream_key, format!("{{orders:{shard}}}"));
+        *expected.entry(shard).or_default() += 1;
+    }
+    assert_eq!(expected.len(), 16, "every shard got keys");
+    for (shard, count) in &expected {
+        assert_eq!(
+            xlen(&mut conn, &format!("{{orders:{shard}}}")).await,
+            *count,
+            "shard {shard}"
+        );
+    }
+
+    // The entry: `key <k> payload <json>`, under the id publish returned.
+    let first = &published[0];
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&first.stream_key)
+        .arg(&first.entry_id)
+        .arg(&first.entry_id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        entries,
+        [(
+            first.entry_id.clone(),
+            vec![
+                ("key".to_owned(), "customer-0".to_owned()),
+                ("payload".to_owned(), r#"[0,"order"]"#.to_owned()),
+            ]
+        )]
+    );
+}
+
+#[tokio::test]
+async fn clones_publish_concurrently() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 4).await;
+    let publisher = Publisher::new(conn.clone(), "orders", fast_refresh())
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let publisher = publisher.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..250 {
+                publisher.publish(&format!("k-{t}-{i}"), &i).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(total_len(&mut conn, "orders", 4).await, 1_000);
+}
+
+#[tokio::test]
+async fn scale_out_8_to_9_moves_a_ninth_of_the_keys_all_to_the_new_shard() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 8).await;
+    let publisher = Publisher::new(conn.clone(), "orders", fast_refresh())
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..5_000).map(|i| format!("user-{i}")).collect();
+    let before = publish_keys(&publisher, &keys).await;
+
+    scale_out(&mut conn, "orders", 9).await;
+    let after = publish_keys(&publisher, &keys).await;
+    assert_eq!(publisher.routing_snapshot().shard_count, 9);
+
+    let mut moved = 0u64;
+    for ((key, b), a) in keys.iter().zip(&before).zip(&after) {
+        assert_eq!(a.shard, shard_for_key(key, 9));
+        if a.shard != b.shard {
+            assert_eq!(a.shard, 8, "{key} moved {} → {}", b.shard, a.shard);
+            moved += 1;
+        }
+    }
+    let fraction = moved as f64 / keys.len() as f64;
+    assert!(
+        (0.09..=0.13).contains(&fraction),
+        "{moved} of {} keys moved",
+        keys.len()
+    );
+    assert_eq!(xlen(&mut conn, "{orders:8}").await, moved);
+}
+
+#[tokio::test]
+async fn a_stale_publisher_after_scale_in_refreshes_and_lands_on_a_live_shard() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 4).await;
+    let publisher = Publisher::new(conn.clone(), "orders", never_refresh())
+        .await
+        .unwrap();
+    let on_shard_3: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| shard_for_key(k, 4) == 3)
+        .take(20)
+        .collect();
+    let first = publisher.publish(&on_shard_3[0], &"before").await.unwrap();
+    assert_eq!(first.shard, 3);
+    let version_before = publisher.routing_snapshot().metadata_version;
+
+    // Scale-in to 3 and retirement of shard 3; the publisher does not refresh on its own.
+    let _: i64 = conn.del("{orders:3}").await.unwrap(); // drained: nothing left to read
+    scale_in_and_retire(&mut conn, "orders", 3).await;
+    assert_eq!(publisher.routing_snapshot().shard_count, 4, "still stale");
+    let xadds = xadd_calls(&mut conn).await;
+
+    // One key: NOMKSTREAM nil, refresh, retry on the live shard.
+    let p = publisher.publish(&on_shard_3[1], &"after").await.unwrap();
+    assert_eq!(p.shard, shard_for_key(&on_shard_3[1], 3));
+    assert!(p.shard < 3);
+    assert_eq!(xadd_calls(&mut conn).await, xadds + 2, "one nil, one retry");
+    let snapshot = publisher.routing_snapshot();
+    assert_eq!(snapshot.shard_count, 3);
+    assert_eq!(snapshot.metadata_version, version_before + 2);
+    assert!(
+        !exists(&mut conn, "{orders:3}").await,
+        "nothing written to the retired shard"
+    );
+
+    // A batch mixing keys of the retired shard and of live shards, on a stale publisher.
+    create_stream(&mut conn, "payments", 4).await;
+    let stale = Publisher::new(conn.clone(), "payments", never_refresh())
+        .await
+        .unwrap();
+    let _: i64 = conn.del("{payments:3}").await.unwrap();
+    scale_in_and_retire(&mut conn, "payments", 3).await;
+    let mixed: Vec<String> = (0..200).map(|i| format!("m{i}")).collect();
+    assert!(mixed.iter().any(|k| shard_for_key(k, 4) == 3));
+    let batch: Vec<(&str, u32)> = mixed.iter().map(|k| (k.as_str(), 1)).collect();
+    let published = stale.publish_batch(&batch).await.unwrap();
+    for (key, p) in mixed.iter().zip(&published) {
+        assert_eq!(p.shard, shard_for_key(key, 3), "{key}");
+    }
+    assert!(!exists(&mut conn, "{payments:3}").await);
+    assert_eq!(total_len(&mut conn, "payments", 3).await, 200);
+}
+
+#[tokio::test]
+async fn an_active_shard_whose_stream_is_gone_is_a_typed_error_and_is_not_recreated() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 2).await;
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| shard_for_key(k, 2) == 1)
+        .unwrap();
+    let _: i64 = conn.del("{orders:1}").await.unwrap();
+    let err = publisher.publish(&key, &1).await.unwrap_err();
+    assert!(
+        matches!(err, PublishError::ShardMissing { shard: 1, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("{orders:1}"), "{err}");
+    assert!(!exists(&mut conn, "{orders:1}").await);
+}
+
+#[tokio::test]
+async fn oversized_payloads_are_refused_before_any_xadd() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 4).await;
+    let options = PublisherOptions {
+        max_payload_bytes: 1_000,
+        ..PublisherOptions::default()
+    };
+    let publisher = Publisher::new(conn.clone(), "orders", options)
+        .await
+        .unwrap();
+    let xadds = xadd_calls(&mut conn).await;
+
+    let big = "x".repeat(1_000); // 1,002 bytes of JSON with the quotes
+    let err = publisher.publish("k", &big).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PublishError::PayloadTooLarge {
+                index: None,
+                size: 1_002,
+                limit: 1_000
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("1002 bytes"), "{err}");
+
+    let raw = vec![7u8; 994]; // "payload" (7) + 994 = 1,001
+    let err = publisher
+        .publish_raw("k", &[("payload", &raw)])
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        PublishError::PayloadTooLarge { size: 1_001, .. }
+    ));
+
+    let small = "y".to_owned();
+    let batch = vec![("a", &small), ("b", &small), ("c", &big), ("d", &small)];
+    let err = publisher.publish_batch(&batch).await.unwrap_err();
+    assert!(
+        matches!(err, PublishError::PayloadTooLarge { index: Some(2), .. }),
+        "{err}"
+    );
+    assert_eq!(xadd_calls(&mut conn).await, xadds, "no XADD was sent");
+    assert_eq!(total_len(&mut conn, "orders", 4).await, 0);
+
+    // Exactly at the limit is accepted.
+    let fits = "z".repeat(998);
+    publisher.publish("k", &fits).await.unwrap();
+    assert_eq!(total_len(&mut conn, "orders", 4).await, 1);
+}
+
+#[tokio::test]
+async fn payloads_that_fail_to_serialize_are_refused_before_any_xadd() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 2).await;
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    let xadds = xadd_calls(&mut conn).await;
+    // JSON object keys must be strings.
+    let bad: HashMap<(u8, u8), u8> = HashMap::from([((1, 2), 3)]);
+    let err = publisher.publish("k", &bad).await.unwrap_err();
+    assert!(
+        matches!(err, PublishError::Serialize { index: None, .. }),
+        "{err}"
+    );
+    let good: HashMap<(u8, u8), u8> = HashMap::new();
+    let err = publisher
+        .publish_batch(&[("a", &good), ("b", &bad)])
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        PublishError::Serialize { index: Some(1), .. }
+    ));
+    assert!(err.to_string().contains("publish_raw"), "{err}");
+    assert_eq!(xadd_calls(&mut conn).await, xadds);
+}
+
+#[tokio::test]
+async fn unknown_streams_and_bad_prefixes_are_typed_errors() {
+    let (_server, mut conn) = start().await;
+    let err = Publisher::new(conn.clone(), "missing", PublisherOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, PublishError::UnknownStream { prefix, key } if prefix == "missing" && key == "sl:{missing}:stream"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("stream-listener stream create missing"),
+        "{err}"
+    );
+    for bad in ["", "{orders}", "a b"] {
+        let err = Publisher::new(conn.clone(), bad, PublisherOptions::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, PublishError::InvalidPrefix(_)),
+            "{bad:?}: {err}"
+        );
+    }
+    let err = Publisher::new(
+        conn.clone(),
+        "orders",
+        PublisherOptions {
+            maxlen: Some(0),
+            ..PublisherOptions::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, PublishError::InvalidOptions { .. }), "{err}");
+
+    // Metadata deleted under a running publisher: the next refresh says so.
+    create_stream(&mut conn, "orders", 2).await;
+    let publisher = Publisher::new(conn.clone(), "orders", fast_refresh())
+        .await
+        .unwrap();
+    publisher.publish("k", &1).await.unwrap();
+    let _: i64 = conn.del("sl:{orders}:stream").await.unwrap();
+    let err = publisher.publish("k", &2).await.unwrap_err();
+    assert!(matches!(err, PublishError::UnknownStream { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_fully_drained_stream_refuses_with_no_shards() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 2).await;
+    let publisher = Publisher::new(conn.clone(), "orders", fast_refresh())
+        .await
+        .unwrap();
+    publisher.publish("k", &1).await.unwrap();
+    scale_in_and_retire(&mut conn, "orders", 0).await;
+    let err = publisher.publish("k", &1).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PublishError::NoShards {
+                metadata_version: 3,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = publisher.publish_batch(&[("k", 1)]).await.unwrap_err();
+    assert!(matches!(err, PublishError::NoShards { .. }), "{err}");
+    assert!(err.to_string().contains("scale"), "{err}");
+    // A new publisher on a drained stream is accepted; publishing is what fails.
+    let fresh = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(fresh.routing_snapshot().shard_count, 0);
+    assert!(matches!(
+        fresh.publish_raw("k", &[]).await,
+        Err(PublishError::NoShards { .. })
+    ));
+    // Scaled out again: publishing resumes.
+    scale_out(&mut conn, "orders", 1).await;
+    assert_eq!(publisher.publish("k", &1).await.unwrap().shard, 0);
+}
+
+#[tokio::test]
+async fn raw_fields_are_appended_as_given() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 3).await;
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    let bytes: &[u8] = &[0, 255, 10, 13];
+    let p = publisher
+        .publish_raw(
+            "k",
+            &[("payload", bytes), ("contentType", b"application/x")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(p.shard, shard_for_key("k", 3));
+    let entries: Vec<RawEntry> = redis::cmd("XRANGE")
+        .arg(&p.stream_key)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        entries[0].1,
+        [
+            ("key".to_owned(), b"k".to_vec()),
+            ("payload".to_owned(), bytes.to_vec()),
+            ("contentType".to_owned(), b"application/x".to_vec()),
+        ]
+    );
+    let err = publisher
+        .publish_raw("k", &[("key", b"other")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PublishError::ReservedField { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn maxlen_trims_shard_streams_when_asked() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 1).await;
+    let trimming = Publisher::new(
+        conn.clone(),
+        "orders",
+        PublisherOptions {
+            maxlen: Some(10),
+            ..PublisherOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let keys: Vec<String> = (0..1_000).map(|i| format!("k{i}")).collect();
+    publish_keys(&trimming, &keys).await;
+    let len = xlen(&mut conn, "{orders:0}").await;
+    // `~`: Redis trims whole macro nodes (100 entries by default), keeping at least 10.
+    assert!((10..=110).contains(&len), "XLEN {len}");
+
+    let plain = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    publish_keys(&plain, &keys).await;
+    assert_eq!(xlen(&mut conn, "{orders:0}").await, len + 1_000);
+}
+
+#[tokio::test]
+async fn publishing_fails_closed_once_the_routing_lease_has_passed() {
+    let (server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 2).await;
+    // Commands of the publisher's connection give up after 200 ms.
+    let publisher_conn = connect(server.url(), Duration::from_millis(200)).await;
+    let options = PublisherOptions {
+        refresh_interval: Duration::from_millis(100),
+        routing_lease: Duration::from_millis(1_500),
+        ..PublisherOptions::default()
+    };
+    let publisher = Publisher::new(publisher_conn, "orders", options)
+        .await
+        .unwrap();
+    publisher.publish("k", &1).await.unwrap();
+
+    server.pause().unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Refresh fails within the lease: the cached routing is used, and the XADD itself fails.
+    let err = publisher.publish("k", &2).await.unwrap_err();
+    assert!(matches!(err, PublishError::Redis(_)), "{err}");
+    assert!(publisher.routing_snapshot().age < Duration::from_millis(1_500));
+
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let err = publisher.publish("k", &3).await.unwrap_err();
+    assert!(
+        matches!(err, PublishError::RoutingLeaseExpired { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("routing_lease"), "{err}");
+    let err = publisher.publish_batch(&[("k", 4)]).await.unwrap_err();
+    assert!(
+        matches!(err, PublishError::RoutingLeaseExpired { .. }),
+        "{err}"
+    );
+
+    server.resume().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match publisher.publish("k", &5).await {
+            Ok(_) => break,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("publishing did not resume: {err}"),
+        }
+    }
+    assert!(publisher.routing_snapshot().age < Duration::from_millis(1_500));
+}

@@ -1,0 +1,224 @@
+//! The producer on a real 3-master Redis Cluster (DESIGN.md §9, issue 7): batches fan out as one
+//! pipeline per shard (a redis-rs cluster pipeline must stay in one slot), entries land where the
+//! routing says, and a stale publisher refreshes after a scale-in.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::keys::StreamKeys;
+use stream_listener::core::model::{ShardInfo, ShardState, StreamMetadata};
+use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
+use stream_listener::testing::RedisCluster;
+use stream_listener::{Publisher, PublisherOptions, shard_for_key};
+
+async fn connect(cluster: &RedisCluster) -> RedisConnection {
+    RedisConnection::connect(
+        &RedisTarget::Cluster(cluster.urls()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap()
+}
+
+/// An empty shard stream, as the admin creates it (so `XADD ... NOMKSTREAM` finds it).
+async fn provision_shard(conn: &mut RedisConnection, prefix: &str, shard: u32) {
+    let key = StreamKeys::new(prefix).unwrap().shard(shard);
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&key)
+        .arg("provision")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(&key)
+        .arg("provision")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Stream metadata with `shards` ACTIVE shards, and their (empty) shard streams.
+async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut meta = StreamMetadata {
+        stream_prefix: prefix.into(),
+        shard_count: shards,
+        shards: (0..shards)
+            .map(|i| ShardInfo {
+                shard_index: i,
+                state: ShardState::Active,
+            })
+            .collect(),
+        metadata_version: 1,
+        groups: Vec::new(),
+        migration: None,
+        updated_at: "2026-11-29T00:00:00Z".into(),
+        revision: 0,
+    };
+    for shard in 0..shards {
+        provision_shard(conn, prefix, shard).await;
+    }
+    let written = write_stream_metadata(conn, &keys, None, &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+}
+
+/// Applies `change` to the stream metadata, bumps `metadataVersion`, writes it (CAS).
+async fn change_metadata(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    change: impl FnOnce(&mut StreamMetadata),
+) {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut meta = load_stream_metadata(conn, &keys).await.unwrap().unwrap();
+    let revision = meta.revision;
+    change(&mut meta);
+    meta.metadata_version += 1;
+    let written = write_stream_metadata(conn, &keys, Some(revision), &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+}
+
+/// Scale-in to `target`, then retirement of the removed shards, in two metadata versions (DRAINING,
+/// then RETIRED with the shard stream deleted), as the admin does once the shards are drained.
+async fn scale_in_and_retire(conn: &mut RedisConnection, prefix: &str, target: u32) {
+    change_metadata(conn, prefix, |meta| {
+        for shard in &mut meta.shards {
+            if shard.shard_index >= target {
+                shard.state = ShardState::Draining;
+            }
+        }
+        meta.shard_count = target;
+    })
+    .await;
+    let keys = StreamKeys::new(prefix).unwrap();
+    let meta = load_stream_metadata(conn, &keys).await.unwrap().unwrap();
+    for shard in meta.shards.iter().filter(|s| s.shard_index >= target) {
+        let _: i64 = conn.del(keys.shard(shard.shard_index)).await.unwrap();
+    }
+    change_metadata(conn, prefix, |meta| {
+        for shard in &mut meta.shards {
+            if shard.shard_index >= target {
+                shard.state = ShardState::Retired;
+            }
+        }
+    })
+    .await;
+}
+
+async fn xlen(conn: &mut RedisConnection, key: &str) -> u64 {
+    conn.xlen(key).await.unwrap()
+}
+
+async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
+    conn.exists(key).await.unwrap()
+}
+
+/// Total entries over shards `0..shards`.
+async fn total_len(conn: &mut RedisConnection, prefix: &str, shards: u32) -> u64 {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut total = 0;
+    for shard in 0..shards {
+        total += xlen(conn, &keys.shard(shard)).await;
+    }
+    total
+}
+
+#[tokio::test]
+async fn batches_and_single_publishes_land_on_their_shards_across_the_cluster() {
+    let cluster = RedisCluster::start().unwrap();
+    let mut conn = connect(&cluster).await;
+    create_stream(&mut conn, "orders", 16).await;
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+
+    let keys: Vec<String> = (0..5_000).map(|i| format!("customer-{i}")).collect();
+    let mut published = Vec::new();
+    // Batches of 64, then one large batch, then single publishes.
+    for chunk in keys[..3_000].chunks(64) {
+        let batch: Vec<(&str, &str)> = chunk.iter().map(|k| (k.as_str(), "order")).collect();
+        published.extend(publisher.publish_batch(&batch).await.unwrap());
+    }
+    let large: Vec<(&str, u32)> = keys[3_000..4_900].iter().map(|k| (k.as_str(), 7)).collect();
+    published.extend(publisher.publish_batch(&large).await.unwrap());
+    for key in &keys[4_900..] {
+        published.push(publisher.publish(key, &[1, 2, 3]).await.unwrap());
+    }
+
+    let mut expected: BTreeMap<u32, u64> = BTreeMap::new();
+    for (key, p) in keys.iter().zip(&published) {
+        let shard = shard_for_key(key, 16);
+        assert_eq!(p.shard, shard, "{key}");
+        assert_eq!(p.stream_key, format!("{{orders:{shard}}}"));
+        *expected.entry(shard).or_default() += 1;
+    }
+    assert_eq!(expected.len(), 16);
+    let mut sum = 0;
+    for (shard, count) in &expected {
+        let len = xlen(&mut conn, &format!("{{orders:{shard}}}")).await;
+        assert_eq!(len, *count, "shard {shard}");
+        sum += len;
+    }
+    assert_eq!(sum, keys.len() as u64);
+    assert_eq!(total_len(&mut conn, "orders", 16).await, 5_000);
+
+    // Entry ids of one shard grow in batch order (per-key order holds within a batch).
+    let shard0: Vec<&str> = published
+        .iter()
+        .filter(|p| p.shard == 0)
+        .map(|p| p.entry_id.as_str())
+        .collect();
+    let ids: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg("{orders:0}")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let stored: Vec<&str> = ids.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(stored, shard0);
+}
+
+#[tokio::test]
+async fn a_stale_publisher_on_the_cluster_refreshes_after_scale_in() {
+    let cluster = RedisCluster::start().unwrap();
+    let mut conn = connect(&cluster).await;
+    create_stream(&mut conn, "orders", 8).await;
+    let stale = Publisher::new(
+        conn.clone(),
+        "orders",
+        PublisherOptions {
+            refresh_interval: Duration::from_secs(3600),
+            routing_lease: Duration::from_secs(7200),
+            ..PublisherOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    for shard in 5..8 {
+        let _: i64 = conn.del(format!("{{orders:{shard}}}")).await.unwrap();
+    }
+    scale_in_and_retire(&mut conn, "orders", 5).await;
+
+    let keys: Vec<String> = (0..1_000).map(|i| format!("user-{i}")).collect();
+    let batch: Vec<(&str, usize)> = keys.iter().map(|k| (k.as_str(), k.len())).collect();
+    let published = stale.publish_batch(&batch).await.unwrap();
+    for (key, p) in keys.iter().zip(&published) {
+        assert_eq!(p.shard, shard_for_key(key, 5), "{key}");
+    }
+    assert_eq!(stale.routing_snapshot().shard_count, 5);
+    assert_eq!(total_len(&mut conn, "orders", 5).await, 1_000);
+    for shard in 5..8 {
+        let key = format!("{{orders:{shard}}}");
+        assert!(!exists(&mut conn, &key).await, "{key} was re-created");
+    }
+}
