@@ -8,12 +8,14 @@
 //! - [`keys`]: the key layout in Redis and name validation (DESIGN.md §2);
 //! - [`connection`]: standalone or cluster connections behind one type;
 //! - [`store`]: the Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction (DESIGN.md §5);
+//! - [`dataplane`]: fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (DESIGN.md §8);
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (DESIGN.md §9);
 //! - `testing` (feature `testing`): a real-Redis test harness.
 
 pub mod assignor;
 pub mod connection;
 pub mod coordinator;
+pub mod dataplane;
 pub mod fence;
 pub mod keys;
 pub mod model;

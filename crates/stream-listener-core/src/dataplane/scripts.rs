@@ -1,0 +1,223 @@
+//! The Lua scripts of the data plane (DESIGN.md §8). Every script gets the same two keys, both in
+//! the slot of the shard's hash tag (DESIGN.md §2), so each runs on Redis Cluster:
+//! `KEYS[1]` the shard stream `{<prefix>:<i>}`, `KEYS[2]` its fence hash `{<prefix>:<i>}:fence`.
+//! The first four arguments are the same too: `ARGV[1]` the consumer group (also the fence field),
+//! `ARGV[2]` our encoded token (`FenceToken::encode`), `ARGV[3]` our incarnation, `ARGV[4]` our
+//! member epoch.
+//!
+//! Replies are arrays whose first element is a status: `EQUAL` / `OK` / `EMPTY` (done),
+//! `LOWER` / `HIGHER` (the fence does not hold our token: nothing was done; `HIGHER` carries the
+//! stored value), `NOGROUP` (the stream or its consumer group is missing; carries Redis's message).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Helpers shared by every script: exact integer comparison, the fence order and check, the
+/// classification of errors caught with `redis.pcall`, and entry bodies.
+const PRELUDE: &str = r"
+-- Compares two decimal integers given as strings: -1, 0 or 1, exact beyond 2^53.
+local function cmp_int(a, b)
+  local na, nb = string.sub(a, 1, 1) == '-', string.sub(b, 1, 1) == '-'
+  if na ~= nb then return na and -1 or 1 end
+  if na then a, b = string.sub(b, 2), string.sub(a, 2) end
+  a = string.gsub(a, '^0+(%d)', '%1')
+  b = string.gsub(b, '^0+(%d)', '%1')
+  if #a ~= #b then return #a < #b and -1 or 1 end
+  if a == b then return 0 end
+  return a < b and -1 or 1
+end
+
+-- Orders a stored token against ours by (incarnation, memberEpoch): -1, 0 or 1;
+-- nil when the stored value is not a token.
+local function order(stored)
+  local inc, ep = string.match(stored, '^(%-?%d+):(%-?%d+):')
+  if not inc then return nil end
+  local c = cmp_int(inc, ARGV[3])
+  if c == 0 then c = cmp_int(ep, ARGV[4]) end
+  return c
+end
+
+-- nil when the fence holds exactly our token; otherwise the reply refusing the operation:
+-- LOWER (absent or below ours: a raise was lost) or HIGHER (at or above ours, another token,
+-- or not a token at all: fail closed).
+local function refusal()
+  local stored = redis.call('HGET', KEYS[2], ARGV[1])
+  if stored == ARGV[2] then return nil end
+  if not stored then return {'LOWER'} end
+  local c = order(stored)
+  if c == nil or c >= 0 then return {'HIGHER', stored} end
+  return {'LOWER', stored}
+end
+
+-- The reply for an error caught by redis.pcall: NOGROUP when the stream or the group is
+-- missing, else the error itself.
+local function failed(r)
+  if string.find(r.err, '^NOGROUP') or string.find(r.err, '^ERR no such key') then
+    return {'NOGROUP', r.err}
+  end
+  return r
+end
+
+-- An entry's body as returned: its field/value list; false when the entry was trimmed or
+-- deleted while pending; its size in bytes (fields and values) when above max (0 = no limit).
+local function body(fields, max)
+  if not fields then return false end
+  if max > 0 then
+    local n = 0
+    for i = 1, #fields do n = n + #fields[i] end
+    if n > max then return n end
+  end
+  return fields
+end
+";
+
+fn with_prelude(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}{body}"))
+}
+
+/// Raises the fence to our token: accepts a strictly higher `(incarnation, memberEpoch)` than the
+/// stored one, an empty field, or the same token again. No further arguments.
+/// Returns `{'EQUAL'}` (the fence holds our token now) or `{'HIGHER', stored}` (unchanged).
+pub(crate) fn raise() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        with_prelude(
+            r"
+local stored = redis.call('HGET', KEYS[2], ARGV[1])
+if stored == ARGV[2] then return {'EQUAL'} end
+if stored then
+  local c = order(stored)
+  if c == nil or c >= 0 then return {'HIGHER', stored} end
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return {'EQUAL'}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Reads the consumer's own pending entries after an id, with their delivery counts.
+/// ARGV[5] '1' = check the fence first (strict), '0' = do not (acks mode); ARGV[6] consumer;
+/// ARGV[7] count; ARGV[8] the id to read after (exclusive; '0' = from the start);
+/// ARGV[9] the largest body in bytes returned in full (0 = no limit).
+/// Returns `{'OK', {{id, body, deliveryCount}, ...}}` (empty list: nothing pending after the id).
+pub(crate) fn read_pending() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        with_prelude(
+            r"
+if ARGV[5] == '1' then
+  local refused = refusal()
+  if refused then return refused end
+end
+local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[6], 'COUNT', ARGV[7], 'STREAMS', KEYS[1], ARGV[8])
+if type(r) == 'table' and r.err then return failed(r) end
+local entries = (r and r[1] and r[1][2]) or {}
+if #entries == 0 then return {'OK', {}} end
+-- The same range of the same consumer's PEL: exactly these ids, with the counts this read set.
+local counts = {}
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], entries[1][1], entries[#entries][1], #entries, ARGV[6])
+for _, p in ipairs(pending) do counts[p[1]] = p[4] end
+local max = tonumber(ARGV[9])
+local out = {}
+for i, e in ipairs(entries) do out[i] = {e[1], body(e[2], max), counts[e[1]] or 0} end
+return {'OK', out}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Reads new entries (`>`). ARGV[5] '1' = check the fence first, '0' = do not; ARGV[6] consumer;
+/// ARGV[7] count; ARGV[8] the largest body in bytes returned in full (0 = no limit).
+/// Returns `{'OK', {{id, body}, ...}}`, or `{'EMPTY', lastId}` when nothing is new: the id of the
+/// stream's last entry ('0-0' when it has none), to wait from with `XREAD BLOCK`.
+pub(crate) fn read_new() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        with_prelude(
+            r"
+if ARGV[5] == '1' then
+  local refused = refusal()
+  if refused then return refused end
+end
+local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[6], 'COUNT', ARGV[7], 'STREAMS', KEYS[1], '>')
+if type(r) == 'table' and r.err then return failed(r) end
+if not r or not r[1] or #r[1][2] == 0 then
+  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  return {'EMPTY', (last[1] and last[1][1]) or '0-0'}
+end
+local max = tonumber(ARGV[8])
+local out = {}
+for i, e in ipairs(r[1][2]) do out[i] = {e[1], body(e[2], max)} end
+return {'OK', out}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Acknowledges entries, always fenced. ARGV[5..] the ids (none: only the fence is checked).
+/// Returns `{'OK', acked}` (ids that were pending).
+pub(crate) fn ack() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        with_prelude(
+            r"
+local refused = refusal()
+if refused then return refused end
+local acked = 0
+-- In chunks: unpack has a stack limit.
+for i = 5, #ARGV, 500 do
+  acked = acked + redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, math.min(i + 499, #ARGV)))
+end
+return {'OK', acked}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Claims other consumers' pending entries without inflating delivery counts (takeover,
+/// DESIGN.md §8), always fenced. ARGV[5] our consumer; ARGV[6] the most ids to request in this
+/// call. For each other consumer with a PEL (`XINFO CONSUMERS`): `XPENDING - + n consumer`, then
+/// `XCLAIM ... 0 ids JUSTID` (Redis >= 7 drops ids whose entry was trimmed or deleted from the
+/// PEL and does not return them). Never deletes a consumer.
+/// Returns `{'OK', claimed, trimmed, more}`: more = 1 when the budget ran out before every other
+/// consumer's PEL was empty.
+pub(crate) fn claim_others() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        with_prelude(
+            r"
+local refused = refusal()
+if refused then return refused end
+local consumers = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+if consumers.err then return failed(consumers) end
+local budget = tonumber(ARGV[6])
+local claimed, trimmed, more = 0, 0, 0
+for _, c in ipairs(consumers) do
+  local name, pending = nil, 0
+  for i = 1, #c, 2 do
+    if c[i] == 'name' then name = c[i + 1] elseif c[i] == 'pending' then pending = c[i + 1] end
+  end
+  if name ~= ARGV[5] and pending > 0 then
+    if budget == 0 then more = 1; break end
+    local ids = {}
+    for i, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', math.min(budget, pending), name)) do
+      ids[i] = p[1]
+    end
+    local requested = #ids
+    if requested > 0 then
+      ids[requested + 1] = 'JUSTID'
+      local got = #redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[5], 0, unpack(ids))
+      claimed = claimed + got
+      trimmed = trimmed + requested - got
+      budget = budget - requested
+    end
+    if pending > requested then more = 1 end
+  end
+end
+return {'OK', claimed, trimmed, more}
+",
+        )
+    });
+    &SCRIPT
+}

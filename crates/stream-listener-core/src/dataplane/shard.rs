@@ -1,0 +1,491 @@
+//! [`ShardClient`]: the fenced operations on one group's shards (DESIGN.md §8).
+
+use redis::{Script, ScriptInvocation, Value};
+
+use super::error::DataPlaneError;
+use super::scripts;
+use super::{
+    ClaimReport, DeadLetterReason, EntryStatus, Fenced, FencingMode, ReadOutcome, ShardEntry,
+};
+use crate::connection::RedisConnection;
+use crate::fence::FenceToken;
+use crate::keys::{NameError, StreamKeys};
+use crate::model::ShardIndex;
+
+/// The most ids one [`ShardClient::claim_others`] call requests (larger batches are clamped), so
+/// that one script call stays short: Redis runs nothing else while a script runs.
+pub const MAX_CLAIM_BATCH: usize = 1000;
+
+/// The fenced operations of one member (Redis consumer) of one consumer group on the shards of one
+/// stream. Every method is one round trip: one script on the shard's slot, or one `XADD` for
+/// [`ShardClient::dead_letter`]. Cheap to clone (clones share the multiplexed connection); never
+/// use it for blocking commands (that is [`super::Waiter`]'s job).
+#[derive(Debug, Clone)]
+pub struct ShardClient {
+    conn: RedisConnection,
+    keys: StreamKeys,
+    group: String,
+    consumer: String,
+    dead_letters: String,
+    max_entry_bytes: u64,
+}
+
+/// A script reply once the fence and a missing group are handled.
+enum Reply {
+    /// The script did its work: its status (`EQUAL`, `OK`, `EMPTY`) and the rest of the reply.
+    Done(String, Vec<Value>),
+    /// The fence refused the operation.
+    Refused(Fenced),
+}
+
+impl ShardClient {
+    /// A client for consumer group `group` of the stream `keys`, acting as Redis consumer
+    /// `consumer` (the member id, DESIGN.md §7). Entries of any size are returned in full until
+    /// [`ShardClient::with_max_entry_bytes`] sets a limit.
+    ///
+    /// # Errors
+    /// [`NameError`] when the group name is not valid ([`crate::keys::validate_group_name`]).
+    pub fn new(
+        conn: RedisConnection,
+        keys: StreamKeys,
+        group: &str,
+        consumer: &str,
+    ) -> Result<Self, NameError> {
+        let group_keys = keys.group(group)?;
+        let dead_letters = keys.dead_letters(&group_keys);
+        Ok(ShardClient {
+            conn,
+            keys,
+            group: group.to_owned(),
+            consumer: consumer.to_owned(),
+            dead_letters,
+            max_entry_bytes: 0,
+        })
+    }
+
+    /// Withholds bodies larger than `limit` bytes (field names plus values) from reads: such
+    /// entries come back as [`EntryStatus::TooLarge`] with no fields, so a huge entry never
+    /// reaches this process (FIELD-FAILURES BR-15). `None`: no limit.
+    pub fn with_max_entry_bytes(mut self, limit: Option<usize>) -> Self {
+        self.max_entry_bytes = limit.map_or(0, |l| l.max(1) as u64);
+        self
+    }
+
+    /// The consumer group.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The Redis consumer name (the member id).
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// The stream's keys.
+    pub fn keys(&self) -> &StreamKeys {
+        &self.keys
+    }
+
+    /// The dead-letter stream `<prefix>:dlq:<group>`.
+    pub fn dead_letter_key(&self) -> &str {
+        &self.dead_letters
+    }
+
+    /// Raises shard `shard`'s fence to `token` (DESIGN.md §8): accepted when the fence field is
+    /// empty, holds a strictly lower `(incarnation, memberEpoch)`, or holds `token` itself.
+    /// Call it before the first read of a newly assigned shard, and again after any
+    /// [`Fenced::Lower`].
+    ///
+    /// Returns `Ok(())` (`EQUAL`: the fence holds `token` now) or `Err(Fenced::Higher { found })`:
+    /// the fence holds a token at or above ours that is not ours (same pair, other member
+    /// included) and was left unchanged. Never `Fenced::Lower`.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] when Redis fails (the raise may or may not have happened: raise
+    /// again, it is idempotent).
+    pub async fn raise_fence(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+    ) -> Result<Result<(), Fenced>, DataPlaneError> {
+        const OP: &str = "raise_fence";
+        let reply = self.run(OP, scripts::raise(), shard, token, |_| {}).await?;
+        match reply {
+            Reply::Refused(fenced) => Ok(Err(fenced)),
+            Reply::Done(status, _) if status == "EQUAL" => Ok(Ok(())),
+            Reply::Done(status, _) => Err(DataPlaneError::unexpected(
+                OP,
+                Some(shard),
+                format!("status {status:?}"),
+            )),
+        }
+    }
+
+    /// Moves up to `batch` (1..=[`MAX_CLAIM_BATCH`]) pending entries of *other* consumers of the
+    /// group on `shard` to this consumer, without changing their delivery counts (`XPENDING` by
+    /// consumer, then `XCLAIM <me> 0 <ids> JUSTID`). Idle time 0 is safe only because the previous
+    /// holder released the shard or its lease ran out: call it at takeover, after
+    /// [`ShardClient::raise_fence`], and repeat until [`ClaimReport::complete`]. Ids whose entry
+    /// was trimmed or deleted leave the PEL and are counted in [`ClaimReport::trimmed`].
+    /// Always fenced, whatever the [`FencingMode`].
+    ///
+    /// # Errors
+    /// [`DataPlaneError::NoGroup`] when the stream or group is missing; [`DataPlaneError::Redis`]
+    /// when Redis fails (a claim that did happen is harmless to repeat).
+    pub async fn claim_others(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        batch: usize,
+    ) -> Result<Result<ClaimReport, Fenced>, DataPlaneError> {
+        const OP: &str = "claim_others";
+        let consumer = self.consumer.clone();
+        let batch = batch.clamp(1, MAX_CLAIM_BATCH);
+        let reply = self
+            .run(OP, scripts::claim_others(), shard, token, |inv| {
+                inv.arg(consumer).arg(batch);
+            })
+            .await?;
+        let rest = match reply {
+            Reply::Refused(fenced) => return Ok(Err(fenced)),
+            Reply::Done(status, rest) if status == "OK" && rest.len() == 3 => rest,
+            Reply::Done(status, rest) => {
+                return Err(DataPlaneError::unexpected(
+                    OP,
+                    Some(shard),
+                    format!("status {status:?} with {} values", rest.len()),
+                ));
+            }
+        };
+        let number = |v: &Value| {
+            int(v)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| DataPlaneError::unexpected(OP, Some(shard), format!("{v:?}")))
+        };
+        Ok(Ok(ClaimReport {
+            claimed: number(&rest[0])?,
+            trimmed: number(&rest[1])?,
+            complete: number(&rest[2])? == 0,
+        }))
+    }
+
+    /// Reads up to `count` (at least 1) of this consumer's own pending entries on `shard` with ids
+    /// strictly after `after_id` (`"0"` to start; then the id of the last entry returned), with
+    /// their delivery counts — this read included: each read of an entry that still exists adds
+    /// one (`XREADGROUP ... STREAMS <shard> <after_id>`, then `XPENDING` over the same range).
+    /// Entries trimmed or deleted while pending come back as [`EntryStatus::Trimmed`] (their count
+    /// is not increased). An empty [`ReadOutcome::Entries`] means nothing is pending after
+    /// `after_id`; this method never returns [`ReadOutcome::Empty`].
+    ///
+    /// In [`FencingMode::Strict`] the fence is checked first ([`ReadOutcome::Fenced`]: nothing
+    /// read); in [`FencingMode::Acks`] it is not, and `token` is unused.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::NoGroup`] when the stream or group is missing (BR-07);
+    /// [`DataPlaneError::Redis`] when Redis fails.
+    pub async fn read_pending(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        after_id: &str,
+        count: usize,
+        mode: FencingMode,
+    ) -> Result<ReadOutcome, DataPlaneError> {
+        const OP: &str = "read_pending";
+        let consumer = self.consumer.clone();
+        let max = self.max_entry_bytes;
+        let reply = self
+            .run(OP, scripts::read_pending(), shard, token, |inv| {
+                inv.arg(fenced_flag(mode))
+                    .arg(consumer)
+                    .arg(count.max(1))
+                    .arg(after_id)
+                    .arg(max);
+            })
+            .await?;
+        match reply {
+            Reply::Refused(fenced) => Ok(ReadOutcome::Fenced(fenced)),
+            Reply::Done(status, mut rest) if status == "OK" && rest.len() == 1 => Ok(
+                ReadOutcome::Entries(parse_entries(OP, shard, rest.remove(0), true)?),
+            ),
+            Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
+                OP,
+                Some(shard),
+                format!("status {status:?} with {} values", rest.len()),
+            )),
+        }
+    }
+
+    /// Reads up to `count` (at least 1) new entries on `shard` for the group
+    /// (`XREADGROUP ... STREAMS <shard> >`, never blocking); they enter this consumer's PEL with
+    /// delivery count 1. When nothing is new, returns [`ReadOutcome::Empty`] with the id of the
+    /// stream's last entry (`"0-0"` when it has none): wait with [`super::Waiter::wait`] from it,
+    /// then read again (an entry added between the two calls wakes the wait at once).
+    ///
+    /// In [`FencingMode::Strict`] the fence is checked first ([`ReadOutcome::Fenced`]: nothing
+    /// read); in [`FencingMode::Acks`] it is not, and `token` is unused.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::NoGroup`] when the stream or group is missing (BR-07);
+    /// [`DataPlaneError::Redis`] when Redis fails (entries may have been delivered: they are in
+    /// this consumer's PEL and come back from [`ShardClient::read_pending`]).
+    pub async fn read_new(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        count: usize,
+        mode: FencingMode,
+    ) -> Result<ReadOutcome, DataPlaneError> {
+        const OP: &str = "read_new";
+        let consumer = self.consumer.clone();
+        let max = self.max_entry_bytes;
+        let reply = self
+            .run(OP, scripts::read_new(), shard, token, |inv| {
+                inv.arg(fenced_flag(mode))
+                    .arg(consumer)
+                    .arg(count.max(1))
+                    .arg(max);
+            })
+            .await?;
+        match reply {
+            Reply::Refused(fenced) => Ok(ReadOutcome::Fenced(fenced)),
+            Reply::Done(status, mut rest) if status == "OK" && rest.len() == 1 => Ok(
+                ReadOutcome::Entries(parse_entries(OP, shard, rest.remove(0), false)?),
+            ),
+            Reply::Done(status, rest) if status == "EMPTY" && rest.len() == 1 => {
+                let last_id = text(&rest[0])
+                    .ok_or_else(|| DataPlaneError::unexpected(OP, Some(shard), "last id"))?;
+                Ok(ReadOutcome::Empty { last_id })
+            }
+            Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
+                OP,
+                Some(shard),
+                format!("status {status:?} with {} values", rest.len()),
+            )),
+        }
+    }
+
+    /// Acknowledges `ids` on `shard` (`XACK`), always fenced, whatever the [`FencingMode`].
+    /// Returns how many of them were pending in the group (ids acked before, or never delivered,
+    /// count 0). With no ids only the fence is checked. Ack trimmed entries like any other.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] when Redis fails (acking again is harmless). A missing group is
+    /// not an error here: nothing is pending, the result is 0 (a missing fence answers
+    /// [`Fenced::Lower`] first).
+    pub async fn ack(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+    ) -> Result<Result<usize, Fenced>, DataPlaneError> {
+        const OP: &str = "ack";
+        let reply = self
+            .run(OP, scripts::ack(), shard, token, |inv| {
+                for id in ids {
+                    inv.arg(id);
+                }
+            })
+            .await?;
+        match reply {
+            Reply::Refused(fenced) => Ok(Err(fenced)),
+            Reply::Done(status, rest) if status == "OK" && rest.len() == 1 => int(&rest[0])
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Ok)
+                .ok_or_else(|| DataPlaneError::unexpected(OP, Some(shard), "acked count")),
+            Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
+                OP,
+                Some(shard),
+                format!("status {status:?} with {} values", rest.len()),
+            )),
+        }
+    }
+
+    /// Writes `entry` to the dead-letter stream `<prefix>:dlq:<group>` (DESIGN.md §8) and returns
+    /// the new entry's id. Fields, in this order: `sourceStream` (the shard key),
+    /// `sourceId`, `shard` (the index), `group`, `reason` ([`DeadLetterReason::as_str`]), `error`,
+    /// `attempts` (decimal), then the entry's own fields (none for a trimmed or too-large entry:
+    /// it is dead-lettered by id). Not fenced (the key is in another slot): write the dead letter,
+    /// then [`ShardClient::ack`] the entry; a retry after a failure between the two may write it
+    /// twice (`sourceStream` + `sourceId` identify it).
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] when Redis fails (do not ack then).
+    pub async fn dead_letter(
+        &mut self,
+        shard: ShardIndex,
+        entry: &ShardEntry,
+        reason: DeadLetterReason,
+        error: &str,
+        attempts: u32,
+    ) -> Result<String, DataPlaneError> {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(&self.dead_letters)
+            .arg("*")
+            .arg("sourceStream")
+            .arg(self.keys.shard(shard))
+            .arg("sourceId")
+            .arg(&entry.id)
+            .arg("shard")
+            .arg(shard)
+            .arg("group")
+            .arg(&self.group)
+            .arg("reason")
+            .arg(reason.as_str())
+            .arg("error")
+            .arg(error)
+            .arg("attempts")
+            .arg(attempts);
+        for (field, value) in &entry.fields {
+            cmd.arg(field).arg(value);
+        }
+        cmd.query_async(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis("dead_letter", Some(shard)))
+    }
+
+    /// Runs `script` on `shard` with the common keys and arguments, then `extra` arguments, and
+    /// sorts out fence refusals and missing groups.
+    async fn run(
+        &mut self,
+        op: &'static str,
+        script: &'static Script,
+        shard: ShardIndex,
+        token: &FenceToken,
+        extra: impl FnOnce(&mut ScriptInvocation<'static>),
+    ) -> Result<Reply, DataPlaneError> {
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(self.keys.shard(shard))
+            .key(self.keys.fence(shard))
+            .arg(&self.group)
+            .arg(token.encode())
+            .arg(token.incarnation)
+            .arg(token.member_epoch);
+        extra(&mut invocation);
+        let value: Value = invocation
+            .invoke_async(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis(op, Some(shard)))?;
+        let Value::Array(mut items) = value else {
+            return Err(DataPlaneError::unexpected(
+                op,
+                Some(shard),
+                format!("{value:?}"),
+            ));
+        };
+        let status = items.first().and_then(text).ok_or_else(|| {
+            DataPlaneError::unexpected(op, Some(shard), format!("no status in {items:?}"))
+        })?;
+        let rest = items.split_off(1);
+        match status.as_str() {
+            "LOWER" => Ok(Reply::Refused(Fenced::Lower)),
+            "HIGHER" => Ok(Reply::Refused(Fenced::Higher {
+                found: rest
+                    .first()
+                    .and_then(text)
+                    .and_then(|s| FenceToken::decode(&s)),
+            })),
+            "NOGROUP" => Err(DataPlaneError::NoGroup {
+                shard,
+                stream: self.keys.shard(shard),
+                group: self.group.clone(),
+                detail: rest.first().and_then(text).unwrap_or_default(),
+            }),
+            _ => Ok(Reply::Done(status, rest)),
+        }
+    }
+}
+
+fn fenced_flag(mode: FencingMode) -> &'static str {
+    match mode {
+        FencingMode::Strict => "1",
+        FencingMode::Acks => "0",
+    }
+}
+
+/// A string reply element.
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::Okay => Some("OK".to_owned()),
+        _ => None,
+    }
+}
+
+/// An integer reply element (Lua numbers arrive as integers).
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// Parses the scripts' entry list: `{{id, body[, deliveryCount]}, ...}` where body is the
+/// field/value list, nil (trimmed) or the size in bytes (too large).
+fn parse_entries(
+    op: &'static str,
+    shard: ShardIndex,
+    value: Value,
+    with_counts: bool,
+) -> Result<Vec<ShardEntry>, DataPlaneError> {
+    let bad = |what: String| DataPlaneError::unexpected(op, Some(shard), what);
+    let list = match value {
+        Value::Array(list) => list,
+        other => return Err(bad(format!("entry list {other:?}"))),
+    };
+    let mut entries = Vec::with_capacity(list.len());
+    for item in list {
+        let Value::Array(mut parts) = item else {
+            return Err(bad(format!("entry {item:?}")));
+        };
+        if parts.len() < 2 {
+            parts.resize(2, Value::Nil);
+        }
+        let id = text(&parts[0]).ok_or_else(|| bad(format!("entry id {:?}", parts[0])))?;
+        let delivery_count = if with_counts {
+            parts
+                .get(2)
+                .and_then(int)
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(|| bad(format!("delivery count of {id}")))?
+        } else {
+            1
+        };
+        let (fields, status) = match std::mem::take(&mut parts[1]) {
+            Value::Nil => (Vec::new(), EntryStatus::Trimmed),
+            Value::Int(bytes) => (
+                Vec::new(),
+                EntryStatus::TooLarge {
+                    bytes: u64::try_from(bytes).unwrap_or(0),
+                },
+            ),
+            Value::Array(flat) if flat.len() % 2 == 0 => {
+                let mut fields = Vec::with_capacity(flat.len() / 2);
+                let mut flat = flat.into_iter();
+                while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
+                    let name = text(&name).ok_or_else(|| bad(format!("field name of {id}")))?;
+                    let value = match value {
+                        Value::BulkString(bytes) => bytes,
+                        Value::SimpleString(s) => s.into_bytes(),
+                        Value::Int(n) => n.to_string().into_bytes(),
+                        other => return Err(bad(format!("field value of {id}: {other:?}"))),
+                    };
+                    fields.push((name, value));
+                }
+                (fields, EntryStatus::Present)
+            }
+            other => return Err(bad(format!("body of {id}: {other:?}"))),
+        };
+        entries.push(ShardEntry {
+            id,
+            fields,
+            delivery_count,
+            status,
+        });
+    }
+    Ok(entries)
+}

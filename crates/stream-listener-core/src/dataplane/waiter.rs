@@ -1,0 +1,127 @@
+//! [`Waiter`]: waiting for new entries without a group (DESIGN.md §8, FIELD-FAILURES BR-11).
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::error::DataPlaneError;
+use super::slot::key_slot;
+use crate::connection::{RedisConnection, RedisTarget};
+
+/// Waits for new entries on shard streams with a plain `XREAD BLOCK` (no group, no PEL: nothing is
+/// delivered, only the wake-up matters), on a connection of its own whose response timeout is
+/// `2 × max_block + 1 s`, so an idle wait ends in an empty reply and never in a client timeout
+/// (FIELD-FAILURES BR-11: redis-rs's default response timeout is shorter than a typical block).
+/// The connection reconnects by itself and is kept for the waiter's life (no connection per wait).
+///
+/// One wait at a time per waiter (`&mut self`): a blocked command holds the connection. On a
+/// standalone server one call may cover all of a member's idle shards; on a cluster one call
+/// covers keys of one hash slot only ([`super::key_slot`]), so each idle shard needs its own
+/// waiter or a bounded poll.
+#[derive(Debug)]
+pub struct Waiter {
+    conn: RedisConnection,
+    max_block: Duration,
+}
+
+impl Waiter {
+    /// Opens the waiter's own connection to `target` for blocks of up to `max_block` (at least
+    /// 1 ms; give the longest block you will ask for, e.g. the configured `block`).
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] (`op` = `connect`) when the URL is invalid or no server answers.
+    pub async fn connect(
+        target: &RedisTarget,
+        max_block: Duration,
+    ) -> Result<Self, DataPlaneError> {
+        let max_block = max_block.max(Duration::from_millis(1));
+        let conn = RedisConnection::connect(target, Self::response_timeout_for(max_block))
+            .await
+            .map_err(DataPlaneError::redis("connect", None))?;
+        Ok(Waiter { conn, max_block })
+    }
+
+    /// The response timeout a waiter for blocks of up to `max_block` uses:
+    /// `2 × max_block + 1 s` (a block may take longer than asked when the server is busy).
+    pub fn response_timeout_for(max_block: Duration) -> Duration {
+        max_block.saturating_mul(2) + Duration::from_secs(1)
+    }
+
+    /// The longest block this waiter accepts.
+    pub fn max_block(&self) -> Duration {
+        self.max_block
+    }
+
+    /// Blocks until one of `shards` — `(shard stream key, last id seen)` pairs, the id usually
+    /// [`super::ReadOutcome::Empty::last_id`] — has an entry after its id, or `block` (clamped to
+    /// 1 ms..=[`Waiter::max_block`]; Redis's `BLOCK 0` = forever is never sent) passes. Returns
+    /// the keys that have new entries, in the order Redis reports them (usually one: a woken
+    /// `XREAD` answers as soon as any stream has data), or an empty list on a timeout — never an
+    /// error for a normal timeout. An empty `shards` returns an empty list at once. Cap `block`
+    /// by the member's remaining lease.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::CrossSlot`] on a cluster when the keys are not all in one hash slot
+    /// (nothing is sent); [`DataPlaneError::Redis`] (`op` = `wait`) when Redis fails or does not
+    /// answer within the response timeout (a paused server): back off and re-check the lease.
+    pub async fn wait(
+        &mut self,
+        shards: &[(String, String)],
+        block: Duration,
+    ) -> Result<Vec<String>, DataPlaneError> {
+        const OP: &str = "wait";
+        let Some((first, _)) = shards.first() else {
+            return Ok(Vec::new());
+        };
+        if self.conn.is_cluster() {
+            let slot = key_slot(first);
+            if shards.iter().any(|(key, _)| key_slot(key) != slot) {
+                return Err(DataPlaneError::CrossSlot {
+                    keys: shards.iter().map(|(key, _)| key.clone()).collect(),
+                });
+            }
+        }
+        let block = block.clamp(Duration::from_millis(1), self.max_block);
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX))
+            .arg("STREAMS");
+        for (key, _) in shards {
+            cmd.arg(key);
+        }
+        for (_, id) in shards {
+            cmd.arg(id);
+        }
+        let value: Value = cmd
+            .query_async(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis(OP, None))?;
+        let key_of = |v: &Value| match v {
+            Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
+        let bad = |v: &Value| DataPlaneError::unexpected(OP, None, format!("{v:?}"));
+        match &value {
+            Value::Nil => Ok(Vec::new()),
+            // RESP2: [[key, entries], ...]
+            Value::Array(streams) => streams
+                .iter()
+                .map(|s| match s {
+                    Value::Array(pair) if !pair.is_empty() => {
+                        key_of(&pair[0]).ok_or_else(|| bad(s))
+                    }
+                    other => Err(bad(other)),
+                })
+                .collect(),
+            // RESP3: {key: entries, ...}
+            Value::Map(streams) => streams
+                .iter()
+                .map(|(k, _)| key_of(k).ok_or_else(|| bad(k)))
+                .collect(),
+            other => Err(bad(other)),
+        }
+    }
+}
