@@ -10,8 +10,10 @@
 //! - [`store`]: the Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction (DESIGN.md §5);
 //! - [`dataplane`]: fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (DESIGN.md §8);
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (DESIGN.md §9);
+//! - [`admin`]: admin operations: create, register, describe, list, scale, retire, delete (DESIGN.md §8, §10);
 //! - `testing` (feature `testing`): a real-Redis test harness.
 
+pub mod admin;
 pub mod assignor;
 pub mod connection;
 pub mod coordinator;

@@ -1,0 +1,301 @@
+//! Group-level admin operations: register and delete (DESIGN.md §2, §8).
+
+use std::collections::BTreeSet;
+
+use redis::AsyncCommands;
+use serde::Serialize;
+
+use super::scripts::{self, GroupKeysDeletion};
+use super::{AdminError, CAS_ATTEMPTS, backoff, ceil_ms, contended, load_required, stream_keys};
+use crate::connection::RedisConnection;
+use crate::coordinator::{CoordinatorConfig, rfc3339};
+use crate::model::{RegisteredGroup, ShardIndex, ShardState, StartFrom};
+use crate::store::{GroupStore, StoreError, StreamCas, write_stream_metadata};
+
+/// The result of [`register_group`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupRegistration {
+    /// The stream prefix.
+    pub stream_prefix: String,
+    /// The consumer group.
+    pub consumer_group: String,
+    /// `true` when this call registered the group; `false` when it was already registered
+    /// (nothing was changed then).
+    pub registered: bool,
+    /// The registered `startFrom`: the stored one when the group was already registered (a
+    /// different `start_from` argument does not change it; it only matters at registration).
+    pub start_from: StartFrom,
+    /// The stream's `metadataVersion` after the call.
+    pub metadata_version: u64,
+}
+
+/// The start id of `XGROUP CREATE` for `start_from` (DESIGN.md §8).
+fn start_id(start_from: StartFrom) -> &'static str {
+    match start_from {
+        StartFrom::Earliest => "0",
+        StartFrom::Latest => "$",
+    }
+}
+
+/// Registers consumer group `group` on stream `prefix` (DESIGN.md §8): what a member does when it
+/// joins a group the stream metadata does not list.
+///
+/// Under the stream metadata's compare-and-set, retried on conflicts (at most [`CAS_ATTEMPTS`]):
+/// the consumer group is created on every readable shard, from `0` (or `$` for
+/// [`StartFrom::Latest`]; `BUSYGROUP` ignored: an existing consumer group keeps its position),
+/// then the group metadata is provisioned ([`GroupStore::provision`], `after_loss = false`;
+/// no-op when it exists), and only then the compare-and-set adds the group to `groups` and bumps
+/// `metadataVersion`. A scale-out re-reads `groups` under the same compare-and-set
+/// ([`super::scale`]), and this function re-reads the readable shards on every attempt, so
+/// neither can leave a shard without the consumer group. A missing ACTIVE shard stream is
+/// created; a missing DRAINING one is not (it may just have been retired). A consumer group that
+/// an earlier attempt created on a shard that has become RETIRING meanwhile is destroyed again
+/// (the group never read it, and it would block the shard's deletion).
+///
+/// Idempotent: an already registered group is left as it is (`registered: false`); in
+/// particular its group metadata is not re-created when missing: that is lost metadata, which
+/// fails closed (DESIGN.md §5).
+///
+/// # Errors
+/// [`AdminError::InvalidName`] for a bad prefix or group name (nothing written);
+/// [`AdminError::Store`]: unknown stream ([`StoreError::MissingStream`]), Redis failure, corrupt
+/// metadata, or [`StoreError::Contended`].
+pub async fn register_group(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    group: &str,
+    start_from: StartFrom,
+) -> Result<GroupRegistration, AdminError> {
+    let keys = stream_keys(prefix)?;
+    let group_keys = keys.group(group)?;
+    let id = start_id(start_from);
+    let mut touched: BTreeSet<ShardIndex> = BTreeSet::new();
+    let mut provisioned = false;
+    for attempt in 1..=CAS_ATTEMPTS {
+        let meta = load_required(conn, &keys).await?;
+        if let Some(existing) = meta.groups.iter().find(|g| g.consumer_group == group) {
+            let start_from = existing.start_from;
+            undo_on_retiring(conn, &keys, &meta, &touched, group).await?;
+            return Ok(GroupRegistration {
+                stream_prefix: prefix.to_owned(),
+                consumer_group: group.to_owned(),
+                registered: false,
+                start_from,
+                metadata_version: meta.metadata_version,
+            });
+        }
+        for shard in &meta.shards {
+            if shard.state.is_readable() {
+                let create_missing = shard.state == ShardState::Active;
+                scripts::ensure_shard(
+                    conn,
+                    &keys,
+                    shard.shard_index,
+                    create_missing,
+                    &[(group, id)],
+                )
+                .await?;
+                touched.insert(shard.shard_index);
+            }
+        }
+        if !provisioned {
+            GroupStore::new(
+                conn.clone(),
+                keys.clone(),
+                group_keys.clone(),
+                CoordinatorConfig::default(),
+            )
+            .provision(false)
+            .await?;
+            provisioned = true;
+        }
+        let now = scripts::stream_time(conn, &keys).await?;
+        let mut next = meta.clone();
+        next.groups.push(RegisteredGroup {
+            consumer_group: group.to_owned(),
+            start_from,
+        });
+        next.metadata_version += 1;
+        next.updated_at = rfc3339(now);
+        match write_stream_metadata(conn, &keys, Some(meta.revision), &mut next).await? {
+            StreamCas::Written => {
+                undo_on_retiring(conn, &keys, &next, &touched, group).await?;
+                return Ok(GroupRegistration {
+                    stream_prefix: prefix.to_owned(),
+                    consumer_group: group.to_owned(),
+                    registered: true,
+                    start_from,
+                    metadata_version: next.metadata_version,
+                });
+            }
+            StreamCas::Conflict => backoff(attempt).await,
+        }
+    }
+    Err(contended("registering the consumer group"))
+}
+
+/// Destroys the consumer group on shards in `touched` that are RETIRING in `meta`: created by an
+/// attempt that raced with the shard's retirement check, it would block the deletion forever.
+async fn undo_on_retiring(
+    conn: &mut RedisConnection,
+    keys: &crate::keys::StreamKeys,
+    meta: &crate::model::StreamMetadata,
+    touched: &BTreeSet<ShardIndex>,
+    group: &str,
+) -> Result<(), AdminError> {
+    for shard in &meta.shards {
+        if shard.state == ShardState::Retiring && touched.contains(&shard.shard_index) {
+            scripts::destroy_group(conn, keys, shard.shard_index, group).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The result of [`delete_group`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeletedGroup {
+    /// The stream prefix.
+    pub stream_prefix: String,
+    /// The consumer group.
+    pub consumer_group: String,
+    /// How many of the group hash, leases and history existed and were deleted (0 to 3).
+    pub keys_deleted: u64,
+    /// Whether the group was removed from the stream metadata's `groups` by this call.
+    pub unregistered: bool,
+    /// Shards whose consumer group was destroyed (`XGROUP DESTROY`), ascending.
+    pub destroyed_on: Vec<ShardIndex>,
+    /// The dead-letter stream, which is kept (delete it by hand when its entries are not needed).
+    pub dead_letter_stream: String,
+    /// Its length.
+    pub dead_letters: u64,
+    /// The stream's `metadataVersion` after the call.
+    pub metadata_version: u64,
+}
+
+/// Deletes consumer group `group` of stream `prefix`, which must be inactive: no member's lease
+/// runs past Redis `TIME` (judged from the loaded group at its load time, then again atomically
+/// by the script that deletes its keys, on the leases sorted set).
+///
+/// In this order, so that a crash leaves a state the next call finishes: the group hash, leases
+/// and history are deleted (one script on the group's slot); the group is removed from the stream
+/// metadata's `groups` (compare-and-set, `metadataVersion` bumped); its consumer group is
+/// destroyed, and its fence fields cleared, on every shard that is not RETIRED. The dead-letter
+/// stream `<prefix>:dlq:<group>` is kept. A group whose metadata is missing or corrupt can be
+/// deleted (that is how lost group metadata is cleared). Members of the group must be stopped
+/// first: a member starting during the deletion may re-register the group.
+///
+/// # Errors
+/// [`AdminError::InvalidName`]; [`AdminError::GroupActive`] while a member's lease runs (nothing
+/// deleted); [`AdminError::Store`]: unknown stream, [`StoreError::UnknownGroup`] when nothing of
+/// the group exists (nothing changed), Redis failure, or [`StoreError::Contended`].
+pub async fn delete_group(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    group: &str,
+) -> Result<DeletedGroup, AdminError> {
+    let keys = stream_keys(prefix)?;
+    let group_keys = keys.group(group)?;
+    let meta = load_required(conn, &keys).await?;
+    let registered = meta.groups.iter().any(|g| g.consumer_group == group);
+    let mut store = GroupStore::new(
+        conn.clone(),
+        keys.clone(),
+        group_keys.clone(),
+        CoordinatorConfig::default(),
+    );
+    match store.load().await {
+        Ok(loaded) => {
+            let live: Vec<(String, u64)> = loaded
+                .group
+                .members
+                .values()
+                .filter(|m| m.member_lease_expires_at > loaded.now)
+                .map(|m| (m.member_id.clone(), m.member_lease_expires_at))
+                .collect();
+            if !live.is_empty() {
+                return Err(group_active(prefix, group, live, loaded.now));
+            }
+        }
+        Err(StoreError::Redis(err)) => return Err(StoreError::Redis(err).into()),
+        // Missing or unreadable: deleted all the same; the leases are checked by the script.
+        Err(_) => {}
+    }
+    let keys_deleted = match scripts::delete_group_keys(conn, &group_keys).await? {
+        GroupKeysDeletion::Deleted(n) => n,
+        GroupKeysDeletion::Live(live) => {
+            let now = scripts::stream_time(conn, &keys).await?;
+            return Err(group_active(prefix, group, live, now));
+        }
+    };
+    let mut meta = meta;
+    let mut unregistered = false;
+    if registered {
+        let mut done = false;
+        for attempt in 1..=CAS_ATTEMPTS {
+            let current = load_required(conn, &keys).await?;
+            if !current.groups.iter().any(|g| g.consumer_group == group) {
+                meta = current;
+                done = true;
+                break;
+            }
+            let mut next = current.clone();
+            next.groups.retain(|g| g.consumer_group != group);
+            next.metadata_version += 1;
+            next.updated_at = rfc3339(scripts::stream_time(conn, &keys).await?);
+            match write_stream_metadata(conn, &keys, Some(current.revision), &mut next).await? {
+                StreamCas::Written => {
+                    meta = next;
+                    unregistered = true;
+                    done = true;
+                    break;
+                }
+                StreamCas::Conflict => backoff(attempt).await,
+            }
+        }
+        if !done {
+            return Err(contended("unregistering the consumer group"));
+        }
+    }
+    let mut destroyed_on = Vec::new();
+    for shard in &meta.shards {
+        if shard.state != ShardState::Retired
+            && scripts::destroy_group(conn, &keys, shard.shard_index, group).await?
+        {
+            destroyed_on.push(shard.shard_index);
+        }
+    }
+    if !registered && keys_deleted == 0 && destroyed_on.is_empty() {
+        return Err(StoreError::UnknownGroup {
+            prefix: prefix.to_owned(),
+            group: group.to_owned(),
+        }
+        .into());
+    }
+    let dead_letter_stream = keys.dead_letters(&group_keys);
+    let dead_letters: u64 = conn
+        .xlen(&dead_letter_stream)
+        .await
+        .map_err(StoreError::from)?;
+    Ok(DeletedGroup {
+        stream_prefix: prefix.to_owned(),
+        consumer_group: group.to_owned(),
+        keys_deleted,
+        unregistered,
+        destroyed_on,
+        dead_letter_stream,
+        dead_letters,
+        metadata_version: meta.metadata_version,
+    })
+}
+
+fn group_active(prefix: &str, group: &str, live: Vec<(String, u64)>, now: u64) -> AdminError {
+    let last = live.iter().map(|(_, expiry)| *expiry).max().unwrap_or(now);
+    AdminError::GroupActive {
+        prefix: prefix.to_owned(),
+        group: group.to_owned(),
+        members: live.into_iter().map(|(member, _)| member).collect(),
+        wait_ms: ceil_ms(last.saturating_sub(now)),
+    }
+}

@@ -1,0 +1,95 @@
+//! Admin operations on sharded streams and consumer groups, as a library (DESIGN.md §2, §3, §8,
+//! §10); the `stream-listener` command-line tool of the facade crate is a thin layer over them.
+//!
+//! Every operation is an `async fn` taking a [`RedisConnection`] (standalone or cluster: every
+//! command and script touches keys of one hash slot) and is idempotent: running it again after a
+//! crash or a lost reply finishes what the first run started and changes nothing else.
+//!
+//! | operation | what it does |
+//! | --- | --- |
+//! | [`create_stream`] | provisions shards `{p:0}`..`{p:N-1}` and the stream metadata |
+//! | [`register_group`] | creates a consumer group on every readable shard, then registers it |
+//! | [`scale`] / [`cancel_scale`] | scale-out (new ACTIVE shards) or scale-in (DRAINING shards) |
+//! | [`retire_drained`] | retires DRAINING shards that every group has finished (§10) |
+//! | [`describe_stream`] / [`describe_group`] | what operators see: shards, members, lag |
+//! | [`list_streams`] / [`list_groups`] | the streams of `sl:streams`, the groups of a stream |
+//! | [`delete_group`] | removes an inactive group everywhere |
+//!
+//! Changes of the stream metadata are compare-and-sets on its `revision`
+//! ([`crate::store::write_stream_metadata`]); a conflict reloads and redoes the operation, up to
+//! [`CAS_ATTEMPTS`] times, then fails with [`StoreError::Contended`]. Every change bumps
+//! `metadataVersion`, so groups pick it up on their next heartbeat (DESIGN.md §5). Times are Redis
+//! `TIME` of the node that owns the stream metadata key, never a process clock.
+
+mod describe;
+mod error;
+mod group;
+mod scripts;
+mod stream;
+
+use std::time::Duration;
+
+pub use crate::keys::NameError;
+pub use crate::store::StoreError;
+pub use describe::{
+    ConsumerGroupInfo, DEAD_LETTER_SCAN_LIMIT, GroupDescription, GroupShardDescription,
+    GroupSummary, Lag, MemberDescription, PastMember, StreamDescription, StreamShardDescription,
+    StreamSummary, describe_group, describe_stream, list_groups, list_streams,
+};
+pub use error::{AdminError, redis_unreachable};
+pub use group::{DeletedGroup, GroupRegistration, delete_group, register_group};
+pub use stream::{
+    CreatedStream, RetireReport, ScaleAction, ScaleOutcome, ShardRetirement, WaitReason,
+    cancel_scale, create_stream, retire_drained, scale,
+};
+
+use crate::connection::RedisConnection;
+use crate::keys::StreamKeys;
+use crate::model::StreamMetadata;
+use crate::store::load_stream_metadata;
+
+/// Largest shard count [`create_stream`] and [`scale`] accept. Each shard is a stream, a fence
+/// and, on a cluster, possibly another node to talk to; the heartbeat and assignor costs grow
+/// with it too (DESIGN.md §5's goal is 1,000 shards).
+pub const MAX_SHARDS: u32 = 1024;
+
+/// Compare-and-set attempts of one operation on the stream metadata before
+/// [`StoreError::Contended`].
+pub const CAS_ATTEMPTS: u32 = 16;
+
+/// Validated keys of `prefix`.
+fn stream_keys(prefix: &str) -> Result<StreamKeys, AdminError> {
+    Ok(StreamKeys::new(prefix)?)
+}
+
+/// The stream metadata, or [`StoreError::MissingStream`].
+async fn load_required(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+) -> Result<StreamMetadata, AdminError> {
+    load_stream_metadata(conn, keys).await?.ok_or_else(|| {
+        AdminError::Store(StoreError::MissingStream {
+            prefix: keys.prefix().to_owned(),
+            key: keys.metadata(),
+        })
+    })
+}
+
+/// The error after [`CAS_ATTEMPTS`] conflicts.
+fn contended(what: &'static str) -> AdminError {
+    AdminError::Store(StoreError::Contended {
+        what,
+        attempts: CAS_ATTEMPTS,
+    })
+}
+
+/// Sleeps a random `[0, min(2^attempt, 64)]` ms before the next compare-and-set attempt.
+async fn backoff(attempt: u32) {
+    let cap = 1u64 << attempt.min(6);
+    tokio::time::sleep(Duration::from_micros(rand::random_range(0..=cap * 1000))).await;
+}
+
+/// Milliseconds of a µs span, rounded up (so "1 ms left" is never shown as 0).
+fn ceil_ms(micros: u64) -> u64 {
+    micros.div_ceil(1000)
+}

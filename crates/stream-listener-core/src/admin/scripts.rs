@@ -1,0 +1,337 @@
+//! The Lua scripts of the admin operations, and typed calls of them. Each script touches keys of
+//! one hash slot only (DESIGN.md §2): a shard stream with its fence, or a group's keys.
+//!
+//! Scripts read `XINFO GROUPS` in RESP2 form (arrays of name/value pairs) whatever protocol the
+//! client speaks, and answer with strings only, so the replies parse the same on every setup.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use crate::connection::RedisConnection;
+use crate::keys::{GroupKeys, StreamKeys};
+use crate::model::{Micros, ShardIndex};
+use crate::store::StoreError;
+
+/// A consumer group name that no valid group can have (it contains `:`): used for a moment to
+/// create an empty shard stream with `XGROUP CREATE ... MKSTREAM`.
+const PROVISION_GROUP: &str = "sl:provision";
+
+/// Redis `TIME` of the node that owns KEYS[1]. Returns {seconds, microseconds}.
+fn time_script() -> &'static Script {
+    static SCRIPT: LazyLock<Script> =
+        LazyLock::new(|| Script::new("local t = redis.call('TIME') return {t[1], t[2]}"));
+    &SCRIPT
+}
+
+/// Makes sure a shard stream exists and has the given consumer groups.
+/// KEYS[1] shard stream. ARGV[1] `1` to create the stream when missing (`0`: leave it missing),
+/// ARGV[2] the provisioning group name, then consumer group / start id pairs. `BUSYGROUP` is
+/// ignored (an existing group keeps its position). Returns {exists (0/1), groups created}.
+fn ensure_shard_script() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local t = redis.call('TYPE', KEYS[1]).ok
+if t == 'none' then
+  if ARGV[1] ~= '1' then return {0, 0} end
+  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[2], '$', 'MKSTREAM')
+  redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[2])
+elseif t ~= 'stream' then
+  return redis.error_reply('key ' .. KEYS[1] .. ' holds a ' .. t .. ', not a stream: it cannot be a shard stream')
+end
+local created = 0
+for i = 3, #ARGV, 2 do
+  local r = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[i], ARGV[i + 1])
+  if type(r) == 'table' and r.err then
+    if not string.find(r.err, 'BUSYGROUP', 1, true) then return redis.error_reply(r.err) end
+  else
+    created = created + 1
+  end
+end
+return {1, created}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// The retirement check of DESIGN.md §10, and the deletion when it passes.
+/// KEYS[1] shard stream, KEYS[2] its fence. ARGV[1] `check` (read only) or `delete`.
+/// For every consumer group `XINFO GROUPS` lists: `pending` must be 0 and
+/// `XRANGE (<last-delivered-id> + COUNT 1` empty (lag is not trusted: after a trim or an `XDEL` of
+/// the tail the last delivered id may never equal the last generated one).
+/// Returns {'gone'} (no stream; with `delete` the fence is deleted too), {'clear'} (check passed),
+/// {'deleted'} (stream and fence deleted), {'pending', group, count} or {'unread', group, first
+/// unread id}.
+fn retire_script() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  if ARGV[1] == 'delete' then redis.call('DEL', KEYS[2]) end
+  return {'gone'}
+end
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  if tonumber(info['pending']) > 0 then
+    return {'pending', info['name'], tostring(info['pending'])}
+  end
+  local after = redis.call('XRANGE', KEYS[1], '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
+  if #after > 0 then return {'unread', info['name'], after[1][1]} end
+end
+if ARGV[1] == 'delete' then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return {'deleted'}
+end
+return {'clear'}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Length and consumer groups of a shard stream. KEYS[1] shard stream.
+/// Returns {exists (0/1), XLEN, groups}: each group {name, consumers, pending, last-delivered-id,
+/// entries-read or '', lag or ''} as strings ('' where Redis answers nil).
+fn shard_info_script() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, {}} end
+local out = {}
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  local read = info['entries-read']
+  local lag = info['lag']
+  out[#out + 1] = {info['name'], tostring(info['consumers']), tostring(info['pending']),
+    info['last-delivered-id'], read and tostring(read) or '', lag and tostring(lag) or ''}
+end
+return {1, redis.call('XLEN', KEYS[1]), out}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Removes one consumer group from a shard: `XGROUP DESTROY` when the stream exists, and the
+/// group's field of the fence. KEYS[1] shard stream, KEYS[2] fence. ARGV[1] group.
+/// Returns 1 when a consumer group was destroyed.
+fn destroy_group_script() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+redis.call('HDEL', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+return redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Deletes a group's coordinator keys if no lease in the sorted set runs past Redis `TIME`.
+/// KEYS[1] group hash, KEYS[2] leases, KEYS[3] history.
+/// Returns {'deleted', keys deleted} or {'live', member, expiry µs, ...} (at most 20 members).
+fn delete_group_keys_script() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%.0f', now), '+inf',
+  'WITHSCORES', 'LIMIT', 0, 20)
+if #live > 0 then
+  local out = {'live'}
+  for _, v in ipairs(live) do out[#out + 1] = v end
+  return out
+end
+return {'deleted', tostring(redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]))}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Redis `TIME` (µs) of the node that owns the stream metadata key, so every admin decision about
+/// one stream reads the same clock (the routing lease of DESIGN.md §10 is measured with it).
+pub(crate) async fn stream_time(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+) -> Result<Micros, StoreError> {
+    let (secs, micros): (u64, u64) = time_script()
+        .key(keys.metadata())
+        .invoke_async(conn)
+        .await?;
+    Ok(secs * 1_000_000 + micros)
+}
+
+/// Ensures shard `shard` exists (when `create_missing`) and has the consumer groups `groups`
+/// (name, start id `0` or `$`). Returns whether the stream exists afterwards.
+pub(crate) async fn ensure_shard(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+    shard: ShardIndex,
+    create_missing: bool,
+    groups: &[(&str, &str)],
+) -> Result<bool, StoreError> {
+    let mut invocation = ensure_shard_script().prepare_invoke();
+    invocation
+        .key(keys.shard(shard))
+        .arg(if create_missing { "1" } else { "0" })
+        .arg(PROVISION_GROUP);
+    for (group, id) in groups {
+        invocation.arg(*group).arg(*id);
+    }
+    let (exists, _created): (i64, i64) = invocation.invoke_async(conn).await?;
+    Ok(exists == 1)
+}
+
+/// What the retirement script found on a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RetireCheck {
+    /// The stream does not exist (already deleted).
+    Gone,
+    /// Every group has read and acknowledged everything (check only).
+    Clear,
+    /// Stream and fence deleted.
+    Deleted,
+    /// A group has pending entries.
+    Pending { group: String, count: u64 },
+    /// A group has entries after its last delivered id.
+    Unread { group: String, next_id: String },
+}
+
+/// Runs the retirement script on shard `shard`: only the check, or the check and the deletion.
+pub(crate) async fn retire_shard(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+    shard: ShardIndex,
+    delete: bool,
+) -> Result<RetireCheck, StoreError> {
+    let reply: Vec<String> = retire_script()
+        .key(keys.shard(shard))
+        .key(keys.fence(shard))
+        .arg(if delete { "delete" } else { "check" })
+        .invoke_async(conn)
+        .await?;
+    let field = |i: usize| reply.get(i).cloned().unwrap_or_default();
+    Ok(match reply.first().map(String::as_str) {
+        Some("gone") => RetireCheck::Gone,
+        Some("clear") => RetireCheck::Clear,
+        Some("deleted") => RetireCheck::Deleted,
+        Some("pending") => RetireCheck::Pending {
+            group: field(1),
+            count: field(2).parse().unwrap_or(0),
+        },
+        Some("unread") => RetireCheck::Unread {
+            group: field(1),
+            next_id: field(2),
+        },
+        other => {
+            return Err(StoreError::Malformed {
+                key: keys.shard(shard),
+                detail: format!("unexpected reply of the retirement script: {other:?}"),
+            });
+        }
+    })
+}
+
+/// One consumer group of a shard as `XINFO GROUPS` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawGroupInfo {
+    pub(crate) name: String,
+    pub(crate) consumers: u64,
+    pub(crate) pending: u64,
+    pub(crate) last_delivered_id: String,
+    pub(crate) entries_read: Option<u64>,
+    pub(crate) lag: Option<u64>,
+}
+
+/// A shard stream's length and consumer groups; `None` when the stream does not exist.
+pub(crate) async fn shard_info(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+    shard: ShardIndex,
+) -> Result<Option<(u64, Vec<RawGroupInfo>)>, StoreError> {
+    let (exists, length, groups): (i64, u64, Vec<Vec<String>>) = shard_info_script()
+        .key(keys.shard(shard))
+        .invoke_async(conn)
+        .await?;
+    if exists == 0 {
+        return Ok(None);
+    }
+    let number = |v: Option<&String>| v.and_then(|v| v.parse::<u64>().ok());
+    let groups = groups
+        .into_iter()
+        .map(|g| RawGroupInfo {
+            name: g.first().cloned().unwrap_or_default(),
+            consumers: number(g.get(1)).unwrap_or(0),
+            pending: number(g.get(2)).unwrap_or(0),
+            last_delivered_id: g.get(3).cloned().unwrap_or_default(),
+            entries_read: number(g.get(4)),
+            lag: number(g.get(5)),
+        })
+        .collect();
+    Ok(Some((length, groups)))
+}
+
+/// Destroys consumer group `group` on shard `shard` and clears its fence field; returns whether a
+/// consumer group was destroyed.
+pub(crate) async fn destroy_group(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+    shard: ShardIndex,
+    group: &str,
+) -> Result<bool, StoreError> {
+    let destroyed: i64 = destroy_group_script()
+        .key(keys.shard(shard))
+        .key(keys.fence(shard))
+        .arg(group)
+        .invoke_async(conn)
+        .await?;
+    Ok(destroyed == 1)
+}
+
+/// Outcome of [`delete_group_keys`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GroupKeysDeletion {
+    /// Number of keys deleted (0 to 3).
+    Deleted(u64),
+    /// Members whose lease runs past Redis `TIME`, with the lease expiry (µs).
+    Live(Vec<(String, Micros)>),
+}
+
+/// Deletes the group hash, leases and history, unless a lease is still running.
+pub(crate) async fn delete_group_keys(
+    conn: &mut RedisConnection,
+    keys: &GroupKeys,
+) -> Result<GroupKeysDeletion, StoreError> {
+    let reply: Vec<String> = delete_group_keys_script()
+        .key(keys.metadata())
+        .key(keys.leases())
+        .key(keys.history())
+        .invoke_async(conn)
+        .await?;
+    match reply.first().map(String::as_str) {
+        Some("deleted") => Ok(GroupKeysDeletion::Deleted(
+            reply.get(1).and_then(|n| n.parse().ok()).unwrap_or(0),
+        )),
+        Some("live") => Ok(GroupKeysDeletion::Live(
+            reply[1..]
+                .chunks(2)
+                .map(|pair| {
+                    let expiry = pair.get(1).and_then(|s| s.parse::<f64>().ok());
+                    // Scores are whole µs below 2^53, so f64 holds them exactly.
+                    (pair[0].clone(), expiry.unwrap_or(0.0) as Micros)
+                })
+                .collect(),
+        )),
+        other => Err(StoreError::Malformed {
+            key: keys.metadata(),
+            detail: format!("unexpected reply of the group deletion script: {other:?}"),
+        }),
+    }
+}

@@ -1,0 +1,631 @@
+//! Stream-level admin operations: create, scale, cancel, retire (DESIGN.md §3, §10).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::scripts::{self, RetireCheck};
+use super::{
+    AdminError, CAS_ATTEMPTS, MAX_SHARDS, backoff, ceil_ms, contended, load_required, stream_keys,
+};
+use crate::connection::RedisConnection;
+use crate::coordinator::rfc3339;
+use crate::keys::StreamKeys;
+use crate::model::{Micros, Migration, ShardIndex, ShardInfo, ShardState, StreamMetadata};
+use crate::store::{StreamCas, load_stream_metadata, write_stream_metadata};
+
+/// The result of [`create_stream`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedStream {
+    /// `true` when this call created the stream; `false` when it already existed with the same
+    /// shard count (nothing was changed then).
+    pub created: bool,
+    /// The stream metadata as stored.
+    pub metadata: StreamMetadata,
+}
+
+fn check_shard_count(prefix: &str, count: u32, allow_zero: bool) -> Result<(), AdminError> {
+    if count == 0 && !allow_zero {
+        return Err(AdminError::ZeroShards {
+            prefix: prefix.to_owned(),
+        });
+    }
+    if count > MAX_SHARDS {
+        return Err(AdminError::TooManyShards {
+            prefix: prefix.to_owned(),
+            requested: count,
+            max: MAX_SHARDS,
+        });
+    }
+    Ok(())
+}
+
+/// Creates the sharded stream `prefix` with `shards` shards (DESIGN.md §2, §3): the shard streams
+/// `{prefix:0}`..`{prefix:shards-1}` (empty, so producers' `XADD ... NOMKSTREAM` finds them), then
+/// the stream metadata `sl:{prefix}:stream` with every shard ACTIVE, `metadataVersion` 1 and no
+/// registered group, by a compare-and-set that only creates (the prefix is added to `sl:streams`).
+///
+/// Idempotent: when the stream exists with `shards` shards, nothing is changed and
+/// [`CreatedStream::created`] is `false`. Shard streams left by an earlier attempt that crashed
+/// before writing the metadata are kept as they are.
+///
+/// # Errors
+/// Before anything is written: [`AdminError::InvalidName`] for a prefix with `{`, `}`, whitespace
+/// or control characters, or empty; [`AdminError::ZeroShards`]; [`AdminError::TooManyShards`]
+/// above [`MAX_SHARDS`]; [`AdminError::ShardCountMismatch`] when the stream exists with another
+/// count (use [`scale`]). [`AdminError::Store`] when Redis fails or the existing metadata cannot
+/// be read.
+pub async fn create_stream(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    shards: u32,
+) -> Result<CreatedStream, AdminError> {
+    let keys = stream_keys(prefix)?;
+    check_shard_count(prefix, shards, false)?;
+    for attempt in 1..=CAS_ATTEMPTS {
+        if let Some(existing) = load_stream_metadata(conn, &keys).await? {
+            if existing.shard_count == shards {
+                return Ok(CreatedStream {
+                    created: false,
+                    metadata: existing,
+                });
+            }
+            return Err(AdminError::ShardCountMismatch {
+                prefix: prefix.to_owned(),
+                existing: existing.shard_count,
+                requested: shards,
+            });
+        }
+        for shard in 0..shards {
+            scripts::ensure_shard(conn, &keys, shard, true, &[]).await?;
+        }
+        let now = scripts::stream_time(conn, &keys).await?;
+        let mut meta = StreamMetadata {
+            stream_prefix: prefix.to_owned(),
+            shard_count: shards,
+            shards: (0..shards)
+                .map(|shard_index| ShardInfo {
+                    shard_index,
+                    state: ShardState::Active,
+                })
+                .collect(),
+            metadata_version: 1,
+            groups: Vec::new(),
+            migration: None,
+            updated_at: rfc3339(now),
+            revision: 0,
+        };
+        match write_stream_metadata(conn, &keys, None, &mut meta).await? {
+            StreamCas::Written => {
+                return Ok(CreatedStream {
+                    created: true,
+                    metadata: meta,
+                });
+            }
+            // Created concurrently: the next round compares the counts.
+            StreamCas::Conflict => backoff(attempt).await,
+        }
+    }
+    Err(contended("creating the stream"))
+}
+
+/// What [`scale`] or [`cancel_scale`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ScaleAction {
+    /// New shards were provisioned and marked ACTIVE.
+    ScaleOut,
+    /// Shards were marked DRAINING; a migration is recorded.
+    ScaleIn,
+    /// The stream already has (or is already draining to) the requested count: nothing changed.
+    Unchanged,
+    /// The migration was abandoned: DRAINING shards are ACTIVE again.
+    Cancelled,
+}
+
+/// The result of [`scale`] and [`cancel_scale`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleOutcome {
+    /// The stream prefix.
+    pub stream_prefix: String,
+    /// What was done.
+    pub action: ScaleAction,
+    /// `shardCount` before the call.
+    pub from_shard_count: u32,
+    /// `shardCount` after the call.
+    pub to_shard_count: u32,
+    /// Shards provisioned and marked ACTIVE (scale-out), ascending.
+    pub provisioned: Vec<ShardIndex>,
+    /// Shards marked DRAINING (scale-in), ascending.
+    pub draining: Vec<ShardIndex>,
+    /// Shards made ACTIVE again (cancel), ascending.
+    pub reactivated: Vec<ShardIndex>,
+    /// `metadataVersion` after the call.
+    pub metadata_version: u64,
+    /// The migration running after the call, if any.
+    pub migration: Option<Migration>,
+}
+
+impl ScaleOutcome {
+    fn unchanged(meta: &StreamMetadata) -> Self {
+        ScaleOutcome {
+            stream_prefix: meta.stream_prefix.clone(),
+            action: ScaleAction::Unchanged,
+            from_shard_count: meta.shard_count,
+            to_shard_count: meta.shard_count,
+            provisioned: Vec::new(),
+            draining: Vec::new(),
+            reactivated: Vec::new(),
+            metadata_version: meta.metadata_version,
+            migration: meta.migration.clone(),
+        }
+    }
+}
+
+/// Sets the state of shard `index`, adding it (in index order) when it is not listed.
+fn set_state(shards: &mut Vec<ShardInfo>, index: ShardIndex, state: ShardState) {
+    match shards.iter_mut().find(|s| s.shard_index == index) {
+        Some(shard) => shard.state = state,
+        None => {
+            shards.push(ShardInfo {
+                shard_index: index,
+                state,
+            });
+            shards.sort_by_key(|s| s.shard_index);
+        }
+    }
+}
+
+fn indexes_in(meta: &StreamMetadata, state: ShardState) -> Vec<ShardIndex> {
+    meta.shards
+        .iter()
+        .filter(|s| s.state == state)
+        .map(|s| s.shard_index)
+        .collect()
+}
+
+/// Changes the shard count of stream `prefix` to `target` (DESIGN.md §10); one migration at a
+/// time.
+///
+/// - **Scale-out** (`target` above `shardCount`): shards `shardCount..target` are provisioned
+///   (stream created if missing, and a consumer group from `0` for every registered group: a new
+///   shard holds nothing older than the change), then one compare-and-set marks them ACTIVE, sets
+///   `shardCount = target` and bumps `metadataVersion`. The registered groups are re-read on every
+///   attempt, so a group registered concurrently ([`super::register_group`]) is never missing on a
+///   new shard. No migration is recorded: the change is complete when the call returns.
+/// - **Scale-in** (`target` below `shardCount`, 0 included: a full drain): ACTIVE shards
+///   `target..shardCount` become DRAINING (producers stop routing to them, members keep reading),
+///   `shardCount = target`, a [`Migration`] records when draining started (Redis `TIME`), and
+///   `metadataVersion` is bumped. [`retire_drained`] finishes it.
+/// - `target` equal to `shardCount` (or to the target of the running migration): nothing changes
+///   ([`ScaleAction::Unchanged`]).
+///
+/// # Errors
+/// [`AdminError::InvalidName`]; [`AdminError::TooManyShards`] above [`MAX_SHARDS`];
+/// [`AdminError::MigrationInProgress`] while another migration runs (retire it or
+/// [`cancel_scale`]); [`AdminError::Store`]: unknown stream ([`super::StoreError::MissingStream`]),
+/// Redis failure, corrupt metadata, or [`super::StoreError::Contended`] after [`CAS_ATTEMPTS`]
+/// conflicts. Nothing is changed then, except shard streams and consumer groups provisioned for a
+/// scale-out that did not commit (harmless: not readable, and the next attempt reuses them).
+pub async fn scale(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    target: u32,
+) -> Result<ScaleOutcome, AdminError> {
+    let keys = stream_keys(prefix)?;
+    check_shard_count(prefix, target, true)?;
+    for attempt in 1..=CAS_ATTEMPTS {
+        let meta = load_required(conn, &keys).await?;
+        let from = meta.shard_count;
+        if let Some(migration) = &meta.migration {
+            if migration.to_shard_count == target && from == target {
+                return Ok(ScaleOutcome::unchanged(&meta));
+            }
+            return Err(AdminError::MigrationInProgress {
+                prefix: prefix.to_owned(),
+                from: migration.from_shard_count,
+                to: migration.to_shard_count,
+            });
+        }
+        if target == from {
+            return Ok(ScaleOutcome::unchanged(&meta));
+        }
+        let now = scripts::stream_time(conn, &keys).await?;
+        let mut next = meta.clone();
+        let mut provisioned = Vec::new();
+        let mut draining = Vec::new();
+        if target > from {
+            let groups: Vec<(&str, &str)> = meta
+                .groups
+                .iter()
+                .map(|g| (g.consumer_group.as_str(), "0"))
+                .collect();
+            for shard in from..target {
+                scripts::ensure_shard(conn, &keys, shard, true, &groups).await?;
+                set_state(&mut next.shards, shard, ShardState::Active);
+                provisioned.push(shard);
+            }
+        } else {
+            for shard in next.shards.iter_mut() {
+                if shard.shard_index >= target && shard.state == ShardState::Active {
+                    shard.state = ShardState::Draining;
+                    draining.push(shard.shard_index);
+                }
+            }
+            next.migration = Some(Migration {
+                from_shard_count: from,
+                to_shard_count: target,
+                started_at: rfc3339(now),
+            });
+        }
+        next.shard_count = target;
+        next.metadata_version += 1;
+        next.updated_at = rfc3339(now);
+        match write_stream_metadata(conn, &keys, Some(meta.revision), &mut next).await? {
+            StreamCas::Written => {
+                return Ok(ScaleOutcome {
+                    stream_prefix: prefix.to_owned(),
+                    action: if target > from {
+                        ScaleAction::ScaleOut
+                    } else {
+                        ScaleAction::ScaleIn
+                    },
+                    from_shard_count: from,
+                    to_shard_count: target,
+                    provisioned,
+                    draining,
+                    reactivated: Vec::new(),
+                    metadata_version: next.metadata_version,
+                    migration: next.migration,
+                });
+            }
+            StreamCas::Conflict => backoff(attempt).await,
+        }
+    }
+    Err(contended("scaling the stream"))
+}
+
+/// Abandons the running migration of stream `prefix` (`scale --cancel`, DESIGN.md §10): its
+/// DRAINING shards become ACTIVE again, `shardCount` goes back to the migration's
+/// `fromShardCount`, the migration is cleared and `metadataVersion` bumped. Possible only while
+/// no shard of the migration has reached RETIRING.
+///
+/// # Errors
+/// [`AdminError::NoMigration`] when none runs; [`AdminError::CannotCancel`] when a shard of it is
+/// RETIRING or RETIRED; [`AdminError::Store`] as for [`scale`]. Nothing is changed then.
+pub async fn cancel_scale(
+    conn: &mut RedisConnection,
+    prefix: &str,
+) -> Result<ScaleOutcome, AdminError> {
+    let keys = stream_keys(prefix)?;
+    for attempt in 1..=CAS_ATTEMPTS {
+        let meta = load_required(conn, &keys).await?;
+        let Some(migration) = meta.migration.clone() else {
+            return Err(AdminError::NoMigration {
+                prefix: prefix.to_owned(),
+            });
+        };
+        let range = migration.to_shard_count..migration.from_shard_count;
+        let past: Vec<ShardIndex> = meta
+            .shards
+            .iter()
+            .filter(|s| range.contains(&s.shard_index))
+            .filter(|s| matches!(s.state, ShardState::Retiring | ShardState::Retired))
+            .map(|s| s.shard_index)
+            .collect();
+        if !past.is_empty() {
+            return Err(AdminError::CannotCancel {
+                prefix: prefix.to_owned(),
+                shards: past,
+            });
+        }
+        let now = scripts::stream_time(conn, &keys).await?;
+        let mut next = meta.clone();
+        let mut reactivated = Vec::new();
+        for shard in next.shards.iter_mut() {
+            if shard.state == ShardState::Draining {
+                shard.state = ShardState::Active;
+                reactivated.push(shard.shard_index);
+            }
+        }
+        next.shard_count = migration.from_shard_count;
+        next.migration = None;
+        next.metadata_version += 1;
+        next.updated_at = rfc3339(now);
+        match write_stream_metadata(conn, &keys, Some(meta.revision), &mut next).await? {
+            StreamCas::Written => {
+                return Ok(ScaleOutcome {
+                    stream_prefix: prefix.to_owned(),
+                    action: ScaleAction::Cancelled,
+                    from_shard_count: meta.shard_count,
+                    to_shard_count: next.shard_count,
+                    provisioned: Vec::new(),
+                    draining: Vec::new(),
+                    reactivated,
+                    metadata_version: next.metadata_version,
+                    migration: None,
+                });
+            }
+            StreamCas::Conflict => backoff(attempt).await,
+        }
+    }
+    Err(contended("cancelling the migration"))
+}
+
+/// Why a shard is not retired yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "camelCase")]
+#[non_exhaustive]
+pub enum WaitReason {
+    /// The producer routing lease has not passed since the shard started draining: a producer
+    /// that read the metadata before the change may still write to it.
+    #[serde(rename_all = "camelCase")]
+    RoutingLease {
+        /// Time left, ms.
+        remaining_ms: u64,
+    },
+    /// A consumer group has delivered entries that are not acknowledged.
+    #[serde(rename_all = "camelCase")]
+    Pending {
+        /// The consumer group.
+        group: String,
+        /// Its pending count on the shard.
+        pending: u64,
+    },
+    /// A consumer group has entries after its last delivered id.
+    #[serde(rename_all = "camelCase")]
+    UnreadEntries {
+        /// The consumer group.
+        group: String,
+        /// The first entry it has not read.
+        next_id: String,
+    },
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitReason::RoutingLease { remaining_ms } => {
+                write!(f, "routing lease not passed ({remaining_ms} ms left)")
+            }
+            WaitReason::Pending { group, pending } => {
+                write!(f, "group {group} has {pending} pending entries")
+            }
+            WaitReason::UnreadEntries { group, next_id } => {
+                write!(f, "group {group} has unread entries (next {next_id})")
+            }
+        }
+    }
+}
+
+/// What [`retire_drained`] did with one shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardRetirement {
+    /// The shard.
+    pub shard_index: ShardIndex,
+    /// Its state after the call: RETIRED when retired, else DRAINING (or RETIRING when the
+    /// emptiness check failed after the point of no return: someone wrote to or read from the
+    /// shard outside stream-listener; it is retried by the next call).
+    pub state: ShardState,
+    /// Why it is not retired yet; `None` when it was retired.
+    pub waiting: Option<WaitReason>,
+}
+
+/// The result of [`retire_drained`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetireReport {
+    /// The stream prefix.
+    pub stream_prefix: String,
+    /// Every shard that was DRAINING or RETIRING when the call started, ascending.
+    pub shards: Vec<ShardRetirement>,
+    /// No DRAINING or RETIRING shard is left and no migration is recorded.
+    pub migration_complete: bool,
+    /// `metadataVersion` after the call.
+    pub metadata_version: u64,
+    /// The readable shard set after the call (ACTIVE and DRAINING shards).
+    pub readable_shard_set: Vec<ShardIndex>,
+}
+
+fn duration_us(d: Duration) -> Micros {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn parse_started_at(prefix: &str, migration: &Migration) -> Result<Micros, AdminError> {
+    let inconsistent = |detail: String| AdminError::Inconsistent {
+        prefix: prefix.to_owned(),
+        detail,
+    };
+    let time = humantime::parse_rfc3339(&migration.started_at).map_err(|e| {
+        inconsistent(format!(
+            "migration startedAt {:?} is not an RFC 3339 time ({e})",
+            migration.started_at
+        ))
+    })?;
+    let since = time.duration_since(UNIX_EPOCH).map_err(|_| {
+        inconsistent(format!(
+            "migration startedAt {:?} is before 1970",
+            migration.started_at
+        ))
+    })?;
+    Ok(duration_us(since))
+}
+
+/// Retires the DRAINING shards of stream `prefix` that every consumer group has finished
+/// (DESIGN.md §10). For each DRAINING shard, once `routing_lease` has passed since draining
+/// started (Redis `TIME` against the migration's `startedAt`):
+///
+/// 1. a read-only run of the retirement script checks, for every consumer group `XINFO GROUPS`
+///    lists, `pending = 0` and no entry after its `last-delivered-id` (`XRANGE (<id> + COUNT 1`;
+///    lag alone is not trusted). Shards that pass become RETIRING by a compare-and-set that bumps
+///    `metadataVersion`: no cancel after this point, and members stop reading them (RETIRING is
+///    not readable, [`ShardState::is_readable`]; nothing is left to read in them);
+/// 2. one script on the shard's slot (keys `{p:i}` and `{p:i}:fence`) checks again and only then
+///    deletes the stream and its fence;
+/// 3. a compare-and-set marks the deleted shards RETIRED, bumps `metadataVersion`, and clears the
+///    migration when no DRAINING or RETIRING shard is left.
+///
+/// A crash between the steps is finished by the next call (a RETIRING shard is deleted and
+/// marked RETIRED; an already deleted one only marked). Shards not ready are reported with the
+/// reason ([`WaitReason`]); the call itself succeeds. Call it again until
+/// [`RetireReport::migration_complete`].
+///
+/// # Errors
+/// [`AdminError::InvalidName`]; [`AdminError::Inconsistent`] when DRAINING shards exist without a
+/// migration or with an unreadable `startedAt`; [`AdminError::Store`]: unknown stream, Redis
+/// failure, corrupt metadata, or [`super::StoreError::Contended`].
+pub async fn retire_drained(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    routing_lease: Duration,
+) -> Result<RetireReport, AdminError> {
+    let keys = stream_keys(prefix)?;
+    for attempt in 1..=CAS_ATTEMPTS {
+        let mut meta = load_required(conn, &keys).await?;
+        let draining = indexes_in(&meta, ShardState::Draining);
+        let mut waiting: BTreeMap<ShardIndex, WaitReason> = BTreeMap::new();
+        let mut involved: Vec<ShardIndex> = draining.clone();
+        involved.extend(indexes_in(&meta, ShardState::Retiring));
+        involved.sort_unstable();
+        if !draining.is_empty() {
+            let migration = meta
+                .migration
+                .as_ref()
+                .ok_or_else(|| AdminError::Inconsistent {
+                    prefix: prefix.to_owned(),
+                    detail: format!(
+                        "shards {draining:?} are DRAINING but no migration is recorded"
+                    ),
+                })?;
+            let lease_end =
+                parse_started_at(prefix, migration)?.saturating_add(duration_us(routing_lease));
+            let now = scripts::stream_time(conn, &keys).await?;
+            let mut clear = Vec::new();
+            for shard in draining {
+                if now < lease_end {
+                    waiting.insert(
+                        shard,
+                        WaitReason::RoutingLease {
+                            remaining_ms: ceil_ms(lease_end - now),
+                        },
+                    );
+                    continue;
+                }
+                let check = scripts::retire_shard(conn, &keys, shard, false).await?;
+                match blocked_reason(check) {
+                    Some(reason) => {
+                        waiting.insert(shard, reason);
+                    }
+                    None => clear.push(shard),
+                }
+            }
+            if !clear.is_empty() {
+                let mut next = meta.clone();
+                for shard in &clear {
+                    set_state(&mut next.shards, *shard, ShardState::Retiring);
+                }
+                next.metadata_version += 1;
+                next.updated_at = rfc3339(now);
+                match write_stream_metadata(conn, &keys, Some(meta.revision), &mut next).await? {
+                    StreamCas::Written => meta = next,
+                    StreamCas::Conflict => {
+                        backoff(attempt).await;
+                        continue;
+                    }
+                }
+            }
+        }
+        let mut deleted = Vec::new();
+        for shard in indexes_in(&meta, ShardState::Retiring) {
+            let check = scripts::retire_shard(conn, &keys, shard, true).await?;
+            match blocked_reason(check) {
+                Some(reason) => {
+                    waiting.insert(shard, reason);
+                }
+                // `delete` answers Deleted or Gone when nothing blocks.
+                None => deleted.push(shard),
+            }
+        }
+        // A migration left recorded with nothing to retire (cleared by `mark_retired`).
+        let stale_migration = meta.migration.is_some() && !unfinished(&meta);
+        if !deleted.is_empty() || stale_migration {
+            meta = mark_retired(conn, &keys, &deleted).await?;
+        }
+        let shards = involved
+            .into_iter()
+            .map(|shard_index| ShardRetirement {
+                shard_index,
+                state: meta
+                    .shards
+                    .iter()
+                    .find(|s| s.shard_index == shard_index)
+                    .map_or(ShardState::Retired, |s| s.state),
+                waiting: waiting.remove(&shard_index),
+            })
+            .collect();
+        return Ok(RetireReport {
+            stream_prefix: prefix.to_owned(),
+            shards,
+            migration_complete: meta.migration.is_none() && !unfinished(&meta),
+            metadata_version: meta.metadata_version,
+            readable_shard_set: meta.readable_shard_set().into_iter().collect(),
+        });
+    }
+    Err(contended("retiring drained shards"))
+}
+
+/// Whether a shard is DRAINING or RETIRING.
+fn unfinished(meta: &StreamMetadata) -> bool {
+    meta.shards
+        .iter()
+        .any(|s| matches!(s.state, ShardState::Draining | ShardState::Retiring))
+}
+
+/// The reason a retirement check blocks; `None` when it passed.
+fn blocked_reason(check: RetireCheck) -> Option<WaitReason> {
+    match check {
+        RetireCheck::Pending { group, count } => Some(WaitReason::Pending {
+            group,
+            pending: count,
+        }),
+        RetireCheck::Unread { group, next_id } => {
+            Some(WaitReason::UnreadEntries { group, next_id })
+        }
+        RetireCheck::Gone | RetireCheck::Clear | RetireCheck::Deleted => None,
+    }
+}
+
+/// Marks the deleted shards RETIRED (they are RETIRING: no cancel can have changed them) and
+/// clears the migration when no DRAINING or RETIRING shard is left; retried on conflicts.
+async fn mark_retired(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+    deleted: &[ShardIndex],
+) -> Result<StreamMetadata, AdminError> {
+    for attempt in 1..=CAS_ATTEMPTS {
+        let meta = load_required(conn, keys).await?;
+        let mut next = meta.clone();
+        for shard in next.shards.iter_mut() {
+            if deleted.contains(&shard.shard_index) && shard.state == ShardState::Retiring {
+                shard.state = ShardState::Retired;
+            }
+        }
+        if !unfinished(&next) {
+            next.migration = None;
+        }
+        if next == meta {
+            return Ok(meta);
+        }
+        next.metadata_version += 1;
+        next.updated_at = rfc3339(scripts::stream_time(conn, keys).await?);
+        match write_stream_metadata(conn, keys, Some(meta.revision), &mut next).await? {
+            StreamCas::Written => return Ok(next),
+            StreamCas::Conflict => backoff(attempt).await,
+        }
+    }
+    Err(contended("marking retired shards"))
+}
