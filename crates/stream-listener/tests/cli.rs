@@ -1,0 +1,425 @@
+//! The `stream-listener` command-line tool, run as a process against real Redis servers: the
+//! tables it prints, `--json`, exit codes (0 ok, 1 operation error, 2 usage, 3 Redis unreachable)
+//! and one-line error messages.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use stream_listener::core::admin;
+use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::model::StartFrom;
+use stream_listener_core::testing::{RedisCluster, RedisServer};
+
+const BIN: &str = env!("CARGO_BIN_EXE_stream-listener");
+
+/// Runs the tool with `args` (no `REDIS_URL` from the environment).
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("REDIS_URL")
+        .output()
+        .unwrap()
+}
+
+/// Runs the tool against `url`; returns (exit code, stdout, stderr).
+fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["--redis-url", url];
+    all.extend_from_slice(args);
+    let output = run(&all);
+    (
+        output.status.code().unwrap(),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+async fn connect(url: &str) -> RedisConnection {
+    RedisConnection::connect(
+        &RedisTarget::Standalone(url.to_owned()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap()
+}
+
+/// A port nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn stream_describe_prints_the_expected_table() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let (code, out, err) = cli(&url, &["stream", "create", "orders", "--shards", "3"]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert_eq!(
+        out,
+        "created stream orders with 3 shards ({orders:0}..{orders:2}), metadataVersion 1\n"
+    );
+    let (code, out, _) = cli(&url, &["stream", "create", "orders", "--shards", "3"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        "stream orders already exists with 3 shards: nothing changed\n"
+    );
+
+    let mut conn = connect(&url).await;
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    admin::register_group(&mut conn, "orders", "audit", StartFrom::Latest)
+        .await
+        .unwrap();
+    for id in ["1-1", "1-2", "1-3"] {
+        let _: String = conn.xadd("{orders:1}", id, &[("n", id)]).await.unwrap();
+    }
+    let _: Vec<redis::Value> = redis::cmd("XREADGROUP")
+        .arg(&[
+            "GROUP",
+            "billing",
+            "c1",
+            "COUNT",
+            "1",
+            "STREAMS",
+            "{orders:1}",
+            ">",
+        ])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let (code, out, err) = cli(&url, &["stream", "describe", "orders"]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    let shown: Vec<&str> = out
+        .lines()
+        .filter(|line| !line.starts_with("updated:"))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "stream:          orders",
+            "shard count:     3",
+            "readable shards: 0-2",
+            "metadata:        version 3, revision 3",
+            "migration:       none",
+            "groups:          billing (earliest), audit (latest)",
+            "",
+            "SHARD  STATE   LENGTH  GROUP    PENDING  LAG  LAST DELIVERED",
+            "0      ACTIVE  0       audit    0        0    0-0",
+            "0      ACTIVE  0       billing  0        0    0-0",
+            "1      ACTIVE  3       audit    0        3    0-0",
+            "1      ACTIVE  3       billing  1        2    1-1",
+            "2      ACTIVE  0       audit    0        0    0-0",
+            "2      ACTIVE  0       billing  0        0    0-0",
+        ]
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("updated:         20")),
+        "{out}"
+    );
+
+    // After an XDEL Redis no longer knows the lag: "unknown", never 0.
+    let _: u64 = conn.xdel("{orders:1}", &["1-3"]).await.unwrap();
+    let (code, out, _) = cli(&url, &["stream", "describe", "orders"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("1      ACTIVE  2       billing  1        unknown  1-1\n"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn json_output_uses_the_stored_field_names() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let (code, out, _) = cli(
+        &url,
+        &["--json", "stream", "create", "orders", "--shards", "2"],
+    );
+    assert_eq!(code, 0);
+    let created: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(created["created"], true);
+    assert_eq!(created["metadata"]["streamPrefix"], "orders");
+    assert_eq!(created["metadata"]["shardCount"], 2);
+    assert_eq!(created["metadata"]["shards"][1]["state"], "ACTIVE");
+
+    let mut conn = connect(&url).await;
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    for id in ["1-1", "1-2"] {
+        let _: String = conn.xadd("{orders:0}", id, &[("n", id)]).await.unwrap();
+    }
+    // An XDEL of the tail: Redis can no longer tell the lag.
+    let _: u64 = conn.xdel("{orders:0}", &["1-2"]).await.unwrap();
+
+    // The global flag may also follow the subcommand.
+    let (code, out, _) = cli(&url, &["stream", "describe", "orders", "--json"]);
+    assert_eq!(code, 0);
+    let described: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(described["metadataVersion"], 2);
+    assert_eq!(described["readableShardSet"], serde_json::json!([0, 1]));
+    let group = &described["shards"][0]["groups"][0];
+    assert_eq!(group["name"], "billing");
+    assert_eq!(group["lastDeliveredId"], "0-0");
+    assert_eq!(group["lag"], "unknown");
+    assert_eq!(described["shards"][1]["groups"][0]["lag"], 0);
+
+    let (code, out, _) = cli(&url, &["--json", "group", "describe", "orders", "billing"]);
+    assert_eq!(code, 0);
+    let group: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(group["consumerGroup"], "billing");
+    assert_eq!(group["state"], "EMPTY");
+    assert_eq!(group["startFrom"], "earliest");
+    assert_eq!(group["members"], serde_json::json!([]));
+    assert_eq!(group["shards"][0]["length"], 1);
+    assert_eq!(group["shards"][0]["targetOwner"], serde_json::Value::Null);
+
+    let (code, out, _) = cli(&url, &["--json", "stream", "list"]);
+    assert_eq!(code, 0);
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed[0]["streamPrefix"], "orders");
+    assert_eq!(listed[0]["groups"], serde_json::json!(["billing"]));
+}
+
+#[test]
+fn unreachable_redis_exits_3_with_one_clear_line() {
+    let port = closed_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let (code, out, err) = cli(&url, &["stream", "list"]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(out, "");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!("error: cannot reach Redis at {url}: ")),
+        "{err}"
+    );
+    assert!(err.contains("check that Redis is running"), "{err}");
+
+    // The same through REDIS_URL, and for a cluster seed node.
+    let output = Command::new(BIN)
+        .args(["stream", "describe", "orders"])
+        .env("REDIS_URL", &url)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let output = run(&["--cluster-node", &url, "stream", "list"]);
+    assert_eq!(output.status.code(), Some(3));
+    let err = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        err.starts_with(&format!("error: cannot reach Redis at cluster {url}: ")),
+        "{err}"
+    );
+}
+
+#[test]
+fn passwords_in_urls_are_not_printed() {
+    let port = closed_port();
+    let (code, _, err) = cli(
+        &format!("redis://user:hunter2@127.0.0.1:{port}"),
+        &["stream", "list"],
+    );
+    assert_eq!(code, 3);
+    assert!(!err.contains("hunter2"), "{err}");
+    assert!(
+        err.contains(&format!("redis://***@127.0.0.1:{port}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let output = run(&["stream", "create", "orders"]);
+    assert_eq!(output.status.code(), Some(2));
+    let output = run(&["stream", "scale", "orders", "3", "--cancel"]);
+    assert_eq!(output.status.code(), Some(2));
+    let output = run(&["stream", "retire", "orders", "--routing-lease", "soon"]);
+    assert_eq!(output.status.code(), Some(2));
+    let (code, _, err) = cli("not-a-url", &["stream", "list"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.starts_with("error: invalid Redis address not-a-url"),
+        "{err}"
+    );
+    let output = run(&["--help"]);
+    assert_eq!(output.status.code(), Some(0));
+    let help = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        help.contains(
+            "Exit codes: 0 success, 1 operation failed, 2 usage error, 3 Redis unreachable"
+        )
+    );
+}
+
+#[tokio::test]
+async fn operation_errors_exit_1_with_what_to_do() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let (code, out, err) = cli(&url, &["stream", "describe", "orders"]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert_eq!(
+        err,
+        "error: stream \"orders\" does not exist (no key sl:{orders}:stream); create it with `stream-listener stream create orders --shards N`, or set `shards` for it in the config so it is created at startup\n"
+    );
+    let (code, _, err) = cli(&url, &["stream", "create", "orders", "--shards", "0"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("error: a stream needs at least 1 shard, not 0"),
+        "{err}"
+    );
+    let (code, _, err) = cli(&url, &["stream", "create", "{orders}", "--shards", "2"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not allowed"), "{err}");
+    let (code, _, _) = cli(&url, &["stream", "create", "orders", "--shards", "2"]);
+    assert_eq!(code, 0);
+    let (code, _, err) = cli(&url, &["stream", "create", "orders", "--shards", "3"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("use `stream-listener stream scale orders 3`")
+            || err.contains("with `stream-listener stream scale orders 3`"),
+        "{err}"
+    );
+    let (code, _, err) = cli(&url, &["stream", "scale", "orders", "--cancel"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        "error: stream \"orders\" is not resharding: there is nothing to cancel\n"
+    );
+    let (code, _, err) = cli(&url, &["group", "describe", "orders", "billing"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("is not registered"), "{err}");
+}
+
+#[tokio::test]
+async fn scale_retire_and_group_commands() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    assert_eq!(
+        cli(&url, &["stream", "create", "orders", "--shards", "2"]).0,
+        0
+    );
+    let mut conn = connect(&url).await;
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+
+    let (code, out, _) = cli(&url, &["stream", "scale", "orders", "4"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        "scaled out orders from 2 to 4 shards: shards 2-3 provisioned and ACTIVE (metadataVersion 3)\n"
+    );
+    let _: String = conn.xadd("{orders:3}", "1-1", &[("n", "1")]).await.unwrap();
+    let (code, out, _) = cli(&url, &["stream", "scale", "orders", "2"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("scale-in of orders from 4 to 2 shards started: shards 2-3 are DRAINING (metadataVersion 4)"),
+        "{out}"
+    );
+    let (code, _, err) = cli(&url, &["stream", "scale", "orders", "3"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--cancel"), "{err}");
+
+    let (code, out, _) = cli(&url, &["stream", "retire", "orders"]);
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "SHARD  STATE     RESULT");
+    assert!(
+        lines[1].starts_with("2      DRAINING  waiting: routing lease not passed ("),
+        "{out}"
+    );
+    let (code, out, _) = cli(
+        &url,
+        &["stream", "retire", "orders", "--routing-lease", "0s"],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        "SHARD  STATE     RESULT\n\
+         2      RETIRED   retired\n\
+         3      DRAINING  waiting: group billing has unread entries (next 1-1)\n\
+         migration not complete: run `stream-listener stream retire orders` again later (metadataVersion 6)\n"
+    );
+
+    // The group epoch is as the coordinator's next transition makes it: the readable set changed.
+    let (code, out, _) = cli(&url, &["group", "list", "orders"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        "GROUP    START FROM  STATE  GROUP EPOCH  MEMBERS  LIVE  PROBLEM\n\
+         billing  earliest    EMPTY  1            0        0     -\n"
+    );
+    let (code, out, _) = cli(&url, &["group", "describe", "orders", "billing"]);
+    assert_eq!(code, 0);
+    let tail: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("SHARD"))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "SHARD  STATE     OWNER  LENGTH  PENDING  LAG  LAST DELIVERED  DEAD LETTERS",
+            "0      ACTIVE    -      0       0        0    0-0             0",
+            "1      ACTIVE    -      0       0        0    0-0             0",
+            "3      DRAINING  -      1       0        1    0-0             0",
+        ]
+    );
+    assert!(out.contains("\nno members\n"), "{out}");
+
+    let (code, out, _) = cli(&url, &["group", "delete", "orders", "billing"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        "deleted group billing of stream orders: 1 metadata keys, unregistered, consumer groups destroyed on shards 0-1,3; dead-letter stream orders:dlq:billing kept (0 entries)\n"
+    );
+    let (code, out, _) = cli(
+        &url,
+        &["stream", "retire", "orders", "--routing-lease", "0s"],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        "SHARD  STATE    RESULT\n\
+         3      RETIRED  retired\n\
+         migration complete: readable shards 0-1 (metadataVersion 9)\n"
+    );
+    let (code, out, _) = cli(&url, &["stream", "list"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        "STREAM  SHARDS  VERSION  GROUPS  MIGRATION\n\
+         orders  2       9        -       -\n"
+    );
+}
+
+#[tokio::test]
+async fn cluster_nodes_select_the_cluster() {
+    let cluster = RedisCluster::start().unwrap();
+    let mut args: Vec<String> = Vec::new();
+    for url in cluster.urls() {
+        args.push("--cluster-node".into());
+        args.push(url);
+    }
+    let with = |extra: &[&str]| {
+        let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+        all.extend_from_slice(extra);
+        run(&all)
+    };
+    let output = with(&["stream", "create", "orders", "--shards", "4"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let output = with(&["stream", "scale", "orders", "2"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let output = with(&["stream", "retire", "orders", "--routing-lease", "0s"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let output = with(&["stream", "describe", "orders"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let out = String::from_utf8(output.stdout).unwrap();
+    assert!(out.contains("readable shards: 0-1\n"), "{out}");
+    assert!(
+        out.contains("3      RETIRED  -       -      -        -    -\n"),
+        "{out}"
+    );
+}
