@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
+use stream_listener::core::admin::{self, ScaleAction};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::keys::StreamKeys;
-use stream_listener::core::model::{ShardInfo, ShardState, StreamMetadata};
-use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
+use stream_listener::core::store::read_metadata_version;
 use stream_listener::testing::RedisServer;
 use stream_listener::{PublishError, Published, Publisher, PublisherOptions, shard_for_key};
 
@@ -26,123 +26,36 @@ async fn start() -> (RedisServer, RedisConnection) {
     (server, conn)
 }
 
-/// An empty shard stream, as the admin creates it (so `XADD ... NOMKSTREAM` finds it).
-async fn provision_shard(conn: &mut RedisConnection, prefix: &str, shard: u32) {
-    let key = StreamKeys::new(prefix).unwrap().shard(shard);
-    let _: () = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(&key)
-        .arg("provision")
-        .arg("$")
-        .arg("MKSTREAM")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let _: i64 = redis::cmd("XGROUP")
-        .arg("DESTROY")
-        .arg(&key)
-        .arg("provision")
-        .query_async(conn)
-        .await
-        .unwrap();
-}
-
-/// Stream metadata with `shards` ACTIVE shards, and their (empty) shard streams.
+/// The stream, through the admin API (shard streams and metadata, `metadataVersion` 1).
 async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {
-    let keys = StreamKeys::new(prefix).unwrap();
-    let mut meta = StreamMetadata {
-        stream_prefix: prefix.into(),
-        shard_count: shards,
-        shards: (0..shards)
-            .map(|i| ShardInfo {
-                shard_index: i,
-                state: ShardState::Active,
-            })
-            .collect(),
-        metadata_version: 1,
-        groups: Vec::new(),
-        migration: None,
-        updated_at: "2026-11-29T00:00:00Z".into(),
-        revision: 0,
-    };
-    for shard in 0..shards {
-        provision_shard(conn, prefix, shard).await;
-    }
-    let written = write_stream_metadata(conn, &keys, None, &mut meta)
-        .await
-        .unwrap();
-    assert_eq!(written, StreamCas::Written);
+    let created = admin::create_stream(conn, prefix, shards).await.unwrap();
+    assert!(created.created);
 }
 
-/// Applies `change` to the stream metadata, bumps `metadataVersion`, writes it (CAS).
-async fn change_metadata(
-    conn: &mut RedisConnection,
-    prefix: &str,
-    change: impl FnOnce(&mut StreamMetadata),
-) {
-    let keys = StreamKeys::new(prefix).unwrap();
-    let mut meta = load_stream_metadata(conn, &keys).await.unwrap().unwrap();
-    let revision = meta.revision;
-    change(&mut meta);
-    meta.metadata_version += 1;
-    let written = write_stream_metadata(conn, &keys, Some(revision), &mut meta)
-        .await
-        .unwrap();
-    assert_eq!(written, StreamCas::Written);
-}
-
-/// Scale-out as DESIGN.md §10 describes it: provision the new shard streams, mark them ACTIVE,
-/// raise `shardCount`, bump `metadataVersion`.
+/// Scale-out through the admin API: new ACTIVE shards, `metadataVersion` bumped.
 async fn scale_out(conn: &mut RedisConnection, prefix: &str, target: u32) {
-    let keys = StreamKeys::new(prefix).unwrap();
-    let from = load_stream_metadata(conn, &keys)
-        .await
-        .unwrap()
-        .unwrap()
-        .shard_count;
-    for shard in from..target {
-        provision_shard(conn, prefix, shard).await;
-    }
-    change_metadata(conn, prefix, |meta| {
-        for shard in from..target {
-            match meta.shards.iter_mut().find(|s| s.shard_index == shard) {
-                Some(info) => info.state = ShardState::Active,
-                None => meta.shards.push(ShardInfo {
-                    shard_index: shard,
-                    state: ShardState::Active,
-                }),
-            }
-        }
-        meta.shard_count = target;
-    })
-    .await;
+    let outcome = admin::scale(conn, prefix, target).await.unwrap();
+    assert_eq!(outcome.action, ScaleAction::ScaleOut);
 }
 
-/// Scale-in to `target`, then retirement of the removed shards, in two metadata versions (DRAINING,
-/// then RETIRED with the shard stream deleted), as the admin does once the shards are drained.
+/// Scale-in to `target` and retirement of the removed shards through the admin API: they become
+/// DRAINING, then RETIRING, then their streams are deleted and they are RETIRED (three
+/// `metadataVersion` bumps). The admin's routing lease is zero here, far below the test
+/// publishers' leases: it makes a publisher that has not refreshed meet a deleted shard, the case
+/// `XADD ... NOMKSTREAM` and the retry exist for.
 async fn scale_in_and_retire(conn: &mut RedisConnection, prefix: &str, target: u32) {
-    change_metadata(conn, prefix, |meta| {
-        for shard in &mut meta.shards {
-            if shard.shard_index >= target {
-                shard.state = ShardState::Draining;
-            }
+    let outcome = admin::scale(conn, prefix, target).await.unwrap();
+    assert_eq!(outcome.action, ScaleAction::ScaleIn);
+    for _ in 0..20 {
+        let report = admin::retire_drained(conn, prefix, Duration::ZERO)
+            .await
+            .unwrap();
+        if report.migration_complete {
+            return;
         }
-        meta.shard_count = target;
-    })
-    .await;
-    let keys = StreamKeys::new(prefix).unwrap();
-    let meta = load_stream_metadata(conn, &keys).await.unwrap().unwrap();
-    for shard in meta.shards.iter().filter(|s| s.shard_index >= target) {
-        let _: i64 = conn.del(keys.shard(shard.shard_index)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    change_metadata(conn, prefix, |meta| {
-        for shard in &mut meta.shards {
-            if shard.shard_index >= target {
-                shard.state = ShardState::Retired;
-            }
-        }
-    })
-    .await;
+    panic!("the scale-in of {prefix} to {target} did not complete");
 }
 
 /// An `XRANGE` entry: id and fields with byte values.
@@ -325,11 +238,14 @@ async fn a_stale_publisher_after_scale_in_refreshes_and_lands_on_a_live_shard() 
         .collect();
     let first = publisher.publish(&on_shard_3[0], &"before").await.unwrap();
     assert_eq!(first.shard, 3);
-    let version_before = publisher.routing_snapshot().metadata_version;
 
     // Scale-in to 3 and retirement of shard 3; the publisher does not refresh on its own.
-    let _: i64 = conn.del("{orders:3}").await.unwrap(); // drained: nothing left to read
+    assert!(exists(&mut conn, "{orders:3}").await);
     scale_in_and_retire(&mut conn, "orders", 3).await;
+    assert!(
+        !exists(&mut conn, "{orders:3}").await,
+        "retired and deleted"
+    );
     assert_eq!(publisher.routing_snapshot().shard_count, 4, "still stale");
     let xadds = xadd_calls(&mut conn).await;
 
@@ -340,7 +256,9 @@ async fn a_stale_publisher_after_scale_in_refreshes_and_lands_on_a_live_shard() 
     assert_eq!(xadd_calls(&mut conn).await, xadds + 2, "one nil, one retry");
     let snapshot = publisher.routing_snapshot();
     assert_eq!(snapshot.shard_count, 3);
-    assert_eq!(snapshot.metadata_version, version_before + 2);
+    let keys = StreamKeys::new("orders").unwrap();
+    let stored = read_metadata_version(&mut conn, &keys).await.unwrap();
+    assert_eq!(Some(snapshot.metadata_version), stored);
     assert!(
         !exists(&mut conn, "{orders:3}").await,
         "nothing written to the retired shard"
@@ -351,7 +269,6 @@ async fn a_stale_publisher_after_scale_in_refreshes_and_lands_on_a_live_shard() 
     let stale = Publisher::new(conn.clone(), "payments", never_refresh())
         .await
         .unwrap();
-    let _: i64 = conn.del("{payments:3}").await.unwrap();
     scale_in_and_retire(&mut conn, "payments", 3).await;
     let mixed: Vec<String> = (0..200).map(|i| format!("m{i}")).collect();
     assert!(mixed.iter().any(|k| shard_for_key(k, 4) == 3));
@@ -524,14 +441,13 @@ async fn a_fully_drained_stream_refuses_with_no_shards() {
     publisher.publish("k", &1).await.unwrap();
     scale_in_and_retire(&mut conn, "orders", 0).await;
     let err = publisher.publish("k", &1).await.unwrap_err();
+    let keys = StreamKeys::new("orders").unwrap();
+    let stored = read_metadata_version(&mut conn, &keys)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(
-        matches!(
-            err,
-            PublishError::NoShards {
-                metadata_version: 3,
-                ..
-            }
-        ),
+        matches!(err, PublishError::NoShards { metadata_version, .. } if metadata_version == stored),
         "{err}"
     );
     let err = publisher.publish_batch(&[("k", 1)]).await.unwrap_err();
