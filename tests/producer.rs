@@ -581,3 +581,37 @@ async fn publishing_fails_closed_once_the_routing_lease_has_passed() {
     }
     assert!(publisher.routing_snapshot().age < Duration::from_millis(1_500));
 }
+
+/// The README's "Routing" table is what the code does: every row is parsed and checked against
+/// `shard_for_key` and `key_hash` (the unit test `readme_test_vectors_are_pinned` holds the same
+/// vectors, so neither side can drift alone).
+#[test]
+fn readme_routing_vectors_match_the_code() {
+    use stream_listener::core::producer::key_hash;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("\n## Routing\n")
+        .nth(1)
+        .expect("README.md has a Routing section");
+    let section = section.split("\n## ").next().unwrap();
+    let mut rows = 0;
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let key = if cells[0].starts_with("`\"\"`") {
+            ""
+        } else {
+            cells[0].trim_matches('`')
+        };
+        let hash =
+            u64::from_str_radix(cells[1].trim_matches('`').trim_start_matches("0x"), 16).unwrap();
+        assert_eq!(key_hash(key), hash, "{key:?}");
+        let shards: Vec<u32> = cells[2..].iter().map(|c| c.parse().unwrap()).collect();
+        assert_eq!(shards.len(), 16, "{line}");
+        for (count, expected) in (1..=16).zip(shards) {
+            assert_eq!(shard_for_key(key, count), expected, "{key:?} over {count}");
+        }
+        rows += 1;
+    }
+    assert_eq!(rows, 9, "every vector row was checked");
+}

@@ -105,7 +105,7 @@ pub enum PublishError {
     /// `XADD ... NOMKSTREAM` found no stream for a shard the freshly refreshed metadata still
     /// routes to: the shard stream was deleted although its shard is ACTIVE.
     #[error(
-        "shard stream {stream_key} does not exist although metadataVersion {metadata_version} lists shard {shard} as ACTIVE; it was deleted by hand or never provisioned: re-create it with `stream-listener stream create`/`scale`, or repair the metadata"
+        "shard stream {stream_key} does not exist although metadataVersion {metadata_version} lists shard {shard} as ACTIVE; it was deleted outside stream-listener and nothing was appended: re-create it with the consumer group of every registered group (`XGROUP CREATE {stream_key} <group> 0 MKSTREAM`), then retry"
     )]
     ShardMissing {
         /// The shard stream key.
