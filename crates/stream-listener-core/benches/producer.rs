@@ -1,0 +1,448 @@
+//! Producer throughput (issue 7): `Publisher::publish_batch` (batches of 64 small JSON
+//! payloads) against a raw pipelined `XADD` loop, on the same throwaway Redis, in the same run.
+//!
+//! - `raw`: the yardstick. The same messages, the same batches of 64, the same shard keys and the
+//!   same `XADD <shard> NOMKSTREAM * key <k> payload <json>` commands, one pipeline per batch on the
+//!   same kind of connection ([`RedisConnection`]) — but with JSON and shard keys computed before
+//!   the clock starts, so it measures Redis and the client alone.
+//! - `publish_batch`: serialization, size check, routing (XXH64 + jump hash), the cache check and
+//!   the pipeline, all inside the clock.
+//! - Rounds alternate (`raw` first in even rounds, `publish_batch` first in odd ones) to spread
+//!   drift and noise; between rounds, outside the clock, every shard stream is emptied
+//!   (`XTRIM MAXLEN 0`) so both sides append to streams of the same size.
+//!
+//! Also measured (information, no goal): on the standalone server, a raw loop that sends one
+//! pipeline per shard concurrently (what a cluster needs) instead of one per batch, and
+//! `Publisher::publish` against a raw `XADD`, one message per round trip; on a local 3-master
+//! cluster, `publish_batch` against a raw loop of per-shard pipelines sent concurrently.
+//!
+//! Run from the repository root:
+//!
+//! ```sh
+//! cargo bench -p stream-listener-core --features testing --bench producer
+//! ```
+//!
+//! Environment: `PRODUCER_BENCH_MESSAGES` (default 200000, per side), `PRODUCER_BENCH_ROUNDS`
+//! (default 10), `PRODUCER_BENCH_CLUSTER=0` skips the cluster part. Goal: `publish_batch` at
+//! least 0.8 of `raw` (BENCHMARKS.md, "Producer (issue 7)").
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use futures_util::future::try_join_all;
+use serde::Serialize;
+use stream_listener_core::admin;
+use stream_listener_core::connection::{RedisConnection, RedisTarget};
+use stream_listener_core::keys::StreamKeys;
+use stream_listener_core::producer::{Publisher, PublisherOptions, shard_for_key};
+use stream_listener_core::testing::{RedisCluster, RedisServer};
+
+const PREFIX: &str = "bench";
+const SHARDS: u32 = 16;
+const BATCH: usize = 64;
+const DISTINCT_KEYS: usize = 50_000;
+
+/// A small JSON payload (about 90 bytes serialized).
+#[derive(Debug, Clone, Serialize)]
+struct Order {
+    id: u64,
+    customer: String,
+    amount_cents: u64,
+    currency: &'static str,
+    express: bool,
+}
+
+struct Workload {
+    keys: Vec<String>,
+    orders: Vec<Order>,
+    /// For the raw loops: JSON and shard key of each message, computed up front.
+    json: Vec<Vec<u8>>,
+    shard_keys: Vec<String>,
+    shards: Vec<u32>,
+}
+
+impl Workload {
+    fn new(messages: usize) -> Workload {
+        let keys: Vec<String> = (0..messages)
+            .map(|i| format!("customer-{}", i % DISTINCT_KEYS))
+            .collect();
+        let orders: Vec<Order> = (0..messages)
+            .map(|i| Order {
+                id: i as u64,
+                customer: keys[i].clone(),
+                amount_cents: 1_000 + (i as u64 * 37) % 100_000,
+                currency: "EUR",
+                express: i % 3 == 0,
+            })
+            .collect();
+        let json = orders
+            .iter()
+            .map(|o| serde_json::to_vec(o).unwrap())
+            .collect();
+        let stream = StreamKeys::new(PREFIX).unwrap();
+        let shards: Vec<u32> = keys.iter().map(|k| shard_for_key(k, SHARDS)).collect();
+        let shard_keys = shards.iter().map(|s| stream.shard(*s)).collect();
+        Workload {
+            keys,
+            orders,
+            json,
+            shard_keys,
+            shards,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn xadd(&self, pipe: &mut redis::Pipeline, i: usize) {
+        pipe.cmd("XADD")
+            .arg(&self.shard_keys[i])
+            .arg("NOMKSTREAM")
+            .arg("*")
+            .arg("key")
+            .arg(&self.keys[i])
+            .arg("payload")
+            .arg(&self.json[i]);
+    }
+}
+
+/// The stream, through the admin API: [`SHARDS`] ACTIVE shards and their empty shard streams.
+async fn create_stream(conn: &mut RedisConnection) {
+    admin::create_stream(conn, PREFIX, SHARDS).await.unwrap();
+}
+
+/// Empties every shard stream (kept, so `NOMKSTREAM` still finds it).
+async fn trim(conn: &mut RedisConnection) {
+    let keys = StreamKeys::new(PREFIX).unwrap();
+    for shard in 0..SHARDS {
+        let _: i64 = redis::cmd("XTRIM")
+            .arg(keys.shard(shard))
+            .arg("MAXLEN")
+            .arg(0)
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Raw: one pipeline of `BATCH` XADDs per batch.
+async fn raw_one_pipeline(conn: &RedisConnection, w: &Workload, range: std::ops::Range<usize>) {
+    let mut conn = conn.clone();
+    let indices: Vec<usize> = range.collect();
+    for batch in indices.chunks(BATCH) {
+        let mut pipe = redis::Pipeline::with_capacity(batch.len());
+        for &i in batch {
+            w.xadd(&mut pipe, i);
+        }
+        let ids: Vec<Option<String>> = pipe.query_async(&mut conn).await.unwrap();
+        black_box(ids);
+    }
+}
+
+/// Raw: per batch, one pipeline per shard, all in flight at once.
+async fn raw_per_shard(conn: &RedisConnection, w: &Workload, range: std::ops::Range<usize>) {
+    let indices: Vec<usize> = range.collect();
+    for batch in indices.chunks(BATCH) {
+        let mut by_shard: BTreeMap<u32, redis::Pipeline> = BTreeMap::new();
+        for &i in batch {
+            w.xadd(by_shard.entry(w.shards[i]).or_default(), i);
+        }
+        let replies = try_join_all(by_shard.into_values().map(|pipe| {
+            let mut conn = conn.clone();
+            async move { pipe.query_async::<Vec<Option<String>>>(&mut conn).await }
+        }))
+        .await
+        .unwrap();
+        black_box(replies);
+    }
+}
+
+/// Raw: one `XADD` per round trip.
+async fn raw_single(conn: &RedisConnection, w: &Workload, range: std::ops::Range<usize>) {
+    let mut conn = conn.clone();
+    for i in range {
+        let id: Option<String> = redis::cmd("XADD")
+            .arg(&w.shard_keys[i])
+            .arg("NOMKSTREAM")
+            .arg("*")
+            .arg("key")
+            .arg(&w.keys[i])
+            .arg("payload")
+            .arg(&w.json[i])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        black_box(id);
+    }
+}
+
+/// `publish_batch`, `BATCH` messages at a time.
+async fn publisher_batches(publisher: &Publisher, w: &Workload, range: std::ops::Range<usize>) {
+    let indices: Vec<usize> = range.collect();
+    let mut batch: Vec<(&str, &Order)> = Vec::with_capacity(BATCH);
+    for chunk in indices.chunks(BATCH) {
+        batch.clear();
+        batch.extend(chunk.iter().map(|&i| (w.keys[i].as_str(), &w.orders[i])));
+        black_box(publisher.publish_batch(&batch).await.unwrap());
+    }
+}
+
+/// `publish`, one message at a time.
+async fn publisher_single(publisher: &Publisher, w: &Workload, range: std::ops::Range<usize>) {
+    for i in range {
+        black_box(publisher.publish(&w.keys[i], &w.orders[i]).await.unwrap());
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Case {
+    Raw,
+    PublishBatch,
+    RawPerShard,
+    RawSingle,
+    PublishSingle,
+}
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::Raw => "raw pipelined XADD loop (one pipeline per batch of 64)",
+            Case::PublishBatch => "Publisher::publish_batch (batch 64)",
+            Case::RawPerShard => "raw, one pipeline per shard per batch, concurrent",
+            Case::RawSingle => "raw XADD, one message per round trip",
+            Case::PublishSingle => "Publisher::publish (one message per round trip)",
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    messages: usize,
+    elapsed: Duration,
+    round_rates: Vec<f64>,
+}
+
+impl Tally {
+    fn add(&mut self, messages: usize, elapsed: Duration) {
+        self.messages += messages;
+        self.elapsed += elapsed;
+        self.round_rates
+            .push(messages as f64 / elapsed.as_secs_f64());
+    }
+
+    fn rate(&self) -> f64 {
+        self.messages as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn median(&self) -> f64 {
+        median(&self.round_rates)
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+async fn run_case(
+    case: Case,
+    conn: &RedisConnection,
+    publisher: &Publisher,
+    w: &Workload,
+    range: std::ops::Range<usize>,
+) -> Duration {
+    let start = Instant::now();
+    match case {
+        Case::Raw => raw_one_pipeline(conn, w, range).await,
+        Case::PublishBatch => publisher_batches(publisher, w, range).await,
+        Case::RawPerShard => raw_per_shard(conn, w, range).await,
+        Case::RawSingle => raw_single(conn, w, range).await,
+        Case::PublishSingle => publisher_single(publisher, w, range).await,
+    }
+    start.elapsed()
+}
+
+/// Runs `cases` in `rounds` alternating rounds over `w` (each case sends every message once, in
+/// `rounds` slices); returns the tallies. `single_share` divides the slices of
+/// [`Case::RawSingle`] and [`Case::PublishSingle`] (they are slow).
+async fn measure(
+    conn: &RedisConnection,
+    publisher: &Publisher,
+    w: &Workload,
+    rounds: usize,
+    cases: &[Case],
+    single_share: usize,
+) -> BTreeMap<Case, Tally> {
+    let mut tallies: BTreeMap<Case, Tally> = BTreeMap::new();
+    let per_round = w.len() / rounds;
+    let mut trim_conn = conn.clone();
+    // Warm-up: one slice of each, not counted.
+    for &case in cases {
+        run_case(case, conn, publisher, w, 0..per_round.min(5_000)).await;
+    }
+    trim(&mut trim_conn).await;
+    for round in 0..rounds {
+        let range = round * per_round..(round + 1) * per_round;
+        let mut order: Vec<Case> = cases.to_vec();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for case in order {
+            let range = if matches!(case, Case::RawSingle | Case::PublishSingle) {
+                range.start..range.start + per_round / single_share
+            } else {
+                range.clone()
+            };
+            let messages = range.len();
+            let elapsed = run_case(case, conn, publisher, w, range).await;
+            tallies.entry(case).or_default().add(messages, elapsed);
+            trim(&mut trim_conn).await;
+        }
+    }
+    tallies
+}
+
+fn report(title: &str, tallies: &BTreeMap<Case, Tally>, yardstick: Case) {
+    let base = &tallies[&yardstick];
+    println!("\n{title}");
+    println!(
+        "| case | messages | msgs/s (total) | msgs/s (median round) | ratio to yardstick (total) | ratio (median of rounds) |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for (case, tally) in tallies {
+        let paired: Vec<f64> = tally
+            .round_rates
+            .iter()
+            .zip(&base.round_rates)
+            .map(|(a, b)| a / b)
+            .collect();
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.3} | {:.3} |",
+            case.name(),
+            tally.messages,
+            tally.rate(),
+            tally.median(),
+            tally.rate() / base.rate(),
+            median(&paired),
+        );
+    }
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn bench() {
+    let messages = env_usize("PRODUCER_BENCH_MESSAGES", 200_000);
+    let rounds = env_usize("PRODUCER_BENCH_ROUNDS", 10).max(1);
+    let cluster = std::env::var("PRODUCER_BENCH_CLUSTER").map_or(true, |v| v != "0");
+    let w = Workload::new(messages);
+    let payload_bytes: usize = w.json.iter().map(Vec::len).sum::<usize>() / w.len();
+    println!(
+        "producer bench: {messages} messages per case, {rounds} alternating rounds, batch {BATCH}, {SHARDS} shards, {DISTINCT_KEYS} distinct keys, mean JSON payload {payload_bytes} bytes"
+    );
+
+    // Standalone.
+    let server = RedisServer::start().unwrap();
+    let conn = RedisConnection::connect(
+        &RedisTarget::Standalone(server.url()),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let mut setup = conn.clone();
+    create_stream(&mut setup).await;
+    let publisher = Publisher::new(conn.clone(), PREFIX, PublisherOptions::default())
+        .await
+        .unwrap();
+    let tallies = measure(
+        &conn,
+        &publisher,
+        &w,
+        rounds,
+        &[Case::Raw, Case::PublishBatch],
+        1,
+    )
+    .await;
+    report(
+        "Standalone, goal: publish_batch >= 0.8 of raw",
+        &tallies,
+        Case::Raw,
+    );
+    let ratio = tallies[&Case::PublishBatch].rate() / tallies[&Case::Raw].rate();
+    println!(
+        "goal (publish_batch / raw >= 0.80): {:.3} -> {}",
+        ratio,
+        if ratio >= 0.8 { "met" } else { "NOT met" }
+    );
+    let extra = measure(
+        &conn,
+        &publisher,
+        &w,
+        rounds,
+        &[
+            Case::Raw,
+            Case::RawPerShard,
+            Case::RawSingle,
+            Case::PublishSingle,
+        ],
+        20,
+    )
+    .await;
+    report(
+        "Standalone, information: pipeline shapes and unpipelined publish",
+        &extra,
+        Case::Raw,
+    );
+    drop(server);
+
+    if cluster {
+        let cluster = RedisCluster::start().unwrap();
+        let conn = RedisConnection::connect(
+            &RedisTarget::Cluster(cluster.urls()),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        let mut setup = conn.clone();
+        create_stream(&mut setup).await;
+        let publisher = Publisher::new(conn.clone(), PREFIX, PublisherOptions::default())
+            .await
+            .unwrap();
+        let half = Workload::new(messages / 2);
+        let tallies = measure(
+            &conn,
+            &publisher,
+            &half,
+            rounds,
+            &[Case::RawPerShard, Case::PublishBatch],
+            1,
+        )
+        .await;
+        report(
+            "3-master cluster, information: publish_batch against raw per-shard pipelines",
+            &tallies,
+            Case::RawPerShard,
+        );
+    }
+}
+
+fn main() {
+    // One client thread for every case, like a producer task; the server(s) use the other core.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(bench());
+}
