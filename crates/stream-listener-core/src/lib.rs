@@ -8,6 +8,9 @@
 //! - [`keys`]: the key layout in Redis and name validation (DESIGN.md §2);
 //! - [`connection`]: standalone or cluster connections behind one type;
 //! - [`store`]: the Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction (DESIGN.md §5);
+//! - [`handler`]: the `Handler` trait, the `Delivery` it receives, retry or dead-letter errors;
+//! - [`member`]: the member runtime: `Listener`, heartbeat loop, reconciler (DESIGN.md §6, §7);
+//! - `poller`: one task per owned shard: takeover, fenced reads, handlers, acks (DESIGN.md §7, §8);
 //! - [`dataplane`]: fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (DESIGN.md §8);
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (DESIGN.md §9);
 //! - [`admin`]: admin operations: create, register, describe, list, scale, retire, delete (DESIGN.md §8, §10);
@@ -19,8 +22,11 @@ pub mod connection;
 pub mod coordinator;
 pub mod dataplane;
 pub mod fence;
+pub mod handler;
 pub mod keys;
+pub mod member;
 pub mod model;
+pub(crate) mod poller;
 pub mod producer;
 pub mod store;
 

@@ -1,0 +1,103 @@
+//! What a listener runs for each entry: the [`Handler`] trait, the [`Delivery`] it receives and
+//! the [`HandlerError`] that decides between retry and dead letter (DESIGN.md §8, outcomes).
+//!
+//! A handler may run more than once for one entry (at-least-once delivery; a cancelled attempt is
+//! retried by the next owner), so it must be safe to run again: make its effects idempotent where
+//! duplicates matter (DESIGN.md §12).
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::model::{Epoch, ShardIndex};
+
+/// A boxed error from a handler.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The future a [`Handler`] returns.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'static>>;
+
+/// One entry handed to a handler, with where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The shard stream key, e.g. `{orders:3}`.
+    pub stream_key: String,
+    /// The shard index.
+    pub shard: ShardIndex,
+    /// The Redis entry id, e.g. `1700000000000-0`.
+    pub entry_id: String,
+    /// Every field of the entry, in order (`key` and `payload` for entries of the publisher).
+    pub fields: Vec<(String, Vec<u8>)>,
+    /// How many times Redis delivered the entry (the PEL delivery count; 1 for a first read).
+    pub delivery_count: u64,
+    /// Attempt number of this call within the current delivery, from 1.
+    pub attempt: u32,
+    /// The member running the handler.
+    pub member_id: String,
+    /// Its member epoch when the shard was assigned.
+    pub member_epoch: Epoch,
+}
+
+impl Delivery {
+    /// The value of field `name`, if present.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The partition key the publisher routed by (field `key`), when it is UTF-8.
+    pub fn partition_key(&self) -> Option<&str> {
+        self.field("key").and_then(|k| std::str::from_utf8(k).ok())
+    }
+
+    /// The payload (field `payload`), as written by the publisher.
+    pub fn payload(&self) -> Option<&[u8]> {
+        self.field("payload")
+    }
+}
+
+/// Why a handler did not succeed; decides what happens to the entry.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// Retried in place with backoff up to `max_attempts`, then dead-lettered.
+    #[error("{0}")]
+    Retryable(BoxError),
+    /// Dead-lettered at once: retrying cannot help.
+    #[error("non-retryable: {0}")]
+    NonRetryable(BoxError),
+    /// The payload could not be decoded: dead-lettered at once with reason `decode`.
+    #[error("payload could not be decoded: {0}")]
+    Decode(String),
+}
+
+impl HandlerError {
+    /// A retryable error.
+    pub fn retryable(error: impl Into<BoxError>) -> Self {
+        HandlerError::Retryable(error.into())
+    }
+
+    /// A non-retryable error.
+    pub fn non_retryable(error: impl Into<BoxError>) -> Self {
+        HandlerError::NonRetryable(error.into())
+    }
+}
+
+/// The work a listener does per entry. Implemented for every
+/// `Fn(Delivery) -> impl Future<Output = Result<(), HandlerError>>`.
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one entry. Runs under `handler_timeout`; may be cancelled when the member loses
+    /// the shard (lease end, fencing), and then runs again elsewhere.
+    fn handle(&self, delivery: Delivery) -> HandlerFuture;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(Delivery) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    fn handle(&self, delivery: Delivery) -> HandlerFuture {
+        Box::pin(self(delivery))
+    }
+}

@@ -1,0 +1,281 @@
+//! One member's heartbeat loop: sends the report, applies the response (DESIGN.md §6 member
+//! rules) and starts, revokes and stops the shard tasks of the [`crate::poller`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::reconciler::Changes;
+use super::{ListenerEvent, ListenerOptions, MemberShared};
+use crate::connection::{RedisConnection, RedisTarget};
+use crate::handler::Handler;
+use crate::keys::StreamKeys;
+use crate::model::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, ShardIndex};
+use crate::poller::{ShardTask, ShardTaskContext};
+use crate::store::{GroupStore, StoreError};
+
+/// How long one heartbeat may take before it counts as lost.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest pause between heartbeats while the store fails (missing metadata, Redis down).
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
+
+pub(super) struct Member {
+    pub(super) target: RedisTarget,
+    pub(super) conn: RedisConnection,
+    pub(super) stream: StreamKeys,
+    pub(super) group: String,
+    pub(super) handler: Arc<dyn Handler>,
+    pub(super) options: Arc<ListenerOptions>,
+    pub(super) shared: Arc<MemberShared>,
+    pub(super) shutdown: CancellationToken,
+}
+
+/// A running shard task and how to stop it.
+struct Running {
+    /// Drain: finish the current handler attempt, ack, stop.
+    revoke: CancellationToken,
+    /// Stop at once: cancel the handler, ack nothing.
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Member {
+    pub(super) async fn run(self) {
+        let member_id = self.shared.lock().identity().member_id.clone();
+        let span = tracing::info_span!(
+            "member",
+            stream = %self.stream.prefix(),
+            group = %self.group,
+            member = %member_id,
+        );
+        self.run_loop().instrument(span).await;
+    }
+
+    async fn run_loop(self) {
+        let group_keys = match self.stream.group(&self.group) {
+            Ok(keys) => keys,
+            Err(error) => {
+                tracing::error!(%error, "invalid group name");
+                return;
+            }
+        };
+        let mut store = GroupStore::new(
+            self.conn.clone(),
+            self.stream.clone(),
+            group_keys,
+            self.options.coordination.clone(),
+        );
+        let mut shards: BTreeMap<ShardIndex, Running> = BTreeMap::new();
+        let mut seq = 0u64;
+        let mut interval = self.options.coordination.heartbeat_interval;
+        let mut failures = 0u32;
+        loop {
+            seq += 1;
+            let request = self.shared.lock().request(seq);
+            let sent_at = Instant::now();
+            match self.send(&mut store, &request).await {
+                Ok(response) => {
+                    failures = 0;
+                    interval = Duration::from_millis(response.heartbeat_interval_ms.max(1));
+                    let changes = self.apply(&response, &request, sent_at);
+                    if self.act(&changes, &mut shards, &response) {
+                        return;
+                    }
+                }
+                Err(error) => {
+                    failures += 1;
+                    // Rate-limited: the first failure and then every tenth.
+                    if failures == 1 || failures.is_multiple_of(10) {
+                        tracing::warn!(%error, failures, "heartbeat failed; reads stop when the lease ends");
+                    }
+                }
+            }
+            self.reap_drained(&mut shards);
+            let wait = if failures == 0 {
+                jittered(interval)
+            } else {
+                (interval * failures.min(4)).min(MAX_ERROR_BACKOFF)
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.shared.wake_heartbeat.notified() => {}
+                _ = self.shutdown.cancelled() => {
+                    self.leave(&mut store, &mut shards, seq + 1).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        store: &mut GroupStore,
+        request: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, StoreError> {
+        match tokio::time::timeout(HEARTBEAT_TIMEOUT, store.heartbeat(request)).await {
+            Ok(outcome) => Ok(outcome?.response),
+            // A response after its request timed out is ignored (the future is dropped).
+            Err(_) => Err(StoreError::Contended {
+                what: "heartbeat (timed out)",
+                attempts: 1,
+            }),
+        }
+    }
+
+    fn apply(
+        &self,
+        response: &HeartbeatResponse,
+        request: &HeartbeatRequest,
+        sent_at: Instant,
+    ) -> Changes {
+        let margin = self
+            .options
+            .lease_margin
+            .unwrap_or_else(|| Duration::from_millis(response.member_lease_ttl_ms) / 5);
+        let changes = self.shared.lock().apply(response, request, sent_at, margin);
+        self.shared.assignment_changed.notify_waiters();
+        if response.status != HeartbeatStatus::Ok {
+            tracing::info!(status = ?response.status, member_epoch = response.member_epoch, "heartbeat status");
+        }
+        changes
+    }
+
+    /// Carries out a response's changes. Returns `true` when the member must stop for good.
+    fn act(
+        &self,
+        changes: &Changes,
+        shards: &mut BTreeMap<ShardIndex, Running>,
+        response: &HeartbeatResponse,
+    ) -> bool {
+        if changes.stop_all {
+            for (shard, running) in std::mem::take(shards) {
+                running.stop.cancel();
+                self.event(ListenerEvent::Revoked {
+                    member: self.member_id(),
+                    shard,
+                    member_epoch: response.member_epoch,
+                });
+            }
+        }
+        if changes.fatal {
+            tracing::error!(
+                "another process took this static member identity (FENCED_INSTANCE_ID): stopping for good; give each pod its own instance_id"
+            );
+            return true;
+        }
+        for shard in &changes.revoke {
+            if let Some(running) = shards.get(shard) {
+                running.revoke.cancel();
+            }
+        }
+        for (shard, token) in &changes.start {
+            tracing::info!(shard, member_epoch = token.member_epoch, "shard assigned");
+            self.event(ListenerEvent::Assigned {
+                member: self.member_id(),
+                shard: *shard,
+                member_epoch: token.member_epoch,
+            });
+            let running = self.spawn_shard(*shard);
+            if let Some(old) = shards.insert(*shard, running) {
+                old.stop.cancel();
+            }
+        }
+        // Re-raised tokens are picked up by the shard tasks themselves (they compare the token
+        // they raised with the current one before every operation).
+        false
+    }
+
+    fn spawn_shard(&self, shard: ShardIndex) -> Running {
+        let revoke = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let context = ShardTaskContext {
+            target: self.target.clone(),
+            conn: self.conn.clone(),
+            stream: self.stream.clone(),
+            group: self.group.clone(),
+            handler: self.handler.clone(),
+            options: self.options.clone(),
+            shared: self.shared.clone(),
+        };
+        let task = match ShardTask::new(context, shard, revoke.clone(), stop.clone()) {
+            Ok(task) => tokio::spawn(task.run()),
+            Err(error) => {
+                tracing::error!(%error, shard, "shard not polled");
+                tokio::spawn(async {})
+            }
+        };
+        Running { revoke, stop, task }
+    }
+
+    /// Shard tasks that finished draining are released: reported `REVOKED` next heartbeat.
+    fn reap_drained(&self, shards: &mut BTreeMap<ShardIndex, Running>) {
+        let finished: Vec<ShardIndex> = shards
+            .iter()
+            .filter(|(_, r)| r.task.is_finished())
+            .map(|(s, _)| *s)
+            .collect();
+        let epoch = self.shared.lock().epoch();
+        for shard in finished {
+            shards.remove(&shard);
+            self.shared.lock().drained(shard);
+            self.event(ListenerEvent::Revoked {
+                member: self.member_id(),
+                shard,
+                member_epoch: epoch,
+            });
+        }
+    }
+
+    /// Graceful shutdown: drain every shard within `shutdown_timeout`, then leave.
+    async fn leave(
+        &self,
+        store: &mut GroupStore,
+        shards: &mut BTreeMap<ShardIndex, Running>,
+        seq: u64,
+    ) {
+        self.shared.lock().begin_leave();
+        for running in shards.values() {
+            running.revoke.cancel();
+        }
+        let deadline = tokio::time::Instant::now() + self.options.shutdown_timeout;
+        for (shard, running) in std::mem::take(shards) {
+            let stop = running.stop.clone();
+            let mut task = running.task;
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                tracing::warn!(
+                    shard,
+                    "in-flight handler did not finish within shutdown_timeout: cancelled, not acked"
+                );
+                stop.cancel();
+                let _ = task.await;
+            }
+            self.shared.lock().drained(shard);
+        }
+        let request = self.shared.lock().leave_request(seq);
+        match self.send(store, &request).await {
+            Ok(_) => tracing::info!("left the group"),
+            Err(error) => {
+                tracing::warn!(%error, "leave not delivered; the lease will expire instead")
+            }
+        }
+    }
+
+    fn member_id(&self) -> String {
+        self.shared.lock().identity().member_id.clone()
+    }
+
+    fn event(&self, event: ListenerEvent) {
+        if let Some(callback) = &self.options.events {
+            (callback.0)(event);
+        }
+    }
+}
+
+/// `interval` ± 10%, so members started together do not heartbeat in lockstep.
+fn jittered(interval: Duration) -> Duration {
+    let factor = rand::random_range(0.9..1.1);
+    interval.mul_f64(factor)
+}

@@ -1,0 +1,383 @@
+//! The member runtime (DESIGN.md §6 member rules, §7 concurrency, §8 shutdown).
+//!
+//! A [`Listener`] runs `concurrency` logical group members `<base>-m0 … <base>-m{N-1}` for one
+//! handler. `<base>` is a UUIDv7 made at process start, or the configured `instance_id` (static
+//! membership). Each member has its own heartbeat loop, assignment state, epoch and fencing
+//! tokens, and polls the shards it owns with `runtime_max_concurrency` local workers (the
+//! [`crate::poller`]).
+
+mod heartbeat;
+pub(crate) mod reconciler;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::connection::{RedisConnection, RedisTarget};
+use crate::coordinator::CoordinatorConfig;
+use crate::dataplane::FencingMode;
+use crate::handler::Handler;
+use crate::keys::{NameError, StreamKeys};
+use crate::model::{Epoch, ShardIndex, StartFrom};
+use crate::store::StoreError;
+use reconciler::{Identity, Reconciler};
+
+/// Settings of one listener (config section `[listeners.<name>]`, DESIGN.md §11).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ListenerOptions {
+    /// The listener's name (member name in `describe`); default `listener`.
+    pub name: String,
+    /// Logical members in this process (default 1).
+    pub concurrency: u32,
+    /// Local workers per member (default 1); the assignor's weight. Never caps shards owned.
+    pub runtime_max_concurrency: u32,
+    /// Entries per read (default 32).
+    pub batch_size: usize,
+    /// Longest wait for new entries in one `XREAD BLOCK` (default 2 s), capped by the lease.
+    pub block: Duration,
+    /// Handler attempts per delivery before dead-lettering (default 3).
+    pub max_attempts: u32,
+    /// First retry backoff, doubled per attempt up to 30 s (default 200 ms).
+    pub backoff: Duration,
+    /// Deliveries after which an entry is dead-lettered unhandled (default 10).
+    pub max_deliveries: u64,
+    /// Limit of one handler attempt (default 30 s); below `rebalance_timeout`.
+    pub handler_timeout: Duration,
+    /// Time in-flight handlers get at shutdown before they are cancelled (default 30 s).
+    pub shutdown_timeout: Duration,
+    /// Where a newly registered group starts (default earliest).
+    pub start_from: StartFrom,
+    /// `strict` (default) or `acks` fencing (DESIGN.md §8).
+    pub fencing: FencingMode,
+    /// Static membership: member ids become `<instance_id>-m<k>` and leaving uses `-2`.
+    pub instance_id: Option<String>,
+    /// Protocol timings.
+    pub coordination: CoordinatorConfig,
+    /// Safety margin taken off the lease on the member's side (default 20% of the lease TTL).
+    pub lease_margin: Option<Duration>,
+    /// Called on assignment changes, reads and fence rejections (for logs and tests).
+    pub events: Option<EventCallback>,
+}
+
+impl Default for ListenerOptions {
+    fn default() -> Self {
+        ListenerOptions {
+            name: "listener".into(),
+            concurrency: 1,
+            runtime_max_concurrency: 1,
+            batch_size: 32,
+            block: Duration::from_secs(2),
+            max_attempts: 3,
+            backoff: Duration::from_millis(200),
+            max_deliveries: 10,
+            handler_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(30),
+            start_from: StartFrom::Earliest,
+            fencing: FencingMode::Strict,
+            instance_id: None,
+            coordination: CoordinatorConfig::default(),
+            lease_margin: None,
+            events: None,
+        }
+    }
+}
+
+/// A callback for [`ListenerEvent`]s. It runs on the member's tasks: keep it quick.
+#[derive(Clone)]
+pub struct EventCallback(pub Arc<dyn Fn(ListenerEvent) + Send + Sync>);
+
+impl std::fmt::Debug for EventCallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventCallback")
+    }
+}
+
+/// Something a member did, reported to [`ListenerOptions::events`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ListenerEvent {
+    /// The member started reading a shard.
+    Assigned {
+        /// Member id.
+        member: String,
+        /// Shard.
+        shard: ShardIndex,
+        /// Member epoch of the assignment.
+        member_epoch: Epoch,
+    },
+    /// The member gave a shard up (drained and released, or stopped by fencing).
+    Revoked {
+        /// Member id.
+        member: String,
+        /// Shard.
+        shard: ShardIndex,
+        /// Member epoch at that time.
+        member_epoch: Epoch,
+    },
+    /// A fenced read returned entries.
+    Read {
+        /// Member id.
+        member: String,
+        /// Shard.
+        shard: ShardIndex,
+        /// Entries returned.
+        count: usize,
+        /// First entry id.
+        first_id: String,
+    },
+    /// The fence refused a read, ack or claim.
+    FenceRejected {
+        /// `read`, `ack` or `claim`.
+        op: &'static str,
+        /// Member id.
+        member: String,
+        /// Shard.
+        shard: ShardIndex,
+    },
+}
+
+/// Why a listener could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ListenerError {
+    /// Invalid options.
+    #[error("invalid listener options: {0}")]
+    Options(String),
+    /// Invalid stream or group name.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// Redis unreachable at start.
+    #[error("cannot connect to Redis: {0}; check the URL and that the server runs")]
+    Connect(#[source] redis::RedisError),
+    /// The store refused (missing stream, Redis error).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The group could not be registered.
+    #[error("registering the consumer group failed: {0}")]
+    Register(String),
+}
+
+/// A listener's members, running.
+#[derive(Debug)]
+pub struct ListenerHandle {
+    shutdown: CancellationToken,
+    members: Vec<(String, Arc<MemberShared>, JoinHandle<()>)>,
+}
+
+/// What a member owns now (for logs and the quick start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    /// Member id.
+    pub member_id: String,
+    /// Member epoch.
+    pub member_epoch: Epoch,
+    /// Owned shards, ascending.
+    pub owned: Vec<ShardIndex>,
+    /// Entries handled successfully so far.
+    pub handled: u64,
+}
+
+impl ListenerHandle {
+    /// The member ids, `<base>-m0` first.
+    pub fn member_ids(&self) -> Vec<String> {
+        self.members.iter().map(|(id, _, _)| id.clone()).collect()
+    }
+
+    /// What each member owns and has handled now.
+    pub fn status(&self) -> Vec<MemberStatus> {
+        self.members
+            .iter()
+            .map(|(id, shared, _)| {
+                let reconciler = shared.lock();
+                MemberStatus {
+                    member_id: id.clone(),
+                    member_epoch: reconciler.epoch(),
+                    owned: reconciler.owned().keys().copied().collect(),
+                    handled: shared.handled.load(std::sync::atomic::Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Asks every member to shut down gracefully: stop reads, finish in-flight handlers within
+    /// `shutdown_timeout`, ack, and leave (`-1`, or `-2` for a static member) reporting every
+    /// shard `REVOKED`. Returns at once; [`ListenerHandle::join`] waits.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// A token cancelled when shutdown starts (to tie other work to the listener).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Waits until every member has stopped (after [`ListenerHandle::shutdown`], or for good
+    /// after `FENCED_INSTANCE_ID`).
+    pub async fn join(self) {
+        for (_, _, task) in self.members {
+            let _ = task.await;
+        }
+    }
+
+    /// Shuts down and waits.
+    pub async fn shutdown_and_wait(self) {
+        self.shutdown();
+        self.join().await;
+    }
+}
+
+/// A listener: a handler bound to a stream and a consumer group.
+pub struct Listener {
+    target: RedisTarget,
+    stream: StreamKeys,
+    group: String,
+    handler: Arc<dyn Handler>,
+    options: ListenerOptions,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("stream", &self.stream.prefix())
+            .field("group", &self.group)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl Listener {
+    /// A listener of `group` on stream `stream` at `target`, running `handler`.
+    ///
+    /// # Errors
+    /// [`ListenerError::Name`] for a prefix with `{`/`}` or a group with `:`/`{`/`}`;
+    /// [`ListenerError::Options`] for zero concurrency, workers, batch size or attempts.
+    pub fn new(
+        target: RedisTarget,
+        stream: &str,
+        group: &str,
+        handler: impl Handler,
+        options: ListenerOptions,
+    ) -> Result<Self, ListenerError> {
+        let stream = StreamKeys::new(stream)?;
+        stream.group(group)?;
+        let zero = [
+            ("concurrency", options.concurrency == 0),
+            (
+                "runtime_max_concurrency",
+                options.runtime_max_concurrency == 0,
+            ),
+            ("batch_size", options.batch_size == 0),
+            ("max_attempts", options.max_attempts == 0),
+        ];
+        if let Some((name, _)) = zero.iter().find(|(_, zero)| *zero) {
+            return Err(ListenerError::Options(format!("{name} must be at least 1")));
+        }
+        options
+            .coordination
+            .validate()
+            .map_err(|e| ListenerError::Options(e.to_string()))?;
+        Ok(Listener {
+            target,
+            stream,
+            group: group.to_owned(),
+            handler: Arc::new(handler),
+            options,
+        })
+    }
+
+    /// Connects, registers the group on the stream if needed (DESIGN.md §8, groups), and starts
+    /// the members.
+    ///
+    /// # Errors
+    /// [`ListenerError::Connect`] when Redis does not answer; [`ListenerError::Store`] when the
+    /// stream does not exist ([`StoreError::MissingStream`] says how to create it);
+    /// [`ListenerError::Register`] when the group cannot be registered.
+    pub async fn start(self) -> Result<ListenerHandle, ListenerError> {
+        let conn =
+            RedisConnection::connect(&self.target, crate::connection::DEFAULT_RESPONSE_TIMEOUT)
+                .await
+                .map_err(ListenerError::Connect)?;
+        let mut admin_conn = conn.clone();
+        crate::admin::register_group(
+            &mut admin_conn,
+            self.stream.prefix(),
+            &self.group,
+            self.options.start_from,
+        )
+        .await
+        .map_err(|e| ListenerError::Register(e.to_string()))?;
+        let base = self
+            .options
+            .instance_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let process_id = uuid::Uuid::now_v7().to_string();
+        let shutdown = CancellationToken::new();
+        let shared_options = Arc::new(self.options);
+        let mut members = Vec::new();
+        for k in 0..shared_options.concurrency {
+            let member_id = format!("{base}-m{k}");
+            let identity = Identity {
+                member_id: member_id.clone(),
+                member_name: shared_options.name.clone(),
+                instance_id: shared_options
+                    .instance_id
+                    .as_ref()
+                    .map(|i| format!("{i}-m{k}")),
+                process_id: process_id.clone(),
+                runtime_max_concurrency: shared_options.runtime_max_concurrency,
+            };
+            let shared = Arc::new(MemberShared::new(Reconciler::new(identity)));
+            let member = heartbeat::Member {
+                target: self.target.clone(),
+                conn: conn.clone(),
+                stream: self.stream.clone(),
+                group: self.group.clone(),
+                handler: self.handler.clone(),
+                options: shared_options.clone(),
+                shared: shared.clone(),
+                shutdown: shutdown.clone(),
+            };
+            let task = tokio::spawn(member.run());
+            members.push((member_id, shared, task));
+        }
+        Ok(ListenerHandle { shutdown, members })
+    }
+}
+
+/// State one member's heartbeat loop and shard tasks share.
+#[derive(Debug)]
+pub(crate) struct MemberShared {
+    reconciler: Mutex<Reconciler>,
+    /// Wakes the heartbeat loop early (a shard drained: report it now).
+    pub(crate) wake_heartbeat: Notify,
+    /// Signals shard tasks that the assignment or lease changed.
+    pub(crate) assignment_changed: Notify,
+    pub(crate) handled: std::sync::atomic::AtomicU64,
+    /// The member's `runtime_max_concurrency` workers, shared by its shard tasks.
+    pub(crate) workers: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
+}
+
+impl MemberShared {
+    fn new(reconciler: Reconciler) -> Self {
+        MemberShared {
+            reconciler: Mutex::new(reconciler),
+            wake_heartbeat: Notify::new(),
+            assignment_changed: Notify::new(),
+            handled: std::sync::atomic::AtomicU64::new(0),
+            workers: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Reconciler> {
+        // A panic while holding this lock cannot leave the reconciler half-updated in a way that
+        // matters more than stopping: recover the guard rather than poisoning every member task.
+        self.reconciler
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,533 @@
+//! The shard poller (DESIGN.md §7, §8): one task per owned shard, so at most one read or handler
+//! runs per shard at a time and entries of a shard are handled in order. Handlers of all the
+//! member's shards share `runtime_max_concurrency` workers through a fair (FIFO) semaphore, so a
+//! member owning more shards than workers serves them round-robin and none starves.
+//!
+//! A shard task takes the shard over (raise the fence, claim other consumers' pending entries,
+//! handle its own pending entries from `0`), then reads new entries with `>`. When a read finds
+//! nothing it waits with a plain `XREAD BLOCK` on a dedicated connection, for at most the block
+//! time and the remaining lease. Every read (in strict mode), ack and claim is fenced in Redis.
+//! No read or ack happens without a valid lease and assignment.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::connection::{RedisConnection, RedisTarget};
+use crate::dataplane::{
+    DataPlaneError, DeadLetterReason, EntryStatus, Fenced, ReadOutcome, ShardClient, ShardEntry,
+    Waiter,
+};
+use crate::fence::FenceToken;
+use crate::handler::{Delivery, Handler, HandlerError};
+use crate::keys::StreamKeys;
+use crate::member::{ListenerEvent, ListenerOptions, MemberShared};
+use crate::model::{FenceConflict, ShardIndex};
+
+/// Longest backoff between handler attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Pause after a Redis error in a shard task (no hot loop, FIELD-FAILURES BR-07).
+const ERROR_PAUSE: Duration = Duration::from_millis(500);
+/// Ids claimed per claim call.
+const CLAIM_BATCH: usize = 256;
+
+/// Everything a shard task needs from its member.
+pub(crate) struct ShardTaskContext {
+    pub(crate) target: RedisTarget,
+    pub(crate) conn: RedisConnection,
+    pub(crate) stream: StreamKeys,
+    pub(crate) group: String,
+    pub(crate) handler: Arc<dyn Handler>,
+    pub(crate) options: Arc<ListenerOptions>,
+    pub(crate) shared: Arc<MemberShared>,
+}
+
+/// Where a shard task is in the takeover sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// Claim other consumers' pending entries.
+    Claim,
+    /// Handle own pending entries after this id.
+    Pending(String),
+    /// Read new entries.
+    New,
+}
+
+/// What became of one entry.
+enum Outcome {
+    /// Handled, dead-lettered or trimmed: ack it.
+    Ack,
+    /// Not finished (drain, stop, lease end): leave it pending for the next owner.
+    Abandon,
+}
+
+/// One owned shard's poller.
+pub(crate) struct ShardTask {
+    ctx: ShardTaskContext,
+    shard: ShardIndex,
+    revoke: CancellationToken,
+    stop: CancellationToken,
+    client: ShardClient,
+    waiter: Option<Waiter>,
+    raised: Option<FenceToken>,
+    phase: Phase,
+    member_id: String,
+}
+
+impl ShardTask {
+    /// # Errors
+    /// [`crate::keys::NameError`] for an invalid group name (validated when the listener was built).
+    pub(crate) fn new(
+        ctx: ShardTaskContext,
+        shard: ShardIndex,
+        revoke: CancellationToken,
+        stop: CancellationToken,
+    ) -> Result<Self, crate::keys::NameError> {
+        let member_id = ctx.shared.lock().identity().member_id.clone();
+        let client =
+            ShardClient::new(ctx.conn.clone(), ctx.stream.clone(), &ctx.group, &member_id)?;
+        Ok(ShardTask {
+            ctx,
+            shard,
+            revoke,
+            stop,
+            client,
+            waiter: None,
+            raised: None,
+            phase: Phase::Claim,
+            member_id,
+        })
+    }
+
+    pub(crate) async fn run(mut self) {
+        let span = tracing::info_span!("shard", shard = self.shard);
+        let shared = self.ctx.shared.clone();
+        async move {
+            self.poll().await;
+            // Released (drained or stopped): report it with the next heartbeat, now.
+            shared.wake_heartbeat.notify_one();
+        }
+        .instrument(span)
+        .await;
+    }
+
+    fn done(&self) -> bool {
+        self.revoke.is_cancelled() || self.stop.is_cancelled()
+    }
+
+    /// The current token when the member may use the shard now (owned, lease valid).
+    fn usable_token(&self) -> Option<FenceToken> {
+        let reconciler = self.ctx.shared.lock();
+        if reconciler.may_use(self.shard, Instant::now()) {
+            reconciler.token(self.shard).cloned()
+        } else {
+            None
+        }
+    }
+
+    fn lease_remaining(&self) -> Duration {
+        self.ctx.shared.lock().lease_remaining(Instant::now())
+    }
+
+    async fn poll(&mut self) {
+        while !self.done() {
+            let Some(token) = self.usable_token() else {
+                self.wait_for_assignment().await;
+                continue;
+            };
+            if self.raised.as_ref() != Some(&token) {
+                self.raise(&token).await;
+                continue;
+            }
+            let step = match self.phase.clone() {
+                Phase::Claim => self.claim(&token).await,
+                Phase::Pending(after) => self.read_pending(&token, &after).await,
+                Phase::New => self.read_new(&token).await,
+            };
+            if let Err(error) = step {
+                tracing::warn!(%error, "shard operation failed; retrying");
+                self.pause(ERROR_PAUSE).await;
+            }
+        }
+    }
+
+    /// Lease passed or shard not (yet) usable: wait for the next assignment change.
+    async fn wait_for_assignment(&self) {
+        tokio::select! {
+            _ = self.ctx.shared.assignment_changed.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = self.revoke.cancelled() => {}
+            _ = self.stop.cancelled() => {}
+        }
+    }
+
+    async fn pause(&self, duration: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(duration) => {}
+            _ = self.revoke.cancelled() => {}
+            _ = self.stop.cancelled() => {}
+        }
+    }
+
+    async fn raise(&mut self, token: &FenceToken) {
+        match self.client.raise_fence(self.shard, token).await {
+            Ok(Ok(())) => {
+                self.raised = Some(token.clone());
+                self.phase = Phase::Claim;
+            }
+            Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
+            Err(error) => {
+                tracing::warn!(%error, "raising the fence failed; retrying");
+                self.pause(ERROR_PAUSE).await;
+            }
+        }
+    }
+
+    /// The fence holds another token than `token`: stop using the shard. `Lower` (a raise lost
+    /// in a failover): raise again after re-checking lease and assignment. `Higher`: report the
+    /// conflict and park until the coordinator decides (a new token, a revoke, a fencing status).
+    async fn conflict(&mut self, op: &'static str, fenced: Fenced, token: &FenceToken) {
+        self.event(ListenerEvent::FenceRejected {
+            op,
+            member: self.member_id.clone(),
+            shard: self.shard,
+        });
+        self.raised = None;
+        if fenced == Fenced::Lower {
+            return;
+        }
+        if let Some((incarnation, epoch)) = fenced.conflict() {
+            self.ctx.shared.lock().fence_conflict(FenceConflict {
+                shard_index: self.shard,
+                incarnation,
+                epoch,
+            });
+        }
+        tracing::warn!(
+            op,
+            "the shard's fence holds a higher token: not reading it; reported"
+        );
+        while !self.done() && self.usable_token().as_ref() == Some(token) {
+            self.wait_for_assignment().await;
+        }
+    }
+
+    async fn claim(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {
+        match self
+            .client
+            .claim_others(self.shard, token, CLAIM_BATCH)
+            .await?
+        {
+            Ok(report) => {
+                if report.trimmed > 0 {
+                    tracing::warn!(
+                        trimmed = report.trimmed,
+                        "pending entries of other consumers were trimmed before they were acked"
+                    );
+                }
+                if report.complete {
+                    self.phase = Phase::Pending("0".into());
+                }
+                Ok(())
+            }
+            Err(fenced) => {
+                self.conflict("claim", fenced, token).await;
+                Ok(())
+            }
+        }
+    }
+
+    async fn read_pending(
+        &mut self,
+        token: &FenceToken,
+        after: &str,
+    ) -> Result<(), DataPlaneError> {
+        let batch = self.ctx.options.batch_size;
+        let mode = self.ctx.options.fencing;
+        match self
+            .client
+            .read_pending(self.shard, token, after, batch, mode)
+            .await?
+        {
+            ReadOutcome::Entries(entries) => {
+                // An empty page means the own pending entries are done.
+                let last = entries.last().map(|e| e.id.clone());
+                let complete = self.handle_batch(token, entries).await?;
+                match (complete, last) {
+                    (true, Some(last)) => self.phase = Phase::Pending(last),
+                    (true, None) => self.phase = Phase::New,
+                    (false, _) => {}
+                }
+                Ok(())
+            }
+            ReadOutcome::Empty { .. } => {
+                self.phase = Phase::New;
+                Ok(())
+            }
+            ReadOutcome::Fenced(fenced) => {
+                self.conflict("read", fenced, token).await;
+                Ok(())
+            }
+        }
+    }
+
+    async fn read_new(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {
+        let batch = self.ctx.options.batch_size;
+        let mode = self.ctx.options.fencing;
+        match self.client.read_new(self.shard, token, batch, mode).await? {
+            ReadOutcome::Entries(entries) => {
+                self.handle_batch(token, entries).await?;
+                Ok(())
+            }
+            ReadOutcome::Empty { last_id } => self.wait_for_entries(&last_id).await,
+            ReadOutcome::Fenced(fenced) => {
+                self.conflict("read", fenced, token).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Blocks until a new entry arrives, the block time or the lease runs out, or the shard is
+    /// revoked (`XREAD BLOCK` without a group, on a dedicated connection).
+    async fn wait_for_entries(&mut self, last_id: &str) -> Result<(), DataPlaneError> {
+        let block = self.ctx.options.block.min(self.lease_remaining());
+        if block < Duration::from_millis(1) {
+            return Ok(());
+        }
+        if self.waiter.is_none() {
+            self.waiter = Some(Waiter::connect(&self.ctx.target, self.ctx.options.block).await?);
+        }
+        let shards = [(self.ctx.stream.shard(self.shard), last_id.to_owned())];
+        let Some(waiter) = self.waiter.as_mut() else {
+            return Ok(());
+        };
+        tokio::select! {
+            result = waiter.wait(&shards, block) => { result?; }
+            _ = self.revoke.cancelled() => {}
+            _ = self.stop.cancelled() => {}
+        }
+        Ok(())
+    }
+
+    /// Handles `entries` in order and acks what finished, in one fenced `XACK`. Returns whether
+    /// every entry finished (false when the shard was revoked, stopped or its lease ended).
+    async fn handle_batch(
+        &mut self,
+        token: &FenceToken,
+        entries: Vec<ShardEntry>,
+    ) -> Result<bool, DataPlaneError> {
+        if let Some(first) = entries.first() {
+            self.event(ListenerEvent::Read {
+                member: self.member_id.clone(),
+                shard: self.shard,
+                count: entries.len(),
+                first_id: first.id.clone(),
+            });
+        }
+        let workers = worker_semaphore(&self.ctx);
+        let permit = tokio::select! {
+            permit = workers.acquire_owned() => permit.ok(),
+            _ = self.stop.cancelled() => None,
+        };
+        let Some(_permit) = permit else {
+            return Ok(false);
+        };
+        let mut finished = Vec::with_capacity(entries.len());
+        let mut complete = true;
+        for entry in entries {
+            if self.done() || self.usable_token().as_ref() != Some(token) {
+                complete = false;
+                break;
+            }
+            match self.handle_entry(token, &entry).await? {
+                Outcome::Ack => finished.push(entry.id),
+                Outcome::Abandon => {
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        self.ack(token, &finished).await?;
+        Ok(complete)
+    }
+
+    async fn ack(&mut self, token: &FenceToken, ids: &[String]) -> Result<(), DataPlaneError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        if self.stop.is_cancelled() || self.usable_token().as_ref() != Some(token) {
+            return Ok(()); // no ack without a valid lease and assignment
+        }
+        match self.client.ack(self.shard, token, ids).await? {
+            Ok(_) => {
+                self.ctx
+                    .shared
+                    .handled
+                    .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            Err(fenced) => {
+                self.conflict("ack", fenced, token).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// DESIGN.md §8, outcomes: retries in place with backoff, dead letters, cancellation.
+    async fn handle_entry(
+        &mut self,
+        token: &FenceToken,
+        entry: &ShardEntry,
+    ) -> Result<Outcome, DataPlaneError> {
+        let options = self.ctx.options.clone();
+        match entry.status {
+            EntryStatus::Present => {}
+            EntryStatus::Trimmed => {
+                tracing::warn!(entry = %entry.id, "entry trimmed while pending: acked without handling");
+                return Ok(Outcome::Ack);
+            }
+            EntryStatus::TooLarge { bytes } => {
+                let error = format!("entry of {bytes} bytes is over the read limit");
+                self.dead_letter(entry, DeadLetterReason::TooLarge, &error, 0)
+                    .await?;
+                return Ok(Outcome::Ack);
+            }
+        }
+        if entry.delivery_count > options.max_deliveries {
+            self.dead_letter(
+                entry,
+                DeadLetterReason::MaxDeliveries,
+                "delivered more than max_deliveries times",
+                0,
+            )
+            .await?;
+            return Ok(Outcome::Ack);
+        }
+        let mut backoff = options.backoff;
+        for attempt in 1..=options.max_attempts {
+            let delivery = Delivery {
+                stream_key: self.ctx.stream.shard(self.shard),
+                shard: self.shard,
+                entry_id: entry.id.clone(),
+                fields: entry.fields.clone(),
+                delivery_count: entry.delivery_count,
+                attempt,
+                member_id: self.member_id.clone(),
+                member_epoch: token.member_epoch,
+            };
+            let error = match self.run_handler(delivery).await {
+                Attempt::Ok => {
+                    return Ok(Outcome::Ack);
+                }
+                Attempt::Cancelled => return Ok(Outcome::Abandon),
+                Attempt::Failed(error) => error,
+            };
+            let reason = match &error {
+                HandlerError::Decode(_) => Some(DeadLetterReason::Decode),
+                HandlerError::NonRetryable(_) => Some(DeadLetterReason::NonRetryable),
+                _ if attempt == options.max_attempts => Some(DeadLetterReason::Handler),
+                _ => None,
+            };
+            if let Some(reason) = reason {
+                self.dead_letter(entry, reason, &error.to_string(), attempt)
+                    .await?;
+                return Ok(Outcome::Ack);
+            }
+            tracing::debug!(entry = %entry.id, attempt, %error, "handler failed; retrying in place");
+            // Draining: no further retries; the entry stays pending for the next owner.
+            if self.revoke.is_cancelled() {
+                return Ok(Outcome::Abandon);
+            }
+            self.pause(backoff).await;
+            if self.done() {
+                return Ok(Outcome::Abandon);
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+        Ok(Outcome::Abandon)
+    }
+
+    /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
+    /// ends (fail closed); a drain lets it finish.
+    async fn run_handler(&self, delivery: Delivery) -> Attempt {
+        let handler = self.ctx.handler.clone();
+        let mut task = tokio::spawn(async move { handler.handle(delivery).await });
+        let timeout = tokio::time::sleep(self.ctx.options.handler_timeout);
+        tokio::pin!(timeout);
+        loop {
+            let lease_end = tokio::time::sleep(self.lease_remaining());
+            tokio::select! {
+                joined = &mut task => {
+                    return match joined {
+                        Ok(Ok(())) => Attempt::Ok,
+                        Ok(Err(error)) => Attempt::Failed(error),
+                        Err(join) if join.is_panic() => Attempt::Failed(HandlerError::retryable(format!("handler panicked: {}", panic_message(join)))),
+                        Err(_) => Attempt::Cancelled,
+                    };
+                }
+                _ = &mut timeout => {
+                    task.abort();
+                    return Attempt::Failed(HandlerError::retryable(format!(
+                        "handler timed out after {:?}", self.ctx.options.handler_timeout
+                    )));
+                }
+                _ = self.stop.cancelled() => {
+                    task.abort();
+                    return Attempt::Cancelled;
+                }
+                _ = lease_end => {
+                    if self.usable_token().is_none() {
+                        task.abort();
+                        return Attempt::Cancelled;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn dead_letter(
+        &mut self,
+        entry: &ShardEntry,
+        reason: DeadLetterReason,
+        error: &str,
+        attempts: u32,
+    ) -> Result<(), DataPlaneError> {
+        tracing::warn!(entry = %entry.id, ?reason, attempts, error, "dead-lettering entry");
+        self.client
+            .dead_letter(self.shard, entry, reason, error, attempts)
+            .await?;
+        Ok(())
+    }
+
+    fn event(&self, event: ListenerEvent) {
+        if let Some(callback) = &self.ctx.options.events {
+            (callback.0)(event);
+        }
+    }
+}
+
+enum Attempt {
+    Ok,
+    Failed(HandlerError),
+    Cancelled,
+}
+
+fn panic_message(join: tokio::task::JoinError) -> String {
+    let payload = join.into_panic();
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+/// The member's worker pool: `runtime_max_concurrency` permits, FIFO, shared by its shard tasks.
+fn worker_semaphore(ctx: &ShardTaskContext) -> Arc<Semaphore> {
+    ctx.shared
+        .workers
+        .get_or_init(|| Arc::new(Semaphore::new(ctx.options.runtime_max_concurrency as usize)))
+        .clone()
+}
