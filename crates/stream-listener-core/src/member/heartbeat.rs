@@ -31,6 +31,9 @@ pub(super) struct Member {
     pub(super) options: Arc<ListenerOptions>,
     pub(super) shared: Arc<MemberShared>,
     pub(super) shutdown: CancellationToken,
+    /// Parent of every shard task's stop token: cancelled when this member's task ends or is
+    /// aborted, so no shard task outlives its member.
+    pub(super) member_stop: CancellationToken,
 }
 
 /// A running shard task and how to stop it.
@@ -45,6 +48,7 @@ struct Running {
 impl Member {
     pub(super) async fn run(self) {
         let member_id = self.shared.lock().identity().member_id.clone();
+        let _stop_shards_on_exit = self.member_stop.clone().drop_guard();
         let span = tracing::info_span!(
             "member",
             stream = %self.stream.prefix(),
@@ -190,7 +194,7 @@ impl Member {
 
     fn spawn_shard(&self, shard: ShardIndex) -> Running {
         let revoke = CancellationToken::new();
-        let stop = CancellationToken::new();
+        let stop = self.member_stop.child_token();
         let context = ShardTaskContext {
             target: self.target.clone(),
             conn: self.conn.clone(),

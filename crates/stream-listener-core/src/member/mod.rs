@@ -228,6 +228,33 @@ impl ListenerHandle {
         self.shutdown();
         self.join().await;
     }
+
+    /// Shuts down gracefully on the first SIGINT or SIGTERM (or when [`ListenerHandle::shutdown`]
+    /// is called), then waits until every member has left.
+    ///
+    /// # Errors
+    /// An [`std::io::Error`] when the signal handlers cannot be installed.
+    pub async fn run_until_signal(self) -> std::io::Result<()> {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result?,
+            _ = terminate.recv() => {}
+            _ = self.shutdown.cancelled() => {}
+        }
+        tracing::info!("shutting down: draining in-flight work, then leaving the group");
+        self.shutdown_and_wait().await;
+        Ok(())
+    }
+
+    /// Stops every member at once without leaving the group, as a crash would: in-flight
+    /// handlers are cancelled, nothing more is acked, and the members' shards move only when
+    /// their leases run out. For fault-injection tests.
+    pub fn abort(self) {
+        for (_, _, task) in &self.members {
+            task.abort();
+        }
+    }
 }
 
 /// A listener: a handler bound to a stream and a consumer group.
@@ -341,6 +368,7 @@ impl Listener {
                 options: shared_options.clone(),
                 shared: shared.clone(),
                 shutdown: shutdown.clone(),
+                member_stop: CancellationToken::new(),
             };
             let task = tokio::spawn(member.run());
             members.push((member_id, shared, task));
