@@ -128,6 +128,17 @@ impl ShardTask {
         }
     }
 
+    /// Whether in-flight work on the shard may finish and be acked now (owned or draining, lease
+    /// valid). A stop (fencing status, lost lease) ends it at once.
+    fn may_finish(&self) -> bool {
+        !self.stop.is_cancelled()
+            && self
+                .ctx
+                .shared
+                .lock()
+                .may_finish(self.shard, Instant::now())
+    }
+
     fn lease_remaining(&self) -> Duration {
         self.ctx.shared.lock().lease_remaining(Instant::now())
     }
@@ -358,8 +369,8 @@ impl ShardTask {
         if ids.is_empty() {
             return Ok(());
         }
-        if self.stop.is_cancelled() || self.usable_token().as_ref() != Some(token) {
-            return Ok(()); // no ack without a valid lease and assignment
+        if !self.may_finish() {
+            return Ok(()); // no ack without a valid lease and assignment (or drain)
         }
         match self.client.ack(self.shard, token, ids).await? {
             Ok(_) => {
@@ -479,7 +490,7 @@ impl ShardTask {
                     return Attempt::Cancelled;
                 }
                 _ = lease_end => {
-                    if self.usable_token().is_none() {
+                    if !self.may_finish() {
                         task.abort();
                         return Attempt::Cancelled;
                     }

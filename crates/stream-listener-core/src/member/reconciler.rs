@@ -90,6 +90,14 @@ impl Reconciler {
         self.owned.contains_key(&shard) && self.lease_valid(now)
     }
 
+    /// Whether the member may finish and ack work on `shard` at `now`: it owns it or is draining
+    /// it (a drain acks what finished), and its lease has not passed.
+    pub(crate) fn may_finish(&self, shard: ShardIndex, now: Instant) -> bool {
+        let holding = self.owned.contains_key(&shard)
+            || self.revoking.get(&shard) == Some(&RevokeState::Draining);
+        holding && self.lease_valid(now)
+    }
+
     pub(crate) fn lease_valid(&self, now: Instant) -> bool {
         self.lease_deadline.is_some_and(|d| now < d)
     }
