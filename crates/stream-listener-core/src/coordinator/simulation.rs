@@ -1,8 +1,8 @@
 //! Deterministic simulation of the heartbeat protocol (DESIGN.md §4–§8).
 //!
-//! A seeded scheduler drives member processes that apply responses exactly as DESIGN.md §6 says
-//! (one heartbeat in flight, lease from the send time of the first attempt, revoke before
-//! assign, rejoin after fencing) through joins, leaves, static leaves and restarts, crashes,
+//! A seeded scheduler drives member processes that apply responses with the runtime's own
+//! reconciler (`member::reconciler`: one heartbeat in flight, lease from the send time of the
+//! first attempt, revoke before assign, rejoin after fencing), exactly as DESIGN.md §6 says, through joins, leaves, static leaves and restarts, crashes,
 //! pauses, lost / duplicated / delayed / reordered messages, slow revokers, readable-set changes,
 //! the stored group reverting to an earlier snapshot (lost writes), and time. Members raise and
 //! check per-shard fences as §8 says; a reverted snapshot does not revert them.
@@ -16,8 +16,8 @@
 //! Replay a failing seed with `SIM_SEED=<seed> cargo test -p stream-listener-core simulation`;
 //! `SIM_SEEDS=<n>` runs more seeds.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -25,25 +25,27 @@ use rand_chacha::ChaCha8Rng;
 use super::invariants::check_group;
 use super::{Context, CoordinatorConfig, CoordinatorError, Group, StreamView, Variant, heartbeat};
 use crate::fence::{FenceToken, FenceVerdict};
+use crate::member::reconciler::{Identity, Reconciler};
 use crate::model::{
-    Epoch, FenceConflict, GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus,
-    JOIN_EPOCH, LEAVE_EPOCH, Micros, PROTOCOL_VERSION, RevokeState, RevokingShard,
-    STATIC_LEAVE_EPOCH, ShardIndex,
+    Epoch, FenceConflict, GroupState, HeartbeatRequest, HeartbeatResponse, LEAVE_EPOCH, Micros,
+    RevokeState, STATIC_LEAVE_EPOCH, ShardIndex,
 };
 
 const MS: Micros = 1_000;
+/// Sim time at the start of every history (µs).
+const START: Micros = 1_000_000 * MS;
 const HEARTBEAT: Micros = 1_000 * MS;
 const LEASE: Micros = 3_000 * MS;
 const MARGIN: Micros = 600 * MS;
 const REBALANCE: Micros = 2_000 * MS;
 const REQUEST_TIMEOUT: Micros = 500 * MS;
 
-/// A shard a member process owns, with the token of the response that gave it.
-#[derive(Debug, Clone)]
-struct Owned {
-    token: FenceToken,
-    raised: bool,
-    conflicted: bool,
+/// What a process knows of a shard's fence, as the poller does: the token it raised, or the
+/// token the fence refused (it parks until the coordinator gives it another).
+#[derive(Debug, Clone, Default)]
+struct ShardFence {
+    raised: Option<FenceToken>,
+    refused: Option<FenceToken>,
 }
 
 #[derive(Debug, Clone)]
@@ -52,25 +54,23 @@ struct InFlight {
     first_sent_at: Micros,
 }
 
-/// One member process.
+/// One member process: the runtime's own [`Reconciler`] (the member rules of DESIGN.md §6), plus
+/// what the poller knows of each shard's fence.
 #[derive(Debug, Clone)]
 struct Proc {
+    reconciler: Reconciler,
     member_id: String,
     process_id: String,
     instance_id: Option<String>,
     alive: bool,
     paused_until: Micros,
     leaving: bool,
-    epoch: Epoch,
-    metadata_version: u64,
-    owned: BTreeMap<ShardIndex, Owned>,
-    revoking: BTreeMap<ShardIndex, RevokeState>,
-    lease_deadline: Micros,
     seq: u64,
     in_flight: Option<InFlight>,
-    conflicts: Vec<FenceConflict>,
+    fences: BTreeMap<ShardIndex, ShardFence>,
     slow_revoker: bool,
-    weight: u32,
+    /// Sim time 0 as a monotonic instant (the reconciler works with `Instant`s).
+    base: Instant,
 }
 
 impl Proc {
@@ -79,141 +79,86 @@ impl Proc {
         process_id: String,
         instance_id: Option<String>,
         weight: u32,
+        base: Instant,
     ) -> Self {
+        let reconciler = Reconciler::new(Identity {
+            member_id: member_id.clone(),
+            member_name: "sim".into(),
+            instance_id: instance_id.clone(),
+            process_id: process_id.clone(),
+            runtime_max_concurrency: weight,
+        });
         Proc {
+            reconciler,
             member_id,
             process_id,
             instance_id,
             alive: true,
             paused_until: 0,
             leaving: false,
-            epoch: JOIN_EPOCH,
-            metadata_version: 0,
-            owned: BTreeMap::new(),
-            revoking: BTreeMap::new(),
-            lease_deadline: 0,
             seq: 0,
             in_flight: None,
-            conflicts: Vec::new(),
+            fences: BTreeMap::new(),
             slow_revoker: false,
-            weight,
+            base,
         }
+    }
+
+    fn instant(&self, now: Micros) -> Instant {
+        self.base + Duration::from_micros(now - START)
     }
 
     fn can_act(&self, now: Micros) -> bool {
         self.alive && now >= self.paused_until
     }
 
-    fn lease_valid(&self, now: Micros) -> bool {
-        now < self.lease_deadline
-    }
-
     /// Would read `shard` now if fences did not exist.
     fn reads_by_lease(&self, shard: ShardIndex, now: Micros) -> bool {
-        self.can_act(now) && self.lease_valid(now) && self.owned.contains_key(&shard)
+        self.can_act(now) && self.reconciler.may_use(shard, self.instant(now))
     }
 
-    fn build_request(&mut self, epoch: Epoch) -> HeartbeatRequest {
+    /// Reads `shard` now through its fence: raised with the current token, and the fence holds it.
+    fn reads_by_fence(&self, shard: ShardIndex, now: Micros, fence: Option<&FenceToken>) -> bool {
+        let Some(token) = self.reconciler.token(shard) else {
+            return false;
+        };
+        let state = self.fences.get(&shard);
+        self.reads_by_lease(shard, now)
+            && state.is_some_and(|f| f.raised.as_ref() == Some(token))
+            && token.check(fence) == FenceVerdict::Equal
+    }
+
+    fn owned_shards(&self) -> Vec<ShardIndex> {
+        self.reconciler.owned().keys().copied().collect()
+    }
+
+    fn draining_shards(&self) -> Vec<ShardIndex> {
+        self.reconciler
+            .revoking()
+            .iter()
+            .filter(|(_, s)| **s == RevokeState::Draining)
+            .map(|(s, _)| *s)
+            .collect()
+    }
+
+    fn build_request(&mut self) -> HeartbeatRequest {
         self.seq += 1;
-        HeartbeatRequest {
-            member_id: self.member_id.clone(),
-            member_name: "sim".into(),
-            instance_id: self.instance_id.clone(),
-            process_id: self.process_id.clone(),
-            request_seq: self.seq,
-            member_epoch: epoch,
-            metadata_version: self.metadata_version,
-            runtime_max_concurrency: self.weight,
-            active_consumer_workers: 0,
-            owned_shards: self.owned.keys().copied().collect(),
-            revoking_shards: self
-                .revoking
-                .iter()
-                .map(|(s, st)| RevokingShard {
-                    shard_index: *s,
-                    state: *st,
-                })
-                .collect(),
-            fence_conflicts: std::mem::take(&mut self.conflicts)
-                .into_iter()
-                .filter(|c| self.owned.contains_key(&c.shard_index))
-                .collect(),
-            protocol_version: PROTOCOL_VERSION,
-        }
+        self.reconciler.request(self.seq)
     }
 
-    /// Stop reads and acks at once, clear owned and revoking state (fencing statuses, lease loss).
-    fn clear(&mut self) {
-        self.owned.clear();
-        self.revoking.clear();
-        self.conflicts.clear();
-    }
-
-    /// DESIGN.md §6, member rules.
+    /// DESIGN.md §6, member rules, as the runtime applies them.
     fn apply(&mut self, response: &HeartbeatResponse, request: &HeartbeatRequest, sent_at: Micros) {
-        match response.status {
-            HeartbeatStatus::Retry => {}
-            HeartbeatStatus::UnknownMemberId | HeartbeatStatus::FencedMemberEpoch => {
-                self.clear();
-                self.epoch = JOIN_EPOCH;
-            }
-            HeartbeatStatus::FencedInstanceId => {
-                self.clear();
-                self.alive = false;
-            }
-            HeartbeatStatus::Ok
-            | HeartbeatStatus::SyncMetadata
-            | HeartbeatStatus::RevokePending => {
-                self.lease_deadline = sent_at + LEASE - MARGIN;
-                self.epoch = response.member_epoch;
-                self.metadata_version = response.metadata_version;
-                for r in &request.revoking_shards {
-                    if r.state == RevokeState::Revoked
-                        && self.revoking.get(&r.shard_index) == Some(&RevokeState::Revoked)
-                    {
-                        self.revoking.remove(&r.shard_index);
-                    }
-                }
-                let assigned: BTreeSet<ShardIndex> =
-                    response.assigned_shards.iter().copied().collect();
-                let dropped: Vec<ShardIndex> = self
-                    .owned
-                    .keys()
-                    .filter(|s| !assigned.contains(s))
-                    .copied()
-                    .collect();
-                for shard in dropped {
-                    self.owned.remove(&shard);
-                    self.revoking.insert(shard, RevokeState::Draining);
-                }
-                if response.status != HeartbeatStatus::Ok || self.leaving {
-                    return;
-                }
-                let token = FenceToken {
-                    incarnation: response.incarnation,
-                    member_epoch: response.member_epoch,
-                    member_id: self.member_id.clone(),
-                    process_id: self.process_id.clone(),
-                };
-                for shard in assigned {
-                    if self.revoking.contains_key(&shard) {
-                        continue; // never resumes a revoking shard before its REVOKED is acknowledged
-                    }
-                    let owned = self.owned.entry(shard).or_insert_with(|| Owned {
-                        token: token.clone(),
-                        raised: false,
-                        conflicted: false,
-                    });
-                    if owned.token.incarnation < response.incarnation {
-                        // A correction round ended: re-raise with the new token before reading.
-                        *owned = Owned {
-                            token: token.clone(),
-                            raised: false,
-                            conflicted: false,
-                        };
-                    }
-                }
-            }
+        let changes = self.reconciler.apply(
+            response,
+            request,
+            self.instant(sent_at),
+            Duration::from_micros(MARGIN),
+        );
+        if changes.fatal {
+            self.alive = false;
+        }
+        if changes.stop_all {
+            self.fences.clear();
         }
     }
 }
@@ -258,6 +203,8 @@ struct World {
     last_epochs: Option<(Micros, Epoch, Epoch)>,
     member_epochs: BTreeMap<String, (Micros, Epoch)>,
     log: Vec<String>,
+    /// Sim time [`START`] as a monotonic instant, for the members' reconcilers.
+    base: Instant,
 }
 
 const MAX_MEMBERS: usize = 6;
@@ -272,7 +219,7 @@ impl World {
             readable: (0..shards).collect(),
             shard_index_bound: 16,
         };
-        let now = 1_000_000 * MS;
+        let now = START;
         let config = CoordinatorConfig {
             heartbeat_interval: Duration::from_micros(HEARTBEAT),
             member_lease_ttl: Duration::from_micros(LEASE),
@@ -299,6 +246,7 @@ impl World {
             last_epochs: None,
             member_epochs: BTreeMap::new(),
             log: Vec::new(),
+            base: Instant::now(),
         }
     }
 
@@ -322,6 +270,7 @@ impl World {
             process,
             is_static.then(|| format!("static-{id}")),
             weight,
+            self.base,
         );
         proc.slow_revoker = self.rng.random_bool(0.2);
         self.procs.push(proc);
@@ -330,9 +279,11 @@ impl World {
     /// A new process for a static member's id, while the old one may still run.
     fn restart_static(&mut self, index: usize) {
         let old = &self.procs[index];
-        let (id, instance, weight) = (old.member_id.clone(), old.instance_id.clone(), old.weight);
+        let (id, instance) = (old.member_id.clone(), old.instance_id.clone());
+        let weight = old.reconciler.identity().runtime_max_concurrency;
         let process = self.new_process_id();
-        self.procs.push(Proc::new(id, process, instance, weight));
+        self.procs
+            .push(Proc::new(id, process, instance, weight, self.base));
     }
 
     fn live_procs(&self) -> usize {
@@ -472,8 +423,7 @@ impl World {
 
     fn send_heartbeat(&mut self, index: usize) {
         let proc = &mut self.procs[index];
-        let epoch = proc.epoch;
-        let request = proc.build_request(epoch);
+        let request = proc.build_request();
         proc.in_flight = Some(InFlight {
             request: request.clone(),
             first_sent_at: self.now,
@@ -513,59 +463,63 @@ impl World {
             proc.member_id,
             proc.process_id,
             reply.response.status,
-            proc.owned.keys().collect::<Vec<_>>(),
-            proc.lease_deadline / MS
+            proc.owned_shards(),
+            proc.reconciler
+                .lease_remaining(proc.instant(now))
+                .as_millis()
         ));
     }
 
     /// The member stops after a graceful drain: `-1`, or `-2` for a static member.
     fn leave(&mut self, index: usize, static_leave: bool) {
         let proc = &mut self.procs[index];
-        for state in proc.revoking.values_mut() {
-            *state = RevokeState::Revoked;
-        }
-        let epoch = if static_leave {
+        proc.seq += 1;
+        let mut request = proc.reconciler.leave_request(proc.seq);
+        // The runtime sends -2 for every static member; the simulation also lets them send -1.
+        request.member_epoch = if static_leave {
             STATIC_LEAVE_EPOCH
         } else {
             LEAVE_EPOCH
         };
-        let request = proc.build_request(epoch);
         proc.alive = false;
-        proc.clear();
         self.to_coordinator.push(Message {
             proc: index,
             request,
         });
     }
 
-    /// One read attempt on a shard (DESIGN.md §8): raise the fence first, then check it.
+    /// One read attempt on a shard, as the poller makes it (DESIGN.md §8): raise the fence with
+    /// the current token first, then check it on every read; a refused token parks the shard
+    /// until the coordinator gives another.
     fn read(&mut self, index: usize, shard: ShardIndex) {
         let now = self.now;
         let proc = &mut self.procs[index];
-        if !proc.can_act(now) || !proc.lease_valid(now) {
+        if !proc.reads_by_lease(shard, now) {
             return;
         }
-        let Some(owned) = proc.owned.get_mut(&shard) else {
+        let Some(token) = proc.reconciler.token(shard).cloned() else {
             return;
         };
-        if owned.conflicted {
+        let state = proc.fences.entry(shard).or_default();
+        if state.refused.as_ref() == Some(&token) {
             return;
         }
         let fence = self.fences.get(&shard);
-        let verdict = if owned.raised {
-            owned.token.check(fence)
+        let verdict = if state.raised.as_ref() == Some(&token) {
+            token.check(fence)
         } else {
-            let (verdict, value) = owned.token.raise(fence);
+            let (verdict, value) = token.raise(fence);
             self.fences.insert(shard, value);
             verdict
         };
         match verdict {
-            FenceVerdict::Equal => owned.raised = true,
-            FenceVerdict::Lower => owned.raised = false,
+            FenceVerdict::Equal => state.raised = Some(token),
+            FenceVerdict::Lower => state.raised = None,
             FenceVerdict::Higher => {
-                owned.conflicted = true;
+                state.raised = None;
+                state.refused = Some(token);
                 if let Some(found) = self.fences.get(&shard) {
-                    proc.conflicts.push(FenceConflict {
+                    proc.reconciler.fence_conflict(FenceConflict {
                         shard_index: shard,
                         incarnation: found.incarnation,
                         epoch: found.member_epoch,
@@ -576,9 +530,7 @@ impl World {
     }
 
     fn drain(&mut self, index: usize, shard: ShardIndex) {
-        if let Some(state) = self.procs[index].revoking.get_mut(&shard) {
-            *state = RevokeState::Revoked;
-        }
+        self.procs[index].reconciler.drained(shard);
     }
 
     // ---- checks from the members' side ------------------------------------------------------------
@@ -589,14 +541,7 @@ impl World {
             let by_fence: Vec<&str> = self
                 .procs
                 .iter()
-                .filter(|p| p.reads_by_lease(shard, now))
-                .filter(|p| {
-                    p.owned.get(&shard).is_some_and(|o| {
-                        o.raised
-                            && !o.conflicted
-                            && o.token.check(self.fences.get(&shard)) == FenceVerdict::Equal
-                    })
-                })
+                .filter(|p| p.reads_by_fence(shard, now, self.fences.get(&shard)))
                 .map(|p| p.process_id.as_str())
                 .collect();
             if by_fence.len() > 1 {
@@ -663,7 +608,7 @@ impl World {
             }
             63..=74 if n > 0 => {
                 let i = self.rng.random_range(0..n);
-                let shards: Vec<ShardIndex> = self.procs[i].owned.keys().copied().collect();
+                let shards = self.procs[i].owned_shards();
                 if !shards.is_empty() {
                     let shard = shards[self.rng.random_range(0..shards.len())];
                     self.read(i, shard);
@@ -672,12 +617,7 @@ impl World {
             75..=82 if n > 0 => {
                 let i = self.rng.random_range(0..n);
                 let p = &self.procs[i];
-                let draining: Vec<ShardIndex> = p
-                    .revoking
-                    .iter()
-                    .filter(|(_, s)| **s == RevokeState::Draining)
-                    .map(|(s, _)| *s)
-                    .collect();
+                let draining = p.draining_shards();
                 let slow = p.slow_revoker && self.rng.random_bool(0.8);
                 if !draining.is_empty() && !slow {
                     let shard = draining[self.rng.random_range(0..draining.len())];
@@ -714,12 +654,8 @@ impl World {
                     if !p.leaving {
                         // Graceful shutdown: stop reading, drain everything, then leave.
                         p.leaving = true;
-                        let owned: Vec<ShardIndex> = p.owned.keys().copied().collect();
-                        for shard in owned {
-                            p.owned.remove(&shard);
-                            p.revoking.insert(shard, RevokeState::Draining);
-                        }
-                    } else if p.revoking.values().all(|s| *s == RevokeState::Revoked) {
+                        p.reconciler.begin_leave();
+                    } else if p.draining_shards().is_empty() {
                         let static_leave = p.instance_id.is_some() && self.rng.random_bool(0.6);
                         self.leave(i, static_leave);
                     }
@@ -744,8 +680,17 @@ impl World {
             if !p.alive {
                 continue;
             }
-            for state in p.revoking.values_mut() {
-                *state = RevokeState::Revoked;
+            for shard in p.draining_shards() {
+                p.reconciler.drained(shard);
+            }
+            if p.leaving {
+                // A graceful shutdown completes: drained, it leaves.
+                let static_leave = p.instance_id.is_some();
+                self.leave(i, static_leave);
+                if let Some(message) = self.to_coordinator.pop() {
+                    self.deliver_to_coordinator(message)?;
+                }
+                continue;
             }
             self.send_heartbeat(i);
             let message = self.to_coordinator.pop().ok_or("no message")?;
@@ -753,8 +698,7 @@ impl World {
             if let Some(reply) = self.to_members.pop() {
                 self.deliver_to_member(reply);
             }
-            let shards: Vec<ShardIndex> = self.procs[i].owned.keys().copied().collect();
-            for shard in shards {
+            for shard in self.procs[i].owned_shards() {
                 self.read(i, shard);
                 self.read(i, shard);
             }
@@ -780,9 +724,6 @@ impl World {
     }
 
     fn settle(&mut self) -> Result<(), String> {
-        for proc in &mut self.procs {
-            proc.leaving = false;
-        }
         let rounds = 4 * (LEASE / HEARTBEAT) + 4 * (REBALANCE / HEARTBEAT) + 12;
         for _ in 0..rounds {
             self.settle_round()?;
@@ -822,7 +763,7 @@ impl World {
             self.group.members.get(&p.member_id).is_some_and(|m| {
                 m.process_id == p.process_id
                     && m.state == crate::model::MemberState::Active
-                    && m.member_epoch == p.epoch
+                    && m.member_epoch == p.reconciler.epoch()
             })
         });
         let records_alive = self.group.members.values().all(|m| {
@@ -836,12 +777,9 @@ impl World {
             return false;
         }
         self.stream.readable.iter().all(|shard| {
-            self.procs.iter().any(|p| {
-                p.reads_by_lease(*shard, self.now)
-                    && p.owned
-                        .get(shard)
-                        .is_some_and(|o| o.raised && !o.conflicted)
-            })
+            self.procs
+                .iter()
+                .any(|p| p.reads_by_fence(*shard, self.now, self.fences.get(shard)))
         })
     }
 }

@@ -98,6 +98,12 @@ impl Reconciler {
         holding && self.lease_valid(now)
     }
 
+    /// Shards being given up, with how far each is.
+    #[cfg(test)]
+    pub(crate) fn revoking(&self) -> &BTreeMap<ShardIndex, RevokeState> {
+        &self.revoking
+    }
+
     pub(crate) fn lease_valid(&self, now: Instant) -> bool {
         self.lease_deadline.is_some_and(|d| now < d)
     }
@@ -223,6 +229,9 @@ impl Reconciler {
                 self.epoch = response.member_epoch;
                 self.metadata_version = response.metadata_version;
                 self.acknowledge_revoked(request);
+                // Reported conflicts were received: the coordinator acts on them once.
+                self.conflicts
+                    .retain(|c| !request.fence_conflicts.contains(c));
                 changes.revoke = self.revoke_unassigned(&response.assigned_shards);
                 if response.status == HeartbeatStatus::Ok && !self.leaving {
                     self.start_assigned(response, &mut changes);
@@ -278,6 +287,7 @@ impl Reconciler {
                 // A correction round ended: re-raise with the new token before reading again.
                 Some(current) if current.incarnation < response.incarnation => {
                     *current = token.clone();
+                    self.conflicts.retain(|c| c.shard_index != *shard);
                     changes.reraise.push((*shard, token.clone()));
                 }
                 Some(_) => {}
@@ -463,6 +473,33 @@ mod tests {
             changes.start.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
             vec![2]
         );
+    }
+
+    #[test]
+    fn a_fence_conflict_is_reported_until_a_response_acknowledges_it() {
+        let mut r = Reconciler::new(identity());
+        let sent = Instant::now();
+        let req = r.request(1);
+        r.apply(&response(HeartbeatStatus::Ok, 5, &[0]), &req, sent, MARGIN);
+        let conflict = FenceConflict {
+            shard_index: 0,
+            incarnation: 100,
+            epoch: 7,
+        };
+        r.fence_conflict(conflict);
+        let lost = r.request(2);
+        assert_eq!(lost.fence_conflicts, vec![conflict]);
+        // That response was lost: the next request reports it again.
+        let req = r.request(3);
+        assert_eq!(req.fence_conflicts, vec![conflict]);
+        r.apply(
+            &response(HeartbeatStatus::SyncMetadata, 9, &[0]),
+            &req,
+            sent,
+            MARGIN,
+        );
+        // Received: not reported again (re-reporting it would start correction rounds forever).
+        assert!(r.request(4).fence_conflicts.is_empty());
     }
 
     #[test]
