@@ -14,13 +14,17 @@
 //! - [`dataplane`]: fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (DESIGN.md §8);
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (DESIGN.md §9);
 //! - [`admin`]: admin operations: create, register, describe, list, scale, retire, delete (DESIGN.md §8, §10);
+//! - [`config`]: the TOML configuration file and its environment overrides, with errors naming file, line and key (DESIGN.md §11);
+//! - [`extract`]: extractors turning a `Delivery` into a listener function's argument (`Json<T>`, `Message<T>`, `RawMessage`) and the handler return types (DESIGN.md §7, §8);
 //! - `testing` (feature `testing`): a real-Redis test harness.
 
 pub mod admin;
 pub mod assignor;
+pub mod config;
 pub mod connection;
 pub mod coordinator;
 pub mod dataplane;
+pub mod extract;
 pub mod fence;
 pub mod handler;
 pub mod keys;

@@ -1,0 +1,276 @@
+//! Every config error names the file, the line and the key (BR-22).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::from_toml_str(text, "app.toml")
+}
+
+/// The error, its key, its line, and its message.
+fn invalid(text: &str) -> (String, usize, String) {
+    match parse(text).unwrap_err() {
+        ConfigError::Invalid {
+            key,
+            message,
+            location,
+        } => {
+            let location = location.expect("errors of a file have a location");
+            assert_eq!(location.file, "app.toml");
+            (key, location.line, message)
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_empty_file_gives_the_defaults() {
+    let config = parse("").unwrap();
+    assert_eq!(
+        config.redis.target(),
+        RedisTarget::Standalone(DEFAULT_REDIS_URL.into())
+    );
+    assert_eq!(config.redis.startup_timeout, Duration::from_secs(30));
+    assert_eq!(
+        config.coordinator_config().unwrap(),
+        CoordinatorConfig::default()
+    );
+    assert!(config.streams.is_empty() && config.listeners.is_empty());
+    Config::default().validate().unwrap();
+}
+
+#[test]
+fn the_design_sketch_parses() {
+    let config = parse(
+        r#"
+[redis]
+url = "redis://user:secret@127.0.0.1:6379"
+startup_timeout = "30s"
+
+[coordination]
+heartbeat_interval = "3s"
+member_lease_ttl = "15s"
+lease_margin = "3s"
+rebalance_timeout = "60s"
+
+[member]
+instance_id = "orders-pod-1"
+
+[streams.orders]
+shards = 8
+max_payload_bytes = 1048576
+
+[listeners.on_order]
+concurrency = 4
+runtime_max_concurrency = 1
+batch_size = 32
+block = "2s"
+max_attempts = 3
+backoff = "200ms"
+max_deliveries = 10
+handler_timeout = "30s"
+shutdown_timeout = "30s"
+start_from = "latest"
+fencing = "acks"
+"#,
+    )
+    .unwrap();
+    assert_eq!(config.streams["orders"].shards, Some(8));
+    let options = config
+        .listener_options("on_order", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(options.concurrency, 4);
+    assert_eq!(options.backoff, Duration::from_millis(200));
+    assert_eq!(options.start_from, StartFrom::Latest);
+    assert_eq!(options.fencing, FencingMode::Acks);
+    assert_eq!(options.instance_id.as_deref(), Some("orders-pod-1"));
+    assert_eq!(options.lease_margin, Some(Duration::from_secs(3)));
+    assert_eq!(
+        config.publisher_options("orders").max_payload_bytes,
+        1048576
+    );
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("secret"), "password in Debug: {debug}");
+}
+
+#[test]
+fn a_misspelt_key_is_an_error_naming_key_and_line() {
+    let (key, line, message) = invalid("[streams.orders]\nshard_cuont = 8\n");
+    assert_eq!(key, "streams.orders.shard_cuont");
+    assert_eq!(line, 2);
+    assert!(message.contains("unknown field `shard_cuont`"), "{message}");
+    assert!(
+        message.contains("`shards`"),
+        "lists the valid keys: {message}"
+    );
+    let text = parse("[streams.orders]\nshard_cuont = 8\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.starts_with("invalid config at app.toml:2:1, key `streams.orders.shard_cuont`: unknown field `shard_cuont`"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_unknown_section_is_an_error() {
+    let (key, line, message) = invalid("[redis]\nurl = \"redis://h:1\"\n\n[coordinatoin]\n");
+    assert_eq!((key.as_str(), line), ("coordinatoin", 4));
+    assert!(
+        message.contains("unknown field `coordinatoin`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_value_of_the_wrong_type_names_its_key() {
+    let (key, line, message) = invalid("# shards\n\n[streams.orders]\nshards = \"eight\"\n");
+    assert_eq!((key.as_str(), line), ("streams.orders.shards", 4));
+    assert!(
+        message.contains("invalid type: string \"eight\""),
+        "{message}"
+    );
+}
+
+#[test]
+fn an_unterminated_string_names_its_key_and_line() {
+    let (key, line, message) = invalid("[redis]\nurl = \"redis://127.0.0.1:6379\n");
+    assert_eq!((key.as_str(), line), ("redis.url", 2));
+    assert!(!message.is_empty());
+}
+
+#[test]
+fn a_bad_duration_names_its_key() {
+    let (key, line, message) = invalid("[listeners.on_order]\nbackoff = \"200 parsecs\"\n");
+    assert_eq!((key.as_str(), line), ("listeners.on_order.backoff", 2));
+    assert!(
+        message.contains("parsecs") || message.contains("unit"),
+        "{message}"
+    );
+    let (key, _, _) = invalid("[coordination]\nheartbeat_interval = 3\n");
+    assert_eq!(key, "coordination.heartbeat_interval");
+}
+
+#[test]
+fn zero_concurrency_is_an_error() {
+    let (key, line, message) = invalid("\n[listeners.on_order]\nconcurrency = 0\n");
+    assert_eq!((key.as_str(), line), ("listeners.on_order.concurrency", 3));
+    assert_eq!(message, "must be at least 1");
+    let (key, _, _) = invalid("[listeners.x]\nconcurrency = -1\n");
+    assert_eq!(key, "listeners.x.concurrency");
+}
+
+#[test]
+fn an_unparsable_redis_url_is_an_error() {
+    let (key, line, message) = invalid("[redis]\nurl = \"http://127.0.0.1:6379\"\n");
+    assert_eq!((key.as_str(), line), ("redis.url", 2));
+    assert!(message.contains("is not a Redis URL"), "{message}");
+    let (key, _, _) = invalid("[redis]\ncluster_nodes = [\"redis://a:1\", \"nope\"]\n");
+    assert_eq!(key, "redis.cluster_nodes");
+    let (key, _, message) =
+        invalid("[redis]\nurl = \"redis://a:1\"\ncluster_nodes = [\"redis://b:1\"]\n");
+    assert_eq!(key, "redis.cluster_nodes");
+    assert!(message.contains("not both"), "{message}");
+}
+
+#[test]
+fn a_prefix_with_braces_is_an_error() {
+    for prefix in ["{orders}", "orders}{", "{}orders", "a{b"] {
+        let (key, line, message) = invalid(&format!("[streams.\"{prefix}\"]\nshards = 4\n"));
+        assert_eq!(key, format!("streams.{prefix:?}"));
+        assert_eq!(line, 1);
+        assert!(message.contains("not allowed"), "{message}");
+    }
+}
+
+#[test]
+fn shard_counts_are_checked() {
+    let (key, line, _) = invalid("[streams.orders]\nshards = 0\n");
+    assert_eq!((key.as_str(), line), ("streams.orders.shards", 2));
+    let (_, _, message) = invalid("[streams.orders]\nshards = 5000\n");
+    assert!(message.contains("1 to 1024"), "{message}");
+}
+
+#[test]
+fn timings_are_checked() {
+    let (key, line, message) =
+        invalid("[coordination]\nmember_lease_ttl = \"3s\"\nheartbeat_interval = \"2s\"\n");
+    assert_eq!((key.as_str(), line), ("coordination.heartbeat_interval", 3));
+    assert!(message.contains("more than a third"), "{message}");
+    let (key, _, _) = invalid("[coordination]\nlease_margin = \"20s\"\n");
+    assert_eq!(key, "coordination.lease_margin");
+    let config = parse("[listeners.slow]\nhandler_timeout = \"2m\"\n").unwrap();
+    let err = config
+        .listener_options("slow", ListenerOptions::default())
+        .unwrap_err();
+    assert_eq!(err.key(), Some("listeners.slow.handler_timeout"));
+    assert_eq!(err.location().map(|l| l.line), Some(2));
+}
+
+#[test]
+fn unknown_listeners_are_reported_with_their_line() {
+    let config = parse("[listeners.on_order]\nconcurrency = 2\n\n[listeners.on_ordr]\n").unwrap();
+    config
+        .check_listener_names(["on_order", "on_ordr"])
+        .unwrap();
+    let err = config.check_listener_names(["on_order"]).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.starts_with("app.toml:4:12: [listeners.on_ordr] configures a listener that does not exist; the listeners of this program are: on_order"),
+        "{text}"
+    );
+}
+
+#[test]
+fn environment_overrides() {
+    let dir = tempfile_dir();
+    let path = dir.join("custom.toml");
+    std::fs::write(
+        &path,
+        "[redis]\nurl = \"redis://file:1\"\n[member]\ninstance_id = \"a\"\n",
+    )
+    .unwrap();
+    let env: HashMap<&str, String> = [
+        (CONFIG_ENV, path.display().to_string()),
+        (REDIS_URL_ENV, "redis://env:2".to_owned()),
+        (INSTANCE_ID_ENV, "pod-7".to_owned()),
+    ]
+    .into();
+    let config = Config::load_with_env(|k| env.get(k).cloned()).unwrap();
+    assert_eq!(
+        config.redis.target(),
+        RedisTarget::Standalone("redis://env:2".into())
+    );
+    assert_eq!(config.member.instance_id.as_deref(), Some("pod-7"));
+    assert_eq!(config.file(), Some(path.display().to_string().as_str()));
+
+    let bad_url: HashMap<&str, String> = [(REDIS_URL_ENV, "localhost".to_owned())].into();
+    let err = Config::load_with_env(|k| bad_url.get(k).cloned()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::Env {
+                var: "REDIS_URL",
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let missing: HashMap<&str, String> =
+        [(CONFIG_ENV, dir.join("nope.toml").display().to_string())].into();
+    let err = Config::load_with_env(|k| missing.get(k).cloned()).unwrap_err();
+    assert!(
+        err.to_string().contains("named by STREAM_LISTENER_CONFIG"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sl-config-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -1,0 +1,337 @@
+//! Extractors: how a listener function's argument is made from a [`Delivery`], as web frameworks
+//! make handler arguments from a request (DESIGN.md §7), and how its return value becomes an
+//! outcome (DESIGN.md §8).
+//!
+//! | argument | gets |
+//! | --- | --- |
+//! | [`Json<T>`] | field `payload` decoded as JSON into `T` |
+//! | [`Message<T>`] | the decoded payload plus where it came from: entry id, shard, stream key, partition key, delivery count, attempt, member id and epoch |
+//! | [`RawMessage`] | every field as bytes, undecoded, with the same metadata |
+//! | [`Delivery`] | the delivery itself |
+//!
+//! A payload that does not decode is [`HandlerError::Decode`]: the entry is dead-lettered at
+//! once with reason `decode` and acked, and the function is not called (BR-13). Implement
+//! [`FromDelivery`] for other argument types.
+//!
+//! | return type | outcome |
+//! | --- | --- |
+//! | `()` | acked |
+//! | `Result<(), E>` with `Ok(())` | acked |
+//! | `Err(e)`, `E` any `std::error::Error + Send + Sync + 'static` (or `Box<dyn Error + Send + Sync>`, `String`, `&'static str`) | [`HandlerError::Retryable`]: retried with backoff up to `max_attempts`, then dead-lettered |
+//! | `Err(HandlerError::...)` | as given: [`HandlerError::non_retryable`] dead-letters at once |
+
+use std::ops::{Deref, DerefMut};
+
+use serde::de::DeserializeOwned;
+
+use crate::handler::{BoxError, Delivery, HandlerError};
+use crate::model::{Epoch, ShardIndex};
+
+/// Builds a listener function's argument from a [`Delivery`].
+///
+/// An `Err` decides the entry's fate without calling the function: [`HandlerError::Decode`]
+/// dead-letters it at once (a payload that cannot be decoded never will be).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the argument of a listener function",
+    label = "not an extractor",
+    note = "use `Json<T>` (T: serde::Deserialize), `Message<T>`, `RawMessage` or `Delivery`, or implement `FromDelivery` for `{Self}`"
+)]
+pub trait FromDelivery: Sized {
+    /// Extracts the argument.
+    ///
+    /// # Errors
+    /// [`HandlerError::Decode`] when the entry does not have the expected shape.
+    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError>;
+}
+
+impl FromDelivery for Delivery {
+    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
+        Ok(delivery.clone())
+    }
+}
+
+fn decode_payload<T: DeserializeOwned>(delivery: &Delivery) -> Result<T, HandlerError> {
+    let payload = delivery.payload().ok_or_else(|| {
+        HandlerError::Decode(format!(
+            "entry {} of {} has no `payload` field (fields: {})",
+            delivery.entry_id,
+            delivery.stream_key,
+            field_names(delivery)
+        ))
+    })?;
+    serde_json::from_slice(payload).map_err(|e| {
+        HandlerError::Decode(format!(
+            "payload of entry {} of {} is not a JSON {}: {e}",
+            delivery.entry_id,
+            delivery.stream_key,
+            std::any::type_name::<T>()
+        ))
+    })
+}
+
+fn field_names(delivery: &Delivery) -> String {
+    let names: Vec<&str> = delivery.fields.iter().map(|(n, _)| n.as_str()).collect();
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// The payload (field `payload`) decoded from JSON into `T`; destructure it in the argument:
+/// `async fn on_order(Json(order): Json<Order>)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Json<T>(pub T);
+
+impl<T> Json<T> {
+    /// The decoded value.
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+impl<T> Deref for Json<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> DerefMut for Json<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T: DeserializeOwned> FromDelivery for Json<T> {
+    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
+        decode_payload(delivery).map(Json)
+    }
+}
+
+/// Where an entry came from and who is handling it (shared by [`Message`] and [`RawMessage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Metadata {
+    /// The Redis entry id, e.g. `1700000000000-0`.
+    pub entry_id: String,
+    /// The shard index.
+    pub shard: ShardIndex,
+    /// The shard stream key, e.g. `{orders:3}`.
+    pub stream_key: String,
+    /// The partition key the publisher routed by (field `key`), when present and UTF-8.
+    pub partition_key: Option<String>,
+    /// How many times Redis delivered the entry to this group (1 for a first read).
+    pub delivery_count: u64,
+    /// Attempt number of this call within the current delivery, from 1.
+    pub attempt: u32,
+    /// The member running the function (`<base>-m<k>`).
+    pub member_id: String,
+    /// Its member epoch when it was given the shard.
+    pub member_epoch: Epoch,
+}
+
+impl Metadata {
+    fn of(delivery: &Delivery) -> Metadata {
+        Metadata {
+            entry_id: delivery.entry_id.clone(),
+            shard: delivery.shard,
+            stream_key: delivery.stream_key.clone(),
+            partition_key: delivery.partition_key().map(str::to_owned),
+            delivery_count: delivery.delivery_count,
+            attempt: delivery.attempt,
+            member_id: delivery.member_id.clone(),
+            member_epoch: delivery.member_epoch,
+        }
+    }
+}
+
+impl FromDelivery for Metadata {
+    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
+        Ok(Metadata::of(delivery))
+    }
+}
+
+/// The decoded payload with its [`Metadata`] (reachable directly: `message.entry_id`,
+/// `message.shard`, ... through `Deref`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Message<T> {
+    /// Field `payload`, decoded from JSON.
+    pub payload: T,
+    /// Where the entry came from.
+    pub metadata: Metadata,
+}
+
+impl<T> Deref for Message<T> {
+    type Target = Metadata;
+    fn deref(&self) -> &Metadata {
+        &self.metadata
+    }
+}
+
+impl<T: DeserializeOwned> FromDelivery for Message<T> {
+    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
+        Ok(Message {
+            payload: decode_payload(delivery)?,
+            metadata: Metadata::of(delivery),
+        })
+    }
+}
+
+/// Every field of the entry as bytes, undecoded (never a decode error), with its [`Metadata`]
+/// (through `Deref`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RawMessage {
+    /// Every field, in order (`key` and `payload` for entries of the publisher).
+    pub fields: Vec<(String, Vec<u8>)>,
+    /// Where the entry came from.
+    pub metadata: Metadata,
+}
+
+impl RawMessage {
+    /// The value of field `name`, if present.
+    pub fn field(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// Field `payload`, if present.
+    pub fn payload(&self) -> Option<&[u8]> {
+        self.field("payload")
+    }
+}
+
+impl Deref for RawMessage {
+    type Target = Metadata;
+    fn deref(&self) -> &Metadata {
+        &self.metadata
+    }
+}
+
+impl FromDelivery for RawMessage {
+    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
+        Ok(RawMessage {
+            fields: delivery.fields.clone(),
+            metadata: Metadata::of(delivery),
+        })
+    }
+}
+
+/// What a listener function may return: `()` or `Result<(), E>` (see the module docs).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the return type of a listener function",
+    label = "return `()` or `Result<(), E>`",
+    note = "return `()`, or `Result<(), E>` where `E: std::error::Error + Send + Sync + 'static` (errors are retried; return `HandlerError::non_retryable(e)` to dead-letter at once)"
+)]
+pub trait IntoHandlerResult {
+    /// The outcome.
+    ///
+    /// # Errors
+    /// The function's error: [`HandlerError`] as returned, any other error as
+    /// [`HandlerError::Retryable`].
+    fn into_handler_result(self) -> Result<(), HandlerError>;
+}
+
+impl IntoHandlerResult for () {
+    fn into_handler_result(self) -> Result<(), HandlerError> {
+        Ok(())
+    }
+}
+
+impl<E: Into<BoxError>> IntoHandlerResult for Result<(), E> {
+    fn into_handler_result(self) -> Result<(), HandlerError> {
+        self.map_err(|e| {
+            let boxed: BoxError = e.into();
+            match boxed.downcast::<HandlerError>() {
+                Ok(handler_error) => *handler_error,
+                Err(other) => HandlerError::Retryable(other),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(fields: &[(&str, &str)]) -> Delivery {
+        Delivery {
+            stream_key: "{orders:2}".into(),
+            shard: 2,
+            entry_id: "1-0".into(),
+            fields: fields
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+                .collect(),
+            delivery_count: 1,
+            attempt: 1,
+            member_id: "m-m0".into(),
+            member_epoch: 7,
+        }
+    }
+
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    struct Order {
+        id: u32,
+    }
+
+    #[test]
+    fn json_decodes_the_payload() {
+        let d = delivery(&[("key", "c1"), ("payload", r#"{"id":1}"#)]);
+        let Json(order) = Json::<Order>::from_delivery(&d).unwrap();
+        assert_eq!(order, Order { id: 1 });
+    }
+
+    #[test]
+    fn bad_json_is_a_decode_error() {
+        let d = delivery(&[("payload", r#"{"id":"#)]);
+        let err = Json::<Order>::from_delivery(&d).unwrap_err();
+        assert!(matches!(err, HandlerError::Decode(_)), "{err}");
+        let d = delivery(&[("other", "x")]);
+        let err = Json::<Order>::from_delivery(&d).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("no `payload` field (fields: other)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn message_has_the_metadata() {
+        let d = delivery(&[("key", "c1"), ("payload", r#"{"id":1}"#)]);
+        let m = Message::<Order>::from_delivery(&d).unwrap();
+        assert_eq!(m.payload, Order { id: 1 });
+        assert_eq!(m.partition_key.as_deref(), Some("c1"));
+        assert_eq!(
+            (m.shard, m.member_epoch, m.entry_id.as_str()),
+            (2, 7, "1-0")
+        );
+        let raw = RawMessage::from_delivery(&d).unwrap();
+        assert_eq!(raw.field("key"), Some(&b"c1"[..]));
+        assert_eq!(raw.member_id, "m-m0");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("downstream unavailable")]
+    struct Downstream;
+
+    #[test]
+    fn return_values_map_to_outcomes() {
+        assert!(().into_handler_result().is_ok());
+        assert!(Ok::<(), Downstream>(()).into_handler_result().is_ok());
+        let retry = Err::<(), _>(Downstream).into_handler_result().unwrap_err();
+        assert!(matches!(retry, HandlerError::Retryable(_)));
+        let fatal = Err::<(), _>(HandlerError::non_retryable(Downstream))
+            .into_handler_result()
+            .unwrap_err();
+        assert!(matches!(fatal, HandlerError::NonRetryable(_)));
+        let text = Err::<(), _>("plain text")
+            .into_handler_result()
+            .unwrap_err();
+        assert_eq!(text.to_string(), "plain text");
+    }
+}
