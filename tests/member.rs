@@ -206,3 +206,47 @@ async fn four_members_consume_twenty_thousand_messages_in_key_order_on_a_cluster
     let cluster = RedisCluster::start().unwrap();
     consume_everything(RedisTarget::Cluster(cluster.urls())).await;
 }
+
+/// FIELD-FAILURES BR-07: Redis loses everything mid-run. A listener whose stream is configured
+/// with `shards` provisions stream and group again (consumer groups from 0) and handles every
+/// message written after the loss; without that, it fails closed and creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_metadata_is_provisioned_again_from_the_configured_shard_count() {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, "orders", 4).await.unwrap();
+    let log: Log = Arc::default();
+    let mut opts = options(2);
+    opts.auto_create_shards = Some(4);
+    let handle = start_listener(&target, &log, opts).await;
+    publish(&target, 20, 200).await;
+    assert!(wait_until(Duration::from_secs(20), || log.lock().unwrap().len() >= 200).await);
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    // The members notice on their next heartbeat and provision the stream again.
+    let keys = stream_listener::core::keys::StreamKeys::new("orders").unwrap();
+    let mut recreated = false;
+    for _ in 0..200 {
+        if stream_listener::core::store::load_stream_metadata(&mut conn, &keys)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            recreated = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(recreated, "stream metadata not provisioned again");
+    log.lock().unwrap().clear();
+    publish(&target, 20, 200).await;
+    let all = wait_until(Duration::from_secs(30), || log.lock().unwrap().len() >= 200).await;
+    handle.shutdown_and_wait().await;
+    let log = log.lock().unwrap().clone();
+    assert!(
+        all,
+        "only {} of the 200 messages written after the loss were handled",
+        log.len()
+    );
+    check_complete_and_ordered(&log, 20, 200);
+}

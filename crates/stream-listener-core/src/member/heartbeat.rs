@@ -91,6 +91,12 @@ impl Member {
                 }
                 Err(error) => {
                     failures += 1;
+                    if matches!(
+                        error,
+                        StoreError::MissingStream { .. } | StoreError::MissingGroup { .. }
+                    ) {
+                        self.reprovision(&mut store, &error).await;
+                    }
                     // Rate-limited: the first failure and then every tenth.
                     if failures == 1 || failures.is_multiple_of(10) {
                         tracing::warn!(%error, failures, "heartbeat failed; reads stop when the lease ends");
@@ -111,6 +117,39 @@ impl Member {
                     return;
                 }
             }
+        }
+    }
+
+    /// Missing metadata: provision it again from the configured shard count (operator intent),
+    /// or keep failing closed without one (DESIGN.md §5).
+    async fn reprovision(&self, store: &mut GroupStore, error: &StoreError) {
+        let Some(shards) = self.options.auto_create_shards else {
+            return;
+        };
+        tracing::warn!(%error, shards, "metadata lost: provisioning stream and group again from the configuration");
+        let mut conn = self.conn.clone();
+        let prefix = self.stream.prefix();
+        if matches!(error, StoreError::MissingStream { .. })
+            && let Err(error) = crate::admin::create_stream(&mut conn, prefix, shards).await
+        {
+            tracing::warn!(%error, "re-creating the stream failed");
+            return;
+        }
+        // The group first, with its hand-out hold: members of the lost incarnation may still
+        // read until their leases end. Consumer groups from 0, whatever start_from says.
+        if let Err(error) = store.provision(true).await {
+            tracing::warn!(%error, "re-creating the group failed");
+            return;
+        }
+        if let Err(error) = crate::admin::register_group(
+            &mut conn,
+            prefix,
+            &self.group,
+            crate::model::StartFrom::Earliest,
+        )
+        .await
+        {
+            tracing::warn!(%error, "registering the group again failed");
         }
     }
 

@@ -61,6 +61,11 @@ pub struct ListenerOptions {
     pub lease_margin: Option<Duration>,
     /// Called on assignment changes, reads and fence rejections (for logs and tests).
     pub events: Option<EventCallback>,
+    /// The stream's configured shard count (config `[streams.<prefix>] shards`), when it is
+    /// auto-created. Then lost stream or group metadata (Redis restarted empty) is provisioned
+    /// again from it — a new incarnation, consumer groups from `0`, no shard handed out for one
+    /// lease TTL (DESIGN.md §5). Without it, missing metadata fails closed.
+    pub auto_create_shards: Option<u32>,
 }
 
 impl Default for ListenerOptions {
@@ -82,6 +87,7 @@ impl Default for ListenerOptions {
             coordination: CoordinatorConfig::default(),
             lease_margin: None,
             events: None,
+            auto_create_shards: None,
         }
     }
 }
