@@ -17,8 +17,8 @@ use crate::model::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, ShardIn
 use crate::poller::{ShardTask, ShardTaskContext};
 use crate::store::{GroupStore, StoreError};
 
-/// How long one heartbeat may take before it counts as lost.
-const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest time one heartbeat may take before it counts as lost.
+const MAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest pause between heartbeats while the store fails (missing metadata, Redis down).
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -158,7 +158,10 @@ impl Member {
         store: &mut GroupStore,
         request: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, StoreError> {
-        match tokio::time::timeout(HEARTBEAT_TIMEOUT, store.heartbeat(request)).await {
+        // A third of the lease: a stuck heartbeat must not outlive the lease it tries to renew.
+        let timeout = (self.options.coordination.member_lease_ttl / 3)
+            .clamp(Duration::from_millis(100), MAX_HEARTBEAT_TIMEOUT);
+        match tokio::time::timeout(timeout, store.heartbeat(request)).await {
             Ok(outcome) => Ok(outcome?.response),
             // A response after its request timed out is ignored (the future is dropped).
             Err(_) => Err(StoreError::Contended {
