@@ -1,5 +1,15 @@
-//! Procedural macros of stream-listener.
-//!
-//! The `#[stream_listener(stream = "...", group = "...", concurrency = N)]` attribute lives here
-//! (DESIGN.md §7, §11). It is not written yet: it arrives with the user-facing surface (issue 6),
-//! once the member runtime it generates calls to exists. Until then this crate exports nothing.
+//! Procedural macros of stream-listener: the `#[stream_listener(...)]` attribute (DESIGN.md §1,
+//! §7, §11). Use it through the `stream-listener` crate, which re-exports it and holds the types
+//! its expansion names; its documentation is there (`stream_listener::stream_listener`).
+
+mod args;
+mod listener;
+
+use proc_macro::TokenStream;
+
+/// Registers an `async fn` as a listener of a sharded stream. Documented on the re-export,
+/// `stream_listener::stream_listener`.
+#[proc_macro_attribute]
+pub fn stream_listener(args: TokenStream, item: TokenStream) -> TokenStream {
+    listener::expand(args.into(), item.into()).into()
+}

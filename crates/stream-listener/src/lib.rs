@@ -1,9 +1,106 @@
 //! stream-listener: Kafka-grade consumer groups for sharded Redis Streams.
 //!
-//! This facade re-exports the pieces users need. See `DESIGN.md` in the repository for the
-//! architecture and the protocol.
+//! Annotate an `async fn` with [`#[stream_listener(...)]`](macro@stream_listener), call
+//! [`run()`] from `main`, and configure the rest in `stream-listener.toml` (DESIGN.md §11,
+//! [`config`]):
+//!
+//! ```no_run
+//! use serde::Deserialize;
+//! use stream_listener::{HandlerError, Json, stream_listener};
+//!
+//! #[derive(Deserialize)]
+//! struct Order {
+//!     id: String,
+//!     amount: f64,
+//! }
+//!
+//! #[stream_listener(stream = "orders", group = "billing", concurrency = 4)]
+//! async fn on_order(Json(order): Json<Order>) -> Result<(), HandlerError> {
+//!     println!("order {} for {}", order.id, order.amount);
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), stream_listener::RunError> {
+//!     stream_listener::run().await
+//! }
+//! ```
+//!
+//! The pieces:
+//! - [`macro@stream_listener`] registers a listener; its argument is an extractor ([`Json`],
+//!   [`Message`], [`RawMessage`], [`Delivery`]) and its return value decides ack, retry or dead
+//!   letter ([`extract`]);
+//! - [`run()`], [`run_with`] and [`run_listeners`] start the registered listeners
+//!   ([`RunningApp`], [`RunError`]);
+//! - [`Config`] is the configuration file;
+//! - [`Publisher`] appends to a sharded stream, routed by partition key (DESIGN.md §9);
+//! - the `stream-listener` command-line tool (feature `cli`, on by default) creates, scales,
+//!   retires and describes streams and groups; [`core::admin`] is the same as a library;
+//! - [`testing`] (feature `testing`) starts throwaway Redis servers and clusters for tests.
+//!
+//! Delivery is at least once: a handler can run more than once for one entry (a retry, a
+//! rebalance, a crash), so make its effects idempotent where duplicates matter (DESIGN.md §12).
+
+mod registry;
+mod run;
 
 pub use stream_listener_core::{assignor, coordinator, model};
+
+/// Registers an `async fn` as a listener of a sharded stream (DESIGN.md §7).
+///
+/// ```no_run
+/// use stream_listener::{Message, stream_listener};
+/// # #[derive(serde::Deserialize)] struct Order;
+/// # #[derive(Debug)] struct Unavailable;
+/// # impl std::fmt::Display for Unavailable { fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("x") } }
+/// # impl std::error::Error for Unavailable {}
+///
+/// #[stream_listener(stream = "orders", group = "billing", concurrency = 4, name = "billing")]
+/// async fn on_order(order: Message<Order>) -> Result<(), Unavailable> {
+///     println!("entry {} of shard {}", order.entry_id, order.shard);
+///     Ok(())
+/// }
+/// ```
+///
+/// Keys:
+///
+/// | key | required | meaning |
+/// | --- | --- | --- |
+/// | `stream = "..."` | yes | the stream prefix (no `{` or `}`) |
+/// | `group = "..."` | yes | the consumer group (no `:`, `{` or `}`) |
+/// | `concurrency = N` | no, default 1 | logical group members in this process, ids `<base>-m0 … <base>-m{N-1}`, each with its own heartbeat, shards and epoch |
+/// | `name = "..."` | no, default the function name | the listener's name: its `[listeners.<name>]` config section |
+/// | `crate = "path"` | no, default `::stream_listener` | where this crate is, when it is renamed or re-exported |
+///
+/// The function must be an `async fn` (not a method, not generic) with exactly one argument, an
+/// extractor ([`FromDelivery`]: [`Json<T>`], [`Message<T>`], [`RawMessage`], [`Delivery`]), and
+/// return `()` or `Result<(), E>` with `E: std::error::Error + Send + Sync + 'static` (or
+/// `Box<dyn Error + Send + Sync>`): an `Err` is retried with backoff up to `max_attempts`, then
+/// dead-lettered; return [`HandlerError::non_retryable`] to dead-letter at once. Its future must
+/// be `Send`. The function stays an ordinary function: call it in unit tests.
+///
+/// Every mistake is a compile error at the offending token: a missing `async`, `stream` or
+/// `group`; `concurrency = 0`; an unknown or repeated key; `self`; generics; no argument or more
+/// than one; an argument that is not an extractor; another return type.
+#[doc(inline)]
+pub use stream_listener_macros::stream_listener;
+
+pub use registry::{ListenerRegistration, registered_listeners};
+pub use run::{
+    ListenerStatus, MINIMUM_REDIS_VERSION, RunError, RunningApp, run, run_listeners, run_with,
+};
+
+/// Extractors and handler return types (DESIGN.md §7, §8).
+pub use stream_listener_core::extract;
+pub use stream_listener_core::extract::{
+    FromDelivery, IntoHandlerResult, Json, Message, Metadata, RawMessage,
+};
+pub use stream_listener_core::handler::{BoxError, Delivery, Handler, HandlerError};
+pub use stream_listener_core::member::MemberStatus;
+
+/// The configuration file (DESIGN.md §11).
+pub use stream_listener_core::config;
+pub use stream_listener_core::config::{Config, ConfigError};
 
 /// The producer (DESIGN.md §9): routed publishing to a sharded stream.
 pub use stream_listener_core::producer::{
@@ -18,3 +115,12 @@ pub use stream_listener_core as core;
 /// local 3-master cluster and fault injection. See [`stream_listener_core::testing`].
 #[cfg(feature = "testing")]
 pub use stream_listener_core::testing;
+
+/// What the expansion of `#[stream_listener]` names; not a stable API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::registry::ListenerRegistration;
+    pub use inventory;
+    pub use stream_listener_core::extract::{FromDelivery, IntoHandlerResult};
+    pub use stream_listener_core::handler::{Delivery, HandlerFuture};
+}

@@ -1,0 +1,193 @@
+//! The attribute's arguments: `key = value` pairs, each key at most once, errors at the offending
+//! token.
+
+use proc_macro2::{Span, TokenStream};
+use syn::meta::ParseNestedMeta;
+use syn::parse::Parser;
+use syn::{Lit, LitStr, Path};
+
+/// The keys `#[stream_listener(...)]` accepts, in the order the error message lists them.
+const KEYS: [&str; 5] = ["stream", "group", "concurrency", "name", "crate"];
+
+/// The parsed arguments; `None` for keys not given.
+#[derive(Default)]
+pub(crate) struct Args {
+    pub(crate) stream: Option<LitStr>,
+    pub(crate) group: Option<LitStr>,
+    pub(crate) concurrency: Option<(u32, Span)>,
+    pub(crate) name: Option<LitStr>,
+    pub(crate) krate: Option<Path>,
+}
+
+/// Fills `slot` once; a second occurrence is an error at its key.
+fn set_once<T>(slot: &mut Option<T>, value: T, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new_spanned(
+            &meta.path,
+            format!("duplicate key `{}`: give it once", path_text(&meta.path)),
+        ));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn path_text(path: &Path) -> String {
+    path.segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect::<Vec<_>>()
+        .join("::")
+}
+
+fn string_value(meta: &ParseNestedMeta<'_>, key: &str, example: &str) -> syn::Result<LitStr> {
+    let value = meta.value()?;
+    let lit: Lit = value.parse().map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            format!("`{key}` takes a string literal, e.g. `{key} = {example}`"),
+        )
+    })?;
+    match lit {
+        Lit::Str(s) => Ok(s),
+        other => Err(syn::Error::new(
+            other.span(),
+            format!("`{key}` takes a string literal, e.g. `{key} = {example}`"),
+        )),
+    }
+}
+
+/// Checks a name against the key layout's rules (DESIGN.md §2), at compile time.
+fn check_name(lit: &LitStr, kind: &str, forbidden: &str, why: &str) -> syn::Result<()> {
+    let value = lit.value();
+    if value.is_empty() {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("the {kind} is empty: give a non-empty name"),
+        ));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| forbidden.contains(*c) || c.is_whitespace() || c.is_control())
+    {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("the {kind} {value:?} contains {c:?}, which is not allowed ({why})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Edit distance, for "did you mean" hints on misspelt keys.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let current = row[j + 1];
+            row[j + 1] = (previous + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            previous = current;
+        }
+    }
+    row[b.len()]
+}
+
+fn unknown_key(meta: &ParseNestedMeta<'_>) -> syn::Error {
+    let key = path_text(&meta.path);
+    let valid = KEYS
+        .iter()
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let hint = KEYS
+        .iter()
+        .map(|k| (distance(&key, k), k))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, k)| format!(" (did you mean `{k}`?)"))
+        .unwrap_or_default();
+    meta.error(format!("unknown key `{key}`{hint}; valid keys are {valid}"))
+}
+
+/// Parses the attribute's arguments. Errors point at the offending key or value.
+pub(crate) fn parse(tokens: TokenStream) -> syn::Result<Args> {
+    let mut args = Args::default();
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("stream") {
+            let lit = string_value(&meta, "stream", "\"orders\"")?;
+            check_name(
+                &lit,
+                "stream prefix",
+                "{}",
+                "braces would change the Redis Cluster hash slot of its keys",
+            )?;
+            set_once(&mut args.stream, lit, &meta)
+        } else if meta.path.is_ident("group") {
+            let lit = string_value(&meta, "group", "\"billing\"")?;
+            check_name(
+                &lit,
+                "consumer group",
+                "{}:",
+                "braces would change hash slots and ':' would let two groups share keys",
+            )?;
+            set_once(&mut args.group, lit, &meta)
+        } else if meta.path.is_ident("name") {
+            let lit = string_value(&meta, "name", "\"on_order\"")?;
+            if lit.value().is_empty() {
+                return Err(syn::Error::new(lit.span(), "the listener name is empty"));
+            }
+            set_once(&mut args.name, lit, &meta)
+        } else if meta.path.is_ident("concurrency") {
+            let value = meta.value()?;
+            let lit: Lit = value.parse()?;
+            let Lit::Int(int) = &lit else {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    "`concurrency` takes an integer, the number of group members in this process, e.g. `concurrency = 4`",
+                ));
+            };
+            let n: u32 = int.base10_parse().map_err(|_| {
+                syn::Error::new(
+                    int.span(),
+                    "`concurrency` must be an integer from 1 to 4294967295",
+                )
+            })?;
+            if n == 0 {
+                return Err(syn::Error::new(
+                    int.span(),
+                    "`concurrency` must be at least 1: it is the number of group members this process runs",
+                ));
+            }
+            set_once(&mut args.concurrency, (n, int.span()), &meta)
+        } else if meta.path.is_ident("crate") {
+            let lit = string_value(&meta, "crate", "\"::my_reexport::stream_listener\"")?;
+            let path: Path = lit.parse().map_err(|_| {
+                syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`crate` takes a path, e.g. \"::stream_listener\", not {:?}",
+                        lit.value()
+                    ),
+                )
+            })?;
+            set_once(&mut args.krate, path, &meta)
+        } else {
+            Err(unknown_key(&meta))
+        }
+    });
+    parser.parse2(tokens)?;
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn close_keys_are_suggested() {
+        assert_eq!(super::distance("strem", "stream"), 1);
+        assert_eq!(super::distance("concurency", "concurrency"), 1);
+        assert!(super::distance("topic", "stream") > 2);
+    }
+}

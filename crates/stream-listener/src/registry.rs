@@ -1,0 +1,122 @@
+//! Listener registrations: what `#[stream_listener(...)]` submits and [`crate::run`] collects.
+
+use stream_listener_core::handler::{Delivery, HandlerFuture};
+
+/// One listener: its name, stream, group, default concurrency and handler (DESIGN.md §7).
+///
+/// `#[stream_listener(...)]` builds one per annotated function and registers it with
+/// `inventory`; [`registered_listeners`] lists them. Build one with
+/// [`ListenerRegistration::new`] to run a listener without the macro (with
+/// [`crate::run_listeners`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerRegistration {
+    name: &'static str,
+    stream: &'static str,
+    group: &'static str,
+    concurrency: u32,
+    handler: fn(Delivery) -> HandlerFuture,
+    module_path: &'static str,
+    file: &'static str,
+    line: u32,
+}
+
+impl ListenerRegistration {
+    /// A listener named `name` (its `[listeners.<name>]` section) of consumer group `group` on
+    /// stream `stream`, running `handler` for each entry, with concurrency 1.
+    pub const fn new(
+        name: &'static str,
+        stream: &'static str,
+        group: &'static str,
+        handler: fn(Delivery) -> HandlerFuture,
+    ) -> Self {
+        ListenerRegistration {
+            name,
+            stream,
+            group,
+            concurrency: 1,
+            handler,
+            module_path: "",
+            file: "",
+            line: 0,
+        }
+    }
+
+    /// The same listener with `concurrency` logical members (config `concurrency` overrides it).
+    pub const fn with_concurrency(mut self, concurrency: u32) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
+    /// Used by the expansion of `#[stream_listener]`; not a stable API.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub const fn __from_macro(
+        name: &'static str,
+        stream: &'static str,
+        group: &'static str,
+        concurrency: u32,
+        handler: fn(Delivery) -> HandlerFuture,
+        module_path: &'static str,
+        file: &'static str,
+        line: u32,
+    ) -> Self {
+        ListenerRegistration {
+            name,
+            stream,
+            group,
+            concurrency,
+            handler,
+            module_path,
+            file,
+            line,
+        }
+    }
+
+    /// The listener's name: the function name unless `name = "..."` was given.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The stream prefix it consumes.
+    pub fn stream(&self) -> &'static str {
+        self.stream
+    }
+
+    /// Its consumer group.
+    pub fn group(&self) -> &'static str {
+        self.group
+    }
+
+    /// Logical members per process given in code (default 1).
+    pub fn concurrency(&self) -> u32 {
+        self.concurrency
+    }
+
+    /// The handler: extracts the argument, calls the function, maps its result.
+    pub fn handler(&self) -> fn(Delivery) -> HandlerFuture {
+        self.handler
+    }
+
+    /// Where it is defined, for error messages: `` `name` (module, file:line) ``.
+    pub fn describe(&self) -> String {
+        if self.file.is_empty() {
+            format!("`{}`", self.name)
+        } else {
+            format!(
+                "`{}` ({}, {}:{})",
+                self.name, self.module_path, self.file, self.line
+            )
+        }
+    }
+}
+
+inventory::collect!(ListenerRegistration);
+
+/// Every listener registered with `#[stream_listener(...)]` in this program, sorted by name (then
+/// stream and group): `inventory` gives no order of its own.
+pub fn registered_listeners() -> Vec<ListenerRegistration> {
+    let mut listeners: Vec<ListenerRegistration> =
+        inventory::iter::<ListenerRegistration>().copied().collect();
+    listeners.sort_by(|a, b| (a.name, a.stream, a.group).cmp(&(b.name, b.stream, b.group)));
+    listeners
+}

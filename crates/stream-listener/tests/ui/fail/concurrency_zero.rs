@@ -1,0 +1,8 @@
+use stream_listener::{Json, stream_listener};
+
+#[stream_listener(stream = "orders", group = "billing", concurrency = 0)]
+async fn on_order(Json(id): Json<u64>) {
+    let _ = id;
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use stream_listener::stream_listener;
+
+#[stream_listener(stream = "orders", group = "billing")]
+async fn on_order(id: u64) {
+    let _ = id;
+}
+
+fn main() {}

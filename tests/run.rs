@@ -1,0 +1,269 @@
+//! `run_with` / `run_listeners` on real Redis: a `#[stream_listener]` function consumes what a
+//! publisher sends; startup errors are clear and bounded (DESIGN.md §11, BR-24).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::handler::HandlerFuture;
+use stream_listener::testing::RedisServer;
+use stream_listener::{
+    Config, ConfigError, Delivery, HandlerError, ListenerRegistration, Message, Publisher,
+    PublisherOptions, RunError, run_listeners, run_with, stream_listener,
+};
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Event {
+    seq: u64,
+}
+
+/// (member, shard, seq) of every call of `on_event`.
+static HANDLED: Mutex<Vec<(String, u32, u64)>> = Mutex::new(Vec::new());
+
+#[stream_listener(stream = "run_events", group = "run_group", concurrency = 2)]
+async fn on_event(message: Message<Event>) -> Result<(), HandlerError> {
+    HANDLED.lock().unwrap().push((
+        message.member_id.clone(),
+        message.shard,
+        message.payload.seq,
+    ));
+    Ok(())
+}
+
+/// Short protocol timings so the group settles in about a second.
+fn config(url: &str, extra: &str) -> Config {
+    let text = format!(
+        r#"
+[redis]
+url = "{url}"
+startup_timeout = "5s"
+
+[coordination]
+heartbeat_interval = "200ms"
+member_lease_ttl = "1500ms"
+rebalance_timeout = "3s"
+
+[streams.run_events]
+shards = 4
+
+[listeners.on_event]
+handler_timeout = "2s"
+block = "500ms"
+{extra}
+"#
+    );
+    Config::from_toml_str(&text, "run-test.toml").unwrap()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_listener_consumes_published_events() {
+    let server = RedisServer::start().unwrap();
+    let app = run_with(config(&server.url(), "")).await.unwrap();
+    assert!(
+        app.wait_for_assignment(4, Duration::from_secs(15)).await,
+        "4 shards assigned: {:?}",
+        app.status()
+    );
+
+    let conn = RedisConnection::connect(
+        &RedisTarget::Standalone(server.url()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let publisher = Publisher::new(conn, "run_events", PublisherOptions::default())
+        .await
+        .unwrap();
+    let events: Vec<(String, Event)> = (0..200)
+        .map(|seq| (format!("key-{}", seq % 17), Event { seq }))
+        .collect();
+    publisher.publish_batch(&events).await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let seen = loop {
+        let seen: std::collections::BTreeSet<u64> =
+            HANDLED.lock().unwrap().iter().map(|h| h.2).collect();
+        if seen.len() == 200 || Instant::now() > deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(seen.len(), 200, "every event handled");
+
+    let status = app.status();
+    assert_eq!(status.len(), 1);
+    assert_eq!(status[0].name, "on_event");
+    assert_eq!(
+        (status[0].stream.as_str(), status[0].group.as_str()),
+        ("run_events", "run_group")
+    );
+    assert_eq!(status[0].members.len(), 2, "concurrency = 2 from the macro");
+    assert_eq!(status[0].owned_shards(), vec![0, 1, 2, 3]);
+    let handled: u64 = status[0].members.iter().map(|m| m.handled).sum();
+    assert!(handled >= 200, "members count what they handled: {handled}");
+    let per_member: BTreeMap<String, usize> =
+        HANDLED
+            .lock()
+            .unwrap()
+            .iter()
+            .fold(BTreeMap::new(), |mut acc, (member, _, _)| {
+                *acc.entry(member.clone()).or_default() += 1;
+                acc
+            });
+    assert_eq!(
+        per_member.len(),
+        2,
+        "both members handled events: {per_member:?}"
+    );
+
+    let started = Instant::now();
+    app.shutdown_and_wait().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "graceful shutdown is quick"
+    );
+}
+
+#[tokio::test]
+async fn config_overrides_apply_over_the_macro() {
+    let server = RedisServer::start().unwrap();
+    let app = run_with(config(&server.url(), "concurrency = 3"))
+        .await
+        .unwrap();
+    assert_eq!(app.status()[0].members.len(), 3);
+    app.shutdown_and_wait().await;
+}
+
+#[tokio::test]
+async fn an_override_of_an_unknown_listener_is_an_error() {
+    // Checked before Redis is contacted: this URL has no server.
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let text = format!("[redis]\nurl = \"{url}\"\n\n[listeners.on_evnet]\nconcurrency = 2\n");
+    let config = Config::from_toml_str(&text, "app.toml").unwrap();
+    let err = run_with(config).await.unwrap_err();
+    let RunError::Config(ConfigError::UnknownListener {
+        name,
+        known,
+        location,
+    }) = &err
+    else {
+        panic!("expected UnknownListener, got {err:?}");
+    };
+    assert_eq!(name, "on_evnet");
+    assert_eq!(known, &["on_event".to_owned()]);
+    assert_eq!(location.as_ref().map(|l| l.line), Some(4));
+    assert!(
+        err.to_string()
+            .starts_with("app.toml:4:12: [listeners.on_evnet]"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn unreachable_redis_fails_after_startup_timeout() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let text = format!("[redis]\nurl = \"{url}\"\nstartup_timeout = \"1500ms\"\n");
+    let config = Config::from_toml_str(&text, "app.toml").unwrap();
+    let started = Instant::now();
+    let err = run_with(config).await.unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(
+        matches!(err, RunError::RedisUnreachable { attempts, .. } if attempts >= 3),
+        "{err:?}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(1000) && elapsed < Duration::from_secs(4),
+        "gave up after startup_timeout, not before and not much later: {elapsed:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("cannot reach Redis at redis://127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.contains("startup_timeout"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_coming_up_during_startup_is_waited_for() {
+    let mut server = RedisServer::start().unwrap();
+    let url = server.url();
+    server.kill().unwrap();
+    let restarter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        server.restart().unwrap();
+        server
+    });
+    let started = Instant::now();
+    let app = run_with(config(&url, "")).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(1000));
+    let _server = restarter.join().unwrap();
+    app.shutdown_and_wait().await;
+}
+
+fn ignore(_: Delivery) -> HandlerFuture {
+    Box::pin(async { Ok(()) })
+}
+
+#[tokio::test]
+async fn two_listeners_on_one_stream_and_group_are_an_error() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let config = Config::from_toml_str(&format!("[redis]\nurl = \"{url}\"\n"), "app.toml").unwrap();
+    let listeners = vec![
+        ListenerRegistration::new("first", "orders", "billing", ignore),
+        ListenerRegistration::new("second", "orders", "billing", ignore),
+    ];
+    let err = run_listeners(config, listeners).await.unwrap_err();
+    assert!(
+        matches!(&err, RunError::DuplicateStreamGroup { stream, group, .. } if stream == "orders" && group == "billing"),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("`first`") && err.to_string().contains("`second`"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_stream_without_shards_is_an_error_saying_how_to_create_it() {
+    let server = RedisServer::start().unwrap();
+    let config = Config::from_toml_str(
+        &format!("[redis]\nurl = \"{}\"\n", server.url()),
+        "app.toml",
+    )
+    .unwrap();
+    let listeners = vec![ListenerRegistration::new(
+        "audit",
+        "audit_log",
+        "auditors",
+        ignore,
+    )];
+    let err = run_listeners(config, listeners).await.unwrap_err();
+    assert!(
+        matches!(&err, RunError::MissingStream { stream, .. } if stream == "audit_log"),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("stream-listener stream create audit_log --shards N"),
+        "{text}"
+    );
+    assert!(text.contains("[streams.audit_log]"), "{text}");
+}
+
+#[tokio::test]
+async fn no_listeners_is_an_error() {
+    let err = run_listeners(Config::default(), Vec::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RunError::NoListeners), "{err:?}");
+}
