@@ -180,7 +180,7 @@ pub async fn run_with(config: Config) -> Result<RunningApp, RunError> {
 /// 5. checks that every listener's stream exists;
 /// 6. starts the members of every listener (`concurrency` per listener; static membership from
 ///    `[member] instance_id`), and a task that logs each listener's assignment once it has not
-///    changed for one heartbeat interval.
+///    changed for two heartbeat intervals.
 ///
 /// # Errors
 /// [`RunError::Config`], [`RunError::NoListeners`], [`RunError::DuplicateName`],
@@ -264,7 +264,9 @@ pub async fn run_listeners(
             }
         });
     }
-    let settle = config.coordination.heartbeat_interval;
+    // A rebalance moves shards over a few heartbeats (revoke, then assign): log once nothing
+    // has changed for two heartbeat intervals.
+    let settle = config.coordination.heartbeat_interval * 2;
     tokio::spawn(log.clone().run(settle, shutdown.clone()));
     Ok(RunningApp {
         listeners: running,

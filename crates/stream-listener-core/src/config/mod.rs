@@ -655,6 +655,26 @@ impl Config {
         Ok(options)
     }
 
+    /// A [`Publisher`](crate::producer::Publisher) for stream `prefix` on the configured Redis
+    /// (standalone or cluster), with [`Config::publisher_options`]. One connection attempt, no
+    /// retries.
+    ///
+    /// # Errors
+    /// [`PublishError::Redis`](crate::producer::PublishError::Redis) when Redis cannot be
+    /// reached; otherwise as [`Publisher::new`](crate::producer::Publisher::new) (for example
+    /// [`PublishError::UnknownStream`](crate::producer::PublishError::UnknownStream)).
+    pub async fn publisher(
+        &self,
+        prefix: &str,
+    ) -> Result<crate::producer::Publisher, crate::producer::PublishError> {
+        let conn = crate::connection::RedisConnection::connect(
+            &self.redis.target(),
+            crate::connection::DEFAULT_RESPONSE_TIMEOUT,
+        )
+        .await?;
+        crate::producer::Publisher::new(conn, prefix, self.publisher_options(prefix)).await
+    }
+
     /// Publisher settings for stream `prefix`: the defaults with `max_payload_bytes` of
     /// `[streams.<prefix>]` applied.
     pub fn publisher_options(&self, prefix: &str) -> PublisherOptions {
