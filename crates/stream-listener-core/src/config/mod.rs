@@ -704,9 +704,13 @@ impl Origin {
                 column,
             }
         });
+        let mut message = error.message().trim_end().to_owned();
+        if message.ends_with("expected a duration") {
+            message.push_str(" such as \"3s\", \"250ms\" or \"1m 30s\"");
+        }
         ConfigError::Invalid {
             key,
-            message: error.message().trim_end().to_owned(),
+            message,
             location,
         }
     }

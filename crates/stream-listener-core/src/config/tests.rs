@@ -145,9 +145,9 @@ fn an_unterminated_string_names_its_key_and_line() {
 fn a_bad_duration_names_its_key() {
     let (key, line, message) = invalid("[listeners.on_order]\nbackoff = \"200 parsecs\"\n");
     assert_eq!((key.as_str(), line), ("listeners.on_order.backoff", 2));
-    assert!(
-        message.contains("parsecs") || message.contains("unit"),
-        "{message}"
+    assert_eq!(
+        message,
+        "invalid value: string \"200 parsecs\", expected a duration such as \"3s\", \"250ms\" or \"1m 30s\""
     );
     let (key, _, _) = invalid("[coordination]\nheartbeat_interval = 3\n");
     assert_eq!(key, "coordination.heartbeat_interval");
