@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 pub use error::{ConfigError, CoordinatorError};
+pub(crate) use transition::base_response;
 pub use transition::{advance, heartbeat, next_deadline, steady_response};
 
 use crate::fence::FenceToken;

@@ -907,7 +907,8 @@ fn fencing_response(
     }
 }
 
-fn base_response(group: &Group, config: &CoordinatorConfig) -> HeartbeatResponse {
+/// A response carrying the group's epochs and the timings, status `OK`, nothing assigned.
+pub(crate) fn base_response(group: &Group, config: &CoordinatorConfig) -> HeartbeatResponse {
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     HeartbeatResponse {
         status: HeartbeatStatus::Ok,

@@ -411,19 +411,9 @@ fn jitter(attempt: u32) -> Duration {
 }
 
 fn retry_response(group: &Group, config: &CoordinatorConfig) -> HeartbeatResponse {
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     HeartbeatResponse {
         status: HeartbeatStatus::Retry,
-        member_epoch: 0,
-        group_epoch: group.meta.group_epoch,
-        assignment_epoch: group.meta.assignment_epoch,
-        metadata_version: group.meta.metadata_version,
-        incarnation: group.meta.incarnation,
-        assigned_shards: Vec::new(),
-        pending_shards: Vec::new(),
-        heartbeat_interval_ms: ms(config.heartbeat_interval),
-        member_lease_ttl_ms: ms(config.member_lease_ttl),
-        rebalance_timeout_ms: ms(config.rebalance_timeout),
+        ..coordinator::base_response(group, config)
     }
 }
 
