@@ -9,8 +9,11 @@
 //! time and the remaining lease. Every read (in strict mode), ack and claim is fenced in Redis.
 //! No read or ack happens without a valid lease and assignment.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
 
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -126,6 +129,13 @@ impl ShardTask {
         } else {
             None
         }
+    }
+
+    /// Whether the member still owns the shard with `token` and its lease holds (no clone).
+    fn still_holds(&self, token: &FenceToken) -> bool {
+        let reconciler = self.ctx.shared.lock();
+        reconciler.may_use(self.shard, Instant::now())
+            && reconciler.token(self.shard) == Some(token)
     }
 
     /// Whether in-flight work on the shard may finish and be acked now (owned or draining, lease
@@ -349,7 +359,7 @@ impl ShardTask {
         let mut finished = Vec::with_capacity(entries.len());
         let mut complete = true;
         for entry in entries {
-            if self.done() || self.usable_token().as_ref() != Some(token) {
+            if self.done() || !self.still_holds(token) {
                 complete = false;
                 break;
             }
@@ -464,34 +474,32 @@ impl ShardTask {
     /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
     /// ends (fail closed); a drain lets it finish.
     async fn run_handler(&self, delivery: Delivery) -> Attempt {
-        let handler = self.ctx.handler.clone();
-        let mut task = tokio::spawn(async move { handler.handle(delivery).await });
+        // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a
+        // failed attempt; dropping the future cancels the handler.
+        let handler = AssertUnwindSafe(self.ctx.handler.handle(delivery)).catch_unwind();
+        tokio::pin!(handler);
         let timeout = tokio::time::sleep(self.ctx.options.handler_timeout);
         tokio::pin!(timeout);
         loop {
             let lease_end = tokio::time::sleep(self.lease_remaining());
             tokio::select! {
-                joined = &mut task => {
-                    return match joined {
+                outcome = &mut handler => {
+                    return match outcome {
                         Ok(Ok(())) => Attempt::Ok,
                         Ok(Err(error)) => Attempt::Failed(error),
-                        Err(join) if join.is_panic() => Attempt::Failed(HandlerError::retryable(format!("handler panicked: {}", panic_message(join)))),
-                        Err(_) => Attempt::Cancelled,
+                        Err(panic) => Attempt::Failed(HandlerError::retryable(format!(
+                            "handler panicked: {}", panic_message(panic.as_ref())
+                        ))),
                     };
                 }
                 _ = &mut timeout => {
-                    task.abort();
                     return Attempt::Failed(HandlerError::retryable(format!(
                         "handler timed out after {:?}", self.ctx.options.handler_timeout
                     )));
                 }
-                _ = self.stop.cancelled() => {
-                    task.abort();
-                    return Attempt::Cancelled;
-                }
+                _ = self.stop.cancelled() => return Attempt::Cancelled,
                 _ = lease_end => {
                     if !self.may_finish() {
-                        task.abort();
                         return Attempt::Cancelled;
                     }
                 }
@@ -526,8 +534,7 @@ enum Attempt {
     Cancelled,
 }
 
-fn panic_message(join: tokio::task::JoinError) -> String {
-    let payload = join.into_panic();
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
