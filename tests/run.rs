@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::handler::HandlerFuture;
-use stream_listener::testing::RedisServer;
+use stream_listener::testing::{RedisCluster, RedisServer};
 use stream_listener::{
     Config, ConfigError, Delivery, HandlerError, ListenerRegistration, Message, Publisher,
     PublisherOptions, RunError, run_listeners, run_with, stream_listener,
@@ -91,8 +91,13 @@ async fn a_registered_listener_consumes_published_events() {
 
     let deadline = Instant::now() + Duration::from_secs(20);
     let seen = loop {
-        let seen: std::collections::BTreeSet<u64> =
-            HANDLED.lock().unwrap().iter().map(|h| h.2).collect();
+        let seen: std::collections::BTreeSet<u64> = HANDLED
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|h| h.2)
+            .filter(|seq| *seq < 1000)
+            .collect();
         if seen.len() == 200 || Instant::now() > deadline {
             break seen;
         }
@@ -132,6 +137,53 @@ async fn a_registered_listener_consumes_published_events() {
         started.elapsed() < Duration::from_secs(10),
         "graceful shutdown is quick"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_a_cluster() {
+    let cluster = RedisCluster::start().unwrap();
+    let nodes = cluster
+        .urls()
+        .iter()
+        .map(|u| format!("{u:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = format!(
+        "[redis]\ncluster_nodes = [{nodes}]\n[coordination]\nheartbeat_interval = \"200ms\"\nmember_lease_ttl = \"1500ms\"\nrebalance_timeout = \"3s\"\n[streams.run_events]\nshards = 4\n[listeners.on_event]\nhandler_timeout = \"2s\"\n"
+    );
+    let config = Config::from_toml_str(&text, "cluster.toml").unwrap();
+    assert!(matches!(config.redis.target(), RedisTarget::Cluster(_)));
+    let app = run_with(config.clone()).await.unwrap();
+    assert!(
+        app.wait_for_assignment(4, Duration::from_secs(20)).await,
+        "{:?}",
+        app.status()
+    );
+    let publisher = config.publisher("run_events").await.unwrap();
+    let events: Vec<(String, Event)> = (1000..1100)
+        .map(|seq| (format!("key-{seq}"), Event { seq }))
+        .collect();
+    publisher.publish_batch(&events).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = HANDLED
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| (1000..1100).contains(&h.2))
+            .map(|h| h.2)
+            .collect::<std::collections::BTreeSet<u64>>()
+            .len();
+        if seen == 100 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {seen} of 100 handled on the cluster"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.shutdown_and_wait().await;
 }
 
 #[tokio::test]
