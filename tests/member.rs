@@ -250,3 +250,40 @@ async fn lost_metadata_is_provisioned_again_from_the_configured_shard_count() {
     );
     check_complete_and_ordered(&log, 20, 200);
 }
+
+/// Two processes with the same static identity: the last join wins and the replaced one stops
+/// for good, which its handle reports so the application can exit with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_static_member_stops_for_good_and_says_so() {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, "orders", 2).await.unwrap();
+    let log: Log = Arc::default();
+    let mut opts = options(1);
+    opts.instance_id = Some("pod-a".into());
+    let first = start_listener(&target, &log, opts.clone()).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || first.status()[0].owned.len()
+            == 2)
+        .await
+    );
+    let second = start_listener(&target, &log, opts).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), first.stopped_for_good())
+        .await
+        .expect("the replaced process learns it is fenced within a few heartbeats");
+    assert_eq!(stopped.member_id, "pod-a-m0");
+    assert!(
+        stopped.reason.contains("FENCED_INSTANCE_ID"),
+        "{}",
+        stopped.reason
+    );
+    assert!(first.status()[0].owned.is_empty(), "it stopped reading");
+    assert!(
+        wait_until(Duration::from_secs(10), || second.status()[0].owned.len()
+            == 2)
+        .await
+    );
+    second.shutdown_and_wait().await;
+    first.join().await;
+}

@@ -32,6 +32,9 @@ pub enum RunError {
     /// that does not exist.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A member stopped for good (another process took its static identity): the app stopped.
+    #[error("member {} stopped: {}", .0.member_id, .0.reason)]
+    MemberStopped(stream_listener_core::member::MemberStopped),
     /// No listener is registered: nothing would run.
     #[error(
         "no listeners are registered: annotate an `async fn` with #[stream_listener(stream = \"...\", group = \"...\")] in this program (inventory registration needs the function's crate to be linked into the binary)"
@@ -628,15 +631,25 @@ impl RunningApp {
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .map_err(RunError::Signal)?;
+        let stopped = futures_util::future::select_all(
+            self.listeners
+                .iter()
+                .map(|l| Box::pin(l.handle.stopped_for_good())),
+        );
+        let mut member_stopped = None;
         tokio::select! {
             result = tokio::signal::ctrl_c() => result.map_err(RunError::Signal)?,
             _ = terminate.recv() => {}
             _ = self.shutdown.cancelled() => {}
+            (stopped, _, _) = stopped, if !self.listeners.is_empty() => member_stopped = Some(stopped),
         }
         tracing::info!("shutting down: draining in-flight work, then leaving the groups");
         self.shutdown_and_wait().await;
         tracing::info!("shut down");
-        Ok(())
+        match member_stopped {
+            Some(stopped) => Err(RunError::MemberStopped(stopped)),
+            None => Ok(()),
+        }
     }
 }
 

@@ -34,6 +34,8 @@ pub(super) struct Member {
     /// Parent of every shard task's stop token: cancelled when this member's task ends or is
     /// aborted, so no shard task outlives its member.
     pub(super) member_stop: CancellationToken,
+    /// Told when this member stops for good.
+    pub(super) stopped: Arc<tokio::sync::watch::Sender<Option<super::MemberStopped>>>,
 }
 
 /// A running shard task and how to stop it.
@@ -207,9 +209,12 @@ impl Member {
             }
         }
         if changes.fatal {
-            tracing::error!(
-                "another process took this static member identity (FENCED_INSTANCE_ID): stopping for good; give each pod its own instance_id"
-            );
+            let reason = "another process took this static member identity (FENCED_INSTANCE_ID): stopped for good; give each pod its own instance_id";
+            tracing::error!("{reason}");
+            self.stopped.send_replace(Some(super::MemberStopped {
+                member_id: self.member_id(),
+                reason: reason.to_owned(),
+            }));
             return true;
         }
         for shard in &changes.revoke {

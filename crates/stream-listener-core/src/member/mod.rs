@@ -172,6 +172,16 @@ pub enum ListenerError {
 pub struct ListenerHandle {
     shutdown: CancellationToken,
     members: Vec<(String, Arc<MemberShared>, JoinHandle<()>)>,
+    stopped: tokio::sync::watch::Receiver<Option<MemberStopped>>,
+}
+
+/// A member that stopped for good while the listener was meant to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStopped {
+    /// The member id.
+    pub member_id: String,
+    /// Why, in words that say what to do.
+    pub reason: String,
 }
 
 /// What a member owns now (for logs and the quick start).
@@ -226,6 +236,20 @@ impl ListenerHandle {
     pub async fn join(self) {
         for (_, _, task) in self.members {
             let _ = task.await;
+        }
+    }
+
+    /// Resolves when a member stops for good on its own (today: another process took its static
+    /// identity, `FENCED_INSTANCE_ID`), with which member and why; never resolves otherwise. An
+    /// application should then exit with an error rather than run with fewer members.
+    pub async fn stopped_for_good(&self) -> MemberStopped {
+        let mut stopped = self.stopped.clone();
+        match stopped.wait_for(Option::is_some).await {
+            Ok(value) => value.clone().unwrap_or_else(|| MemberStopped {
+                member_id: String::new(),
+                reason: String::new(),
+            }),
+            Err(_) => std::future::pending().await,
         }
     }
 
@@ -350,6 +374,8 @@ impl Listener {
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let process_id = uuid::Uuid::now_v7().to_string();
         let shutdown = CancellationToken::new();
+        let (stopped_tx, stopped) = tokio::sync::watch::channel(None);
+        let stopped_tx = Arc::new(stopped_tx);
         let shared_options = Arc::new(self.options);
         let mut members = Vec::new();
         for k in 0..shared_options.concurrency {
@@ -375,11 +401,16 @@ impl Listener {
                 shared: shared.clone(),
                 shutdown: shutdown.clone(),
                 member_stop: CancellationToken::new(),
+                stopped: stopped_tx.clone(),
             };
             let task = tokio::spawn(member.run());
             members.push((member_id, shared, task));
         }
-        Ok(ListenerHandle { shutdown, members })
+        Ok(ListenerHandle {
+            shutdown,
+            members,
+            stopped,
+        })
     }
 }
 
