@@ -1,0 +1,254 @@
+//! The shard poller's scheduling (issue 5, test 7, and the idle cost; DESIGN.md §7, §8):
+//!
+//! - one member with one worker (`runtime_max_concurrency = 1`) owning 16 shards that all have
+//!   work serves them in strict rotation: every shard in every round;
+//! - idle members send a bounded number of commands per second (no busy polling).
+
+mod member_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use member_support::*;
+use stream_listener::core::admin;
+use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::handler::{Delivery, HandlerError};
+use stream_listener::core::member::Listener;
+use stream_listener::testing::RedisServer;
+
+const SHARDS: u32 = 16;
+
+/// One worker, 16 shards, one entry per read (`batch_size = 1`) and 5 ms handlers; every shard
+/// has a backlog from the start (20 entries each) and keeps getting more (one entry per shard
+/// every 40 ms: 400 msg/s, twice what the worker can do).
+///
+/// The assertion — strict rotation: in the sequence of handler calls (from the call at which the
+/// last shard first comes, after its takeover), **every window of 16 consecutive calls covers all
+/// 16 shards**, i.e. each shard's consecutive calls are exactly 16
+/// calls apart: no shard is served twice while another one with work waits, so every shard is
+/// served in every round of 16 calls. Why this holds exactly and is not timing-luck: the worker
+/// is a FIFO semaphore taken per batch; a shard re-queues after its batch with one ack and one
+/// read (two local round trips, well under a millisecond), while the 15 shards ahead of it need
+/// 15 handler calls (≥ 75 ms) before its turn comes back. Also: never two handlers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_serves_sixteen_shards_in_strict_rotation() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, SHARDS)
+        .await
+        .unwrap();
+    let all: Vec<u32> = (0..SHARDS).collect();
+    let mut published = preload(&server.client(), &all, 20, 0);
+
+    let order: Arc<std::sync::Mutex<Vec<(u32, String)>>> = Arc::default();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (order, in_flight, most) = (order.clone(), in_flight.clone(), most.clone());
+        move |delivery: Delivery| {
+            let (order, in_flight, most) = (order.clone(), in_flight.clone(), most.clone());
+            async move {
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                order
+                    .lock()
+                    .unwrap()
+                    .push((delivery.shard, delivery.entry_id.clone()));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok::<(), HandlerError>(())
+            }
+        }
+    };
+    let mut opts = options(1);
+    opts.runtime_max_concurrency = 1;
+    opts.batch_size = 1;
+    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let publisher = SteadyPublisher::start(
+        server.client(),
+        all.clone(),
+        Duration::from_millis(40),
+        10_000,
+    );
+    // 2.5 s of calls (~400 calls = 25 rounds), all with every shard backlogged.
+    let enough = wait_until(Duration::from_secs(20), || {
+        order.lock().unwrap().len() >= 400
+    })
+    .await;
+    assert!(enough, "only {} calls", order.lock().unwrap().len());
+    let calls: Vec<u32> = order.lock().unwrap().iter().map(|(s, _)| *s).collect();
+    published.extend(publisher.stop());
+
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "two handlers ran at once with one worker"
+    );
+    // Rotation starts once every shard has joined the queue: a shard enters it after its
+    // takeover (fence raise, claim, own pending entries), and the 16 takeovers do not end at
+    // the same instant. From the call where the last shard first comes, it is strict.
+    let joined = (0..SHARDS)
+        .map(|s| {
+            calls
+                .iter()
+                .position(|c| *c == s)
+                .expect("every shard served")
+        })
+        .max()
+        .unwrap();
+    assert!(
+        joined < 2 * SHARDS as usize,
+        "a shard waited {joined} calls for its first turn"
+    );
+    let window = SHARDS as usize;
+    for (offset, round) in calls[joined..].windows(window).enumerate() {
+        let start = joined + offset;
+        let distinct: BTreeSet<u32> = round.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            window,
+            "calls {start}..{}: shards {round:?} — some shard served twice while another waited \
+             (first 64 calls: {:?})",
+            start + window,
+            &calls[..calls.len().min(64)]
+        );
+    }
+    // Every shard got its share: the counts differ by at most one.
+    let mut per_shard: BTreeMap<u32, usize> = BTreeMap::new();
+    for s in &calls[joined..] {
+        *per_shard.entry(*s).or_default() += 1;
+    }
+    let (low, high) = (
+        per_shard.values().min().copied().unwrap(),
+        per_shard.values().max().copied().unwrap(),
+    );
+    assert_eq!(per_shard.len(), SHARDS as usize);
+    assert!(high - low <= 1, "{per_shard:?}");
+    eprintln!(
+        "{} calls in strict rotation; per shard {low}..={high}",
+        calls.len()
+    );
+
+    // Everything is handled in the end, in order per shard.
+    let done = wait_until(Duration::from_secs(30), || {
+        order.lock().unwrap().len() >= published.len()
+    })
+    .await;
+    assert!(done);
+    let handled = order.lock().unwrap().clone();
+    for shard in all {
+        let mine: Vec<&String> = handled
+            .iter()
+            .filter(|(s, _)| *s == shard)
+            .map(|(_, id)| id)
+            .collect();
+        let expected: Vec<&String> = published
+            .iter()
+            .filter(|p| p.shard == shard)
+            .map(|p| &p.id)
+            .collect();
+        assert_eq!(mine, expected, "shard {shard}");
+    }
+    listener.shutdown_and_wait().await;
+}
+
+async fn info_number(conn: &mut RedisConnection, section: &str, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
+}
+
+/// `INFO commandstats` as command → calls.
+async fn command_calls(conn: &mut RedisConnection) -> BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Idle cost: 2 members, 8 shards (4 each), heartbeat 200 ms, `block` 500 ms, nothing published
+/// for 3 s. Redis's `total_commands_processed` counts the commands a script runs as well as the
+/// script call itself, so the bound counts both, from the configuration:
+///
+/// - heartbeats: ≤ 1 / (0.9 × 200 ms) = 5.6 per second per member (±10% jitter), each one
+///   steady-state fast-path script of at most 12 commands (`EVALSHA` and, inside, `TIME`, the
+///   stream's `metadataVersion`, the member's fields, the earliest lease and deadline, the lease
+///   move and its revision — 11 measured, 1 spare): 2 × 5.6 × 12 = 133/s;
+/// - idle shards: per `block` (500 ms) at most one fenced read script (`EVALSHA`, the fence
+///   `HGET`, `XREADGROUP`, `XREVRANGE` for the last id) and one `XREAD BLOCK`, 5 commands:
+///   8 × 5 / 0.5 s = 80/s.
+///
+/// Bound: 215 commands per second (213.3 rounded up). A member polling without blocking would
+/// send thousands. Also, structurally: at most one `XREAD BLOCK` per shard per `block` (+1).
+const IDLE_COMMANDS_PER_SECOND: f64 = 215.0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_members_send_a_bounded_number_of_commands_per_second() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let listener = start_recording(&target, &recorder, options(2), Duration::ZERO).await;
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    // Let the takeovers finish (every shard waiting on new entries).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let window = Duration::from_secs(3);
+    let stats_before = command_calls(&mut conn).await;
+    let before = info_number(&mut conn, "stats", "total_commands_processed").await;
+    let started = std::time::Instant::now();
+    tokio::time::sleep(window).await;
+    let after = info_number(&mut conn, "stats", "total_commands_processed").await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let stats_after = command_calls(&mut conn).await;
+    // Our own INFO commands in the window: the commandstats call and the first INFO stats.
+    let ours = 2;
+    let rate = (after - before - ours) as f64 / elapsed;
+    let breakdown: BTreeMap<&String, u64> = stats_after
+        .iter()
+        .map(|(name, calls)| (name, calls - stats_before.get(name).copied().unwrap_or(0)))
+        .filter(|(_, calls)| *calls > 0)
+        .collect();
+    eprintln!("idle: {rate:.1} commands/s over {elapsed:.2} s; per command: {breakdown:?}");
+    assert!(
+        rate <= IDLE_COMMANDS_PER_SECOND,
+        "idle members sent {rate:.1} commands/s (bound {IDLE_COMMANDS_PER_SECOND}); per command \
+         in the window: {breakdown:?}"
+    );
+    let blocks = breakdown.get(&"xread".to_owned()).copied().unwrap_or(0);
+    let most_blocks = 8 * ((elapsed / 0.5).ceil() as u64 + 1);
+    assert!(
+        blocks <= most_blocks,
+        "{blocks} XREAD BLOCK calls in {elapsed:.2} s for 8 shards (at most {most_blocks})"
+    );
+    assert!(recorder.calls().is_empty());
+    listener.shutdown_and_wait().await;
+}

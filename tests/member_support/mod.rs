@@ -1,0 +1,764 @@
+//! Helpers shared by the member runtime's fault-injection tests (`tests/member_*.rs`): short
+//! protocol timings, a recording handler, a steady publisher on its own OS thread, bounded waits,
+//! the group as `describe` shows it, and a listener in a real OS process
+//! (`examples/member_process.rs`) that can be killed or frozen.
+//!
+//! Times are wall-clock µs since the Unix epoch ([`now_us`]) everywhere, so that logs of the test
+//! process and of a member process can be merged.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use stream_listener::core::admin::{self, GroupDescription};
+use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::coordinator::CoordinatorConfig;
+use stream_listener::core::handler::{Delivery, HandlerError};
+use stream_listener::core::member::{
+    EventCallback, Listener, ListenerEvent, ListenerHandle, ListenerOptions,
+};
+use stream_listener::core::model::GroupState;
+
+pub const STREAM: &str = "orders";
+pub const GROUP: &str = "billing";
+
+/// Heartbeat interval, lease TTL and rebalance timeout of most tests.
+pub const HEARTBEAT: Duration = Duration::from_millis(200);
+pub const LEASE: Duration = Duration::from_millis(1500);
+pub const REBALANCE: Duration = Duration::from_secs(3);
+
+/// Wall-clock µs since the Unix epoch.
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+pub fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+pub fn coordination(
+    heartbeat: Duration,
+    lease: Duration,
+    rebalance: Duration,
+) -> CoordinatorConfig {
+    CoordinatorConfig::new(heartbeat, lease, rebalance).unwrap()
+}
+
+pub fn fast() -> CoordinatorConfig {
+    coordination(HEARTBEAT, LEASE, REBALANCE)
+}
+
+/// Short timings, `concurrency` members, block 500 ms, batch 64.
+pub fn options(concurrency: u32) -> ListenerOptions {
+    let mut options = ListenerOptions::default();
+    options.concurrency = concurrency;
+    options.coordination = fast();
+    options.block = Duration::from_millis(500);
+    options.batch_size = 64;
+    options
+}
+
+pub async fn connect(target: &RedisTarget) -> RedisConnection {
+    RedisConnection::connect(target, Duration::from_secs(5))
+        .await
+        .unwrap()
+}
+
+/// Polls `done` every 20 ms until it holds or `deadline` passes; returns its last value.
+pub async fn wait_until(deadline: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    done()
+}
+
+/// One handler call (its start), as a handler saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub at_us: u64,
+    pub member: String,
+    pub shard: u32,
+    pub entry_id: String,
+    pub member_epoch: i64,
+    pub attempt: u32,
+    pub delivery_count: u64,
+    /// The message number of the payload `{"n": N}`, when it decodes.
+    pub n: Option<u64>,
+}
+
+/// A listener event with the time it was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ev {
+    Assigned {
+        at_us: u64,
+        member: String,
+        shard: u32,
+        epoch: i64,
+    },
+    Revoked {
+        at_us: u64,
+        member: String,
+        shard: u32,
+        epoch: i64,
+    },
+    Read {
+        at_us: u64,
+        member: String,
+        shard: u32,
+        count: usize,
+        first_id: String,
+    },
+    Fence {
+        at_us: u64,
+        member: String,
+        shard: u32,
+        op: String,
+    },
+}
+
+impl Ev {
+    pub fn at_us(&self) -> u64 {
+        match self {
+            Ev::Assigned { at_us, .. }
+            | Ev::Revoked { at_us, .. }
+            | Ev::Read { at_us, .. }
+            | Ev::Fence { at_us, .. } => *at_us,
+        }
+    }
+}
+
+/// What handlers and event callbacks saw, in one process or several.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    pub calls: Mutex<Vec<Call>>,
+    /// Handler successes: (at, member, shard, entry id).
+    pub done: Mutex<Vec<(u64, String, u32, String)>>,
+    pub events: Mutex<Vec<Ev>>,
+}
+
+impl Recorder {
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    pub fn events(&self) -> Vec<Ev> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// Distinct `(shard, entry id)` whose handler succeeded at least once.
+    pub fn handled(&self) -> BTreeSet<(u32, String)> {
+        self.done
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, _, s, id)| (*s, id.clone()))
+            .collect()
+    }
+
+    /// An event callback that records into this recorder.
+    pub fn callback(self: &Arc<Self>) -> EventCallback {
+        let recorder = self.clone();
+        EventCallback(Arc::new(move |event| {
+            let at_us = now_us();
+            let ev = match event {
+                ListenerEvent::Assigned {
+                    member,
+                    shard,
+                    member_epoch,
+                } => Ev::Assigned {
+                    at_us,
+                    member,
+                    shard,
+                    epoch: member_epoch,
+                },
+                ListenerEvent::Revoked {
+                    member,
+                    shard,
+                    member_epoch,
+                } => Ev::Revoked {
+                    at_us,
+                    member,
+                    shard,
+                    epoch: member_epoch,
+                },
+                ListenerEvent::Read {
+                    member,
+                    shard,
+                    count,
+                    first_id,
+                } => Ev::Read {
+                    at_us,
+                    member,
+                    shard,
+                    count,
+                    first_id,
+                },
+                ListenerEvent::FenceRejected { op, member, shard } => Ev::Fence {
+                    at_us,
+                    member,
+                    shard,
+                    op: op.to_owned(),
+                },
+                _ => return,
+            };
+            recorder.events.lock().unwrap().push(ev);
+        }))
+    }
+}
+
+/// The message number of a `{"n": N}` payload.
+pub fn payload_n(delivery: &Delivery) -> Option<u64> {
+    let payload = delivery.payload()?;
+    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    value.get("n")?.as_u64()
+}
+
+/// What a recording handler does with one call, after recording its start.
+pub type Behaviour = Arc<dyn Fn(&Delivery) -> Result<(), HandlerError> + Send + Sync>;
+
+/// A handler that records each call's start, sleeps `work`, then asks `behaviour` for the
+/// outcome (a payload that does not decode is a `Decode` error unless `behaviour` says first).
+pub fn recording_handler(
+    recorder: Arc<Recorder>,
+    work: Duration,
+    behaviour: Option<Behaviour>,
+) -> impl Fn(
+    Delivery,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>>
++ Send
++ Sync
++ 'static {
+    move |delivery: Delivery| {
+        let recorder = recorder.clone();
+        let behaviour = behaviour.clone();
+        Box::pin(async move {
+            let n = payload_n(&delivery);
+            recorder.calls.lock().unwrap().push(Call {
+                at_us: now_us(),
+                member: delivery.member_id.clone(),
+                shard: delivery.shard,
+                entry_id: delivery.entry_id.clone(),
+                member_epoch: delivery.member_epoch,
+                attempt: delivery.attempt,
+                delivery_count: delivery.delivery_count,
+                n,
+            });
+            if !work.is_zero() {
+                tokio::time::sleep(work).await;
+            }
+            if let Some(behaviour) = &behaviour {
+                behaviour(&delivery)?;
+            }
+            if n.is_none() {
+                return Err(HandlerError::Decode("payload is not {\"n\": N}".into()));
+            }
+            recorder.done.lock().unwrap().push((
+                now_us(),
+                delivery.member_id.clone(),
+                delivery.shard,
+                delivery.entry_id.clone(),
+            ));
+            Ok(())
+        })
+    }
+}
+
+/// Starts a listener of `GROUP` on `STREAM` with a recording handler and event callback.
+pub async fn start_recording(
+    target: &RedisTarget,
+    recorder: &Arc<Recorder>,
+    mut options: ListenerOptions,
+    work: Duration,
+) -> ListenerHandle {
+    options.events = Some(recorder.callback());
+    Listener::new(
+        target.clone(),
+        STREAM,
+        GROUP,
+        recording_handler(recorder.clone(), work, None),
+        options,
+    )
+    .unwrap()
+    .start()
+    .await
+    .unwrap()
+}
+
+/// One entry written by the test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    pub at_us: u64,
+    pub n: u64,
+    pub shard: u32,
+    pub id: String,
+}
+
+/// `XADD {orders:<shard>} * key s<shard> payload {"n":<n>}` (synchronous, for publisher threads).
+pub fn xadd_sync(con: &mut redis::Connection, shard: u32, n: u64) -> Published {
+    let id: String = redis::cmd("XADD")
+        .arg(format!("{{{STREAM}:{shard}}}"))
+        .arg("*")
+        .arg("key")
+        .arg(format!("s{shard}"))
+        .arg("payload")
+        .arg(format!("{{\"n\":{n}}}"))
+        .query(con)
+        .unwrap();
+    Published {
+        at_us: now_us(),
+        n,
+        shard,
+        id,
+    }
+}
+
+/// Appends raw fields to shard `shard`; returns the entry id.
+pub async fn xadd_fields(
+    conn: &mut RedisConnection,
+    shard: u32,
+    fields: &[(&str, &str)],
+) -> String {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(format!("{{{STREAM}:{shard}}}")).arg("*");
+    for (f, v) in fields {
+        cmd.arg(*f).arg(*v);
+    }
+    cmd.query_async(conn).await.unwrap()
+}
+
+/// Writes `count` messages to each of `shards` at once (pipelined), numbers from `first_n`.
+pub fn preload(client: &redis::Client, shards: &[u32], count: u64, first_n: u64) -> Vec<Published> {
+    let mut con = client.get_connection().unwrap();
+    let mut out = Vec::new();
+    let mut n = first_n;
+    for _ in 0..count {
+        for &shard in shards {
+            out.push(xadd_sync(&mut con, shard, n));
+            n += 1;
+        }
+    }
+    out
+}
+
+/// Publishes one message to each of `shards` every `interval`, on its own OS thread with its own
+/// synchronous connection (so a busy test runtime cannot slow the rate), on an absolute schedule.
+pub struct SteadyPublisher {
+    stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
+    published: Arc<Mutex<Vec<Published>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SteadyPublisher {
+    pub fn start(
+        client: redis::Client,
+        shards: Vec<u32>,
+        interval: Duration,
+        first_n: u64,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(AtomicBool::new(false));
+        let published = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, paused, published) = (stop.clone(), paused.clone(), published.clone());
+            std::thread::spawn(move || {
+                let mut con = client.get_connection().unwrap();
+                let mut n = first_n;
+                let mut next = Instant::now();
+                while !stop.load(Ordering::SeqCst) {
+                    if !paused.load(Ordering::SeqCst) {
+                        for &shard in &shards {
+                            let p = xadd_sync(&mut con, shard, n);
+                            published.lock().unwrap().push(p);
+                            n += 1;
+                        }
+                    }
+                    next += interval;
+                    let now = Instant::now();
+                    if next > now {
+                        std::thread::sleep(next - now);
+                    } else {
+                        next = now;
+                    }
+                }
+            })
+        };
+        SteadyPublisher {
+            stop,
+            paused,
+            published,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn published(&self) -> Vec<Published> {
+        self.published.lock().unwrap().clone()
+    }
+
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+    }
+
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Stops publishing and returns everything published.
+    pub fn stop(mut self) -> Vec<Published> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+        self.published()
+    }
+}
+
+impl Drop for SteadyPublisher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+pub async fn describe(conn: &mut RedisConnection) -> GroupDescription {
+    admin::describe_group(conn, STREAM, GROUP, &fast())
+        .await
+        .unwrap()
+}
+
+/// The target assignment (shard → member) as `describe` shows it.
+pub fn target_of(group: &GroupDescription) -> BTreeMap<u32, String> {
+    group
+        .shards
+        .iter()
+        .filter_map(|s| s.target_owner.clone().map(|o| (s.shard_index, o)))
+        .collect()
+}
+
+/// STABLE, and every live member reports owning exactly its target.
+pub fn converged(group: &GroupDescription) -> bool {
+    group.state == GroupState::Stable
+        && group
+            .members
+            .iter()
+            .filter(|m| m.live)
+            .all(|m| m.owned == m.target && m.pending.is_empty() && m.revoking.is_empty())
+}
+
+/// Polls `describe` until `done` holds; returns the last description and whether it held.
+pub async fn wait_for_group(
+    conn: &mut RedisConnection,
+    deadline: Duration,
+    mut done: impl FnMut(&GroupDescription) -> bool,
+) -> (GroupDescription, bool) {
+    let end = Instant::now() + deadline;
+    loop {
+        let group = describe(conn).await;
+        if done(&group) {
+            return (group, true);
+        }
+        if Instant::now() >= end {
+            return (group, false);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Pending count of the group on one shard (`XPENDING` summary).
+pub async fn pending_count(conn: &mut RedisConnection, shard: u32) -> u64 {
+    let reply: redis::Value = redis::cmd("XPENDING")
+        .arg(format!("{{{STREAM}:{shard}}}"))
+        .arg(GROUP)
+        .query_async(conn)
+        .await
+        .unwrap();
+    match reply {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(n)) => *n as u64,
+            other => panic!("XPENDING summary: {other:?}"),
+        },
+        other => panic!("XPENDING summary: {other:?}"),
+    }
+}
+
+/// Polls the pending count of `shard` for up to 5 s until it is 0; returns the last count.
+pub async fn wait_no_pending(conn: &mut RedisConnection, shard: u32) -> u64 {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pending = pending_count(conn, shard).await;
+        if pending == 0 || Instant::now() >= end {
+            return pending;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The ids pending for `consumer` on `shard`.
+pub async fn pending_of(conn: &mut RedisConnection, shard: u32, consumer: &str) -> Vec<String> {
+    let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(format!("{{{STREAM}:{shard}}}"))
+        .arg(GROUP)
+        .arg("-")
+        .arg("+")
+        .arg(100_000)
+        .arg(consumer)
+        .query_async(conn)
+        .await
+        .unwrap();
+    rows.into_iter().map(|(id, _, _, _)| id).collect()
+}
+
+/// The group's whole PEL on `shard`: (id, consumer, delivery count).
+pub async fn pel(conn: &mut RedisConnection, shard: u32) -> Vec<(String, String, u64)> {
+    let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+        .arg(format!("{{{STREAM}:{shard}}}"))
+        .arg(GROUP)
+        .arg("-")
+        .arg("+")
+        .arg(100_000)
+        .query_async(conn)
+        .await
+        .unwrap();
+    rows.into_iter().map(|(id, c, _, n)| (id, c, n)).collect()
+}
+
+/// Asserts that every published entry's handler succeeded at least once.
+pub fn assert_all_handled(published: &[Published], handled: &BTreeSet<(u32, String)>) {
+    let missing: Vec<&Published> = published
+        .iter()
+        .filter(|p| !handled.contains(&(p.shard, p.id.clone())))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} published entries never handled, e.g. {:?}",
+        missing.len(),
+        published.len(),
+        &missing[..missing.len().min(5)]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A listener in its own OS process.
+
+/// The path of the `member_process` example, built once per test binary with the `cargo` that
+/// runs the tests (a no-op when `cargo test` already built the examples).
+pub fn member_process_binary() -> &'static str {
+    static PATH: OnceLock<String> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let output = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--example",
+                "member_process",
+                "--message-format=json-render-diagnostics",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("cargo runs");
+        assert!(
+            output.status.success(),
+            "building examples/member_process.rs failed"
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        stdout
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|msg| {
+                msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "member_process"
+            })
+            .find_map(|msg| msg["executable"].as_str().map(str::to_owned))
+            .expect("cargo reports the member_process executable")
+    })
+}
+
+/// A `member_process` child: its stdout is parsed into `recorder` by a reader thread. Killed
+/// (`SIGKILL`) when dropped.
+pub struct MemberProcess {
+    child: Child,
+    pub members: Vec<String>,
+    pub recorder: Arc<Recorder>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MemberProcess {
+    /// Spawns `member_process <url> <args>` and waits until it reports its member ids.
+    pub fn spawn(url: &str, args: &[&str], recorder: Arc<Recorder>) -> Self {
+        let mut child = Command::new(member_process_binary())
+            .arg(url)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("member_process starts");
+        let stdout = child.stdout.take().unwrap();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Vec<String>>();
+        let reader = {
+            let recorder = recorder.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    parse_line(&line, &recorder, &ready_tx);
+                }
+            })
+        };
+        let members = ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("member_process reports READY");
+        MemberProcess {
+            child,
+            members,
+            recorder,
+            reader: Some(reader),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name} {} failed", self.pid());
+    }
+
+    /// Freezes the process (`SIGSTOP`): its clocks keep running, it does nothing.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets it run again (`SIGCONT`).
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    /// Graceful shutdown (`SIGTERM`), waiting for the exit (at most 30 s, then `SIGKILL`).
+    /// Returns when the signal was sent and whether the process exited with status 0.
+    pub fn terminate(mut self) -> (u64, bool) {
+        let at = now_us();
+        self.signal("TERM");
+        let end = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
+                _ => break None,
+            }
+        };
+        if let Some(reader) = self.reader.take() {
+            if status.is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+            let _ = reader.join();
+        }
+        (at, status.is_some_and(|s| s.success()))
+    }
+
+    /// A crash (`SIGKILL`), waiting for the exit. Returns the time of the kill.
+    pub fn kill(&mut self) -> u64 {
+        let at = now_us();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        at
+    }
+}
+
+impl Drop for MemberProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(self.child.id().to_string())
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn parse_line(line: &str, recorder: &Recorder, ready: &std::sync::mpsc::Sender<Vec<String>>) {
+    let parts: Vec<&str> = line.split_whitespace().collect();
+    let num = |i: usize| {
+        parts
+            .get(i)
+            .and_then(|p| p.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let int = |i: usize| {
+        parts
+            .get(i)
+            .and_then(|p| p.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    let text = |i: usize| parts.get(i).map_or_else(String::new, |p| (*p).to_owned());
+    match parts.first().copied() {
+        Some("READY") => {
+            let members = parts
+                .get(1)
+                .map(|m| m.split(',').map(str::to_owned).collect())
+                .unwrap_or_default();
+            let _ = ready.send(members);
+        }
+        Some("H") => recorder.calls.lock().unwrap().push(Call {
+            at_us: num(1),
+            member: text(2),
+            shard: num(3) as u32,
+            entry_id: text(4),
+            member_epoch: int(5),
+            attempt: num(6) as u32,
+            delivery_count: 0,
+            n: parts.get(7).and_then(|p| p.parse().ok()),
+        }),
+        Some("D") => recorder
+            .done
+            .lock()
+            .unwrap()
+            .push((num(1), text(2), num(3) as u32, text(4))),
+        Some("A") => recorder.events.lock().unwrap().push(Ev::Assigned {
+            at_us: num(1),
+            member: text(2),
+            shard: num(3) as u32,
+            epoch: int(4),
+        }),
+        Some("V") => recorder.events.lock().unwrap().push(Ev::Revoked {
+            at_us: num(1),
+            member: text(2),
+            shard: num(3) as u32,
+            epoch: int(4),
+        }),
+        Some("R") => recorder.events.lock().unwrap().push(Ev::Read {
+            at_us: num(1),
+            member: text(2),
+            shard: num(3) as u32,
+            count: num(4) as usize,
+            first_id: text(5),
+        }),
+        Some("F") => recorder.events.lock().unwrap().push(Ev::Fence {
+            at_us: num(1),
+            member: text(2),
+            shard: num(3) as u32,
+            op: text(4),
+        }),
+        _ => {}
+    }
+}
+
+/// Serialises the timing-sensitive tests of one test binary (they share two cores).
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
