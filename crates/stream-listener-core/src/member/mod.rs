@@ -244,12 +244,14 @@ impl ListenerHandle {
     /// application should then exit with an error rather than run with fewer members.
     pub async fn stopped_for_good(&self) -> MemberStopped {
         let mut stopped = self.stopped.clone();
-        match stopped.wait_for(Option::is_some).await {
-            Ok(value) => value.clone().unwrap_or_else(|| MemberStopped {
-                member_id: String::new(),
-                reason: String::new(),
-            }),
-            Err(_) => std::future::pending().await,
+        // Cloned out at once: the watch guard must not live across an await (Send futures).
+        let found = stopped
+            .wait_for(Option::is_some)
+            .await
+            .map(|value| value.clone());
+        match found {
+            Ok(Some(stopped)) => stopped,
+            _ => std::future::pending().await,
         }
     }
 
