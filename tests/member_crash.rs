@@ -354,7 +354,6 @@ async fn redis_paused_longer_than_the_lease_stops_handlers_then_members_recover(
 /// The entries a member had read but not finished when its lease ended stay in its own PEL; when
 /// its lease is renewed and it keeps the shard, it must handle them (they are not new entries).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runtime bug: entries abandoned when the lease lapses stay in the member's own PEL and are never re-read after the lease is renewed (poller stays in Phase::New)"]
 async fn entries_in_hand_when_the_lease_ended_are_handled_after_redis_returns() {
     redis_paused_longer_than_the_lease(AfterPause::NothingLost).await;
 }

@@ -418,7 +418,6 @@ const SWEEP_WAIT: Duration = Duration::from_secs(15);
 /// entries into its own PEL after the owner's takeover claim. The zombie then dies for good: only
 /// the owner's periodic sweep can bring those entries to a handler (nothing lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runtime bug: acks mode has no periodic sweep of other consumers' pending entries (DESIGN.md §8); a zombie's late read is never handled"]
 async fn acks_mode_entries_a_zombie_read_after_the_takeover_are_swept_by_the_owner() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start().unwrap();

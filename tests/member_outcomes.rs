@@ -190,7 +190,6 @@ const OTHER_SHARD_MAX_GAP: Duration = Duration::from_millis(250);
 /// poison message with backoff (the shard waits, so its order holds), shard 0 keeps being served:
 /// a shard sleeping out a backoff must not hold the member's only worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runtime bug: a shard sleeping out a retry backoff holds the member's worker permit, so its other shards starve (BR-12)"]
 async fn a_poison_messages_backoff_does_not_hold_up_the_members_other_shards() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start().unwrap();

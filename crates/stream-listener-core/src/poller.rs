@@ -78,6 +78,8 @@ pub(crate) struct ShardTask {
     raised: Option<FenceToken>,
     phase: Phase,
     member_id: String,
+    /// When other consumers' pending entries were last claimed (`acks` mode sweeps).
+    last_sweep: Instant,
 }
 
 impl ShardTask {
@@ -102,6 +104,7 @@ impl ShardTask {
             raised: None,
             phase: Phase::Claim,
             member_id,
+            last_sweep: Instant::now(),
         })
     }
 
@@ -261,6 +264,18 @@ impl ShardTask {
         }
     }
 
+    /// In `acks` mode a zombie can still read (reads are fenced by the lease only), so entries it
+    /// read after the takeover sit in its pending list: claim other consumers' entries again once
+    /// per lease TTL (DESIGN.md §8, the periodic sweep).
+    fn sweep_if_due(&mut self) {
+        let acks_mode = self.ctx.options.fencing == crate::dataplane::FencingMode::Acks;
+        if acks_mode && self.last_sweep.elapsed() >= self.ctx.options.coordination.member_lease_ttl
+        {
+            self.last_sweep = Instant::now();
+            self.phase = Phase::Claim;
+        }
+    }
+
     async fn read_pending(
         &mut self,
         token: &FenceToken,
@@ -300,10 +315,21 @@ impl ShardTask {
         let mode = self.ctx.options.fencing;
         match self.client.read_new(self.shard, token, batch, mode).await? {
             ReadOutcome::Entries(entries) => {
-                self.handle_batch(token, entries).await?;
+                if !self.handle_batch(token, entries).await? {
+                    // Entries left unfinished (lease lapse, failed attempt while draining) stay
+                    // in this consumer's pending list: go back to it before reading new ones.
+                    self.phase = Phase::Pending("0".into());
+                }
+                self.sweep_if_due();
                 Ok(())
             }
-            ReadOutcome::Empty { last_id } => self.wait_for_entries(&last_id).await,
+            ReadOutcome::Empty { last_id } => {
+                self.sweep_if_due();
+                if self.phase == Phase::New {
+                    self.wait_for_entries(&last_id).await?;
+                }
+                Ok(())
+            }
             ReadOutcome::Fenced(fenced) => {
                 self.conflict("read", fenced, token).await;
                 Ok(())
@@ -348,14 +374,6 @@ impl ShardTask {
                 first_id: first.id.clone(),
             });
         }
-        let workers = worker_semaphore(&self.ctx);
-        let permit = tokio::select! {
-            permit = workers.acquire_owned() => permit.ok(),
-            _ = self.stop.cancelled() => None,
-        };
-        let Some(_permit) = permit else {
-            return Ok(false);
-        };
         let mut finished = Vec::with_capacity(entries.len());
         let mut complete = true;
         for entry in entries {
@@ -474,6 +492,20 @@ impl ShardTask {
     /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
     /// ends (fail closed); a drain lets it finish.
     async fn run_handler(&self, delivery: Delivery) -> Attempt {
+        // One of the member's workers per attempt, FIFO: shards waiting for a worker are served
+        // in turn, and no worker is held through a backoff or an ack.
+        let workers = worker_semaphore(&self.ctx);
+        let permit = tokio::select! {
+            permit = workers.acquire_owned() => permit.ok(),
+            _ = self.stop.cancelled() => None,
+        };
+        let Some(_permit) = permit else {
+            return Attempt::Cancelled;
+        };
+        // The wait for a worker may have outlived the lease (or the process was paused in it).
+        if !self.may_finish() {
+            return Attempt::Cancelled;
+        }
         // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a
         // failed attempt; dropping the future cancels the handler.
         let handler = AssertUnwindSafe(self.ctx.handler.handle(delivery)).catch_unwind();

@@ -93,6 +93,14 @@ impl Member {
                 }
                 Err(error) => {
                     failures += 1;
+                    // Our sequence is behind what the coordinator recorded for this process
+                    // (a lost fast-path answer, say): continue above it.
+                    if let StoreError::Coordinator(
+                        crate::coordinator::CoordinatorError::StaleRequestSeq { last, .. },
+                    ) = &error
+                    {
+                        seq = seq.max(*last);
+                    }
                     if matches!(
                         error,
                         StoreError::MissingStream { .. } | StoreError::MissingGroup { .. }

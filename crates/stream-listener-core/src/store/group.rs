@@ -478,12 +478,20 @@ fn apply_fast_path_state(
     let Some(seq) = fields.get(&seq_field) else {
         return Ok(());
     };
+    // Only the fast path's answers to this process count: a static member's new process
+    // starts its sequence again, and an old process's entry must not make it look stale.
+    let entry = fields.get(&format!("{FAST}{id}"));
+    let same_process = entry
+        .and_then(|e| e.split_once('|'))
+        .is_some_and(|(process, _)| process == member.process_id);
+    if !same_process {
+        return Ok(());
+    }
     let seq = parse_u64(key, &seq_field, Some(seq))?;
     if seq <= member.last_request_seq {
         return Ok(());
     }
     member.last_request_seq = seq;
-    let entry = fields.get(&format!("{FAST}{id}"));
     if let Some((_, json)) = entry.and_then(|e| e.split_once('\n')) {
         let response = serde_json::from_str(json)
             .map_err(|e| StoreError::corrupt(key, &format!("{FAST}{id}"), e))?;
