@@ -1,0 +1,519 @@
+//! `workload`: a load and fault-injection driver for stream-listener (issue 8). The benchmarks and
+//! the fault-injection suite (`tests/fault_*.rs`) run it as real OS processes, and anyone can use
+//! it to test a deployment.
+//!
+//! ```text
+//! workload [--redis-url URL | --cluster-node URL...] produce --stream S --keys K --count N [--rate R]
+//! workload [--redis-url URL | --cluster-node URL...] consume --stream S --group G --concurrency C
+//!          [--handler-ms T] [--fail-every F] [--instance-id ID] [--fencing strict|acks]
+//!          [--heartbeat-ms H --lease-ms L --rebalance-ms B] ...
+//! ```
+//!
+//! `--redis-url` defaults to `REDIS_URL`, then `redis://127.0.0.1:6379`; `--cluster-node` (repeat
+//! it) talks to a Redis Cluster instead. Both commands create the stream with `--shards` shards
+//! (default 8) when it does not exist, and use it as it is otherwise.
+//!
+//! **produce** publishes `count` messages through the routed [`Publisher`]: message `n` (from 0)
+//! has partition key `key-<n mod K>` and payload `{"key":"key-<n mod K>","seq":<n div K>}`, so
+//! every key's `seq` runs 0, 1, 2... in publish order. `--rate` paces it (messages per second;
+//! unpaced by default). A failed batch is sent again (Redis down or restarting) until
+//! `--retry-for-ms` passes without progress: messages may then be appended twice, never lost.
+//! It prints one JSON line at the end: `{"event":"produced","stream":..,"keys":K,"count":N,
+//! "retries":r,"elapsedUs":µs}`.
+//!
+//! **consume** runs a listener with `concurrency` members and writes one JSON line to stdout per
+//! handler call, assignment change, fenced read that returned entries, and fence rejection (field
+//! names and meanings are fixed: other tools read this log):
+//!
+//! ```text
+//! {"event":"handled","member":"<id>","shard":i,"entryId":"<id>","key":"<k>","seq":n,"attempt":a,
+//!  "memberEpoch":e,"startUs":µs,"endUs":µs,"ok":bool}
+//! {"event":"assigned"|"revoked","member":"<id>","shard":i,"memberEpoch":e,"tsUs":µs}
+//! {"event":"read","member":"<id>","shard":i,"count":n,"firstId":"<id>","tsUs":µs}
+//! {"event":"fenceRejected","op":"read"|"ack"|"claim","member":"<id>","shard":i,"tsUs":µs}
+//! ```
+//!
+//! Times are µs since the Unix epoch (`SystemTime`), so the logs of several processes on one
+//! host can be merged. Each line is written with one locked write and flushed before the handler
+//! returns, so a line is never torn and a handled line is out before its entry is acked. A
+//! payload that is not `{"key","seq"}` is logged with `"key":null,"seq":null,"ok":false` and
+//! dead-lettered (reason `decode`). `--handler-ms` makes each call sleep; `--fail-every F` makes
+//! the first attempt of every F-th entry the process handles fail with a retryable error (its
+//! retry, attempt 2, succeeds). SIGTERM or SIGINT shuts down gracefully (drain, ack, leave) and
+//! exits 0; a member stopped for good (another process took its `--instance-id`) makes the
+//! process leave and exit 1. Progress and errors go to stderr.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use stream_listener::core::admin::{self, AdminError};
+use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::coordinator::CoordinatorConfig;
+use stream_listener::core::dataplane::FencingMode;
+use stream_listener::core::handler::{Delivery, HandlerError};
+use stream_listener::core::member::{EventCallback, Listener, ListenerEvent, ListenerOptions};
+use stream_listener::core::producer::{Publisher, PublisherOptions};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Load and fault-injection driver for stream-listener: publishes keyed, numbered messages, or
+/// consumes them with a listener and logs every handler call and ownership change as JSON lines.
+#[derive(Debug, Parser)]
+#[command(name = "workload")]
+struct Cli {
+    /// Redis URL of a standalone server.
+    #[arg(
+        long,
+        global = true,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        value_name = "URL"
+    )]
+    redis_url: String,
+
+    /// Seed node of a Redis Cluster (a redis:// URL); repeat for more nodes. When given,
+    /// --redis-url is ignored.
+    #[arg(long = "cluster-node", global = true, value_name = "URL")]
+    cluster_nodes: Vec<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Publish `count` messages over `keys` partition keys, per-key seq from 0.
+    Produce(ProduceArgs),
+    /// Run a listener and log every handler call and ownership change as JSON lines.
+    Consume(ConsumeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ProduceArgs {
+    /// Stream prefix.
+    #[arg(long)]
+    stream: String,
+    /// Number of partition keys (`key-0`..`key-<K-1>`).
+    #[arg(long)]
+    keys: u64,
+    /// Number of messages.
+    #[arg(long)]
+    count: u64,
+    /// Messages per second (unpaced when absent).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Shards of the stream when it has to be created.
+    #[arg(long, default_value_t = 8)]
+    shards: u32,
+    /// Messages per pipelined batch.
+    #[arg(long, default_value_t = 256)]
+    batch: usize,
+    /// Give up when no batch could be sent for this long (ms).
+    #[arg(long, default_value_t = 60_000)]
+    retry_for_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Fencing {
+    /// Reads, acks and claims check the fence.
+    Strict,
+    /// Acks and claims check the fence; reads rely on the lease.
+    Acks,
+}
+
+#[derive(Debug, Args)]
+struct ConsumeArgs {
+    /// Stream prefix.
+    #[arg(long)]
+    stream: String,
+    /// Consumer group.
+    #[arg(long)]
+    group: String,
+    /// Logical members in this process.
+    #[arg(long, default_value_t = 1)]
+    concurrency: u32,
+    /// Each handler call sleeps this long (ms).
+    #[arg(long, default_value_t = 0)]
+    handler_ms: u64,
+    /// The first attempt of every F-th entry fails with a retryable error (0: never).
+    #[arg(long, default_value_t = 0)]
+    fail_every: u64,
+    /// Static membership: member ids `<ID>-m<k>`.
+    #[arg(long, env = "STREAM_LISTENER_INSTANCE_ID")]
+    instance_id: Option<String>,
+    /// Fencing mode.
+    #[arg(long, value_enum, default_value_t = Fencing::Strict)]
+    fencing: Fencing,
+    /// Heartbeat interval (ms); default 3000.
+    #[arg(long)]
+    heartbeat_ms: Option<u64>,
+    /// Member lease TTL (ms); default 15000.
+    #[arg(long)]
+    lease_ms: Option<u64>,
+    /// Rebalance timeout (ms); default 60000.
+    #[arg(long)]
+    rebalance_ms: Option<u64>,
+    /// Lease margin taken off on the member's side (ms); default 20% of the lease.
+    #[arg(long)]
+    lease_margin_ms: Option<u64>,
+    /// Entries per read.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Longest blocking wait for new entries (ms).
+    #[arg(long, default_value_t = 2000)]
+    block_ms: u64,
+    /// Local workers per member (`runtime_max_concurrency`).
+    #[arg(long, default_value_t = 1)]
+    workers: u32,
+    /// Handler attempts before dead-lettering.
+    #[arg(long, default_value_t = 3)]
+    max_attempts: u32,
+    /// First retry backoff (ms).
+    #[arg(long, default_value_t = 200)]
+    backoff_ms: u64,
+    /// Limit of one handler attempt (ms).
+    #[arg(long, default_value_t = 30_000)]
+    handler_timeout_ms: u64,
+    /// Time in-flight handlers get at shutdown (ms).
+    #[arg(long, default_value_t = 30_000)]
+    shutdown_timeout_ms: u64,
+    /// Shards of the stream when it has to be created.
+    #[arg(long, default_value_t = 8)]
+    shards: u32,
+    /// Listener name (member name in `describe`).
+    #[arg(long, default_value = "workload")]
+    name: String,
+    /// Shut down gracefully when standard input closes (for test harnesses, so that a consumer
+    /// does not outlive the process that started it).
+    #[arg(long)]
+    exit_on_stdin_close: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let target = if cli.cluster_nodes.is_empty() {
+        RedisTarget::Standalone(cli.redis_url.clone())
+    } else {
+        RedisTarget::Cluster(cli.cluster_nodes.clone())
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("workload: cannot start the tokio runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Produce(args) => produce(target, args).await,
+            Command::Consume(args) => consume(target, args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("workload: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Wall-clock µs since the Unix epoch.
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Writes one line to stdout with one locked write, and flushes it.
+fn emit(value: &serde_json::Value) {
+    let mut line = value.to_string();
+    line.push('\n');
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (the reader went away) must not stop the listener: ignore write errors.
+    let _ = out.write_all(line.as_bytes());
+    let _ = out.flush();
+}
+
+async fn connect(target: &RedisTarget) -> Result<RedisConnection, String> {
+    RedisConnection::connect(target, Duration::from_secs(5))
+        .await
+        .map_err(|e| format!("cannot connect to Redis ({target:?}): {e}"))
+}
+
+/// Creates the stream with `shards` shards when it does not exist; an existing stream is used as
+/// it is, whatever its shard count.
+async fn ensure_stream(
+    conn: &mut RedisConnection,
+    stream: &str,
+    shards: u32,
+) -> Result<(), String> {
+    match admin::create_stream(conn, stream, shards).await {
+        Ok(created) => {
+            if created.created {
+                eprintln!("workload: created stream {stream:?} with {shards} shards");
+            }
+            Ok(())
+        }
+        Err(AdminError::ShardCountMismatch { .. }) => Ok(()),
+        Err(error) => Err(format!("cannot create stream {stream:?}: {error}")),
+    }
+}
+
+/// The payload of every message.
+#[derive(Debug, Serialize, Deserialize)]
+struct Payload {
+    key: String,
+    seq: u64,
+}
+
+async fn produce(target: RedisTarget, args: ProduceArgs) -> Result<(), String> {
+    if args.keys == 0 {
+        return Err("--keys must be at least 1".into());
+    }
+    if args.batch == 0 {
+        return Err("--batch must be at least 1".into());
+    }
+    if let Some(rate) = args.rate
+        && !(rate.is_finite() && rate > 0.0)
+    {
+        return Err(format!("--rate must be a positive number, not {rate}"));
+    }
+    let mut conn = connect(&target).await?;
+    ensure_stream(&mut conn, &args.stream, args.shards).await?;
+    let publisher = Publisher::new(conn, &args.stream, PublisherOptions::default())
+        .await
+        .map_err(|e| format!("cannot publish to {:?}: {e}", args.stream))?;
+    let started = Instant::now();
+    let retry_for = Duration::from_millis(args.retry_for_ms);
+    let mut sent = 0u64;
+    let mut retries = 0u64;
+    while sent < args.count {
+        // Messages due now: all of them unpaced, else those whose time (n / rate) has come.
+        let due = match args.rate {
+            None => args.count,
+            Some(rate) => {
+                let due = (started.elapsed().as_secs_f64() * rate).floor() as u64 + 1;
+                due.min(args.count)
+            }
+        };
+        if due <= sent {
+            let rate = args.rate.unwrap_or(1.0);
+            let next = Duration::from_secs_f64(sent as f64 / rate);
+            let wait = next.saturating_sub(started.elapsed());
+            tokio::time::sleep(wait.max(Duration::from_micros(200))).await;
+            continue;
+        }
+        let end = due.min(sent + args.batch as u64);
+        let batch: Vec<(String, Payload)> = (sent..end)
+            .map(|n| {
+                let key = format!("key-{}", n % args.keys);
+                let payload = Payload {
+                    key: key.clone(),
+                    seq: n / args.keys,
+                };
+                (key, payload)
+            })
+            .collect();
+        let first_failure = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match publisher.publish_batch(&batch).await {
+                Ok(_) => break,
+                Err(error) => {
+                    if first_failure.elapsed() >= retry_for {
+                        return Err(format!(
+                            "publishing failed for {:?}, giving up after {} of {} messages: {error}",
+                            retry_for, sent, args.count
+                        ));
+                    }
+                    retries += 1;
+                    if retries == 1 || retries.is_multiple_of(10) {
+                        eprintln!(
+                            "workload: publishing failed ({retries} retries so far), sending the batch again: {error}"
+                        );
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+        sent = end;
+    }
+    emit(&json!({
+        "event": "produced",
+        "stream": args.stream,
+        "keys": args.keys,
+        "count": args.count,
+        "retries": retries,
+        "elapsedUs": u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+    }));
+    Ok(())
+}
+
+fn coordination(args: &ConsumeArgs) -> Result<CoordinatorConfig, String> {
+    let defaults = CoordinatorConfig::default();
+    let pick = |ms: Option<u64>, default: Duration| ms.map_or(default, Duration::from_millis);
+    CoordinatorConfig::new(
+        pick(args.heartbeat_ms, defaults.heartbeat_interval),
+        pick(args.lease_ms, defaults.member_lease_ttl),
+        pick(args.rebalance_ms, defaults.rebalance_timeout),
+    )
+    .map_err(|e| format!("invalid timings: {e}"))
+}
+
+fn events_callback() -> EventCallback {
+    EventCallback(Arc::new(|event: ListenerEvent| {
+        let ts_us = now_us();
+        let line = match event {
+            ListenerEvent::Assigned {
+                member,
+                shard,
+                member_epoch,
+            } => json!({"event": "assigned", "member": member, "shard": shard,
+                        "memberEpoch": member_epoch, "tsUs": ts_us}),
+            ListenerEvent::Revoked {
+                member,
+                shard,
+                member_epoch,
+            } => json!({"event": "revoked", "member": member, "shard": shard,
+                        "memberEpoch": member_epoch, "tsUs": ts_us}),
+            ListenerEvent::Read {
+                member,
+                shard,
+                count,
+                first_id,
+            } => json!({"event": "read", "member": member, "shard": shard, "count": count,
+                        "firstId": first_id, "tsUs": ts_us}),
+            ListenerEvent::FenceRejected { op, member, shard } => {
+                json!({"event": "fenceRejected", "op": op, "member": member, "shard": shard,
+                       "tsUs": ts_us})
+            }
+            other => {
+                eprintln!("workload: unknown listener event {other:?}");
+                return;
+            }
+        };
+        emit(&line);
+    }))
+}
+
+async fn consume(target: RedisTarget, args: ConsumeArgs) -> Result<(), String> {
+    let mut conn = connect(&target).await?;
+    ensure_stream(&mut conn, &args.stream, args.shards).await?;
+    let mut options = ListenerOptions::default();
+    options.name = args.name.clone();
+    options.concurrency = args.concurrency;
+    options.runtime_max_concurrency = args.workers;
+    options.batch_size = args.batch_size;
+    options.block = Duration::from_millis(args.block_ms);
+    options.max_attempts = args.max_attempts;
+    options.backoff = Duration::from_millis(args.backoff_ms);
+    options.handler_timeout = Duration::from_millis(args.handler_timeout_ms);
+    options.shutdown_timeout = Duration::from_millis(args.shutdown_timeout_ms);
+    options.fencing = match args.fencing {
+        Fencing::Strict => FencingMode::Strict,
+        Fencing::Acks => FencingMode::Acks,
+    };
+    options.instance_id = args.instance_id.clone();
+    options.coordination = coordination(&args)?;
+    options.lease_margin = args.lease_margin_ms.map(Duration::from_millis);
+    options.events = Some(events_callback());
+
+    let handler_time = Duration::from_millis(args.handler_ms);
+    let fail_every = args.fail_every;
+    // Entries seen on a first attempt, for --fail-every.
+    let first_attempts = Arc::new(AtomicU64::new(0));
+    let handler = move |delivery: Delivery| {
+        let first_attempts = first_attempts.clone();
+        async move {
+            let start_us = now_us();
+            let payload: Option<Payload> = delivery
+                .payload()
+                .and_then(|bytes| serde_json::from_slice(bytes).ok());
+            let mut result = match &payload {
+                Some(_) => Ok(()),
+                None => Err(HandlerError::Decode(
+                    "payload is not {\"key\":<string>,\"seq\":<integer>}".into(),
+                )),
+            };
+            if result.is_ok() {
+                if !handler_time.is_zero() {
+                    tokio::time::sleep(handler_time).await;
+                }
+                if fail_every > 0 && delivery.attempt == 1 {
+                    let n = first_attempts.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n.is_multiple_of(fail_every) {
+                        result = Err(HandlerError::retryable(format!(
+                            "--fail-every {fail_every}: entry {n} of this process fails once"
+                        )));
+                    }
+                }
+            }
+            let (key, seq) = match &payload {
+                Some(p) => (json!(p.key), json!(p.seq)),
+                None => (serde_json::Value::Null, serde_json::Value::Null),
+            };
+            emit(&json!({
+                "event": "handled",
+                "member": delivery.member_id,
+                "shard": delivery.shard,
+                "entryId": delivery.entry_id,
+                "key": key,
+                "seq": seq,
+                "attempt": delivery.attempt,
+                "memberEpoch": delivery.member_epoch,
+                "startUs": start_us,
+                "endUs": now_us(),
+                "ok": result.is_ok(),
+            }));
+            result
+        }
+    };
+
+    // Installed before the members start, so that an early SIGTERM is graceful too.
+    let mut terminate = signal(SignalKind::terminate())
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let listener = Listener::new(target, &args.stream, &args.group, handler, options)
+        .map_err(|e| e.to_string())?;
+    let handle = listener.start().await.map_err(|e| e.to_string())?;
+    eprintln!(
+        "workload: consuming {:?} as group {:?} with members {}",
+        args.stream,
+        args.group,
+        handle.member_ids().join(", ")
+    );
+    if args.exit_on_stdin_close {
+        let token = handle.shutdown_token();
+        std::thread::spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            let mut buf = [0u8; 256];
+            while matches!(std::io::Read::read(&mut stdin, &mut buf), Ok(n) if n > 0) {}
+            token.cancel();
+        });
+    }
+    // As `ListenerHandle::run_until_signal`, and also ends when a member stops for good (another
+    // process took its static identity): the process then leaves and exits with an error rather
+    // than run with fewer members.
+    let token = handle.shutdown_token();
+    let stopped = tokio::select! {
+        _ = tokio::signal::ctrl_c() => None,
+        _ = terminate.recv() => None,
+        _ = token.cancelled() => None,
+        stopped = handle.stopped_for_good() => Some(stopped),
+    };
+    handle.shutdown_and_wait().await;
+    if let Some(stopped) = stopped {
+        return Err(format!(
+            "member {} stopped for good: {}",
+            stopped.member_id, stopped.reason
+        ));
+    }
+    eprintln!("workload: left the group");
+    Ok(())
+}
