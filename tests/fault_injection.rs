@@ -54,7 +54,13 @@ fn start_consumers(url: &str, processes: usize, concurrency: u32, extra: &[&str]
 /// Waits for the producer to finish and for every message to be handled (by any consumer,
 /// including dead ones), then shuts the live consumers down gracefully. Panics with
 /// diagnostics on a timeout.
-fn finish(url: &str, producer: &mut Workload, consumers: &mut [Workload], deadline: Duration) {
+/// Returns when the shutdown began (µs): ownership changes after it are the shutdown's.
+fn finish(
+    url: &str,
+    producer: &mut Workload,
+    consumers: &mut [Workload],
+    deadline: Duration,
+) -> u64 {
     let started = Instant::now();
     let status = producer.wait_exit(deadline);
     assert!(
@@ -116,11 +122,13 @@ fn finish(url: &str, producer: &mut Workload, consumers: &mut [Workload], deadli
             details.join("\n")
         );
     }
+    let shutdown_us = now_us();
     for consumer in consumers.iter_mut() {
         if !consumer.exited() {
             consumer.terminate(Duration::from_secs(20));
         }
     }
+    shutdown_us
 }
 
 /// Asserts the checker found nothing; on a violation the raw logs are saved first.
@@ -139,6 +147,25 @@ fn logs(consumers: &[Workload]) -> Vec<checker::ProcessLog> {
 /// Shards owned by the members of `process` right now, by member.
 fn owned_by(process: &Workload) -> BTreeMap<u32, String> {
     owned_now(&process.lines())
+}
+
+/// Shards owned by the members of `process` at `at_us`, by member.
+fn owned_at(process: &Workload, at_us: u64) -> BTreeMap<u32, String> {
+    let lines: Vec<LogLine> = process
+        .lines()
+        .into_iter()
+        .filter(|l| l.ts_us() < at_us)
+        .collect();
+    owned_now(&lines)
+}
+
+/// Assignments logged in `[from_us, to_us)` by `consumers`.
+fn assignments_between(consumers: &[Workload], from_us: u64, to_us: u64) -> usize {
+    consumers
+        .iter()
+        .flat_map(Workload::lines)
+        .filter(|l| matches!(l, LogLine::Assigned(o) if o.ts_us >= from_us && o.ts_us < to_us))
+        .count()
 }
 
 #[test]
@@ -387,7 +414,6 @@ fn sigstop_of_a_member_process_past_its_lease_leaves_a_zombie_that_does_not_read
 /// `SIGSTOP` of Redis for longer than the lease: the members stop handling once their leases run
 /// out (fail closed), then recover by themselves when Redis continues; nothing is lost.
 #[test]
-#[ignore = "runtime defect: entries of a batch interrupted by a lease lapse (Redis stopped) stay pending and are never handled, because poller::read_new ignores handle_batch's incomplete result and keeps reading with >"]
 fn sigstop_of_redis_past_the_lease_stops_the_members_and_they_recover() {
     let _serial = serial();
     let server = RedisServer::start().unwrap();
@@ -414,14 +440,13 @@ fn sigstop_of_redis_past_the_lease_stops_the_members_and_they_recover() {
         let (at, _) = first_read_since(&all, shard, resumed_us).unwrap();
         recovery_ms.insert(shard, ms(at - resumed_us));
     }
-    finish(&url, &mut producer, &mut consumers, Duration::from_secs(60));
+    let shutdown_us = finish(&url, &mut producer, &mut consumers, Duration::from_secs(60));
 
     let report = checker::check(&logs(&consumers), EXPECTED, &[]);
     // Fail closed: from the end of the lease (plus scheduling slack) until Redis continued, no
     // handler started and no read happened.
     let quiet_from = paused_us + LEASE_MS * 1000 + 250_000;
     let mut active = Vec::new();
-    let mut moves = 0;
     for consumer in &consumers {
         for line in consumer.lines() {
             match &line {
@@ -431,14 +456,16 @@ fn sigstop_of_redis_past_the_lease_stops_the_members_and_they_recover() {
                 LogLine::Read(r) if r.ts_us >= quiet_from && r.ts_us < resumed_us => {
                     active.push(line.clone());
                 }
-                LogLine::Assigned(o) if o.ts_us >= paused_us => moves += 1,
                 _ => {}
             }
         }
     }
-    let owners_after: Vec<BTreeMap<u32, String>> = consumers.iter().map(owned_by).collect();
+    // The outage is not a reason to move shards (DESIGN.md §5): reported, not asserted.
+    let moves = assignments_between(&consumers, paused_us, shutdown_us);
+    let owners_after: Vec<BTreeMap<u32, String>> =
+        consumers.iter().map(|c| owned_at(c, shutdown_us)).collect();
     eprintln!(
-        "SIGSTOP Redis: {}; first read per shard after Redis continued (ms): {recovery_ms:?}; assignments after the pause: {moves}; owners before {owners_before:?} after {owners_after:?}",
+        "SIGSTOP Redis: {}; first read per shard after Redis continued (ms): {recovery_ms:?}; assignments from the pause to the shutdown: {moves}; owners before {owners_before:?} after {owners_after:?}",
         report.summary()
     );
     assert_clean(&report, "sigstop-redis", &consumers);
@@ -452,7 +479,7 @@ fn sigstop_of_redis_past_the_lease_stops_the_members_and_they_recover() {
 /// longer than the lease: the members and the producer reconnect by themselves, and nothing is
 /// lost.
 #[test]
-#[ignore = "runtime defect: entries handled just before Redis died stay pending for good: the failed XACK is not retried and the shard task keeps reading with >, never re-reading its own pending entries (plus the read_new defect of the Redis-pause test)"]
+#[ignore = "runtime defect: entries handled just before Redis died stay pending for good: the failed XACK is not retried and the shard task keeps reading with >, never re-reading its own pending entries (poller: read_new after a failed ack; ack() skipped without a lease also reports success)"]
 fn redis_restart_with_aof_mid_run_loses_nothing() {
     let _serial = serial();
     let mut server = RedisServer::builder().aof(true).start().unwrap();
@@ -487,17 +514,14 @@ fn redis_restart_with_aof_mid_run_loses_nothing() {
         let (at, _) = first_read_since(&all, shard, restarted_us).unwrap();
         recovery_ms.insert(shard, ms(at - restarted_us));
     }
-    finish(&url, &mut producer, &mut consumers, Duration::from_secs(60));
+    let shutdown_us = finish(&url, &mut producer, &mut consumers, Duration::from_secs(60));
 
     let report = checker::check(&logs(&consumers), EXPECTED, &[]);
-    let moves = consumers
-        .iter()
-        .flat_map(Workload::lines)
-        .filter(|l| matches!(l, LogLine::Assigned(o) if o.ts_us >= killed_us))
-        .count();
-    let owners_after: Vec<BTreeMap<u32, String>> = consumers.iter().map(owned_by).collect();
+    let moves = assignments_between(&consumers, killed_us, shutdown_us);
+    let owners_after: Vec<BTreeMap<u32, String>> =
+        consumers.iter().map(|c| owned_at(c, shutdown_us)).collect();
     eprintln!(
-        "Redis restart (AOF): {}; down {} ms; first read per shard after the restart (ms): {recovery_ms:?}; assignments after the kill: {moves}; owners before {owners_before:?} after {owners_after:?}; producer: {}",
+        "Redis restart (AOF): {}; down {} ms; first read per shard after the restart (ms): {recovery_ms:?}; assignments from the kill to the shutdown: {moves}; owners before {owners_before:?} after {owners_after:?}; producer: {}",
         report.summary(),
         ms(restarted_us - killed_us),
         producer.raw_lines().join(" ")
