@@ -479,7 +479,6 @@ fn sigstop_of_redis_past_the_lease_stops_the_members_and_they_recover() {
 /// longer than the lease: the members and the producer reconnect by themselves, and nothing is
 /// lost.
 #[test]
-#[ignore = "runtime defect: entries handled just before Redis died stay pending for good: the failed XACK is not retried and the shard task keeps reading with >, never re-reading its own pending entries (poller: read_new after a failed ack; ack() skipped without a lease also reports success)"]
 fn redis_restart_with_aof_mid_run_loses_nothing() {
     let _serial = serial();
     let mut server = RedisServer::builder().aof(true).start().unwrap();

@@ -173,6 +173,11 @@ impl ShardTask {
             };
             if let Err(error) = step {
                 tracing::warn!(%error, "shard operation failed; retrying");
+                // What was read before the failure may be handled but not acked: go back to
+                // this consumer's pending entries before reading new ones.
+                if self.phase == Phase::New {
+                    self.phase = Phase::Pending("0".into());
+                }
                 self.pause(ERROR_PAUSE).await;
             }
         }
@@ -389,16 +394,19 @@ impl ShardTask {
                 }
             }
         }
-        self.ack(token, &finished).await?;
-        Ok(complete)
+        let acked = self.ack(token, &finished).await?;
+        Ok(complete && acked)
     }
 
-    async fn ack(&mut self, token: &FenceToken, ids: &[String]) -> Result<(), DataPlaneError> {
+    /// Acks `ids` through the fence. Returns whether they are acked; when not (lease passed,
+    /// fence refused, Redis failed), they stay in this consumer's pending list and the shard goes
+    /// back to it, so finished work is acked later or handled again — never left behind.
+    async fn ack(&mut self, token: &FenceToken, ids: &[String]) -> Result<bool, DataPlaneError> {
         if ids.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         if !self.may_finish() {
-            return Ok(()); // no ack without a valid lease and assignment (or drain)
+            return Ok(false); // no ack without a valid lease and assignment (or drain)
         }
         match self.client.ack(self.shard, token, ids).await? {
             Ok(_) => {
@@ -406,11 +414,11 @@ impl ShardTask {
                     .shared
                     .handled
                     .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                Ok(())
+                Ok(true)
             }
             Err(fenced) => {
                 self.conflict("ack", fenced, token).await;
-                Ok(())
+                Ok(false)
             }
         }
     }
