@@ -76,7 +76,10 @@ fn check_name(
             kind,
             name: name.to_owned(),
             found,
-            reason,
+            reason: match found {
+                '{' | '}' | ':' => reason,
+                _ => "whitespace and control characters make keys hard to type and to read",
+            },
             forbidden: if forbidden.contains(':') {
                 "':', '{', '}', whitespace or control characters"
             } else {

@@ -25,7 +25,10 @@ use crate::registry::{ListenerRegistration, registered_listeners};
 pub const MINIMUM_REDIS_VERSION: (u32, u32, u32) = (7, 0, 0);
 
 /// Why [`run`], [`run_with`] or [`run_listeners`] could not start, or [`run`] stopped.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` output is its message, so `fn main() -> Result<(), RunError>` prints the readable
+/// error (file, line and key of a config mistake; what to do) rather than a struct dump.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
     /// The configuration is invalid (file, line and key are named), or configures a listener
@@ -132,6 +135,12 @@ pub enum RunError {
     /// The SIGINT/SIGTERM handlers could not be installed.
     #[error("cannot install the SIGINT/SIGTERM handlers: {0}")]
     Signal(#[source] std::io::Error),
+}
+
+impl std::fmt::Debug for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// Loads the configuration ([`Config::load`]: `STREAM_LISTENER_CONFIG` or

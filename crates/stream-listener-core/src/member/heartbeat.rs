@@ -209,6 +209,7 @@ impl Member {
         if changes.stop_all {
             for (shard, running) in std::mem::take(shards) {
                 running.stop.cancel();
+                tracing::info!(shard, "shard stopped: fencing status, rejoining");
                 self.event(ListenerEvent::Revoked {
                     member: self.member_id(),
                     shard,
@@ -280,6 +281,7 @@ impl Member {
         for shard in finished {
             shards.remove(&shard);
             self.shared.lock().drained(shard);
+            tracing::info!(shard, member_epoch = epoch, "shard released");
             self.event(ListenerEvent::Revoked {
                 member: self.member_id(),
                 shard,
