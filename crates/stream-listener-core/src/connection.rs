@@ -11,13 +11,46 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-/// Where Redis is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where Redis is. Its `Debug` hides passwords (`user:password@` and `pass=`).
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     /// One server: a `redis://` URL (`redis://user:password@host:port/db`).
     Standalone(String),
     /// A Redis Cluster: one or more seed node URLs.
     Cluster(Vec<String>),
+}
+
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisTarget::Standalone(url) => {
+                f.debug_tuple("Standalone").field(&redact_url(url)).finish()
+            }
+            RedisTarget::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(&nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+/// `url` with the password of `user:password@host` and of a `pass=` query parameter replaced by
+/// `***`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    let mut out = url.to_owned();
+    if let Some(scheme_end) = out.find("://") {
+        let rest = scheme_end + 3;
+        if let Some(at) = out[rest..].find('@').map(|i| rest + i)
+            && let Some(colon) = out[rest..at].find(':').map(|i| rest + i)
+        {
+            out.replace_range(colon + 1..at, "***");
+        }
+    }
+    if let Some(start) = out.find("pass=").map(|i| i + 5) {
+        let end = out[start..].find('&').map_or(out.len(), |i| start + i);
+        out.replace_range(start..end, "***");
+    }
+    out
 }
 
 /// A cloneable connection to a standalone server or a cluster. Clones share the underlying
@@ -107,5 +140,29 @@ impl ConnectionLike for RedisConnection {
             RedisConnection::Standalone(c) => c.get_db(),
             RedisConnection::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_debug_output() {
+        let target = RedisTarget::Standalone("redis://u:s3cret@127.0.0.1:7711/0".into());
+        assert_eq!(
+            format!("{target:?}"),
+            "Standalone(\"redis://u:***@127.0.0.1:7711/0\")"
+        );
+        assert_eq!(
+            redact_url("redis+unix:///tmp/r.sock?db=1&pass=s3cret"),
+            "redis+unix:///tmp/r.sock?db=1&pass=***"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+        let cluster = RedisTarget::Cluster(vec!["redis://:pw@10.0.0.1:7000".into()]);
+        assert!(!format!("{cluster:?}").contains("pw@"));
     }
 }

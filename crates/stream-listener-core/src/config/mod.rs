@@ -527,14 +527,17 @@ impl Config {
                 ),
             ));
         }
+        // The member's lease (ttl - margin) must outlast two heartbeat intervals, or it lapses
+        // between heartbeats and every lapse re-reads (and re-counts) the pending entries.
         if let Some(margin) = c.lease_margin
-            && margin >= c.member_lease_ttl
+            && margin + c.heartbeat_interval * 2 > c.member_lease_ttl
         {
             return Err(self.invalid(
                 &["coordination", "lease_margin"],
                 format!(
-                    "{} is not below member_lease_ttl ({}); members would never hold a valid lease",
+                    "{} leaves members less than two heartbeat intervals ({} each) of their {} lease; lower lease_margin (at most member_lease_ttl - 2 x heartbeat_interval)",
                     humantime::format_duration(margin),
+                    humantime::format_duration(c.heartbeat_interval),
                     humantime::format_duration(c.member_lease_ttl)
                 ),
             ));

@@ -201,6 +201,10 @@ fn timings_are_checked() {
     assert!(message.contains("more than a third"), "{message}");
     let (key, _, _) = invalid("[coordination]\nlease_margin = \"20s\"\n");
     assert_eq!(key, "coordination.lease_margin");
+    // Defaults: lease 15 s, heartbeat 3 s: a 10 s margin leaves less than two heartbeats.
+    let (key, _, message) = invalid("[coordination]\nlease_margin = \"10s\"\n");
+    assert_eq!(key, "coordination.lease_margin");
+    assert!(message.contains("two heartbeat intervals"), "{message}");
     let config = parse("[listeners.slow]\nhandler_timeout = \"2m\"\n").unwrap();
     let err = config
         .listener_options("slow", ListenerOptions::default())

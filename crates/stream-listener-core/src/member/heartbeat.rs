@@ -174,10 +174,7 @@ impl Member {
         match tokio::time::timeout(timeout, store.heartbeat(request)).await {
             Ok(outcome) => Ok(outcome?.response),
             // A response after its request timed out is ignored (the future is dropped).
-            Err(_) => Err(StoreError::Contended {
-                what: "heartbeat (timed out)",
-                attempts: 1,
-            }),
+            Err(_) => Err(StoreError::Timeout(timeout)),
         }
     }
 

@@ -91,6 +91,9 @@ pub enum StoreError {
         /// The version `INFO server` reported.
         found: String,
     },
+    /// Redis did not answer a heartbeat in time (the member keeps its work until its lease ends).
+    #[error("heartbeat got no answer within {0:?}; Redis is slow or unreachable")]
+    Timeout(std::time::Duration),
     /// Too many concurrent changes: the compare-and-set kept failing.
     #[error(
         "{what} kept conflicting with concurrent changes after {attempts} attempts; retry later"
