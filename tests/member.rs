@@ -287,3 +287,84 @@ async fn a_replaced_static_member_stops_for_good_and_says_so() {
     second.shutdown_and_wait().await;
     first.join().await;
 }
+
+/// FIELD-FAILURES BR-15: an entry over `max_entry_bytes` never reaches the process: it is
+/// dead-lettered by id (reason `too-large`, without its body) and acked, and its neighbours are
+/// handled in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_over_the_size_limit_is_dead_lettered_by_id() {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, "orders", 1).await.unwrap();
+    let event = |seq: u64| {
+        serde_json::to_string(&Event {
+            key: "k".into(),
+            seq,
+        })
+        .unwrap()
+    };
+    let _: String = redis::cmd("XADD")
+        .arg("{orders:0}")
+        .arg("*")
+        .arg("key")
+        .arg("k")
+        .arg("payload")
+        .arg(event(0))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let big: String = redis::cmd("XADD")
+        .arg("{orders:0}")
+        .arg("*")
+        .arg("key")
+        .arg("k")
+        .arg("payload")
+        .arg("x".repeat(2 * 1024 * 1024))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("{orders:0}")
+        .arg("*")
+        .arg("key")
+        .arg("k")
+        .arg("payload")
+        .arg(event(1))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let log: Log = Arc::default();
+    let mut opts = options(1);
+    opts.max_entry_bytes = Some(1024 * 1024);
+    let handle = start_listener(&target, &log, opts).await;
+    assert!(wait_until(Duration::from_secs(20), || log.lock().unwrap().len() >= 2).await);
+    let dead: Vec<redis::Value> = redis::cmd("XRANGE")
+        .arg("orders:dlq:billing")
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    handle.shutdown_and_wait().await;
+    let seqs: Vec<u64> = log.lock().unwrap().iter().map(|h| h.seq).collect();
+    assert_eq!(seqs, vec![0, 1], "the neighbours are handled, in order");
+    assert_eq!(dead.len(), 1, "one dead letter");
+    let text = format!("{dead:?}");
+    assert!(
+        text.contains("too-large") && text.contains(&big),
+        "{}",
+        &text[..text.len().min(400)]
+    );
+    assert!(
+        text.len() < 10_000,
+        "the body was not copied into the dead letter"
+    );
+    let pending: (u64, redis::Value, redis::Value, redis::Value) = redis::cmd("XPENDING")
+        .arg("{orders:0}")
+        .arg("billing")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending.0, 0, "acked");
+}

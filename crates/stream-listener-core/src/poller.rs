@@ -93,7 +93,8 @@ impl ShardTask {
     ) -> Result<Self, crate::keys::NameError> {
         let member_id = ctx.shared.lock().identity().member_id.clone();
         let client =
-            ShardClient::new(ctx.conn.clone(), ctx.stream.clone(), &ctx.group, &member_id)?;
+            ShardClient::new(ctx.conn.clone(), ctx.stream.clone(), &ctx.group, &member_id)?
+                .with_max_entry_bytes(ctx.options.max_entry_bytes);
         Ok(ShardTask {
             ctx,
             shard,

@@ -66,6 +66,10 @@ pub struct ListenerOptions {
     /// again from it — a new incarnation, consumer groups from `0`, no shard handed out for one
     /// lease TTL (DESIGN.md §5). Without it, missing metadata fails closed.
     pub auto_create_shards: Option<u32>,
+    /// Entries larger than this (field names plus values, bytes) are never read into the
+    /// process: they are dead-lettered by id with reason `too-large` (FIELD-FAILURES BR-15).
+    /// Default 16 MiB; `None` reads entries of any size.
+    pub max_entry_bytes: Option<usize>,
 }
 
 impl Default for ListenerOptions {
@@ -88,6 +92,7 @@ impl Default for ListenerOptions {
             lease_margin: None,
             events: None,
             auto_create_shards: None,
+            max_entry_bytes: Some(16 * 1024 * 1024),
         }
     }
 }
