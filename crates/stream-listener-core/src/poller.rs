@@ -174,6 +174,9 @@ impl ShardTask {
             };
             if let Err(error) = step {
                 tracing::warn!(%error, "shard operation failed; retrying");
+                if error.is_no_group() {
+                    self.recreate_consumer_group().await;
+                }
                 // What was read before the failure may be handled but not acked: go back to
                 // this consumer's pending entries before reading new ones.
                 if self.phase == Phase::New {
@@ -181,6 +184,31 @@ impl ShardTask {
                 }
                 self.pause(ERROR_PAUSE).await;
             }
+        }
+    }
+
+    /// The shard lost its consumer group (or its stream): with `auto_create_shards` (operator
+    /// intent) create it again from `0` — nothing written in the gap is skipped (BR-07);
+    /// without it, keep failing closed.
+    async fn recreate_consumer_group(&self) {
+        if self.ctx.options.auto_create_shards.is_none() {
+            return;
+        }
+        let mut conn = self.ctx.conn.clone();
+        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(self.ctx.stream.shard(self.shard))
+            .arg(&self.ctx.group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        match created {
+            Ok(()) => {
+                tracing::warn!("consumer group was missing on this shard: created again from 0")
+            }
+            Err(error) if error.code() == Some("BUSYGROUP") => {}
+            Err(error) => tracing::warn!(%error, "re-creating the consumer group failed"),
         }
     }
 
@@ -229,13 +257,24 @@ impl ShardTask {
         if fenced == Fenced::Lower {
             return;
         }
-        if let Some((incarnation, epoch)) = fenced.conflict() {
-            self.ctx.shared.lock().fence_conflict(FenceConflict {
-                shard_index: self.shard,
-                incarnation,
-                epoch,
-            });
-        }
+        let Some((incarnation, epoch)) = fenced.conflict() else {
+            // Not a token at all (written by hand?): fail closed, say what to do, and try the
+            // raise again now and then, so the shard resumes once someone fixes the field.
+            tracing::error!(
+                op,
+                fence = %self.ctx.stream.fence(self.shard),
+                group = %self.ctx.group,
+                "the fence field of this group holds a value that is not a fencing token: the shard is not read until it is deleted (HDEL <fence> <group>)"
+            );
+            self.pause(self.ctx.options.coordination.member_lease_ttl)
+                .await;
+            return;
+        };
+        self.ctx.shared.lock().fence_conflict(FenceConflict {
+            shard_index: self.shard,
+            incarnation,
+            epoch,
+        });
         tracing::warn!(
             op,
             "the shard's fence holds a higher token: not reading it; reported"

@@ -517,7 +517,7 @@ impl Config {
                 return Err(self.invalid(&["coordination", key], "must be positive"));
             }
         }
-        if c.heartbeat_interval * 3 > c.member_lease_ttl {
+        if c.heartbeat_interval.saturating_mul(3) > c.member_lease_ttl {
             return Err(self.invalid(
                 &["coordination", "heartbeat_interval"],
                 format!(
@@ -530,7 +530,7 @@ impl Config {
         // The member's lease (ttl - margin) must outlast two heartbeat intervals, or it lapses
         // between heartbeats and every lapse re-reads (and re-counts) the pending entries.
         if let Some(margin) = c.lease_margin
-            && margin + c.heartbeat_interval * 2 > c.member_lease_ttl
+            && margin.saturating_add(c.heartbeat_interval.saturating_mul(2)) > c.member_lease_ttl
         {
             return Err(self.invalid(
                 &["coordination", "lease_margin"],

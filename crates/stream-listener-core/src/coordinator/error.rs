@@ -78,6 +78,14 @@ pub enum ConfigError {
         /// The setting.
         name: &'static str,
     },
+    /// A duration above [`super::MAX_TIMING`].
+    #[error("{name} is longer than {max_secs} s: use a shorter value")]
+    TooLong {
+        /// The setting.
+        name: &'static str,
+        /// The limit in seconds.
+        max_secs: u64,
+    },
     /// `heartbeat_interval` above a third of `member_lease_ttl`.
     #[error(
         "heartbeat_interval ({heartbeat_ms} ms) must be at most a third of member_lease_ttl ({lease_ms} ms), so a lost heartbeat or two does not expire a member; lower heartbeat_interval or raise member_lease_ttl"

@@ -34,6 +34,10 @@ use crate::model::{
     GroupMetadata, GroupState, MemberMetadata, Micros, ShardIndex, StreamMetadata, TargetAssignment,
 };
 
+/// The longest accepted protocol timing: a day. Longer values are surely mistakes, and would
+/// overflow time arithmetic.
+pub const MAX_TIMING: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Timing settings of the protocol (config section `[coordination]`, DESIGN.md §11).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -113,7 +117,19 @@ impl CoordinatorConfig {
                 return Err(ConfigError::Zero { name });
             }
         }
-        if self.heartbeat_interval * 3 > self.member_lease_ttl {
+        for (name, value) in [
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("member_lease_ttl", self.member_lease_ttl),
+            ("rebalance_timeout", self.rebalance_timeout),
+        ] {
+            if value > MAX_TIMING {
+                return Err(ConfigError::TooLong {
+                    name,
+                    max_secs: MAX_TIMING.as_secs(),
+                });
+            }
+        }
+        if self.heartbeat_interval.saturating_mul(3) > self.member_lease_ttl {
             return Err(ConfigError::HeartbeatTooSlow {
                 heartbeat_ms: self.heartbeat_interval.as_millis(),
                 lease_ms: self.member_lease_ttl.as_millis(),

@@ -203,6 +203,18 @@ fn heartbeat_interval_above_a_third_of_the_lease_is_refused() {
         )
         .is_ok()
     );
+    // Absurd values are refused instead of overflowing time arithmetic later.
+    assert_eq!(
+        CoordinatorConfig::new(
+            Duration::from_secs(3),
+            Duration::from_secs(600_000 * 365 * 86_400),
+            Duration::from_secs(60)
+        ),
+        Err(ConfigError::TooLong {
+            name: "member_lease_ttl",
+            max_secs: 86_400
+        })
+    );
 }
 
 // ---- join, converge, unchanged group --------------------------------------------------------------

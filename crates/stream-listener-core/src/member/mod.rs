@@ -344,6 +344,19 @@ impl Listener {
             .coordination
             .validate()
             .map_err(|e| ListenerError::Options(e.to_string()))?;
+        let max = crate::coordinator::MAX_TIMING;
+        let timings = [
+            ("block", options.block),
+            ("backoff", options.backoff),
+            ("handler_timeout", options.handler_timeout),
+            ("shutdown_timeout", options.shutdown_timeout),
+        ];
+        if let Some((name, _)) = timings.iter().find(|(_, value)| *value > max) {
+            return Err(ListenerError::Options(format!(
+                "{name} is longer than {} s: use a shorter value",
+                max.as_secs()
+            )));
+        }
         Ok(Listener {
             target,
             stream,
