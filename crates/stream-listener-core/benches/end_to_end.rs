@@ -751,6 +751,7 @@ async fn run_sea_streamer(setup: &TpSetup, round: usize) -> (u64, f64, Option<Ca
 }
 
 struct TpSetup {
+    prefix: &'static str,
     messages: usize,
     target: RedisTarget,
     conn: RedisConnection,
@@ -886,12 +887,12 @@ async fn run_listener_case(
     options.start_from = StartFrom::Latest;
     options.coordination = coordination();
     let handler = |_delivery: Delivery| async { Ok::<(), HandlerError>(()) };
-    let handle = Listener::new(setup.target.clone(), TP_PREFIX, group, handler, options)
+    let handle = Listener::new(setup.target.clone(), setup.prefix, group, handler, options)
         .expect("listener")
         .start()
         .await
         .expect("start");
-    wait_converged(&mut conn, TP_PREFIX, group, 4, Duration::from_secs(60))
+    wait_converged(&mut conn, setup.prefix, group, 4, Duration::from_secs(60))
         .await
         .expect("listener group converged");
     // Let every shard task finish its takeover and block in XREAD.
@@ -963,6 +964,7 @@ async fn throughput(target: RedisTarget, label: &str) -> BTreeMap<Case, f64> {
         loading.elapsed().as_secs_f64()
     );
     let setup = TpSetup {
+        prefix: TP_PREFIX,
         messages,
         target,
         conn,
@@ -1189,10 +1191,18 @@ fn spawn_raw_consumer(
     samples: Samples,
     stop: Arc<AtomicUsize>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..TP_TASKS)
-        .map(|t| {
+    // Standalone: 4 tasks over 2 shards each; cluster (one slot per call): one task per shard.
+    let groups: Vec<Vec<u32>> = if matches!(target, RedisTarget::Cluster(_)) {
+        (0..LAT_SHARDS).map(|s| vec![s]).collect()
+    } else {
+        (0..TP_TASKS).map(task_shards).collect()
+    };
+    groups
+        .into_iter()
+        .enumerate()
+        .map(|(t, shards)| {
             let target = target.clone();
-            let keys: Vec<String> = task_shards(t).iter().map(|s| keys.shard(*s)).collect();
+            let keys: Vec<String> = shards.iter().map(|s| keys.shard(*s)).collect();
             let group = group.to_owned();
             let samples = samples.clone();
             let stop = stop.clone();
@@ -1254,6 +1264,7 @@ async fn latency(target: RedisTarget, label: &str, peak: Option<f64>) {
             let keys = StreamKeys::new("peak").unwrap();
             preload(&mut conn, &keys, TP_SHARDS, 400_000).await;
             let setup = TpSetup {
+                prefix: "peak",
                 messages: 400_000,
                 target: target.clone(),
                 conn: conn.clone(),
@@ -1302,9 +1313,7 @@ async fn latency(target: RedisTarget, label: &str, peak: Option<f64>) {
         .await
         .expect("converged");
     let stop = Arc::new(AtomicUsize::new(0));
-    let raw_tasks = if cluster {
-        Vec::new()
-    } else {
+    let raw_tasks = {
         let raw_keys = StreamKeys::new("latraw").unwrap();
         create_groups(&mut conn, &raw_keys, LAT_SHARDS, "g").await;
         spawn_raw_consumer(
@@ -1326,15 +1335,12 @@ async fn latency(target: RedisTarget, label: &str, peak: Option<f64>) {
     // phase ids: 1 raw@100, 2 listener@100, 3 raw@half, 4 listener@half (odd: warm-up ids + 10)
     let low_secs = 15.0;
     let high_secs = 8.0;
-    let mut plan: Vec<(u32, &Publisher, f64, f64)> = Vec::new();
-    if !cluster {
-        plan.push((1, &raw_pub, 100.0, low_secs));
-    }
-    plan.push((2, &listener_pub, 100.0, low_secs));
-    if !cluster {
-        plan.push((3, &raw_pub, half, high_secs));
-    }
-    plan.push((4, &listener_pub, half, high_secs));
+    let plan: Vec<(u32, &Publisher, f64, f64)> = vec![
+        (1, &raw_pub, 100.0, low_secs),
+        (2, &listener_pub, 100.0, low_secs),
+        (3, &raw_pub, half, high_secs),
+        (4, &listener_pub, half, high_secs),
+    ];
     let mut achieved = BTreeMap::new();
     for (phase, publisher, rate, secs) in plan {
         // 1 s warm-up recorded under phase + 10, then the measured window.
@@ -1361,6 +1367,11 @@ async fn latency(target: RedisTarget, label: &str, peak: Option<f64>) {
             v.last().copied().unwrap_or(0),
         )
     };
+    let raw_name = if cluster {
+        "raw blocking XREADGROUP, one task and connection per shard"
+    } else {
+        "raw blocking XREADGROUP, 4 tasks over 2 shards each"
+    };
     println!(
         "\n[{label}] publish→handler latency (load {})",
         load_average()
@@ -1372,9 +1383,9 @@ async fn latency(target: RedisTarget, label: &str, peak: Option<f64>) {
     for (raw, lis, name) in [(1, 2, "100 msg/s"), (3, 4, "50% of peak")] {
         let r = stats(raw);
         let l = stats(lis);
-        if !cluster {
+        {
             println!(
-                "| {name} | raw blocking XREADGROUP | {:.0} | {} | {} | {} | {} | 1 | 1 |",
+                "| {name} | {raw_name} | {:.0} | {} | {} | {} | {} | 1 | 1 |",
                 achieved.get(&raw).copied().unwrap_or(0.0),
                 r.0,
                 ms(r.1),
