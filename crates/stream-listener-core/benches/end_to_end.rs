@@ -22,12 +22,17 @@
 //!   entries. The listener joins and settles (group `STABLE`, every member owning 2 shards, idle)
 //!   *before* the clock starts: its consumer groups are then set back to `0` (`XGROUP SETID`) and
 //!   one entry per shard wakes the blocked shard tasks; the clock stops when the members have
-//!   acked every entry (their `handled` counters).
+//!   acked every entry (their `handled` counters). Each case also reports Redis CPU per entry
+//!   (`INFO`), this process's CPU per entry (`/proc/self/stat`) and `INFO commandstats`.
+//!   Diagnostic cases (only with `E2E_CASES`, tags in [`Case::tag`]): (c) with acks-mode reads,
+//!   (c) with plain `XREADGROUP` reads and fenced acks, (c) without pipelining, the strict
+//!   listener with `runtime_max_concurrency = 2`; and sea-streamer-redis (`benches/sea-streamer`,
+//!   run as a process when `E2E_SEA_STREAMER_BIN` names its binary).
 //! - `latency`: publish→handler latency (the publish time in µs is in the payload, the handler
 //!   subtracts it from its own clock) at 100 msg/s and at 50% of the peak of the strict listener
 //!   (measured first, on 400,000 entries), against a raw consumer at the same rates on the same
 //!   server: 4 tasks, each a blocking `XREADGROUP ... BLOCK` over its 2 shards on a connection of
-//!   its own with the previous acks pipelined.
+//!   its own with the previous acks pipelined (on a cluster: one task and connection per shard).
 //! - `memory`: resident memory (`VmRSS` from `/proc/self/status`) of a child process (this
 //!   program again) with one listener of 4 members owning 64 shards, idle; then with every shard
 //!   holding a read batch in flight (the handler never returns), for two batch sizes: the slope is
@@ -43,7 +48,9 @@
 //!
 //! Environment: `E2E_MESSAGES` (default 1000000), `E2E_ROUNDS` (default 3), `E2E_BATCH` (default
 //! 32: the listener's `batch_size` and the raw loops' `COUNT`), `E2E_CLUSTER=0` skips the cluster
-//! runs, `E2E_PEAK` (msg/s) skips the latency part's peak measurement.
+//! runs, `E2E_PEAK` (msg/s) skips the latency part's peak measurement, `E2E_CASES` (comma-separated
+//! tags) picks the throughput cases, `E2E_RAW_OWN_CONNECTIONS=1` gives each raw task its own
+//! connection, `E2E_PROFILE=1` prints a line when a clock starts (to attach `perf`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::{BufRead, BufReader, Write};
