@@ -98,17 +98,8 @@ async fn killed_member_shards_move_within_lease_plus_two_heartbeats(crash: Crash
     };
 
     // The first handler start by a survivor on each of the victim's shards after the kill.
-    let first_after = |recorder: &Recorder| -> BTreeMap<u32, u64> {
-        let mut first = BTreeMap::new();
-        for call in recorder.calls() {
-            if call.at_us > killed_at
-                && victim_shards.contains(&call.shard)
-                && survivors.contains(&call.member)
-            {
-                first.entry(call.shard).or_insert(call.at_us);
-            }
-        }
-        first
+    let first_after = |recorder: &Recorder| {
+        recorder.first_starts_after(killed_at, &victim_shards, |m| survivors.contains(m))
     };
     let moved = wait_until(Duration::from_secs(15), || {
         first_after(&recorder).len() == victim_shards.len()

@@ -509,17 +509,8 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
         "right after the leave: history {:#?}, still listed {still_listed:?}",
         group.history
     );
-    let first_by_stayer = |recorder: &Recorder| -> BTreeMap<u32, u64> {
-        let mut first = BTreeMap::new();
-        for c in recorder.calls() {
-            if c.at_us > shutdown_at
-                && leaver_shards.contains(&c.shard)
-                && stayer_ids.contains(&c.member)
-            {
-                first.entry(c.shard).or_insert(c.at_us);
-            }
-        }
-        first
+    let first_by_stayer = |recorder: &Recorder| {
+        recorder.first_starts_after(shutdown_at, &leaver_shards, |m| stayer_ids.contains(m))
     };
     let handed = wait_until(Duration::from_secs(10), || {
         first_by_stayer(&recorder).len() == leaver_shards.len()
@@ -630,15 +621,8 @@ async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
         group.members,
         group.history
     );
-    let first_by_stayer = || -> BTreeMap<u32, u64> {
-        let mut first = BTreeMap::new();
-        for c in recorder.calls() {
-            if c.at_us > signalled_at && leaver_shards.contains(&c.shard) && c.member == stayer_id {
-                first.entry(c.shard).or_insert(c.at_us);
-            }
-        }
-        first
-    };
+    let first_by_stayer =
+        || recorder.first_starts_after(signalled_at, &leaver_shards, |m| m == stayer_id);
     let handed = wait_until(Duration::from_secs(10), || {
         first_by_stayer().len() == leaver_shards.len()
     })

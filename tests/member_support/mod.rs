@@ -156,6 +156,23 @@ impl Recorder {
         self.events.lock().unwrap().clone()
     }
 
+    /// For each shard of `shards`, the first handler start after `after_us` by a member `by`
+    /// accepts: when the shard was served again after a kill, leave or shutdown.
+    pub fn first_starts_after(
+        &self,
+        after_us: u64,
+        shards: &BTreeSet<u32>,
+        by: impl Fn(&str) -> bool,
+    ) -> BTreeMap<u32, u64> {
+        let mut first = BTreeMap::new();
+        for call in self.calls() {
+            if call.at_us > after_us && shards.contains(&call.shard) && by(&call.member) {
+                first.entry(call.shard).or_insert(call.at_us);
+            }
+        }
+        first
+    }
+
     /// Distinct `(shard, entry id)` whose handler succeeded at least once.
     pub fn handled(&self) -> BTreeSet<(u32, String)> {
         self.done
