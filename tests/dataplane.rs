@@ -788,6 +788,30 @@ async fn bodies_over_the_limit_are_withheld_and_reported_with_their_size() {
     );
     assert_eq!(whole[0].field("payload"), Some(big.as_slice()));
     assert_eq!(whole[0].status, EntryStatus::Present);
+    // Acks mode reads with a plain XREADGROUP and applies the same limit after the read; once
+    // nothing is new, the script answers with the last id to wait from.
+    let () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(key)
+        .arg("g2")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut plain = ShardClient::new(conn.clone(), StreamKeys::new("orders").unwrap(), "g2", "b")
+        .unwrap()
+        .with_max_entry_bytes(Some(100));
+    let acks = FencingMode::Acks;
+    assert_eq!(
+        entries(plain.read_new(1, &a5, 10, acks).await.unwrap()),
+        vec![present(1, 1), too_large(1), present(3, 1)]
+    );
+    assert_eq!(
+        plain.read_new(1, &a5, 10, acks).await.unwrap(),
+        ReadOutcome::Empty {
+            last_id: "3-0".into()
+        }
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -74,10 +74,19 @@ pub(crate) struct ShardTask {
     revoke: CancellationToken,
     stop: CancellationToken,
     client: ShardClient,
+    /// A second handle on the same connection, so an ack and a read can be in flight together.
+    acker: ShardClient,
+    /// Entries handled under a token but not acked yet: acked together with the next read (one
+    /// round trip for both), or on their own before anything else.
+    unacked: Option<(FenceToken, Vec<String>)>,
     waiter: Option<Waiter>,
     raised: Option<FenceToken>,
     phase: Phase,
     member_id: String,
+    /// The shard stream key, for deliveries.
+    shard_key: String,
+    /// The member's worker pool ([`worker_pool`]).
+    workers: Arc<Semaphore>,
     /// When other consumers' pending entries were last claimed (`acks` mode sweeps).
     last_sweep: Instant,
 }
@@ -95,16 +104,22 @@ impl ShardTask {
         let client =
             ShardClient::new(ctx.conn.clone(), ctx.stream.clone(), &ctx.group, &member_id)?
                 .with_max_entry_bytes(ctx.options.max_entry_bytes);
+        let shard_key = ctx.stream.shard(shard);
+        let workers = worker_pool(&ctx);
         Ok(ShardTask {
             ctx,
             shard,
             revoke,
             stop,
+            acker: client.clone(),
             client,
+            unacked: None,
             waiter: None,
             raised: None,
             phase: Phase::Claim,
             member_id,
+            shard_key,
+            workers,
             last_sweep: Instant::now(),
         })
     }
@@ -160,16 +175,25 @@ impl ShardTask {
     async fn poll(&mut self) {
         while !self.done() {
             let Some(token) = self.usable_token() else {
+                self.flush_acks().await;
                 self.wait_for_assignment().await;
                 continue;
             };
             if self.raised.as_ref() != Some(&token) {
+                self.flush_acks().await;
                 self.raise(&token).await;
                 continue;
             }
             let step = match self.phase.clone() {
-                Phase::Claim => self.claim(&token).await,
-                Phase::Pending(after) => self.read_pending(&token, &after).await,
+                Phase::Claim => {
+                    self.flush_acks().await;
+                    self.claim(&token).await
+                }
+                Phase::Pending(after) => {
+                    self.flush_acks().await;
+                    self.read_pending(&token, &after).await
+                }
+                // The ack of the previous batch travels with this read.
                 Phase::New => self.read_new(&token).await,
             };
             if let Err(error) = step {
@@ -185,6 +209,36 @@ impl ShardTask {
                 self.pause(ERROR_PAUSE).await;
             }
         }
+        // Drained or stopped: ack what finished while the lease (or the drain) allows.
+        self.flush_acks().await;
+    }
+
+    /// Acks the entries handled but not yet acked, on their own. When they cannot be acked now
+    /// (lease passed, fence refused, Redis failed) they stay in this consumer's pending list and
+    /// the shard goes back to it: they are acked later or handled again, never left behind.
+    async fn flush_acks(&mut self) {
+        let Some((token, ids)) = self.unacked.take() else {
+            return;
+        };
+        let acked = match self.ack(&token, &ids).await {
+            Ok(acked) => acked,
+            Err(error) => {
+                tracing::warn!(%error, "acking handled entries failed; they stay pending");
+                false
+            }
+        };
+        if !acked && self.phase != Phase::Claim {
+            self.phase = Phase::Pending("0".into());
+        }
+    }
+
+    /// The ids handled under `token` and not yet acked (none when they were under another one:
+    /// those are acked on their own first).
+    async fn take_unacked(&mut self, token: &FenceToken) -> Vec<String> {
+        if self.unacked.as_ref().is_some_and(|(t, _)| t != token) {
+            self.flush_acks().await;
+        }
+        self.unacked.take().map(|(_, ids)| ids).unwrap_or_default()
     }
 
     /// The shard lost its consumer group (or its stream): with `auto_create_shards` (operator
@@ -355,10 +409,31 @@ impl ShardTask {
         }
     }
 
+    /// Acks the previous batch and reads the next one in the same round trip: both requests are
+    /// written to the multiplexed connection before either reply is awaited (Redis runs them in
+    /// that order). A refused or failed ack wins over what the read returned: those entries stay
+    /// in this consumer's pending list.
     async fn read_new(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
-        match self.client.read_new(self.shard, token, batch, mode).await? {
+        let ids = self.take_unacked(token).await;
+        let ack = async {
+            if ids.is_empty() {
+                Ok(Ok(0))
+            } else {
+                self.acker.ack(self.shard, token, &ids).await
+            }
+        };
+        let read = self.client.read_new(self.shard, token, batch, mode);
+        let (acked, read) = tokio::join!(ack, read);
+        match acked? {
+            Ok(_) => self.count_handled(ids.len()),
+            Err(fenced) => {
+                self.conflict("ack", fenced, token).await;
+                return Ok(());
+            }
+        }
+        match read? {
             ReadOutcome::Entries(entries) => {
                 if !self.handle_batch(token, entries).await? {
                     // Entries left unfinished (lease lapse, failed attempt while draining) stay
@@ -404,8 +479,9 @@ impl ShardTask {
         Ok(())
     }
 
-    /// Handles `entries` in order and acks what finished, in one fenced `XACK`. Returns whether
-    /// every entry finished (false when the shard was revoked, stopped or its lease ended).
+    /// Handles `entries` in order. When every entry finished, their ids wait in `unacked` for the
+    /// next read's round trip; otherwise (revoked, stopped, lease ended) what finished is acked
+    /// now, in one fenced `XACK`. Returns whether every entry finished.
     async fn handle_batch(
         &mut self,
         token: &FenceToken,
@@ -434,8 +510,27 @@ impl ShardTask {
                 }
             }
         }
-        let acked = self.ack(token, &finished).await?;
-        Ok(complete && acked)
+        if complete {
+            // Acked with the next read (or on its own if something else comes first).
+            match &mut self.unacked {
+                Some((held, ids)) if held == token => ids.extend(finished),
+                _ if finished.is_empty() => {}
+                _ => {
+                    self.flush_acks().await;
+                    self.unacked = Some((token.clone(), finished));
+                }
+            }
+            return Ok(true);
+        }
+        self.ack(token, &finished).await?;
+        Ok(false)
+    }
+
+    fn count_handled(&self, acked: usize) {
+        self.ctx
+            .shared
+            .handled
+            .fetch_add(acked as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Acks `ids` through the fence. Returns whether they are acked; when not (lease passed,
@@ -450,10 +545,7 @@ impl ShardTask {
         }
         match self.client.ack(self.shard, token, ids).await? {
             Ok(_) => {
-                self.ctx
-                    .shared
-                    .handled
-                    .fetch_add(ids.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                self.count_handled(ids.len());
                 Ok(true)
             }
             Err(fenced) => {
@@ -496,7 +588,7 @@ impl ShardTask {
         let mut backoff = options.backoff;
         for attempt in 1..=options.max_attempts {
             let delivery = Delivery {
-                stream_key: self.ctx.stream.shard(self.shard),
+                stream_key: self.shard_key.clone(),
                 shard: self.shard,
                 entry_id: entry.id.clone(),
                 fields: entry.fields.clone(),
@@ -541,37 +633,39 @@ impl ShardTask {
     /// ends (fail closed); a drain lets it finish.
     async fn run_handler(&self, delivery: Delivery) -> Attempt {
         // One of the member's workers per attempt, FIFO: shards waiting for a worker are served
-        // in turn, and no worker is held through a backoff or an ack.
-        let workers = worker_semaphore(&self.ctx);
-        let permit = tokio::select! {
-            permit = workers.acquire_owned() => permit.ok(),
-            _ = self.stop.cancelled() => None,
+        // in turn, and no worker is held through a backoff or an ack. A free worker is taken
+        // at once (`try_acquire` never jumps the queue: released permits go to waiters first).
+        let _permit = match self.workers.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let permit = tokio::select! {
+                    permit = self.workers.clone().acquire_owned() => permit.ok(),
+                    _ = self.stop.cancelled() => None,
+                };
+                // The wait for a worker may have outlived the lease (or the process was paused
+                // in it).
+                match permit {
+                    Some(permit) if self.may_finish() => permit,
+                    _ => return Attempt::Cancelled,
+                }
+            }
         };
-        let Some(_permit) = permit else {
-            return Attempt::Cancelled;
-        };
-        // The wait for a worker may have outlived the lease (or the process was paused in it).
-        if !self.may_finish() {
-            return Attempt::Cancelled;
-        }
+        let timeout = tokio::time::Instant::now() + self.ctx.options.handler_timeout;
         // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a
         // failed attempt; dropping the future cancels the handler.
         let handler = AssertUnwindSafe(self.ctx.handler.handle(delivery)).catch_unwind();
         tokio::pin!(handler);
-        let timeout = tokio::time::sleep(self.ctx.options.handler_timeout);
+        // Most handlers finish in their first poll: no timer is armed for them. A pending one is
+        // polled again below with the task's waker.
+        if let Some(outcome) = handler.as_mut().now_or_never() {
+            return attempt_outcome(outcome);
+        }
+        let timeout = tokio::time::sleep_until(timeout);
         tokio::pin!(timeout);
         loop {
             let lease_end = tokio::time::sleep(self.lease_remaining());
             tokio::select! {
-                outcome = &mut handler => {
-                    return match outcome {
-                        Ok(Ok(())) => Attempt::Ok,
-                        Ok(Err(error)) => Attempt::Failed(error),
-                        Err(panic) => Attempt::Failed(HandlerError::retryable(format!(
-                            "handler panicked: {}", panic_message(panic.as_ref())
-                        ))),
-                    };
-                }
+                outcome = &mut handler => return attempt_outcome(outcome),
                 _ = &mut timeout => {
                     return Attempt::Failed(HandlerError::retryable(format!(
                         "handler timed out after {:?}", self.ctx.options.handler_timeout
@@ -614,6 +708,20 @@ enum Attempt {
     Cancelled,
 }
 
+/// The attempt a finished handler future (panics caught) stands for.
+fn attempt_outcome(
+    outcome: Result<Result<(), HandlerError>, Box<dyn std::any::Any + Send>>,
+) -> Attempt {
+    match outcome {
+        Ok(Ok(())) => Attempt::Ok,
+        Ok(Err(error)) => Attempt::Failed(error),
+        Err(panic) => Attempt::Failed(HandlerError::retryable(format!(
+            "handler panicked: {}",
+            panic_message(panic.as_ref())
+        ))),
+    }
+}
+
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
@@ -623,7 +731,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// The member's worker pool: `runtime_max_concurrency` permits, FIFO, shared by its shard tasks.
-fn worker_semaphore(ctx: &ShardTaskContext) -> Arc<Semaphore> {
+fn worker_pool(ctx: &ShardTaskContext) -> Arc<Semaphore> {
     ctx.shared
         .workers
         .get_or_init(|| Arc::new(Semaphore::new(ctx.options.runtime_max_concurrency as usize)))

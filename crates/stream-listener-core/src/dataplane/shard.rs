@@ -222,8 +222,14 @@ impl ShardClient {
     /// stream's last entry (`"0-0"` when it has none): wait with [`super::Waiter::wait`] from it,
     /// then read again (an entry added between the two calls wakes the wait at once).
     ///
-    /// In [`FencingMode::Strict`] the fence is checked first ([`ReadOutcome::Fenced`]: nothing
-    /// read); in [`FencingMode::Acks`] it is not, and `token` is unused.
+    /// In [`FencingMode::Strict`] the read is a script that checks the fence first
+    /// ([`ReadOutcome::Fenced`]: nothing read). In [`FencingMode::Acks`] it is a plain
+    /// `XREADGROUP` (no fence, `token` unused): a script costs Redis about 1.5 times the read
+    /// itself to convert the entries to Lua and back (BENCHMARKS.md, item 1). Only when that
+    /// finds nothing does the script run, to return the last id atomically with an empty read.
+    /// The body limit ([`ShardClient::with_max_entry_bytes`]) then applies after the read: a
+    /// too-large entry still comes back as [`EntryStatus::TooLarge`] without its fields, but its
+    /// body has passed through this process once.
     ///
     /// # Errors
     /// [`DataPlaneError::NoGroup`] when the stream or group is missing (BR-07);
@@ -237,6 +243,12 @@ impl ShardClient {
         mode: FencingMode,
     ) -> Result<ReadOutcome, DataPlaneError> {
         const OP: &str = "read_new";
+        if mode == FencingMode::Acks {
+            let entries = self.read_new_plain(shard, count).await?;
+            if !entries.is_empty() {
+                return Ok(ReadOutcome::Entries(entries));
+            }
+        }
         let consumer = self.consumer.clone();
         let max = self.max_entry_bytes;
         let reply = self
@@ -263,6 +275,51 @@ impl ShardClient {
                 format!("status {status:?} with {} values", rest.len()),
             )),
         }
+    }
+
+    /// `XREADGROUP ... COUNT <count> STREAMS <shard> >` without a script, bodies over the limit
+    /// withheld after the read. Empty when nothing is new.
+    async fn read_new_plain(
+        &mut self,
+        shard: ShardIndex,
+        count: usize,
+    ) -> Result<Vec<ShardEntry>, DataPlaneError> {
+        const OP: &str = "read_new";
+        let key = self.keys.shard(shard);
+        let reply: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(count.max(1))
+            .arg("STREAMS")
+            .arg(&key)
+            .arg(">")
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|source| match source.code() {
+                Some("NOGROUP") => DataPlaneError::NoGroup {
+                    shard,
+                    stream: key.clone(),
+                    group: self.group.clone(),
+                    detail: format!("NOGROUP {}", source.detail().unwrap_or_default()),
+                },
+                _ => DataPlaneError::Redis {
+                    op: OP,
+                    shard: Some(shard),
+                    source,
+                },
+            })?;
+        let Some(list) = single_stream_entries(reply) else {
+            return Ok(Vec::new());
+        };
+        let mut entries = parse_entries(OP, shard, list, false)?;
+        if self.max_entry_bytes > 0 {
+            for entry in &mut entries {
+                withhold_if_larger(entry, self.max_entry_bytes);
+            }
+        }
+        Ok(entries)
     }
 
     /// Acknowledges `ids` on `shard` (`XACK`), always fenced, whatever the [`FencingMode`].
@@ -421,6 +478,34 @@ fn int(value: &Value) -> Option<i64> {
         Value::Int(n) => Some(*n),
         Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
         _ => None,
+    }
+}
+
+/// The entry list of a one-stream `XREADGROUP` reply: `[[key, entries]]` (RESP2) or
+/// `{key: entries}` (RESP3); `None` for a nil reply (nothing new).
+fn single_stream_entries(reply: Value) -> Option<Value> {
+    match reply {
+        Value::Array(streams) => match streams.into_iter().next()? {
+            Value::Array(pair) => pair.into_iter().nth(1),
+            _ => None,
+        },
+        Value::Map(streams) => streams.into_iter().next().map(|(_, entries)| entries),
+        _ => None,
+    }
+}
+
+/// Drops the fields of an entry whose names and values total more than `max` bytes and marks it
+/// [`EntryStatus::TooLarge`] (what the scripts do in Redis, done after a plain read).
+fn withhold_if_larger(entry: &mut ShardEntry, max: u64) {
+    let bytes: usize = entry
+        .fields
+        .iter()
+        .map(|(name, value)| name.len() + value.len())
+        .sum();
+    let bytes = bytes as u64;
+    if bytes > max {
+        entry.fields = Vec::new();
+        entry.status = EntryStatus::TooLarge { bytes };
     }
 }
 
