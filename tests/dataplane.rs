@@ -1027,3 +1027,122 @@ async fn every_operation_works_on_a_cluster_across_slots() {
     );
     writer.await.unwrap();
 }
+
+/// A restarted or failed-over server has no scripts loaded: every fenced operation loads its
+/// script on `NOSCRIPT` and runs it again, with the same result.
+#[tokio::test]
+async fn operations_reload_their_scripts_after_a_script_flush() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let key = "{orders:0}";
+    create_group(&mut conn, key).await;
+    add(&mut conn, key, 1, 2).await;
+    let a5 = token(1, 5, "a");
+    let mut a = client(&conn, "orders", "a");
+    let flush = |mut conn: RedisConnection| async move {
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    };
+    flush(conn.clone()).await;
+    assert_eq!(a.raise_fence(0, &a5).await.unwrap(), Ok(()));
+    flush(conn.clone()).await;
+    assert_eq!(
+        entries(a.read_new(0, &a5, 10, STRICT).await.unwrap()),
+        vec![present(1, 1), present(2, 1)]
+    );
+    flush(conn.clone()).await;
+    assert_eq!(
+        a.ack(0, &a5, &["1-0".into(), "2-0".into()]).await.unwrap(),
+        Ok(2)
+    );
+    assert!(pel(&mut conn, key).await.is_empty());
+}
+
+/// The ack of one batch and the read of the next in one round trip: both results, in both
+/// fencing modes, after a script flush, and when the fence has moved on.
+#[tokio::test]
+async fn ack_and_read_new_acks_then_reads_in_one_round_trip() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let key = "{orders:0}";
+    create_group(&mut conn, key).await;
+    add(&mut conn, key, 1, 6).await;
+    let a5 = token(1, 5, "a");
+    let mut a = client(&conn, "orders", "a");
+    assert_eq!(a.raise_fence(0, &a5).await.unwrap(), Ok(()));
+    let ids = |entries: &[ShardEntry]| entries.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
+
+    let first = entries(a.read_new(0, &a5, 2, STRICT).await.unwrap());
+    assert_eq!(first, vec![present(1, 1), present(2, 1)]);
+    let (acked, read) = a
+        .ack_and_read_new(0, &a5, &ids(&first), 2, STRICT)
+        .await
+        .unwrap();
+    assert_eq!(acked, Ok(2));
+    let second = entries(read);
+    assert_eq!(second, vec![present(3, 1), present(4, 1)]);
+    // Scripts gone (a restarted server): both are loaded and run again.
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (acked, read) = a
+        .ack_and_read_new(0, &a5, &ids(&second), 2, FencingMode::Acks)
+        .await
+        .unwrap();
+    assert_eq!(acked, Ok(2));
+    let third = entries(read);
+    assert_eq!(third, vec![present(5, 1), present(6, 1)]);
+    assert_eq!(
+        pel(&mut conn, key).await.len(),
+        2,
+        "only the last batch is pending"
+    );
+
+    // Another member's higher token: the ack is refused; a strict read is refused too, an
+    // acks-mode read is not (reads rely on the lease there).
+    add(&mut conn, key, 7, 8).await;
+    let b6 = token(1, 6, "b");
+    let mut b = client(&conn, "orders", "b");
+    assert_eq!(b.raise_fence(0, &b6).await.unwrap(), Ok(()));
+    let (acked, read) = a
+        .ack_and_read_new(0, &a5, &ids(&third), 1, STRICT)
+        .await
+        .unwrap();
+    assert!(matches!(acked, Err(Fenced::Higher { .. })), "{acked:?}");
+    assert!(matches!(read, ReadOutcome::Fenced(Fenced::Higher { .. })));
+    let (acked, read) = a
+        .ack_and_read_new(0, &a5, &ids(&third), 1, FencingMode::Acks)
+        .await
+        .unwrap();
+    assert!(matches!(acked, Err(Fenced::Higher { .. })), "{acked:?}");
+    assert_eq!(entries(read), vec![present(7, 1)]);
+    assert_eq!(
+        pel(&mut conn, key).await.len(),
+        3,
+        "nothing acked by the stale token"
+    );
+
+    // Nothing new: the read ends with the last id to wait from, after the ack.
+    let (acked, read) = b
+        .ack_and_read_new(0, &b6, &["5-0".into()], 5, STRICT)
+        .await
+        .unwrap();
+    assert_eq!(acked, Ok(1));
+    assert_eq!(entries(read), vec![present(8, 1)]);
+    let (acked, read) = b
+        .ack_and_read_new(0, &b6, &["8-0".into()], 5, STRICT)
+        .await
+        .unwrap();
+    assert_eq!(acked, Ok(1));
+    assert_eq!(
+        read,
+        ReadOutcome::Empty {
+            last_id: "8-0".into()
+        }
+    );
+}

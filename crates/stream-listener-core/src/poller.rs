@@ -74,8 +74,6 @@ pub(crate) struct ShardTask {
     revoke: CancellationToken,
     stop: CancellationToken,
     client: ShardClient,
-    /// A second handle on the same connection, so an ack and a read can be in flight together.
-    acker: ShardClient,
     /// Entries handled under a token but not acked yet: acked together with the next read (one
     /// round trip for both), or on their own before anything else.
     unacked: Option<(FenceToken, Vec<String>)>,
@@ -111,7 +109,6 @@ impl ShardTask {
             shard,
             revoke,
             stop,
-            acker: client.clone(),
             client,
             unacked: None,
             waiter: None,
@@ -409,31 +406,25 @@ impl ShardTask {
         }
     }
 
-    /// Acks the previous batch and reads the next one in the same round trip: both requests are
-    /// written to the multiplexed connection before either reply is awaited (Redis runs them in
-    /// that order). A refused or failed ack wins over what the read returned: those entries stay
+    /// Acks the previous batch and reads the next one in the same round trip (one pipeline, the
+    /// ack first). A refused or failed ack wins over what the read returned: those entries stay
     /// in this consumer's pending list.
     async fn read_new(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
         let ids = self.take_unacked(token).await;
-        let ack = async {
-            if ids.is_empty() {
-                Ok(Ok(0))
-            } else {
-                self.acker.ack(self.shard, token, &ids).await
-            }
-        };
-        let read = self.client.read_new(self.shard, token, batch, mode);
-        let (acked, read) = tokio::join!(ack, read);
-        match acked? {
+        let (acked, read) = self
+            .client
+            .ack_and_read_new(self.shard, token, &ids, batch, mode)
+            .await?;
+        match acked {
             Ok(_) => self.count_handled(ids.len()),
             Err(fenced) => {
                 self.conflict("ack", fenced, token).await;
                 return Ok(());
             }
         }
-        match read? {
+        match read {
             ReadOutcome::Entries(entries) => {
                 if !self.handle_batch(token, entries).await? {
                     // Entries left unfinished (lease lapse, failed attempt while draining) stay

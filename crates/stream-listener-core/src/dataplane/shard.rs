@@ -1,6 +1,6 @@
 //! [`ShardClient`]: the fenced operations on one group's shards (DESIGN.md §8).
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
 
 use super::error::DataPlaneError;
 use super::scripts;
@@ -28,6 +28,8 @@ pub struct ShardClient {
     consumer: String,
     dead_letters: String,
     max_entry_bytes: u64,
+    /// The last token used and its encoding (`FenceToken::encode`), reused while it holds.
+    encoded_token: Option<(FenceToken, String)>,
 }
 
 /// A script reply once the fence and a missing group are handled.
@@ -60,6 +62,7 @@ impl ShardClient {
             consumer: consumer.to_owned(),
             dead_letters,
             max_entry_bytes: 0,
+            encoded_token: None,
         })
     }
 
@@ -109,7 +112,8 @@ impl ShardClient {
         token: &FenceToken,
     ) -> Result<Result<(), Fenced>, DataPlaneError> {
         const OP: &str = "raise_fence";
-        let reply = self.run(OP, scripts::raise(), shard, token, |_| {}).await?;
+        let cmd = self.script_cmd(scripts::raise(), shard, token);
+        let reply = self.run(OP, scripts::raise(), shard, cmd).await?;
         match reply {
             Reply::Refused(fenced) => Ok(Err(fenced)),
             Reply::Done(status, _) if status == "EQUAL" => Ok(Ok(())),
@@ -139,13 +143,10 @@ impl ShardClient {
         batch: usize,
     ) -> Result<Result<ClaimReport, Fenced>, DataPlaneError> {
         const OP: &str = "claim_others";
-        let consumer = self.consumer.clone();
         let batch = batch.clamp(1, MAX_CLAIM_BATCH);
-        let reply = self
-            .run(OP, scripts::claim_others(), shard, token, |inv| {
-                inv.arg(consumer).arg(batch);
-            })
-            .await?;
+        let mut cmd = self.script_cmd(scripts::claim_others(), shard, token);
+        cmd.arg(&self.consumer).arg(batch);
+        let reply = self.run(OP, scripts::claim_others(), shard, cmd).await?;
         let rest = match reply {
             Reply::Refused(fenced) => return Ok(Err(fenced)),
             Reply::Done(status, rest) if status == "OK" && rest.len() == 3 => rest,
@@ -192,17 +193,13 @@ impl ShardClient {
         mode: FencingMode,
     ) -> Result<ReadOutcome, DataPlaneError> {
         const OP: &str = "read_pending";
-        let consumer = self.consumer.clone();
-        let max = self.max_entry_bytes;
-        let reply = self
-            .run(OP, scripts::read_pending(), shard, token, |inv| {
-                inv.arg(fenced_flag(mode))
-                    .arg(consumer)
-                    .arg(count.max(1))
-                    .arg(after_id)
-                    .arg(max);
-            })
-            .await?;
+        let mut cmd = self.script_cmd(scripts::read_pending(), shard, token);
+        cmd.arg(fenced_flag(mode))
+            .arg(&self.consumer)
+            .arg(count.max(1))
+            .arg(after_id)
+            .arg(self.max_entry_bytes);
+        let reply = self.run(OP, scripts::read_pending(), shard, cmd).await?;
         match reply {
             Reply::Refused(fenced) => Ok(ReadOutcome::Fenced(fenced)),
             Reply::Done(status, mut rest) if status == "OK" && rest.len() == 1 => Ok(
@@ -242,78 +239,148 @@ impl ShardClient {
         count: usize,
         mode: FencingMode,
     ) -> Result<ReadOutcome, DataPlaneError> {
-        const OP: &str = "read_new";
         if mode == FencingMode::Acks {
-            let entries = self.read_new_plain(shard, count).await?;
+            let reply = self
+                .plain_read_cmd(shard, count)
+                .query_async(&mut self.conn)
+                .await;
+            let entries = self.plain_read_reply(shard, reply)?;
             if !entries.is_empty() {
                 return Ok(ReadOutcome::Entries(entries));
             }
         }
-        let consumer = self.consumer.clone();
-        let max = self.max_entry_bytes;
-        let reply = self
-            .run(OP, scripts::read_new(), shard, token, |inv| {
-                inv.arg(fenced_flag(mode))
-                    .arg(consumer)
-                    .arg(count.max(1))
-                    .arg(max);
-            })
-            .await?;
-        match reply {
-            Reply::Refused(fenced) => Ok(ReadOutcome::Fenced(fenced)),
-            Reply::Done(status, mut rest) if status == "OK" && rest.len() == 1 => Ok(
-                ReadOutcome::Entries(parse_entries(OP, shard, rest.remove(0), false)?),
-            ),
-            Reply::Done(status, rest) if status == "EMPTY" && rest.len() == 1 => {
-                let last_id = text(&rest[0])
-                    .ok_or_else(|| DataPlaneError::unexpected(OP, Some(shard), "last id"))?;
-                Ok(ReadOutcome::Empty { last_id })
-            }
-            Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
-                OP,
-                Some(shard),
-                format!("status {status:?} with {} values", rest.len()),
-            )),
-        }
+        self.read_new_script(shard, token, count, mode).await
     }
 
-    /// `XREADGROUP ... COUNT <count> STREAMS <shard> >` without a script, bodies over the limit
-    /// withheld after the read. Empty when nothing is new.
-    async fn read_new_plain(
+    /// The read script of [`ShardClient::read_new`]: the fence check in strict mode, and an
+    /// `EMPTY` reply with the last id when nothing is new.
+    async fn read_new_script(
         &mut self,
         shard: ShardIndex,
+        token: &FenceToken,
         count: usize,
-    ) -> Result<Vec<ShardEntry>, DataPlaneError> {
-        const OP: &str = "read_new";
-        let key = self.keys.shard(shard);
-        let reply: Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
+        mode: FencingMode,
+    ) -> Result<ReadOutcome, DataPlaneError> {
+        let cmd = self.read_script_cmd(shard, token, count, mode);
+        let reply = self.run(READ_NEW, scripts::read_new(), shard, cmd).await?;
+        read_new_outcome(shard, reply)
+    }
+
+    /// [`ShardClient::ack`] of `ids` and [`ShardClient::read_new`] in one round trip: one
+    /// pipeline, the ack first. Returns both results; when the ack is refused by the fence, what
+    /// the read returned is still returned (in strict mode the same fence refused it too; in
+    /// acks mode those entries are in this consumer's pending list: drop them, the shard's next
+    /// owner claims them). With no ids it is [`ShardClient::read_new`] alone.
+    ///
+    /// # Errors
+    /// As [`ShardClient::ack`] and [`ShardClient::read_new`]; an error of either fails the
+    /// whole call (acking again and reading own pending entries from `"0"` recovers).
+    pub async fn ack_and_read_new(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+        count: usize,
+        mode: FencingMode,
+    ) -> Result<(Result<usize, Fenced>, ReadOutcome), DataPlaneError> {
+        if ids.is_empty() {
+            return Ok((Ok(0), self.read_new(shard, token, count, mode).await?));
+        }
+        let ack = self.ack_cmd(shard, token, ids);
+        let read = match mode {
+            FencingMode::Acks => self.plain_read_cmd(shard, count),
+            FencingMode::Strict => self.read_script_cmd(shard, token, count, mode),
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(ack).add_command(read).ignore_errors();
+        let replies: Vec<Value> = pipe
+            .query_async(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis("ack_and_read_new", Some(shard)))?;
+        let Ok([ack_reply, read_reply]) = <[Value; 2]>::try_from(replies) else {
+            return Err(DataPlaneError::unexpected(
+                "ack_and_read_new",
+                Some(shard),
+                "not two replies",
+            ));
+        };
+        // A script missing on the server (restarted, failed over) did not run: run it again
+        // on its own, which loads it.
+        let acked = match into_result(ack_reply) {
+            Err(error) if is_noscript(&error) => self.ack(shard, token, ids).await?,
+            reply => ack_outcome(shard, self.classify(ACK, shard, reply)?)?,
+        };
+        let read = match (mode, into_result(read_reply)) {
+            (FencingMode::Acks, reply) => {
+                let entries = self.plain_read_reply(shard, reply)?;
+                if entries.is_empty() {
+                    self.read_new_script(shard, token, count, mode).await?
+                } else {
+                    ReadOutcome::Entries(entries)
+                }
+            }
+            (FencingMode::Strict, Err(error)) if is_noscript(&error) => {
+                self.read_new_script(shard, token, count, mode).await?
+            }
+            (FencingMode::Strict, reply) => {
+                read_new_outcome(shard, self.classify(READ_NEW, shard, reply)?)?
+            }
+        };
+        Ok((acked, read))
+    }
+
+    fn read_script_cmd(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        count: usize,
+        mode: FencingMode,
+    ) -> redis::Cmd {
+        let mut cmd = self.script_cmd(scripts::read_new(), shard, token);
+        cmd.arg(fenced_flag(mode))
+            .arg(&self.consumer)
+            .arg(count.max(1))
+            .arg(self.max_entry_bytes);
+        cmd
+    }
+
+    /// `XREADGROUP ... COUNT <count> STREAMS <shard> >`, without a script (acks mode).
+    fn plain_read_cmd(&self, shard: ShardIndex, count: usize) -> redis::Cmd {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
             .arg(&self.group)
             .arg(&self.consumer)
             .arg("COUNT")
             .arg(count.max(1))
             .arg("STREAMS")
-            .arg(&key)
-            .arg(">")
-            .query_async(&mut self.conn)
-            .await
-            .map_err(|source| match source.code() {
-                Some("NOGROUP") => DataPlaneError::NoGroup {
-                    shard,
-                    stream: key.clone(),
-                    group: self.group.clone(),
-                    detail: format!("NOGROUP {}", source.detail().unwrap_or_default()),
-                },
-                _ => DataPlaneError::Redis {
-                    op: OP,
-                    shard: Some(shard),
-                    source,
-                },
-            })?;
+            .arg(self.keys.shard(shard))
+            .arg(">");
+        cmd
+    }
+
+    /// The entries of a plain read, bodies over the limit withheld; empty when nothing is new.
+    fn plain_read_reply(
+        &self,
+        shard: ShardIndex,
+        reply: redis::RedisResult<Value>,
+    ) -> Result<Vec<ShardEntry>, DataPlaneError> {
+        let reply = reply.map_err(|source| match source.code() {
+            Some("NOGROUP") => DataPlaneError::NoGroup {
+                shard,
+                stream: self.keys.shard(shard),
+                group: self.group.clone(),
+                detail: format!("NOGROUP {}", source.detail().unwrap_or_default()),
+            },
+            _ => DataPlaneError::Redis {
+                op: READ_NEW,
+                shard: Some(shard),
+                source,
+            },
+        })?;
         let Some(list) = single_stream_entries(reply) else {
             return Ok(Vec::new());
         };
-        let mut entries = parse_entries(OP, shard, list, false)?;
+        let mut entries = parse_entries(READ_NEW, shard, list, false)?;
         if self.max_entry_bytes > 0 {
             for entry in &mut entries {
                 withhold_if_larger(entry, self.max_entry_bytes);
@@ -336,26 +403,17 @@ impl ShardClient {
         token: &FenceToken,
         ids: &[String],
     ) -> Result<Result<usize, Fenced>, DataPlaneError> {
-        const OP: &str = "ack";
-        let reply = self
-            .run(OP, scripts::ack(), shard, token, |inv| {
-                for id in ids {
-                    inv.arg(id);
-                }
-            })
-            .await?;
-        match reply {
-            Reply::Refused(fenced) => Ok(Err(fenced)),
-            Reply::Done(status, rest) if status == "OK" && rest.len() == 1 => int(&rest[0])
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Ok)
-                .ok_or_else(|| DataPlaneError::unexpected(OP, Some(shard), "acked count")),
-            Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
-                OP,
-                Some(shard),
-                format!("status {status:?} with {} values", rest.len()),
-            )),
+        let cmd = self.ack_cmd(shard, token, ids);
+        let reply = self.run(ACK, scripts::ack(), shard, cmd).await?;
+        ack_outcome(shard, reply)
+    }
+
+    fn ack_cmd(&mut self, shard: ShardIndex, token: &FenceToken, ids: &[String]) -> redis::Cmd {
+        let mut cmd = self.script_cmd(scripts::ack(), shard, token);
+        for id in ids {
+            cmd.arg(id);
         }
+        cmd
     }
 
     /// Writes `entry` to the dead-letter stream `<prefix>:dlq:<group>` (DESIGN.md §8) and returns
@@ -401,29 +459,65 @@ impl ShardClient {
             .map_err(DataPlaneError::redis("dead_letter", Some(shard)))
     }
 
-    /// Runs `script` on `shard` with the common keys and arguments, then `extra` arguments, and
-    /// sorts out fence refusals and missing groups.
+    /// `EVALSHA` of `script` on `shard` with the common keys and arguments; the caller adds its
+    /// own. Built directly: a `ScriptInvocation` copies every argument twice, and the ack carries
+    /// a batch of ids.
+    fn script_cmd(
+        &mut self,
+        script: &'static Script,
+        shard: ShardIndex,
+        token: &FenceToken,
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(2)
+            .arg(self.keys.shard(shard))
+            .arg(self.keys.fence(shard))
+            .arg(&self.group);
+        match &self.encoded_token {
+            Some((cached, encoded)) if cached == token => cmd.arg(encoded),
+            _ => {
+                let encoded = token.encode();
+                cmd.arg(&encoded);
+                self.encoded_token = Some((token.clone(), encoded));
+                &mut cmd
+            }
+        };
+        cmd.arg(token.incarnation).arg(token.member_epoch);
+        cmd
+    }
+
+    /// Runs a [`ShardClient::script_cmd`] of `script` and sorts out fence refusals and missing
+    /// groups. On `NOSCRIPT` (a restarted or failed-over server) the script is loaded and run
+    /// again.
     async fn run(
         &mut self,
         op: &'static str,
         script: &'static Script,
         shard: ShardIndex,
-        token: &FenceToken,
-        extra: impl FnOnce(&mut ScriptInvocation<'static>),
+        cmd: redis::Cmd,
     ) -> Result<Reply, DataPlaneError> {
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .key(self.keys.shard(shard))
-            .key(self.keys.fence(shard))
-            .arg(&self.group)
-            .arg(token.encode())
-            .arg(token.incarnation)
-            .arg(token.member_epoch);
-        extra(&mut invocation);
-        let value: Value = invocation
-            .invoke_async(&mut self.conn)
-            .await
-            .map_err(DataPlaneError::redis(op, Some(shard)))?;
+        let reply = match cmd.query_async(&mut self.conn).await {
+            Err(error) if is_noscript(&error) => {
+                script
+                    .load_async(&mut self.conn)
+                    .await
+                    .map_err(DataPlaneError::redis(op, Some(shard)))?;
+                cmd.query_async(&mut self.conn).await
+            }
+            other => other,
+        };
+        self.classify(op, shard, reply)
+    }
+
+    /// A script's reply: its status, fence refusals and missing groups sorted out.
+    fn classify(
+        &self,
+        op: &'static str,
+        shard: ShardIndex,
+        reply: redis::RedisResult<Value>,
+    ) -> Result<Reply, DataPlaneError> {
+        let value = reply.map_err(DataPlaneError::redis(op, Some(shard)))?;
         let Value::Array(mut items) = value else {
             return Err(DataPlaneError::unexpected(
                 op,
@@ -454,6 +548,57 @@ impl ShardClient {
     }
 }
 
+const READ_NEW: &str = "read_new";
+const ACK: &str = "ack";
+
+/// A pipeline reply (errors kept in place by `ignore_errors`) as a command result.
+fn into_result(value: Value) -> redis::RedisResult<Value> {
+    match value {
+        Value::ServerError(error) => Err(error.into()),
+        value => Ok(value),
+    }
+}
+
+fn is_noscript(error: &redis::RedisError) -> bool {
+    error.code() == Some("NOSCRIPT")
+}
+
+/// What the read script's reply means.
+fn read_new_outcome(shard: ShardIndex, reply: Reply) -> Result<ReadOutcome, DataPlaneError> {
+    match reply {
+        Reply::Refused(fenced) => Ok(ReadOutcome::Fenced(fenced)),
+        Reply::Done(status, mut rest) if status == "OK" && rest.len() == 1 => Ok(
+            ReadOutcome::Entries(parse_entries(READ_NEW, shard, rest.remove(0), false)?),
+        ),
+        Reply::Done(status, rest) if status == "EMPTY" && rest.len() == 1 => {
+            let last_id = text(&rest[0])
+                .ok_or_else(|| DataPlaneError::unexpected(READ_NEW, Some(shard), "last id"))?;
+            Ok(ReadOutcome::Empty { last_id })
+        }
+        Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
+            READ_NEW,
+            Some(shard),
+            format!("status {status:?} with {} values", rest.len()),
+        )),
+    }
+}
+
+/// What the ack script's reply means.
+fn ack_outcome(shard: ShardIndex, reply: Reply) -> Result<Result<usize, Fenced>, DataPlaneError> {
+    match reply {
+        Reply::Refused(fenced) => Ok(Err(fenced)),
+        Reply::Done(status, rest) if status == "OK" && rest.len() == 1 => int(&rest[0])
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Ok)
+            .ok_or_else(|| DataPlaneError::unexpected(ACK, Some(shard), "acked count")),
+        Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
+            ACK,
+            Some(shard),
+            format!("status {status:?} with {} values", rest.len()),
+        )),
+    }
+}
+
 fn fenced_flag(mode: FencingMode) -> &'static str {
     match mode {
         FencingMode::Strict => "1",
@@ -469,6 +614,19 @@ fn text(value: &Value) -> Option<String> {
         Value::VerbatimString { text, .. } => Some(text.clone()),
         Value::Okay => Some("OK".to_owned()),
         _ => None,
+    }
+}
+
+/// A string reply element taken by value: no copy for valid UTF-8 (ids and field names, per
+/// entry on the hot path).
+fn into_text(value: Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(
+            String::from_utf8(bytes)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        ),
+        Value::SimpleString(s) => Some(s),
+        other => text(&other),
     }
 }
 
@@ -530,7 +688,10 @@ fn parse_entries(
         if parts.len() < 2 {
             parts.resize(2, Value::Nil);
         }
-        let id = text(&parts[0]).ok_or_else(|| bad(format!("entry id {:?}", parts[0])))?;
+        let id = match std::mem::take(&mut parts[0]) {
+            Value::Nil => return Err(bad("entry id nil".into())),
+            raw => into_text(raw).ok_or_else(|| bad("entry id".into()))?,
+        };
         let delivery_count = if with_counts {
             parts
                 .get(2)
@@ -552,7 +713,7 @@ fn parse_entries(
                 let mut fields = Vec::with_capacity(flat.len() / 2);
                 let mut flat = flat.into_iter();
                 while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
-                    let name = text(&name).ok_or_else(|| bad(format!("field name of {id}")))?;
+                    let name = into_text(name).ok_or_else(|| bad(format!("field name of {id}")))?;
                     let value = match value {
                         Value::BulkString(bytes) => bytes,
                         Value::SimpleString(s) => s.into_bytes(),
