@@ -420,3 +420,87 @@ async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_with
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     listener.shutdown_and_wait().await;
 }
+
+/// A failed attempt gives its fields to the handler; the retry and the dead letter read them
+/// again from the stream. An entry deleted meanwhile (trimmed, `XDEL`) is acked without another
+/// attempt when it would be retried, and dead-lettered by id (no fields of its own) when it
+/// fails for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_deleted_after_a_failed_attempt_is_acked_or_dead_lettered_by_id() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let mut opts = options(1);
+    opts.max_attempts = 5;
+    opts.backoff = Duration::from_millis(50);
+    opts.events = Some(recorder.callback());
+    // n = 2: deleted, then a retryable failure; n = 3: deleted, then a non-retryable one.
+    let client = redis::Client::open(server.url()).unwrap();
+    let behaviour: Behaviour = Arc::new(move |delivery| {
+        let n = payload_n(delivery);
+        if n == Some(2) || n == Some(3) {
+            let mut sync = client.get_connection().unwrap();
+            let _: u64 = redis::cmd("XDEL")
+                .arg(&delivery.stream_key)
+                .arg(&delivery.entry_id)
+                .query(&mut sync)
+                .unwrap();
+        }
+        match n {
+            Some(2) => Err(HandlerError::retryable("deleted, retry")),
+            Some(3) => Err(HandlerError::non_retryable("deleted, give up")),
+            _ => Ok(()),
+        }
+    });
+    let listener = Listener::new(
+        target.clone(),
+        STREAM,
+        GROUP,
+        recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
+        opts,
+    )
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    settle(&mut conn, 1).await;
+
+    let a = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    let b = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
+    let c = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":3}"#)]).await;
+    let d = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":4}"#)]).await;
+    let done = wait_until(Duration::from_secs(15), || {
+        recorder.handled().contains(&(0, d.clone()))
+    })
+    .await;
+    assert!(done, "D was never handled: {:?}", recorder.calls());
+    let seen: Vec<(String, u32)> = recorder
+        .calls()
+        .into_iter()
+        .map(|call| (call.entry_id, call.attempt))
+        .collect();
+    assert_eq!(seen, vec![(a, 1), (b, 1), (c.clone(), 1), (d, 1)]);
+    let letters = dead_letters(&mut conn).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(
+        letters[0].1,
+        fields(&[
+            ("sourceStream", "{orders:0}"),
+            ("sourceId", &c),
+            ("shard", "0"),
+            ("group", GROUP),
+            ("reason", "non-retryable"),
+            ("error", "non-retryable: deleted, give up"),
+            ("attempts", "1"),
+        ])
+    );
+    assert_eq!(
+        wait_no_pending(&mut conn, 0).await,
+        0,
+        "entries still pending"
+    );
+    listener.shutdown_and_wait().await;
+}

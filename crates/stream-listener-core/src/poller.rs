@@ -493,8 +493,9 @@ impl ShardTask {
                 complete = false;
                 break;
             }
-            match self.handle_entry(token, &entry).await? {
-                Outcome::Ack => finished.push(entry.id),
+            let id = entry.id.clone();
+            match self.handle_entry(token, entry).await? {
+                Outcome::Ack => finished.push(id),
                 Outcome::Abandon => {
                     complete = false;
                     break;
@@ -547,10 +548,15 @@ impl ShardTask {
     }
 
     /// DESIGN.md §8, outcomes: retries in place with backoff, dead letters, cancellation.
+    ///
+    /// The entry's fields move into the first attempt's [`Delivery`] (no copy per entry); a
+    /// retry or a dead letter after a failed attempt reads them again from the stream. An entry
+    /// gone by then (trimmed or deleted while pending) is acked without a retry, or
+    /// dead-lettered by id.
     async fn handle_entry(
         &mut self,
         token: &FenceToken,
-        entry: &ShardEntry,
+        mut entry: ShardEntry,
     ) -> Result<Outcome, DataPlaneError> {
         let options = self.ctx.options.clone();
         match entry.status {
@@ -561,14 +567,14 @@ impl ShardTask {
             }
             EntryStatus::TooLarge { bytes } => {
                 let error = format!("entry of {bytes} bytes is over the read limit");
-                self.dead_letter(entry, DeadLetterReason::TooLarge, &error, 0)
+                self.dead_letter(&entry, DeadLetterReason::TooLarge, &error, 0)
                     .await?;
                 return Ok(Outcome::Ack);
             }
         }
         if entry.delivery_count > options.max_deliveries {
             self.dead_letter(
-                entry,
+                &entry,
                 DeadLetterReason::MaxDeliveries,
                 "delivered more than max_deliveries times",
                 0,
@@ -578,11 +584,15 @@ impl ShardTask {
         }
         let mut backoff = options.backoff;
         for attempt in 1..=options.max_attempts {
+            if attempt > 1 && !self.read_fields_again(&mut entry).await? {
+                tracing::warn!(entry = %entry.id, "entry trimmed or deleted between attempts: acked without another");
+                return Ok(Outcome::Ack);
+            }
             let delivery = Delivery {
                 stream_key: self.shard_key.clone(),
                 shard: self.shard,
                 entry_id: entry.id.clone(),
-                fields: entry.fields.clone(),
+                fields: std::mem::take(&mut entry.fields),
                 delivery_count: entry.delivery_count,
                 attempt,
                 member_id: self.member_id.clone(),
@@ -602,7 +612,9 @@ impl ShardTask {
                 _ => None,
             };
             if let Some(reason) = reason {
-                self.dead_letter(entry, reason, &error.to_string(), attempt)
+                // Gone meanwhile: dead-lettered by id, without fields.
+                self.read_fields_again(&mut entry).await?;
+                self.dead_letter(&entry, reason, &error.to_string(), attempt)
                     .await?;
                 return Ok(Outcome::Ack);
             }
@@ -618,6 +630,15 @@ impl ShardTask {
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
         Ok(Outcome::Abandon)
+    }
+
+    /// Reads `entry`'s fields again (they went to a handler attempt). Returns false, fields
+    /// empty, when the entry is no longer in the stream.
+    async fn read_fields_again(&mut self, entry: &mut ShardEntry) -> Result<bool, DataPlaneError> {
+        let fields = self.client.entry_fields(self.shard, &entry.id).await?;
+        let found = fields.is_some();
+        entry.fields = fields.unwrap_or_default();
+        Ok(found)
     }
 
     /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
