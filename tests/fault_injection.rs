@@ -257,11 +257,34 @@ fn workload_log_lines_have_the_fixed_fields() {
 /// about a lease, and nothing is lost.
 #[test]
 fn kill_9_of_a_member_process_loses_nothing() {
+    kill_9_scenario("strict");
+}
+
+/// The same in `fencing = "acks"` (plain reads, acks piggybacked on them): a killed process reads
+/// nothing more, so here too no shard has two readers, and nothing is lost.
+#[test]
+fn kill_9_of_a_member_process_loses_nothing_in_acks_mode() {
+    kill_9_scenario("acks");
+}
+
+fn kill_9_scenario(fencing: &str) {
     let _serial = serial();
     let server = RedisServer::start().unwrap();
     let url = server.url();
     create_stream(&url);
-    let mut consumers = start_consumers(&url, 3, 2, &["--handler-ms", "2", "--fail-every", "97"]);
+    let mut consumers = start_consumers(
+        &url,
+        3,
+        2,
+        &[
+            "--handler-ms",
+            "2",
+            "--fail-every",
+            "97",
+            "--fencing",
+            fencing,
+        ],
+    );
     let mut producer = Workload::producer(&url, KEYS, COUNT, 1000);
     sleep_ms(1000);
 
@@ -287,11 +310,11 @@ fn kill_9_of_a_member_process_loses_nothing() {
 
     let report = checker::check(&logs(&consumers), EXPECTED, &[]);
     eprintln!(
-        "kill -9: {}; shards {victim_shards:?} read again after (ms) {takeover_ms:?} (goal: lease + 2 heartbeats = {} ms)",
+        "kill -9 ({fencing}): {}; shards {victim_shards:?} read again after (ms) {takeover_ms:?} (goal: lease + 2 heartbeats = {} ms)",
         report.summary(),
         LEASE_MS + 2 * HEARTBEAT_MS
     );
-    assert_clean(&report, "kill9", &consumers);
+    assert_clean(&report, &format!("kill9-{fencing}"), &consumers);
     let slowest = takeover_ms.values().copied().fold(0.0, f64::max);
     assert!(
         slowest < 8_000.0,

@@ -51,7 +51,8 @@ pub struct ListenerOptions {
     pub shutdown_timeout: Duration,
     /// Where a newly registered group starts (default earliest).
     pub start_from: StartFrom,
-    /// `strict` (default) or `acks` fencing (DESIGN.md §8).
+    /// `strict` (default) or `acks` fencing (DESIGN.md §8): in acks mode new entries are read
+    /// with a plain `XREADGROUP` (no fence check, no script), acks and claims stay fenced.
     pub fencing: FencingMode,
     /// Static membership: member ids become `<instance_id>-m<k>` and leaving uses `-2`.
     pub instance_id: Option<String>,
@@ -68,7 +69,9 @@ pub struct ListenerOptions {
     pub auto_create_shards: Option<u32>,
     /// Entries larger than this (field names plus values, bytes) are never read into the
     /// process: they are dead-lettered by id with reason `too-large` (FIELD-FAILURES BR-15).
-    /// Default 16 MiB; `None` reads entries of any size.
+    /// Default 16 MiB; `None` reads entries of any size. With [`FencingMode::Acks`] new entries
+    /// are read with a plain `XREADGROUP` and the limit applies after the read: the entry is
+    /// still dead-lettered by id and never handled, but its body passes through the process once.
     pub max_entry_bytes: Option<usize>,
 }
 
