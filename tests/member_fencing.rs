@@ -14,7 +14,7 @@
 mod member_support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use member_support::*;
@@ -23,7 +23,9 @@ use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::dataplane::{Fenced, FencingMode, ReadOutcome, ShardClient};
 use stream_listener::core::fence::FenceToken;
+use stream_listener::core::handler::HandlerError;
 use stream_listener::core::keys::StreamKeys;
+use stream_listener::core::member::Listener;
 use stream_listener::testing::RedisServer;
 
 async fn fence_of(conn: &mut RedisConnection, shard: u32) -> Option<FenceToken> {
@@ -522,4 +524,77 @@ async fn wait_for_fence(conn: &mut RedisConnection, shard: u32, member: &str) ->
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A retry waits out its backoff; if the lease lapsed meanwhile (heartbeats refused by an ACL
+/// that allows only the data-plane keys, for 4 s), no attempt runs without it: the shard's next
+/// owner could be running the same entry (found by the breaker). Once heartbeats pass again the
+/// entry is handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_retry_runs_after_the_lease_lapsed_during_its_backoff() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let mut opts = options(1);
+    opts.max_attempts = 3;
+    opts.backoff = Duration::from_millis(2500); // > LEASE (1.5 s)
+    opts.events = Some(recorder.callback());
+    let window: Arc<Mutex<Option<(u64, u64)>>> = Arc::new(Mutex::new(None));
+    let client = redis::Client::open(server.url()).unwrap();
+    let w = window.clone();
+    let behaviour: Behaviour = Arc::new(move |delivery| {
+        if payload_n(delivery) == Some(1) && delivery.attempt == 1 && w.lock().unwrap().is_none() {
+            let mut sync = client.get_connection().unwrap();
+            let _: () = redis::cmd("ACL")
+                .arg(&["SETUSER", "default", "resetkeys", "~{orders:*"])
+                .query(&mut sync)
+                .unwrap();
+            let denied = now_us();
+            *w.lock().unwrap() = Some((denied, denied + 4_000_000));
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(4));
+                let _: () = redis::cmd("ACL")
+                    .arg(&["SETUSER", "default", "allkeys"])
+                    .query(&mut sync)
+                    .unwrap();
+            });
+            return Err(HandlerError::retryable("downstream timeout"));
+        }
+        Ok(())
+    });
+    let listener = Listener::new(
+        target.clone(),
+        STREAM,
+        GROUP,
+        recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
+        opts,
+    )
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
+    assert!(settled, "{group:#?}");
+    xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let (denied, restored) = window.lock().unwrap().expect("first attempt ran");
+    let lease_end = denied + LEASE.as_micros() as u64;
+    let calls = recorder.calls();
+    let without_lease: Vec<_> = calls
+        .iter()
+        .filter(|c| c.at_us > lease_end && c.at_us < restored)
+        .collect();
+    assert!(
+        without_lease.is_empty(),
+        "handler called after the lease had passed (denied at {denied} µs, lease over at {lease_end}, restored at {restored}): {without_lease:?}"
+    );
+    let handled = wait_until(Duration::from_secs(15), || {
+        recorder.handled().iter().any(|(shard, _)| *shard == 0)
+    })
+    .await;
+    listener.shutdown_and_wait().await;
+    assert!(handled, "the entry was never handled: {calls:?}");
 }

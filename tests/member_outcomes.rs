@@ -421,12 +421,11 @@ async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_with
     listener.shutdown_and_wait().await;
 }
 
-/// A failed attempt gives its fields to the handler; the retry and the dead letter read them
-/// again from the stream. An entry deleted meanwhile (trimmed, `XDEL`) is acked without another
-/// attempt when it would be retried, and dead-lettered by id (no fields of its own) when it
-/// fails for good.
+/// An entry deleted from the stream (trimmed, `XDEL`) while its handler fails keeps its body:
+/// its retries still run with its fields, and its dead letter still carries them (no loss on
+/// the retry path).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_entry_deleted_after_a_failed_attempt_is_acked_or_dead_lettered_by_id() {
+async fn an_entry_deleted_while_it_fails_is_still_retried_and_dead_lettered_with_its_body() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start().unwrap();
     let target = RedisTarget::Standalone(server.url());
@@ -434,10 +433,11 @@ async fn an_entry_deleted_after_a_failed_attempt_is_acked_or_dead_lettered_by_id
     admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
     let recorder = Arc::new(Recorder::default());
     let mut opts = options(1);
-    opts.max_attempts = 5;
+    opts.max_attempts = 3;
     opts.backoff = Duration::from_millis(50);
     opts.events = Some(recorder.callback());
-    // n = 2: deleted, then a retryable failure; n = 3: deleted, then a non-retryable one.
+    // n = 2: deleted, then a retryable failure (every attempt); n = 3: deleted, then a
+    // non-retryable one.
     let client = redis::Client::open(server.url()).unwrap();
     let behaviour: Behaviour = Arc::new(move |delivery| {
         let n = payload_n(delivery);
@@ -482,11 +482,35 @@ async fn an_entry_deleted_after_a_failed_attempt_is_acked_or_dead_lettered_by_id
         .into_iter()
         .map(|call| (call.entry_id, call.attempt))
         .collect();
-    assert_eq!(seen, vec![(a, 1), (b, 1), (c.clone(), 1), (d, 1)]);
+    assert_eq!(
+        seen,
+        vec![
+            (a, 1),
+            (b.clone(), 1),
+            (b.clone(), 2),
+            (b.clone(), 3),
+            (c.clone(), 1),
+            (d, 1)
+        ]
+    );
     let letters = dead_letters(&mut conn).await;
-    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters.len(), 2, "{letters:?}");
     assert_eq!(
         letters[0].1,
+        fields(&[
+            ("sourceStream", "{orders:0}"),
+            ("sourceId", &b),
+            ("shard", "0"),
+            ("group", GROUP),
+            ("reason", "handler"),
+            ("error", "deleted, retry"),
+            ("attempts", "3"),
+            ("key", "k"),
+            ("payload", r#"{"n":2}"#),
+        ])
+    );
+    assert_eq!(
+        letters[1].1,
         fields(&[
             ("sourceStream", "{orders:0}"),
             ("sourceId", &c),
@@ -495,6 +519,8 @@ async fn an_entry_deleted_after_a_failed_attempt_is_acked_or_dead_lettered_by_id
             ("reason", "non-retryable"),
             ("error", "non-retryable: deleted, give up"),
             ("attempts", "1"),
+            ("key", "k"),
+            ("payload", r#"{"n":3}"#),
         ])
     );
     assert_eq!(
@@ -503,4 +529,128 @@ async fn an_entry_deleted_after_a_failed_attempt_is_acked_or_dead_lettered_by_id
         "entries still pending"
     );
     listener.shutdown_and_wait().await;
+}
+
+fn static_options(recorder: &Arc<Recorder>) -> ListenerOptions {
+    let mut o = options(1);
+    o.instance_id = Some("inst".into());
+    o.events = Some(recorder.callback());
+    o
+}
+
+/// An ack that fails while the member works through its own pending entries (here: `XACK`
+/// refused by an ACL for 400 ms) sends the shard back to its pending list from `0`: the handled
+/// entries are acked later, not left in the PEL for good (found by the breaker: the pending read
+/// went on from the old cursor and skipped them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_ack_of_own_pending_entries_is_retried_not_left_behind() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+
+    // First run: registers the group and the static member id.
+    let recorder = Arc::new(Recorder::default());
+    let first = Listener::new(
+        target.clone(),
+        STREAM,
+        GROUP,
+        recording_handler(recorder.clone(), Duration::ZERO, None),
+        static_options(&recorder),
+    )
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    let member = first.member_ids()[0].clone();
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
+    assert!(settled, "{group:#?}");
+    first.shutdown_and_wait().await;
+
+    // Three entries in the member's own PEL (as if read before a crash).
+    let mut ids = Vec::new();
+    for n in 1..=3u64 {
+        ids.push(
+            xadd_fields(
+                &mut conn,
+                0,
+                &[("key", "k"), ("payload", &format!("{{\"n\":{n}}}"))],
+            )
+            .await,
+        );
+    }
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg(&member)
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg(format!("{{{STREAM}:0}}"))
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending_of(&mut conn, 0, &member).await, ids);
+
+    // Second run: handling n = 1 (first pending page) makes acks fail for 400 ms.
+    let client = redis::Client::open(server.url()).unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let behaviour: Behaviour = Arc::new(move |delivery| {
+        if payload_n(delivery) == Some(1) && delivery.attempt == 1 && delivery.delivery_count <= 2 {
+            let mut sync = client.get_connection().unwrap();
+            let _: () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("default")
+                .arg("-xack")
+                .query(&mut sync)
+                .unwrap();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(400));
+                let _: () = redis::cmd("ACL")
+                    .arg("SETUSER")
+                    .arg("default")
+                    .arg("+xack")
+                    .query(&mut sync)
+                    .unwrap();
+            });
+        }
+        Ok::<(), HandlerError>(())
+    });
+    let second = Listener::new(
+        target.clone(),
+        STREAM,
+        GROUP,
+        recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
+        static_options(&recorder),
+    )
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    assert_eq!(second.member_ids()[0], member);
+    let all = wait_until(Duration::from_secs(15), || {
+        let handled = recorder.handled();
+        ids.iter().all(|id| handled.contains(&(0, id.clone())))
+    })
+    .await;
+    assert!(all, "pending entries not handled: {:?}", recorder.calls());
+
+    // Long after the ACL is restored, and with the member acking new entries again...
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":10}"#)]).await;
+    let handled_later = wait_until(Duration::from_secs(10), || {
+        recorder.handled().contains(&(0, later.clone()))
+    })
+    .await;
+    assert!(handled_later);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = pending_of(&mut conn, 0, &member).await;
+    // ... the three handled entries are acked too.
+    assert!(
+        still.is_empty(),
+        "handled entries left in the PEL with no way back: {still:?}"
+    );
+    second.shutdown_and_wait().await;
 }

@@ -184,25 +184,20 @@ impl ShardTask {
                 self.raise(&token).await;
                 continue;
             }
+            // Behind on new entries (the last read was a full batch): the ack of the previous
+            // batch travels with the next read. Otherwise ack first, on its own: before a claim
+            // or a pending read, and when caught up, so the next read comes a round trip later
+            // and finds a bigger batch (each script call has a fixed cost in Redis: reading a
+            // trickle at once, in strict mode, doubled p50 latency at half the peak rate). A
+            // failed ack changes the phase (or the fence state): decide again.
+            let piggyback = self.phase == Phase::New && self.behind;
+            if !piggyback && !self.flush_acks().await {
+                continue;
+            }
             let step = match self.phase.clone() {
-                Phase::Claim => {
-                    self.flush_acks().await;
-                    self.claim(&token).await
-                }
-                Phase::Pending(after) => {
-                    self.flush_acks().await;
-                    self.read_pending(&token, &after).await
-                }
-                // Behind (the last read was a full batch): the ack of the previous batch travels
-                // with this read. Caught up: ack first, so the next read comes a round trip later
-                // and finds a bigger batch (each script call has a fixed cost in Redis: reading
-                // a trickle at once, in strict mode, doubled p50 latency at half the peak rate).
-                Phase::New => {
-                    if !self.behind {
-                        self.flush_acks().await;
-                    }
-                    self.read_new(&token).await
-                }
+                Phase::Claim => self.claim(&token).await,
+                Phase::Pending(after) => self.read_pending(&token, &after).await,
+                Phase::New => self.read_new(&token).await,
             };
             if let Err(error) = step {
                 tracing::warn!(%error, "shard operation failed; retrying");
@@ -224,9 +219,10 @@ impl ShardTask {
     /// Acks the entries handled but not yet acked, on their own. When they cannot be acked now
     /// (lease passed, fence refused, Redis failed) they stay in this consumer's pending list and
     /// the shard goes back to it: they are acked later or handled again, never left behind.
-    async fn flush_acks(&mut self) {
+    /// Returns false when ids were held and not acked.
+    async fn flush_acks(&mut self) -> bool {
         let Some((token, ids)) = self.unacked.take() else {
-            return;
+            return true;
         };
         let acked = match self.ack(&token, &ids).await {
             Ok(acked) => acked,
@@ -238,6 +234,7 @@ impl ShardTask {
         if !acked && self.phase != Phase::Claim {
             self.phase = Phase::Pending("0".into());
         }
+        acked
     }
 
     /// The ids handled under `token` and not yet acked (none when they were under another one:
@@ -562,14 +559,12 @@ impl ShardTask {
 
     /// DESIGN.md §8, outcomes: retries in place with backoff, dead letters, cancellation.
     ///
-    /// The entry's fields move into the first attempt's [`Delivery`] (no copy per entry); a
-    /// retry or a dead letter after a failed attempt reads them again from the stream. An entry
-    /// gone by then (trimmed or deleted while pending) is acked without a retry, or
-    /// dead-lettered by id.
+    /// Every attempt gets a copy of the fields: the entry may be trimmed from the stream while
+    /// it is retried, and its retries and dead letter must still have its body.
     async fn handle_entry(
         &mut self,
         token: &FenceToken,
-        mut entry: ShardEntry,
+        entry: ShardEntry,
     ) -> Result<Outcome, DataPlaneError> {
         let options = self.ctx.options.clone();
         match entry.status {
@@ -597,15 +592,11 @@ impl ShardTask {
         }
         let mut backoff = options.backoff;
         for attempt in 1..=options.max_attempts {
-            if attempt > 1 && !self.read_fields_again(&mut entry).await? {
-                tracing::warn!(entry = %entry.id, "entry trimmed or deleted between attempts: acked without another");
-                return Ok(Outcome::Ack);
-            }
             let delivery = Delivery {
                 stream_key: self.shard_key.clone(),
                 shard: self.shard,
                 entry_id: entry.id.clone(),
-                fields: std::mem::take(&mut entry.fields),
+                fields: entry.fields.clone(),
                 delivery_count: entry.delivery_count,
                 attempt,
                 member_id: self.member_id.clone(),
@@ -625,8 +616,6 @@ impl ShardTask {
                 _ => None,
             };
             if let Some(reason) = reason {
-                // Gone meanwhile: dead-lettered by id, without fields.
-                self.read_fields_again(&mut entry).await?;
                 self.dead_letter(&entry, reason, &error.to_string(), attempt)
                     .await?;
                 return Ok(Outcome::Ack);
@@ -637,21 +626,14 @@ impl ShardTask {
                 return Ok(Outcome::Abandon);
             }
             self.pause(backoff).await;
-            if self.done() {
+            // The lease may have lapsed during the backoff (heartbeats failing): no attempt
+            // without it, or the shard's next owner and this one could run the entry at once.
+            if self.done() || !self.may_finish() {
                 return Ok(Outcome::Abandon);
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
         Ok(Outcome::Abandon)
-    }
-
-    /// Reads `entry`'s fields again (they went to a handler attempt). Returns false, fields
-    /// empty, when the entry is no longer in the stream.
-    async fn read_fields_again(&mut self, entry: &mut ShardEntry) -> Result<bool, DataPlaneError> {
-        let fields = self.client.entry_fields(self.shard, &entry.id).await?;
-        let found = fields.is_some();
-        entry.fields = fields.unwrap_or_default();
-        Ok(found)
     }
 
     /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease

@@ -416,29 +416,6 @@ impl ShardClient {
         cmd
     }
 
-    /// The fields of entry `id` of `shard` (`XRANGE <shard> <id> <id>`), `None` when it is not
-    /// in the stream (trimmed or deleted). Not fenced: it reads nothing for the group and moves
-    /// nothing in the PEL. The poller uses it to give a retried entry its fields again.
-    ///
-    /// # Errors
-    /// [`DataPlaneError::Redis`] when Redis fails.
-    pub(crate) async fn entry_fields(
-        &mut self,
-        shard: ShardIndex,
-        id: &str,
-    ) -> Result<Option<Vec<(String, Vec<u8>)>>, DataPlaneError> {
-        const OP: &str = "entry_fields";
-        let reply: Value = redis::cmd("XRANGE")
-            .arg(self.keys.shard(shard))
-            .arg(id)
-            .arg(id)
-            .query_async(&mut self.conn)
-            .await
-            .map_err(DataPlaneError::redis(OP, Some(shard)))?;
-        let entry = parse_entries(OP, shard, reply, false)?.into_iter().next();
-        Ok(entry.map(|entry| entry.fields))
-    }
-
     /// Writes `entry` to the dead-letter stream `<prefix>:dlq:<group>` (DESIGN.md §8) and returns
     /// the new entry's id. Fields, in this order: `sourceStream` (the shard key),
     /// `sourceId`, `shard` (the index), `group`, `reason` ([`DeadLetterReason::as_str`]), `error`,
