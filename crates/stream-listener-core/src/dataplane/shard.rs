@@ -32,6 +32,12 @@ pub struct ShardClient {
     encoded_token: Option<(FenceToken, String)>,
 }
 
+/// An `EVALSHA` ready to send, with the script it runs (loaded again on `NOSCRIPT`).
+struct ScriptCall {
+    script: &'static Script,
+    cmd: redis::Cmd,
+}
+
 /// A script reply once the fence and a missing group are handled.
 enum Reply {
     /// The script did its work: its status (`EQUAL`, `OK`, `EMPTY`) and the rest of the reply.
@@ -112,8 +118,8 @@ impl ShardClient {
         token: &FenceToken,
     ) -> Result<Result<(), Fenced>, DataPlaneError> {
         const OP: &str = "raise_fence";
-        let cmd = self.script_cmd(scripts::raise(), shard, token);
-        let reply = self.run(OP, scripts::raise(), shard, cmd).await?;
+        let call = self.script_call(scripts::raise(), shard, token);
+        let reply = self.run(OP, shard, call).await?;
         match reply {
             Reply::Refused(fenced) => Ok(Err(fenced)),
             Reply::Done(status, _) if status == "EQUAL" => Ok(Ok(())),
@@ -144,9 +150,9 @@ impl ShardClient {
     ) -> Result<Result<ClaimReport, Fenced>, DataPlaneError> {
         const OP: &str = "claim_others";
         let batch = batch.clamp(1, MAX_CLAIM_BATCH);
-        let mut cmd = self.script_cmd(scripts::claim_others(), shard, token);
-        cmd.arg(&self.consumer).arg(batch);
-        let reply = self.run(OP, scripts::claim_others(), shard, cmd).await?;
+        let mut call = self.script_call(scripts::claim_others(), shard, token);
+        call.cmd.arg(&self.consumer).arg(batch);
+        let reply = self.run(OP, shard, call).await?;
         let rest = match reply {
             Reply::Refused(fenced) => return Ok(Err(fenced)),
             Reply::Done(status, rest) if status == "OK" && rest.len() == 3 => rest,
@@ -193,13 +199,14 @@ impl ShardClient {
         mode: FencingMode,
     ) -> Result<ReadOutcome, DataPlaneError> {
         const OP: &str = "read_pending";
-        let mut cmd = self.script_cmd(scripts::read_pending(), shard, token);
-        cmd.arg(fenced_flag(mode))
+        let mut call = self.script_call(scripts::read_pending(), shard, token);
+        call.cmd
+            .arg(fenced_flag(mode))
             .arg(&self.consumer)
             .arg(count.max(1))
             .arg(after_id)
             .arg(self.max_entry_bytes);
-        let reply = self.run(OP, scripts::read_pending(), shard, cmd).await?;
+        let reply = self.run(OP, shard, call).await?;
         match reply {
             Reply::Refused(fenced) => Ok(ReadOutcome::Fenced(fenced)),
             Reply::Done(status, mut rest) if status == "OK" && rest.len() == 1 => Ok(
@@ -239,17 +246,34 @@ impl ShardClient {
         count: usize,
         mode: FencingMode,
     ) -> Result<ReadOutcome, DataPlaneError> {
-        if mode == FencingMode::Acks {
-            let reply = self
-                .plain_read_cmd(shard, count)
-                .query_async(&mut self.conn)
-                .await;
-            let entries = self.plain_read_reply(shard, reply)?;
-            if !entries.is_empty() {
-                return Ok(ReadOutcome::Entries(entries));
+        match mode {
+            FencingMode::Acks => {
+                let reply = self
+                    .plain_read_cmd(shard, count)
+                    .query_async(&mut self.conn)
+                    .await;
+                self.plain_read_outcome(shard, token, count, reply).await
             }
+            FencingMode::Strict => self.read_new_script(shard, token, count, mode).await,
         }
-        self.read_new_script(shard, token, count, mode).await
+    }
+
+    /// What a plain read returned; when nothing, the read script's answer (the last id to wait
+    /// from, atomically with an empty read).
+    async fn plain_read_outcome(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        count: usize,
+        reply: redis::RedisResult<Value>,
+    ) -> Result<ReadOutcome, DataPlaneError> {
+        let entries = self.plain_read_reply(shard, reply)?;
+        if entries.is_empty() {
+            self.read_new_script(shard, token, count, FencingMode::Acks)
+                .await
+        } else {
+            Ok(ReadOutcome::Entries(entries))
+        }
     }
 
     /// The read script of [`ShardClient::read_new`]: the fence check in strict mode, and an
@@ -261,8 +285,8 @@ impl ShardClient {
         count: usize,
         mode: FencingMode,
     ) -> Result<ReadOutcome, DataPlaneError> {
-        let cmd = self.read_script_cmd(shard, token, count, mode);
-        let reply = self.run(READ_NEW, scripts::read_new(), shard, cmd).await?;
+        let call = self.read_script_call(shard, token, count, mode);
+        let reply = self.run(READ_NEW, shard, call).await?;
         read_new_outcome(shard, reply)
     }
 
@@ -286,10 +310,10 @@ impl ShardClient {
         if ids.is_empty() {
             return Ok((Ok(0), self.read_new(shard, token, count, mode).await?));
         }
-        let ack = self.ack_cmd(shard, token, ids);
+        let ack = self.ack_call(shard, token, ids).cmd;
         let read = match mode {
             FencingMode::Acks => self.plain_read_cmd(shard, count),
-            FencingMode::Strict => self.read_script_cmd(shard, token, count, mode),
+            FencingMode::Strict => self.read_script_call(shard, token, count, mode).cmd,
         };
         let mut pipe = redis::pipe();
         pipe.add_command(ack).add_command(read).ignore_errors();
@@ -312,12 +336,7 @@ impl ShardClient {
         };
         let read = match (mode, into_result(read_reply)) {
             (FencingMode::Acks, reply) => {
-                let entries = self.plain_read_reply(shard, reply)?;
-                if entries.is_empty() {
-                    self.read_new_script(shard, token, count, mode).await?
-                } else {
-                    ReadOutcome::Entries(entries)
-                }
+                self.plain_read_outcome(shard, token, count, reply).await?
             }
             (FencingMode::Strict, Err(error)) if is_noscript(&error) => {
                 self.read_new_script(shard, token, count, mode).await?
@@ -329,19 +348,20 @@ impl ShardClient {
         Ok((acked, read))
     }
 
-    fn read_script_cmd(
+    fn read_script_call(
         &mut self,
         shard: ShardIndex,
         token: &FenceToken,
         count: usize,
         mode: FencingMode,
-    ) -> redis::Cmd {
-        let mut cmd = self.script_cmd(scripts::read_new(), shard, token);
-        cmd.arg(fenced_flag(mode))
+    ) -> ScriptCall {
+        let mut call = self.script_call(scripts::read_new(), shard, token);
+        call.cmd
+            .arg(fenced_flag(mode))
             .arg(&self.consumer)
             .arg(count.max(1))
             .arg(self.max_entry_bytes);
-        cmd
+        call
     }
 
     /// `XREADGROUP ... COUNT <count> STREAMS <shard> >`, without a script (acks mode).
@@ -365,12 +385,10 @@ impl ShardClient {
         reply: redis::RedisResult<Value>,
     ) -> Result<Vec<ShardEntry>, DataPlaneError> {
         let reply = reply.map_err(|source| match source.code() {
-            Some("NOGROUP") => DataPlaneError::NoGroup {
+            Some("NOGROUP") => self.no_group(
                 shard,
-                stream: self.keys.shard(shard),
-                group: self.group.clone(),
-                detail: format!("NOGROUP {}", source.detail().unwrap_or_default()),
-            },
+                format!("NOGROUP {}", source.detail().unwrap_or_default()),
+            ),
             _ => DataPlaneError::Redis {
                 op: READ_NEW,
                 shard: Some(shard),
@@ -403,17 +421,17 @@ impl ShardClient {
         token: &FenceToken,
         ids: &[String],
     ) -> Result<Result<usize, Fenced>, DataPlaneError> {
-        let cmd = self.ack_cmd(shard, token, ids);
-        let reply = self.run(ACK, scripts::ack(), shard, cmd).await?;
+        let call = self.ack_call(shard, token, ids);
+        let reply = self.run(ACK, shard, call).await?;
         ack_outcome(shard, reply)
     }
 
-    fn ack_cmd(&mut self, shard: ShardIndex, token: &FenceToken, ids: &[String]) -> redis::Cmd {
-        let mut cmd = self.script_cmd(scripts::ack(), shard, token);
+    fn ack_call(&mut self, shard: ShardIndex, token: &FenceToken, ids: &[String]) -> ScriptCall {
+        let mut call = self.script_call(scripts::ack(), shard, token);
         for id in ids {
-            cmd.arg(id);
+            call.cmd.arg(id);
         }
-        cmd
+        call
     }
 
     /// Writes `entry` to the dead-letter stream `<prefix>:dlq:<group>` (DESIGN.md §8) and returns
@@ -462,12 +480,12 @@ impl ShardClient {
     /// `EVALSHA` of `script` on `shard` with the common keys and arguments; the caller adds its
     /// own. Built directly: a `ScriptInvocation` copies every argument twice, and the ack carries
     /// a batch of ids.
-    fn script_cmd(
+    fn script_call(
         &mut self,
         script: &'static Script,
         shard: ShardIndex,
         token: &FenceToken,
-    ) -> redis::Cmd {
+    ) -> ScriptCall {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
             .arg(2)
@@ -484,30 +502,38 @@ impl ShardClient {
             }
         };
         cmd.arg(token.incarnation).arg(token.member_epoch);
-        cmd
+        ScriptCall { script, cmd }
     }
 
-    /// Runs a [`ShardClient::script_cmd`] of `script` and sorts out fence refusals and missing
-    /// groups. On `NOSCRIPT` (a restarted or failed-over server) the script is loaded and run
-    /// again.
+    /// Runs a [`ShardClient::script_call`] and sorts out fence refusals and missing groups. On
+    /// `NOSCRIPT` (a restarted or failed-over server) the script is loaded and run again.
     async fn run(
         &mut self,
         op: &'static str,
-        script: &'static Script,
         shard: ShardIndex,
-        cmd: redis::Cmd,
+        call: ScriptCall,
     ) -> Result<Reply, DataPlaneError> {
-        let reply = match cmd.query_async(&mut self.conn).await {
+        let reply = match call.cmd.query_async(&mut self.conn).await {
             Err(error) if is_noscript(&error) => {
-                script
+                call.script
                     .load_async(&mut self.conn)
                     .await
                     .map_err(DataPlaneError::redis(op, Some(shard)))?;
-                cmd.query_async(&mut self.conn).await
+                call.cmd.query_async(&mut self.conn).await
             }
             other => other,
         };
         self.classify(op, shard, reply)
+    }
+
+    /// [`DataPlaneError::NoGroup`] for `shard`, with Redis's message.
+    fn no_group(&self, shard: ShardIndex, detail: String) -> DataPlaneError {
+        DataPlaneError::NoGroup {
+            shard,
+            stream: self.keys.shard(shard),
+            group: self.group.clone(),
+            detail,
+        }
     }
 
     /// A script's reply: its status, fence refusals and missing groups sorted out.
@@ -537,12 +563,7 @@ impl ShardClient {
                     .and_then(text)
                     .and_then(|s| FenceToken::decode(&s)),
             })),
-            "NOGROUP" => Err(DataPlaneError::NoGroup {
-                shard,
-                stream: self.keys.shard(shard),
-                group: self.group.clone(),
-                detail: rest.first().and_then(text).unwrap_or_default(),
-            }),
+            "NOGROUP" => Err(self.no_group(shard, rest.first().and_then(text).unwrap_or_default())),
             _ => Ok(Reply::Done(status, rest)),
         }
     }
