@@ -274,3 +274,85 @@ async fn idle_members_send_a_bounded_number_of_commands_per_second() {
     assert!(recorder.calls().is_empty());
     listener.shutdown_and_wait().await;
 }
+
+/// `fencing = "acks"` on a standalone server: a member's shards share one multi-stream
+/// `XREADGROUP` per round (design note 27). One member, 4 shards with 500 entries each, batch
+/// 25, 4 workers and a handler that finishes at once. Read one shard at a time, the new entries
+/// alone take at least 4 × 500 / 25 = 80 `XREADGROUP` calls; in rounds, 20 when the four move
+/// in lockstep. `cmdstat_xreadgroup` also counts the reads the scripts make: the takeover's
+/// pending read and the empty read at the end (about 3 per shard). Bound: 60, well under the 80
+/// that per-shard reads cannot go below. Also: every entry handled once, in order per shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
+    const PER_SHARD: u64 = 500;
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    let shards: Vec<u32> = (0..4).collect();
+    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
+    let published = preload(&server.client(), &shards, PER_SHARD, 0);
+
+    let order: Arc<std::sync::Mutex<Vec<(u32, String)>>> = Arc::default();
+    let handler = {
+        let order = order.clone();
+        move |delivery: Delivery| {
+            order
+                .lock()
+                .unwrap()
+                .push((delivery.shard, delivery.entry_id.clone()));
+            async { Ok::<(), HandlerError>(()) }
+        }
+    };
+    let mut opts = options(1);
+    opts.fencing = stream_listener::core::dataplane::FencingMode::Acks;
+    opts.runtime_max_concurrency = 4;
+    opts.batch_size = 25;
+    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let all = published.len();
+    let done = wait_until(Duration::from_secs(30), || {
+        order.lock().unwrap().len() >= all
+    })
+    .await;
+    assert!(done, "handled {} of {all}", order.lock().unwrap().len());
+    listener.shutdown_and_wait().await;
+
+    let reads = command_calls(&mut conn).await["xreadgroup"];
+    eprintln!("{reads} XREADGROUP calls for {all} entries in batches of 25 over 4 shards");
+    assert!(
+        reads <= 60,
+        "{reads} XREADGROUP calls: the shards were not read in shared rounds"
+    );
+    let handled = order.lock().unwrap().clone();
+    assert_eq!(handled.len(), all, "an entry was handled twice");
+    for shard in shards {
+        let mine: Vec<&String> = handled
+            .iter()
+            .filter(|(s, _)| *s == shard)
+            .map(|(_, id)| id)
+            .collect();
+        let expected: Vec<&String> = published
+            .iter()
+            .filter(|p| p.shard == shard)
+            .map(|p| &p.id)
+            .collect();
+        assert_eq!(mine, expected, "shard {shard}");
+    }
+    for shard in 0..4 {
+        let pending: Vec<redis::Value> = redis::cmd("XPENDING")
+            .arg(format!("{{{STREAM}:{shard}}}"))
+            .arg(GROUP)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            pending[0],
+            redis::Value::Int(0),
+            "shard {shard}: entries left unacked"
+        );
+    }
+}

@@ -62,6 +62,11 @@ pub fn options(concurrency: u32) -> ListenerOptions {
     options.coordination = fast();
     options.block = Duration::from_millis(500);
     options.batch_size = 64;
+    // The runtime suites in `fencing = "acks"` mode (read rounds on a standalone server) with
+    // STREAM_LISTENER_TEST_FENCING=acks; tests that choose a mode set it themselves.
+    if std::env::var("STREAM_LISTENER_TEST_FENCING").as_deref() == Ok("acks") {
+        options.fencing = stream_listener::core::dataplane::FencingMode::Acks;
+    }
     options
 }
 

@@ -22,6 +22,7 @@
 //! (FIELD-FAILURES BR-04). No operation ever deletes a consumer (BR-06).
 
 mod error;
+pub(crate) mod round;
 mod scripts;
 mod shard;
 mod slot;

@@ -3,6 +3,7 @@
 use redis::{Script, Value};
 
 use super::error::DataPlaneError;
+use super::round::into_result;
 use super::scripts;
 use super::{
     ClaimReport, DeadLetterReason, EntryStatus, Fenced, FencingMode, ReadOutcome, ShardEntry,
@@ -252,15 +253,20 @@ impl ShardClient {
                     .plain_read_cmd(shard, count)
                     .query_async(&mut self.conn)
                     .await;
-                self.plain_read_outcome(shard, token, count, reply).await
+                self.read_new_reply(shard, token, count, reply).await
             }
             FencingMode::Strict => self.read_new_script(shard, token, count, mode).await,
         }
     }
 
-    /// What a plain read returned; when nothing, the read script's answer (the last id to wait
-    /// from, atomically with an empty read).
-    async fn plain_read_outcome(
+    /// What a plain `XREADGROUP ... STREAMS <shard> >` (acks mode) returned, as
+    /// [`ShardClient::read_new`] reports it; when nothing was new, the read script runs for the
+    /// last id to wait from (atomically with an empty read). For a read sent in a pipeline or a
+    /// read round ([`super::round`]).
+    ///
+    /// # Errors
+    /// As [`ShardClient::read_new`].
+    pub(crate) async fn read_new_reply(
         &mut self,
         shard: ShardIndex,
         token: &FenceToken,
@@ -328,16 +334,11 @@ impl ShardClient {
                 "not two replies",
             ));
         };
-        // A script missing on the server (restarted, failed over) did not run: run it again
-        // on its own, which loads it.
-        let acked = match into_result(ack_reply) {
-            Err(error) if is_noscript(&error) => self.ack(shard, token, ids).await?,
-            reply => ack_outcome(shard, self.classify(ACK, shard, reply)?)?,
-        };
+        let acked = self
+            .ack_reply(shard, token, ids, into_result(ack_reply))
+            .await?;
         let read = match (mode, into_result(read_reply)) {
-            (FencingMode::Acks, reply) => {
-                self.plain_read_outcome(shard, token, count, reply).await?
-            }
+            (FencingMode::Acks, reply) => self.read_new_reply(shard, token, count, reply).await?,
             (FencingMode::Strict, Err(error)) if is_noscript(&error) => {
                 self.read_new_script(shard, token, count, mode).await?
             }
@@ -424,6 +425,36 @@ impl ShardClient {
         let call = self.ack_call(shard, token, ids);
         let reply = self.run(ACK, shard, call).await?;
         ack_outcome(shard, reply)
+    }
+
+    /// The fenced ack of `ids` on `shard` as a command, to send in a pipeline or a read round;
+    /// read its reply with [`ShardClient::ack_reply`].
+    pub(crate) fn ack_cmd(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+    ) -> redis::Cmd {
+        self.ack_call(shard, token, ids).cmd
+    }
+
+    /// What an [`ShardClient::ack_cmd`] sent elsewhere returned, as [`ShardClient::ack`] reports
+    /// it. A script missing on the server (restarted, failed over) did not run: the ack is sent
+    /// again on its own, which loads it.
+    ///
+    /// # Errors
+    /// As [`ShardClient::ack`].
+    pub(crate) async fn ack_reply(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+        reply: redis::RedisResult<Value>,
+    ) -> Result<Result<usize, Fenced>, DataPlaneError> {
+        match reply {
+            Err(error) if is_noscript(&error) => self.ack(shard, token, ids).await,
+            reply => ack_outcome(shard, self.classify(ACK, shard, reply)?),
+        }
     }
 
     fn ack_call(&mut self, shard: ShardIndex, token: &FenceToken, ids: &[String]) -> ScriptCall {
@@ -571,14 +602,6 @@ impl ShardClient {
 
 const READ_NEW: &str = "read_new";
 const ACK: &str = "ack";
-
-/// A pipeline reply (errors kept in place by `ignore_errors`) as a command result.
-fn into_result(value: Value) -> redis::RedisResult<Value> {
-    match value {
-        Value::ServerError(error) => Err(error.into()),
-        value => Ok(value),
-    }
-}
 
 fn is_noscript(error: &redis::RedisError) -> bool {
     error.code() == Some("NOSCRIPT")

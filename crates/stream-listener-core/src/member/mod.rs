@@ -448,6 +448,9 @@ pub(crate) struct MemberShared {
     pub(crate) handled: std::sync::atomic::AtomicU64,
     /// The member's `runtime_max_concurrency` workers, shared by its shard tasks.
     pub(crate) workers: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
+    /// The member's read rounds (`fencing = "acks"` on a standalone server), shared by its shard
+    /// tasks; `None` inside where shards read one at a time.
+    pub(crate) rounds: std::sync::OnceLock<Option<Arc<crate::poller::ReadRounds>>>,
 }
 
 impl MemberShared {
@@ -458,6 +461,7 @@ impl MemberShared {
             assignment_changed: Notify::new(),
             handled: std::sync::atomic::AtomicU64::new(0),
             workers: std::sync::OnceLock::new(),
+            rounds: std::sync::OnceLock::new(),
         }
     }
 

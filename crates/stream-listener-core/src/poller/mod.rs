@@ -8,6 +8,13 @@
 //! nothing it waits with a plain `XREAD BLOCK` on a dedicated connection, for at most the block
 //! time and the remaining lease. Every read (in strict mode), ack and claim is fenced in Redis.
 //! No read or ack happens without a valid lease and assignment.
+//!
+//! With `fencing = "acks"` on a standalone server, the member's shard tasks that read new
+//! entries share one round trip per round ([`rounds`]): their acks and one multi-stream read.
+
+mod rounds;
+
+pub(crate) use rounds::ReadRounds;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -20,15 +27,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::connection::{RedisConnection, RedisTarget};
+use crate::dataplane::round::RoundPart;
 use crate::dataplane::{
-    DataPlaneError, DeadLetterReason, EntryStatus, Fenced, ReadOutcome, ShardClient, ShardEntry,
-    Waiter,
+    DataPlaneError, DeadLetterReason, EntryStatus, Fenced, FencingMode, ReadOutcome, ShardClient,
+    ShardEntry, Waiter,
 };
 use crate::fence::FenceToken;
 use crate::handler::{Delivery, Handler, HandlerError};
 use crate::keys::StreamKeys;
 use crate::member::{ListenerEvent, ListenerOptions, MemberShared};
 use crate::model::{FenceConflict, ShardIndex};
+use rounds::{Request, RoundResult, Turn};
 
 /// Longest backoff between handler attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -89,6 +98,11 @@ pub(crate) struct ShardTask {
     workers: Arc<Semaphore>,
     /// When other consumers' pending entries were last claimed (`acks` mode sweeps).
     last_sweep: Instant,
+    /// The member's read rounds, when new entries are read in rounds ([`rounds`]).
+    rounds: Option<Arc<ReadRounds>>,
+    /// This shard's turn in the next round: held only while handling a round's batch without
+    /// waiting for anything ([`ShardTask::release_turn`] before any wait).
+    turn: Option<Turn>,
 }
 
 impl ShardTask {
@@ -106,6 +120,7 @@ impl ShardTask {
                 .with_max_entry_bytes(ctx.options.max_entry_bytes);
         let shard_key = ctx.stream.shard(shard);
         let workers = worker_pool(&ctx);
+        let rounds = read_rounds(&ctx, &member_id);
         Ok(ShardTask {
             ctx,
             shard,
@@ -121,6 +136,8 @@ impl ShardTask {
             shard_key,
             workers,
             last_sweep: Instant::now(),
+            rounds,
+            turn: None,
         })
     }
 
@@ -172,14 +189,22 @@ impl ShardTask {
         self.ctx.shared.lock().lease_remaining(Instant::now())
     }
 
+    /// Lets the member's next read round go without this shard: call before anything that may
+    /// wait ([`rounds`]).
+    fn release_turn(&mut self) {
+        self.turn = None;
+    }
+
     async fn poll(&mut self) {
         while !self.done() {
             let Some(token) = self.usable_token() else {
+                self.release_turn();
                 self.flush_acks().await;
                 self.wait_for_assignment().await;
                 continue;
             };
             if self.raised.as_ref() != Some(&token) {
+                self.release_turn();
                 self.flush_acks().await;
                 self.raise(&token).await;
                 continue;
@@ -224,6 +249,7 @@ impl ShardTask {
         let Some((token, ids)) = self.unacked.take() else {
             return true;
         };
+        self.release_turn();
         let acked = match self.ack(&token, &ids).await {
             Ok(acked) => acked,
             Err(error) => {
@@ -272,7 +298,8 @@ impl ShardTask {
     }
 
     /// Lease passed or shard not (yet) usable: wait for the next assignment change.
-    async fn wait_for_assignment(&self) {
+    async fn wait_for_assignment(&mut self) {
+        self.release_turn();
         tokio::select! {
             _ = self.ctx.shared.assignment_changed.notified() => {}
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -281,7 +308,8 @@ impl ShardTask {
         }
     }
 
-    async fn pause(&self, duration: Duration) {
+    async fn pause(&mut self, duration: Duration) {
+        self.release_turn();
         tokio::select! {
             _ = tokio::time::sleep(duration) => {}
             _ = self.revoke.cancelled() => {}
@@ -290,6 +318,7 @@ impl ShardTask {
     }
 
     async fn raise(&mut self, token: &FenceToken) {
+        self.release_turn();
         match self.client.raise_fence(self.shard, token).await {
             Ok(Ok(())) => {
                 self.raised = Some(token.clone());
@@ -307,6 +336,7 @@ impl ShardTask {
     /// in a failover): raise again after re-checking lease and assignment. `Higher`: report the
     /// conflict and park until the coordinator decides (a new token, a revoke, a fencing status).
     async fn conflict(&mut self, op: &'static str, fenced: Fenced, token: &FenceToken) {
+        self.release_turn();
         self.event(ListenerEvent::FenceRejected {
             op,
             member: self.member_id.clone(),
@@ -344,6 +374,7 @@ impl ShardTask {
     }
 
     async fn claim(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {
+        self.release_turn();
         match self
             .client
             .claim_others(self.shard, token, CLAIM_BATCH)
@@ -385,6 +416,7 @@ impl ShardTask {
         token: &FenceToken,
         after: &str,
     ) -> Result<(), DataPlaneError> {
+        self.release_turn();
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
         match self
@@ -421,10 +453,23 @@ impl ShardTask {
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
         let ids = self.take_unacked(token).await;
-        let (acked, read) = self
-            .client
-            .ack_and_read_new(self.shard, token, &ids, batch, mode)
-            .await?;
+        let (acked, read) = match self.rounds.clone() {
+            Some(rounds) => match self.round(&rounds, token, ids.as_slice()).await? {
+                Some(replies) => replies,
+                None => {
+                    // Not sent (lease or assignment changed while queued): decide again.
+                    if !ids.is_empty() {
+                        self.unacked = Some((token.clone(), ids));
+                    }
+                    return Ok(());
+                }
+            },
+            None => {
+                self.client
+                    .ack_and_read_new(self.shard, token, &ids, batch, mode)
+                    .await?
+            }
+        };
         match acked {
             Ok(_) => self.count_handled(ids.len()),
             Err(fenced) => {
@@ -458,9 +503,67 @@ impl ShardTask {
         }
     }
 
+    /// [`ShardClient::ack_and_read_new`] in the member's next read round ([`rounds`]): the ack of
+    /// `ids` and the read of this shard share the round trip with the member's other shards.
+    /// `None` when nothing was sent for this shard.
+    async fn round(
+        &mut self,
+        rounds: &Arc<ReadRounds>,
+        token: &FenceToken,
+        ids: &[String],
+    ) -> Result<Option<(Result<usize, Fenced>, ReadOutcome)>, DataPlaneError> {
+        let batch = self.ctx.options.batch_size;
+        let ack = (!ids.is_empty()).then(|| self.client.ack_cmd(self.shard, token, ids));
+        let request = Request {
+            shard: self.shard,
+            token: token.clone(),
+            part: RoundPart {
+                key: self.shard_key.clone(),
+                ack,
+            },
+        };
+        let shared = self.ctx.shared.clone();
+        let holds = move |shard: ShardIndex, token: &FenceToken| {
+            let reconciler = shared.lock();
+            reconciler.may_use(shard, Instant::now()) && reconciler.token(shard) == Some(token)
+        };
+        let (reply, turn) = match rounds.submit(request, self.turn.take(), &holds).await {
+            RoundResult::Done(reply, turn) => (reply, turn),
+            RoundResult::NotSent => return Ok(None),
+            RoundResult::Failed(source) => {
+                return Err(DataPlaneError::Redis {
+                    op: "read_round",
+                    shard: Some(self.shard),
+                    source,
+                });
+            }
+        };
+        let acked = match reply.ack {
+            Some(ack) => self.client.ack_reply(self.shard, token, ids, ack).await?,
+            None => Ok(0),
+        };
+        let read = match reply.read {
+            Some(read) => {
+                self.client
+                    .read_new_reply(self.shard, token, batch, Ok(read))
+                    .await?
+            }
+            // The multi-stream read failed as a whole (another shard's group missing?): read
+            // this shard on its own, which reports its own error if it has one.
+            None => {
+                self.client
+                    .read_new(self.shard, token, batch, FencingMode::Acks)
+                    .await?
+            }
+        };
+        self.turn = turn;
+        Ok(Some((acked, read)))
+    }
+
     /// Blocks until a new entry arrives, the block time or the lease runs out, or the shard is
     /// revoked (`XREAD BLOCK` without a group, on a dedicated connection).
     async fn wait_for_entries(&mut self, last_id: &str) -> Result<(), DataPlaneError> {
+        self.release_turn();
         let block = self.ctx.options.block.min(self.lease_remaining());
         if block < Duration::from_millis(1) {
             return Ok(());
@@ -541,6 +644,7 @@ impl ShardTask {
         if ids.is_empty() {
             return Ok(true);
         }
+        self.release_turn();
         if !self.may_finish() {
             return Ok(false); // no ack without a valid lease and assignment (or drain)
         }
@@ -637,13 +741,14 @@ impl ShardTask {
 
     /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
     /// ends (fail closed); a drain lets it finish.
-    async fn run_handler(&self, delivery: Delivery) -> Attempt {
+    async fn run_handler(&mut self, delivery: Delivery) -> Attempt {
         // One of the member's workers per attempt, FIFO: shards waiting for a worker are served
         // in turn, and no worker is held through a backoff or an ack. A free worker is taken
         // at once (`try_acquire` never jumps the queue: released permits go to waiters first).
         let _permit = match self.workers.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {
+                self.release_turn();
                 let permit = tokio::select! {
                     permit = self.workers.clone().acquire_owned() => permit.ok(),
                     _ = self.stop.cancelled() => None,
@@ -666,6 +771,7 @@ impl ShardTask {
         if let Some(outcome) = handler.as_mut().now_or_never() {
             return attempt_outcome(outcome);
         }
+        self.release_turn();
         let timeout = tokio::time::sleep_until(timeout);
         tokio::pin!(timeout);
         loop {
@@ -694,6 +800,7 @@ impl ShardTask {
         error: &str,
         attempts: u32,
     ) -> Result<(), DataPlaneError> {
+        self.release_turn();
         tracing::warn!(entry = %entry.id, ?reason, attempts, error, "dead-lettering entry");
         self.client
             .dead_letter(self.shard, entry, reason, error, attempts)
@@ -734,6 +841,25 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+/// The member's read rounds: with `fencing = "acks"` on a standalone server (one command may
+/// span all the member's shard keys there); `None` otherwise (strict reads are fenced scripts,
+/// one shard each; cluster keys of different slots cannot share a command).
+fn read_rounds(ctx: &ShardTaskContext, member_id: &str) -> Option<Arc<ReadRounds>> {
+    ctx.shared
+        .rounds
+        .get_or_init(|| {
+            (ctx.options.fencing == FencingMode::Acks && !ctx.conn.is_cluster()).then(|| {
+                ReadRounds::new(
+                    ctx.conn.clone(),
+                    ctx.group.clone(),
+                    member_id.to_owned(),
+                    ctx.options.batch_size,
+                )
+            })
+        })
+        .clone()
 }
 
 /// The member's worker pool: `runtime_max_concurrency` permits, FIFO, shared by its shard tasks.

@@ -1,0 +1,593 @@
+//! Read rounds: in `fencing = "acks"` mode on a standalone server, the shard tasks of one member
+//! that read new entries share one round trip — the fenced acks of their previous batches and
+//! one multi-stream `XREADGROUP` ([`crate::dataplane::round`]) — instead of one round trip per
+//! shard (BENCHMARKS.md item 1: the per-shard loop is 0.86–1.0 of the multi-stream one).
+//!
+//! When a round is sent: no round of the member is in flight, and every shard that got entries
+//! from the last round has either asked for the next one or stopped holding it up. A shard
+//! holds rounds up (it has a [`Turn`]) only while it handles its batch without waiting for
+//! anything: it drops the turn as soon as a handler does not finish in its first poll, or it
+//! waits for a worker, a backoff, a round trip of its own, the lease or new entries, and when
+//! its task ends. So shards whose handlers finish at once move in lockstep, one round trip per
+//! round as in the strong raw loop, and a shard that waits never holds its siblings up.
+//!
+//! Who sends a round (the leader): the shard task whose request completes the rule above sends
+//! it itself; when a dropped turn or a finished round completes it, the first queued task is
+//! told to lead. Every task waiting in a round gets its own shard's replies, unparsed, and reads
+//! them with its own [`crate::dataplane::ShardClient`]. A task cancelled while leading (its
+//! member stopped) ends the round for every waiting task, which then decides again.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::oneshot;
+
+use crate::connection::RedisConnection;
+use crate::dataplane::round::{PartReply, RoundPart, read_round};
+use crate::fence::FenceToken;
+use crate::model::ShardIndex;
+
+/// Whether the member may use a shard with a token now (owned, lease valid).
+pub(crate) type Holds<'a> = dyn Fn(ShardIndex, &FenceToken) -> bool + Sync + 'a;
+
+/// One member's read rounds. Shared by its shard tasks (`MemberShared::rounds`).
+pub(crate) struct ReadRounds {
+    conn: RedisConnection,
+    group: String,
+    consumer: String,
+    /// Entries per shard per round (`batch_size`).
+    count: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Requests for the next round, in arrival order.
+    queued: Vec<Queued>,
+    /// Shards holding the next round up (each has a live [`Turn`]).
+    expected: Vec<ShardIndex>,
+    /// Whether a round is being sent (or a task has been told to send one).
+    in_flight: bool,
+}
+
+/// One shard's request for the next round.
+pub(crate) struct Request {
+    pub(crate) shard: ShardIndex,
+    /// The token the shard task read under; the leader re-checks it just before sending.
+    pub(crate) token: FenceToken,
+    pub(crate) part: RoundPart,
+}
+
+struct Queued {
+    request: Request,
+    reply: oneshot::Sender<Reply>,
+}
+
+enum Reply {
+    /// Send the next round (the round is in flight until the guard is dropped); the request is
+    /// queued again with the leader's own channel.
+    Lead(Request, InFlight),
+    Done(PartReply, Option<Turn>),
+    Failed(redis::RedisError),
+    /// Not sent: the lease or the assignment changed while it was queued.
+    NotSent,
+}
+
+/// What became of a request.
+pub(crate) enum RoundResult {
+    /// The round ran; the shard's replies, and its turn when the read returned entries (hold it
+    /// while handling them without waiting, give it back with the next request).
+    Done(PartReply, Option<Turn>),
+    /// The round's pipeline failed as a whole: nothing is known of what ran.
+    Failed(redis::RedisError),
+    /// Nothing was sent for this shard (its lease or assignment changed while queued, or the
+    /// task sending the round was cancelled): decide again.
+    NotSent,
+}
+
+/// A shard's place in the next round: while it lives, the round waits for this shard. Dropping
+/// it lets the round go without the shard.
+pub(crate) struct Turn {
+    rounds: Option<Arc<ReadRounds>>,
+    shard: ShardIndex,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(rounds) = self.rounds.take() {
+            let mut state = rounds.lock();
+            state.expected.retain(|&s| s != self.shard);
+            state.hand_off(&rounds);
+        }
+    }
+}
+
+impl Turn {
+    /// The shard, the turn given back without the lock being taken (the caller holds it).
+    fn give_back(mut self) -> ShardIndex {
+        self.rounds = None;
+        self.shard
+    }
+}
+
+impl State {
+    /// Whether the next round may go now.
+    fn ready(&self) -> bool {
+        !self.in_flight && self.expected.is_empty() && !self.queued.is_empty()
+    }
+
+    /// When the next round may go: the queued requests, for the caller to send (it leads).
+    fn start(&mut self) -> Option<Vec<Queued>> {
+        if !self.ready() {
+            return None;
+        }
+        self.in_flight = true;
+        Some(std::mem::take(&mut self.queued))
+    }
+
+    /// When the next round may go: tells the first queued task that is still waiting to send it.
+    /// Called under the lock.
+    fn hand_off(&mut self, rounds: &Arc<ReadRounds>) {
+        if !self.ready() {
+            return;
+        }
+        self.in_flight = true;
+        while !self.queued.is_empty() {
+            let Queued { request, reply } = self.queued.remove(0);
+            let lead = InFlight(Some(rounds.clone()));
+            match reply.send(Reply::Lead(request, lead)) {
+                Ok(()) => return,
+                // That task is gone: its guard must not take the lock we hold.
+                Err(Reply::Lead(_, lead)) => lead.defuse(),
+                Err(_) => {}
+            }
+        }
+        self.in_flight = false;
+    }
+}
+
+/// The round in flight: while it lives no other round of the member goes. Dropping it (the
+/// round done, or the task sending it cancelled, or told to lead and gone) lets the next go.
+struct InFlight(Option<Arc<ReadRounds>>);
+
+impl InFlight {
+    /// Drops the guard without taking the lock (the caller holds it and resets `in_flight`).
+    fn defuse(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(rounds) = self.0.take() {
+            let mut state = rounds.lock();
+            state.in_flight = false;
+            state.hand_off(&rounds);
+        }
+    }
+}
+
+impl std::fmt::Debug for ReadRounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadRounds")
+            .field("group", &self.group)
+            .field("consumer", &self.consumer)
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadRounds {
+    /// Rounds for consumer `consumer` (the member id) of `group`, reading up to `count` entries
+    /// per shard, on the member's multiplexed connection to a standalone server.
+    pub(crate) fn new(
+        conn: RedisConnection,
+        group: String,
+        consumer: String,
+        count: usize,
+    ) -> Arc<Self> {
+        Arc::new(ReadRounds {
+            conn,
+            group,
+            consumer,
+            count,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing under this lock can panic halfway through a change that matters.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `request` for the next round and waits for that round's replies for its shard.
+    /// `turn`: the shard's turn from the previous round, given back. `holds(shard, token)`:
+    /// whether the member still owns `shard` with `token` and its lease is valid; whoever sends
+    /// the round checks it for each request just before sending (all requests come from one
+    /// member, so every task passes the same check).
+    pub(crate) async fn submit(
+        self: &Arc<Self>,
+        request: Request,
+        turn: Option<Turn>,
+        holds: &Holds<'_>,
+    ) -> RoundResult {
+        let (reply, mut waiting) = oneshot::channel();
+        let returned = turn.map(Turn::give_back);
+        let lead = {
+            let mut state = self.lock();
+            if let Some(shard) = returned {
+                state.expected.retain(|&s| s != shard);
+            }
+            state.queued.push(Queued { request, reply });
+            state.start()
+        };
+        if let Some(round) = lead {
+            self.send(round, InFlight(Some(self.clone())), holds).await;
+        }
+        loop {
+            match waiting.await {
+                Ok(Reply::Done(reply, turn)) => return RoundResult::Done(reply, turn),
+                Ok(Reply::Failed(error)) => return RoundResult::Failed(error),
+                Ok(Reply::NotSent) | Err(_) => return RoundResult::NotSent,
+                Ok(Reply::Lead(request, in_flight)) => {
+                    let (reply, next) = oneshot::channel();
+                    waiting = next;
+                    let round = {
+                        let mut state = self.lock();
+                        state.queued.insert(0, Queued { request, reply });
+                        std::mem::take(&mut state.queued)
+                    };
+                    self.send(round, in_flight, holds).await;
+                }
+            }
+        }
+    }
+
+    /// Sends one round (in flight while `in_flight` lives) and hands each waiting task its
+    /// replies.
+    async fn send(self: &Arc<Self>, round: Vec<Queued>, in_flight: InFlight, holds: &Holds<'_>) {
+        let (sendable, stale): (Vec<Queued>, Vec<Queued>) = round
+            .into_iter()
+            .partition(|q| !q.reply.is_closed() && holds(q.request.shard, &q.request.token));
+        for queued in stale {
+            let _ = queued.reply.send(Reply::NotSent);
+        }
+        if sendable.is_empty() {
+            return;
+        }
+        let mut shards = Vec::with_capacity(sendable.len());
+        let mut waiting = Vec::with_capacity(sendable.len());
+        let mut parts = Vec::with_capacity(sendable.len());
+        for Queued { request, reply } in sendable {
+            shards.push(request.shard);
+            waiting.push(reply);
+            parts.push(request.part);
+        }
+        let mut conn = self.conn.clone();
+        let replies = read_round(&mut conn, &self.group, &self.consumer, self.count, parts).await;
+        let replies = match replies {
+            Ok(replies) => replies,
+            Err(error) => {
+                drop(in_flight);
+                for reply in waiting {
+                    let copy = redis::RedisError::from((
+                        error.kind(),
+                        "read round failed",
+                        error.to_string(),
+                    ));
+                    let _ = reply.send(Reply::Failed(copy));
+                }
+                return;
+            }
+        };
+        // Shards that got entries hold the next round up until they ask again (or wait).
+        let turns: Vec<Option<Turn>> = {
+            let mut state = self.lock();
+            let turns = shards
+                .iter()
+                .zip(&replies)
+                .map(|(&shard, reply)| {
+                    reply.has_entries().then(|| {
+                        state.expected.push(shard);
+                        Turn {
+                            rounds: Some(self.clone()),
+                            shard,
+                        }
+                    })
+                })
+                .collect();
+            drop(state);
+            turns
+        };
+        drop(in_flight);
+        // Not under the lock: a reply that cannot be delivered drops its turn, which locks.
+        for ((reply, part), turn) in waiting.into_iter().zip(replies).zip(turns) {
+            let _ = reply.send(Reply::Done(part, turn));
+        }
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    //! The round rules against a real standalone server.
+
+    use std::time::Duration;
+
+    use redis::Value;
+
+    use super::*;
+    use crate::connection::RedisTarget;
+    use crate::testing::RedisServer;
+
+    const GROUP: &str = "g";
+    const CONSUMER: &str = "m-m0";
+
+    fn token() -> FenceToken {
+        FenceToken {
+            incarnation: 1,
+            member_epoch: 1,
+            member_id: CONSUMER.into(),
+            process_id: "p".into(),
+        }
+    }
+
+    fn key(shard: ShardIndex) -> String {
+        format!("{{s:{shard}}}")
+    }
+
+    /// A server with shards 0..`shards`, each with group `g` and `entries` entries.
+    async fn setup(shards: u32, entries: usize) -> (RedisServer, RedisConnection) {
+        let server = RedisServer::start().unwrap();
+        let target = RedisTarget::Standalone(server.url());
+        let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
+            .await
+            .unwrap();
+        for shard in 0..shards {
+            let () = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(key(shard))
+                .arg(GROUP)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            for n in 0..entries {
+                let _: String = redis::cmd("XADD")
+                    .arg(key(shard))
+                    .arg("*")
+                    .arg("n")
+                    .arg(n)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }
+        (server, conn)
+    }
+
+    fn request(shard: ShardIndex) -> Request {
+        Request {
+            shard,
+            token: token(),
+            part: RoundPart {
+                key: key(shard),
+                ack: None,
+            },
+        }
+    }
+
+    fn always(_: ShardIndex, _: &FenceToken) -> bool {
+        true
+    }
+
+    /// How many entries a round's reply holds for its shard.
+    fn entries(result: &RoundResult) -> usize {
+        let RoundResult::Done(reply, _) = result else {
+            panic!("round not done");
+        };
+        match &reply.read {
+            Some(Value::Array(streams)) => match &streams[0] {
+                Value::Array(pair) => match &pair[1] {
+                    Value::Array(list) => list.len(),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            },
+            Some(Value::Nil) => 0,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn turn(result: RoundResult) -> Option<Turn> {
+        match result {
+            RoundResult::Done(_, turn) => turn,
+            _ => panic!("round not done"),
+        }
+    }
+
+    /// Waits until `n` requests are queued (spawned tasks have reached the queue); fails after
+    /// 10 s (a request that was sent at once instead).
+    async fn wait_queued(rounds: &ReadRounds, n: usize) {
+        wait_for("requests to queue", || rounds.lock().queued.len() >= n).await;
+    }
+
+    async fn wait_for(what: &str, done: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "waited 10 s for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn xreadgroup_calls(conn: &mut RedisConnection) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_xreadgroup:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
+    /// A shard that got entries holds the next round up until it asks again (then both shards
+    /// share one `XREADGROUP`) or drops its turn.
+    #[tokio::test]
+    async fn a_round_waits_for_the_shards_that_got_entries() {
+        let (_server, mut conn) = setup(3, 5).await;
+        let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 2);
+        let first = rounds.submit(request(0), None, &always).await;
+        assert_eq!(entries(&first), 2);
+        let turn0 = turn(first).expect("shard 0 got entries: it has a turn");
+
+        let before = xreadgroup_calls(&mut conn).await;
+        let waiting = tokio::spawn({
+            let rounds = rounds.clone();
+            async move { rounds.submit(request(1), None, &always).await }
+        });
+        // Shard 0 holds the round: shard 1's request is not sent, however long it waits.
+        wait_queued(&rounds, 1).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished());
+        assert_eq!(xreadgroup_calls(&mut conn).await, before);
+
+        // Shard 0 asks again: one round, one XREADGROUP, for both.
+        let again = rounds.submit(request(0), Some(turn0), &always).await;
+        let other = waiting.await.unwrap();
+        assert_eq!((entries(&again), entries(&other)), (2, 2));
+        assert_eq!(xreadgroup_calls(&mut conn).await, before + 1);
+
+        // Shard 1 drops its turn without asking: shard 0 alone still has one; then shard 2's
+        // request waits for shard 0 only.
+        drop(turn(other));
+        let turn0 = turn(again).unwrap();
+        let waiting = tokio::spawn({
+            let rounds = rounds.clone();
+            async move { rounds.submit(request(2), None, &always).await }
+        });
+        wait_queued(&rounds, 1).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished());
+        drop(turn0);
+        let third = waiting.await.unwrap();
+        assert_eq!(entries(&third), 2);
+    }
+
+    /// A shard with nothing new gets no turn: it does not hold the next round up.
+    #[tokio::test]
+    async fn a_shard_with_nothing_new_holds_nothing_up() {
+        let (_server, conn) = setup(2, 0).await;
+        let rounds = ReadRounds::new(conn, GROUP.into(), CONSUMER.into(), 2);
+        let empty = rounds.submit(request(0), None, &always).await;
+        assert_eq!(entries(&empty), 0);
+        assert!(turn(empty).is_none());
+        let next = rounds.submit(request(1), None, &always).await;
+        assert_eq!(entries(&next), 0);
+    }
+
+    /// A request whose shard the member no longer holds is not sent: nothing is read for it.
+    #[tokio::test]
+    async fn a_request_the_member_no_longer_holds_is_not_sent() {
+        let (_server, mut conn) = setup(2, 3).await;
+        let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 10);
+        let only_shard_1 = |shard: ShardIndex, _: &FenceToken| shard == 1;
+        let refused = rounds.submit(request(0), None, &only_shard_1).await;
+        assert!(matches!(refused, RoundResult::NotSent));
+        let pending: Vec<Value> = redis::cmd("XPENDING")
+            .arg(key(0))
+            .arg(GROUP)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(pending[0], Value::Int(0), "nothing was read for shard 0");
+        let sent = rounds.submit(request(1), None, &only_shard_1).await;
+        assert_eq!(entries(&sent), 3);
+    }
+
+    /// A task cancelled while sending a round (its member stopped) does not stall the member:
+    /// the next queued request is sent.
+    #[tokio::test]
+    async fn a_cancelled_leader_lets_the_next_round_go() {
+        let (_server, mut conn) = setup(2, 3).await;
+        let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 10);
+        // Writes (XREADGROUP is one) wait while clients are paused: the leader's round hangs.
+        let () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(1500)
+            .arg("WRITE")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let leader = tokio::spawn({
+            let rounds = rounds.clone();
+            async move { rounds.submit(request(0), None, &always).await }
+        });
+        wait_for("the round to start", || rounds.lock().in_flight).await;
+        let queued = tokio::spawn({
+            let rounds = rounds.clone();
+            async move { rounds.submit(request(1), None, &always).await }
+        });
+        wait_queued(&rounds, 1).await;
+        assert!(!leader.is_finished() && !queued.is_finished());
+        leader.abort();
+        let next = tokio::time::timeout(Duration::from_secs(10), queued)
+            .await
+            .expect("the queued request is sent once the leader is gone")
+            .unwrap();
+        assert_eq!(entries(&next), 3);
+    }
+
+    /// One shard's missing group fails the multi-stream read for every shard of the round: each
+    /// is told to read on its own; the acks of the round still ran.
+    #[tokio::test]
+    async fn a_failed_read_is_reported_to_every_shard_and_acks_still_run() {
+        let (_server, mut conn) = setup(2, 2).await;
+        let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 10);
+        let first = rounds.submit(request(0), None, &always).await;
+        assert_eq!(entries(&first), 2);
+        let turn0 = turn(first);
+        let () = redis::cmd("XGROUP")
+            .arg("DESTROY")
+            .arg(key(1))
+            .arg(GROUP)
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(drop)
+            .unwrap();
+        let mut with_ack = request(0);
+        let ids: Vec<String> = redis::cmd("XRANGE")
+            .arg(key(0))
+            .arg("-")
+            .arg("+")
+            .query_async::<Vec<(String, Vec<(String, String)>)>>(&mut conn)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let mut ack = redis::cmd("XACK");
+        ack.arg(key(0)).arg(GROUP).arg(&ids);
+        with_ack.part.ack = Some(ack);
+        // Shard 1 waits for shard 0, which asks with its ack: one round for both.
+        let one = tokio::spawn({
+            let rounds = rounds.clone();
+            async move { rounds.submit(request(1), None, &always).await }
+        });
+        wait_queued(&rounds, 1).await;
+        let zero = rounds.submit(with_ack, turn0, &always).await;
+        for result in [zero, one.await.unwrap()] {
+            let RoundResult::Done(reply, turn) = result else {
+                panic!("round not done");
+            };
+            assert!(reply.read.is_none(), "read on your own");
+            assert!(turn.is_none());
+            if let Some(ack) = reply.ack {
+                assert_eq!(ack.unwrap(), Value::Int(2));
+            }
+        }
+    }
+}
