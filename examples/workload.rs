@@ -461,7 +461,7 @@ async fn consume(target: RedisTarget, args: ConsumeArgs) -> Result<(), String> {
             };
             emit(&json!({
                 "event": "handled",
-                "member": delivery.member_id,
+                "member": &*delivery.member_id,
                 "shard": delivery.shard,
                 "entryId": delivery.entry_id,
                 "key": key,

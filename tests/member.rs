@@ -70,7 +70,7 @@ async fn start_listener(
             let event: Event =
                 serde_json::from_slice(payload).map_err(|e| HandlerError::Decode(e.to_string()))?;
             log.lock().unwrap().push(Handled {
-                member: delivery.member_id.clone(),
+                member: delivery.member_id.to_string(),
                 shard: delivery.shard,
                 entry_id: delivery.entry_id.clone(),
                 key: event.key,

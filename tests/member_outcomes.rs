@@ -444,7 +444,7 @@ async fn an_entry_deleted_while_it_fails_is_still_retried_and_dead_lettered_with
         if n == Some(2) || n == Some(3) {
             let mut sync = client.get_connection().unwrap();
             let _: u64 = redis::cmd("XDEL")
-                .arg(&delivery.stream_key)
+                .arg(&*delivery.stream_key)
                 .arg(&delivery.entry_id)
                 .query(&mut sync)
                 .unwrap();

@@ -268,7 +268,7 @@ pub fn recording_handler(
             let n = payload_n(&delivery);
             recorder.calls.lock().unwrap().push(Call {
                 at_us: now_us(),
-                member: delivery.member_id.clone(),
+                member: delivery.member_id.to_string(),
                 shard: delivery.shard,
                 entry_id: delivery.entry_id.clone(),
                 member_epoch: delivery.member_epoch,
@@ -287,7 +287,7 @@ pub fn recording_handler(
             }
             recorder.done.lock().unwrap().push((
                 now_us(),
-                delivery.member_id.clone(),
+                delivery.member_id.to_string(),
                 delivery.shard,
                 delivery.entry_id.clone(),
             ));

@@ -136,11 +136,11 @@ impl Metadata {
         Metadata {
             entry_id: delivery.entry_id.clone(),
             shard: delivery.shard,
-            stream_key: delivery.stream_key.clone(),
+            stream_key: delivery.stream_key.to_string(),
             partition_key: delivery.partition_key().map(str::to_owned),
             delivery_count: delivery.delivery_count,
             attempt: delivery.attempt,
-            member_id: delivery.member_id.clone(),
+            member_id: delivery.member_id.to_string(),
             member_epoch: delivery.member_epoch,
         }
     }
@@ -215,7 +215,7 @@ impl Deref for RawMessage {
 impl FromDelivery for RawMessage {
     fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
         Ok(RawMessage {
-            fields: delivery.fields.clone(),
+            fields: delivery.fields.to_vec(),
             metadata: Metadata::of(delivery),
         })
     }

@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::model::{Epoch, ShardIndex};
 
@@ -17,22 +18,25 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'static>>;
 
 /// One entry handed to a handler, with where it came from.
+///
+/// The stream key, the fields and the member id are shared (`Arc`), not copied, between the
+/// attempts of one entry and the entries of one shard: cloning a `Delivery` is cheap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
     /// The shard stream key, e.g. `{orders:3}`.
-    pub stream_key: String,
+    pub stream_key: Arc<str>,
     /// The shard index.
     pub shard: ShardIndex,
     /// The Redis entry id, e.g. `1700000000000-0`.
     pub entry_id: String,
     /// Every field of the entry, in order (`key` and `payload` for entries of the publisher).
-    pub fields: Vec<(String, Vec<u8>)>,
+    pub fields: Arc<[(String, Vec<u8>)]>,
     /// How many times Redis delivered the entry (the PEL delivery count; 1 for a first read).
     pub delivery_count: u64,
     /// Attempt number of this call within the current delivery, from 1.
     pub attempt: u32,
     /// The member running the handler.
-    pub member_id: String,
+    pub member_id: Arc<str>,
     /// Its member epoch when the shard was assigned.
     pub member_epoch: Epoch,
 }

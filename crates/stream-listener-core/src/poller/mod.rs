@@ -91,9 +91,10 @@ pub(crate) struct ShardTask {
     waiter: Option<Waiter>,
     raised: Option<FenceToken>,
     phase: Phase,
-    member_id: String,
-    /// The shard stream key, for deliveries.
-    shard_key: String,
+    /// The member id, shared by every delivery.
+    member_id: Arc<str>,
+    /// The shard stream key, shared by every delivery.
+    shard_key: Arc<str>,
     /// The member's worker pool ([`worker_pool`]).
     workers: Arc<Semaphore>,
     /// When other consumers' pending entries were last claimed (`acks` mode sweeps).
@@ -118,7 +119,7 @@ impl ShardTask {
         let client =
             ShardClient::new(ctx.conn.clone(), ctx.stream.clone(), &ctx.group, &member_id)?
                 .with_max_entry_bytes(ctx.options.max_entry_bytes);
-        let shard_key = ctx.stream.shard(shard);
+        let shard_key = ctx.stream.shard(shard).into();
         let workers = worker_pool(&ctx);
         let rounds = read_rounds(&ctx, &member_id);
         Ok(ShardTask {
@@ -132,7 +133,7 @@ impl ShardTask {
             waiter: None,
             raised: None,
             phase: Phase::Claim,
-            member_id,
+            member_id: member_id.into(),
             shard_key,
             workers,
             last_sweep: Instant::now(),
@@ -339,7 +340,7 @@ impl ShardTask {
         self.release_turn();
         self.event(ListenerEvent::FenceRejected {
             op,
-            member: self.member_id.clone(),
+            member: self.member_id.to_string(),
             shard: self.shard,
         });
         self.raised = None;
@@ -518,7 +519,7 @@ impl ShardTask {
             shard: self.shard,
             token: token.clone(),
             part: RoundPart {
-                key: self.shard_key.clone(),
+                key: self.shard_key.to_string(),
                 ack,
             },
         };
@@ -593,7 +594,7 @@ impl ShardTask {
     ) -> Result<bool, DataPlaneError> {
         if let Some(first) = entries.first() {
             self.event(ListenerEvent::Read {
-                member: self.member_id.clone(),
+                member: self.member_id.to_string(),
                 shard: self.shard,
                 count: entries.len(),
                 first_id: first.id.clone(),
@@ -601,12 +602,12 @@ impl ShardTask {
         }
         let mut finished = Vec::with_capacity(entries.len());
         let mut complete = true;
-        for entry in entries {
+        for mut entry in entries {
             if self.done() || !self.still_holds(token) {
                 complete = false;
                 break;
             }
-            match self.handle_entry(token, &entry).await? {
+            match self.handle_entry(token, &mut entry).await? {
                 Outcome::Ack => finished.push(entry.id),
                 Outcome::Abandon => {
                     complete = false;
@@ -662,12 +663,13 @@ impl ShardTask {
 
     /// DESIGN.md §8, outcomes: retries in place with backoff, dead letters, cancellation.
     ///
-    /// Every attempt gets a copy of the fields: the entry may be trimmed from the stream while
-    /// it is retried, and its retries and dead letter must still have its body.
+    /// The fields move into one shared `Arc` that every attempt gets: the entry may be trimmed
+    /// from the stream while it is retried, and its retries and dead letter must still have its
+    /// body (a dead letter puts them back into `entry`).
     async fn handle_entry(
         &mut self,
         token: &FenceToken,
-        entry: &ShardEntry,
+        entry: &mut ShardEntry,
     ) -> Result<Outcome, DataPlaneError> {
         let options = self.ctx.options.clone();
         match entry.status {
@@ -694,12 +696,13 @@ impl ShardTask {
             return Ok(Outcome::Ack);
         }
         let mut backoff = options.backoff;
+        let fields: Arc<[(String, Vec<u8>)]> = std::mem::take(&mut entry.fields).into();
         for attempt in 1..=options.max_attempts {
             let delivery = Delivery {
                 stream_key: self.shard_key.clone(),
                 shard: self.shard,
                 entry_id: entry.id.clone(),
-                fields: entry.fields.clone(),
+                fields: fields.clone(),
                 delivery_count: entry.delivery_count,
                 attempt,
                 member_id: self.member_id.clone(),
@@ -719,6 +722,7 @@ impl ShardTask {
                 _ => None,
             };
             if let Some(reason) = reason {
+                entry.fields = fields.to_vec();
                 self.dead_letter(entry, reason, &error.to_string(), attempt)
                     .await?;
                 return Ok(Outcome::Ack);
