@@ -27,18 +27,29 @@ pub(crate) struct RoundPart {
 pub(crate) struct PartReply {
     /// The ack's reply; `None` when the part had no ack.
     pub(crate) ack: Option<redis::RedisResult<Value>>,
-    /// The shard's share of the read, shaped as a one-stream `XREADGROUP` reply
-    /// (`[[key, entries]]`, or nil when nothing was new). `None` when the multi-stream read
-    /// failed as a whole — one shard's missing group fails it for every shard —: read the shard
-    /// on its own, which reports that shard's own error.
-    pub(crate) read: Option<Value>,
+    /// The shard's share of the read.
+    pub(crate) read: PartRead,
+}
+
+/// A shard's share of a round's multi-stream read.
+#[derive(Debug)]
+pub(crate) enum PartRead {
+    /// Shaped as a one-stream `XREADGROUP` reply: `[[key, entries]]`, or nil when nothing was new.
+    Entries(Value),
+    /// The read failed with an error reply and delivered nothing (Redis checks every stream's
+    /// group before reading any: one shard's missing group fails it for all): read the shard on
+    /// its own, which reports that shard's own error.
+    ReadAlone,
+    /// A reply of an unexpected shape: entries may have been delivered; re-read this consumer's
+    /// pending entries.
+    Unexpected(String),
 }
 
 impl PartReply {
     /// Whether the read returned at least one entry for this shard.
     pub(crate) fn has_entries(&self) -> bool {
         match &self.read {
-            Some(Value::Array(streams)) => streams.iter().any(|pair| match pair {
+            PartRead::Entries(Value::Array(streams)) => streams.iter().any(|pair| match pair {
                 Value::Array(pair) => matches!(pair.get(1), Some(Value::Array(e)) if !e.is_empty()),
                 _ => false,
             }),
@@ -88,7 +99,11 @@ pub(crate) async fn read_round(
     let mut replies: Vec<Value> = pipe.query_async(conn).await?;
     let read_reply = replies.pop();
     let mut acks = replies.into_iter();
-    let mut shares = split_by_stream(read_reply, &keys);
+    let mut shares = match read_reply {
+        Some(Value::ServerError(_)) => Err(None),
+        Some(reply) => split_by_stream(reply, &keys).ok_or_else(|| Some("read reply".to_owned())),
+        None => Err(Some("no read reply".to_owned())),
+    };
     let mut out = Vec::with_capacity(keys.len());
     for (i, key) in keys.into_iter().enumerate() {
         let ack = if has_ack[i] {
@@ -96,13 +111,17 @@ pub(crate) async fn read_round(
         } else {
             None
         };
-        let read = shares.as_mut().map(|shares| match shares[i].take() {
-            Some(entries) => Value::Array(vec![Value::Array(vec![
-                Value::BulkString(key.into_bytes()),
-                entries,
-            ])]),
-            None => Value::Nil,
-        });
+        let read = match &mut shares {
+            Ok(shares) => PartRead::Entries(match shares[i].take() {
+                Some(entries) => Value::Array(vec![Value::Array(vec![
+                    Value::BulkString(key.into_bytes()),
+                    entries,
+                ])]),
+                None => Value::Nil,
+            }),
+            Err(None) => PartRead::ReadAlone,
+            Err(Some(what)) => PartRead::Unexpected(what.clone()),
+        };
         out.push(PartReply { ack, read });
     }
     Ok(out)
@@ -110,10 +129,9 @@ pub(crate) async fn read_round(
 
 /// The entry list of each of `keys` in a multi-stream `XREADGROUP` reply (RESP2
 /// `[[key, entries], ...]` or RESP3 `{key: entries}`; streams with nothing new are left out, and
-/// a nil reply means nothing was new anywhere). `None` when the read failed or its reply has
-/// another shape.
-fn split_by_stream(reply: Option<Value>, keys: &[String]) -> Option<Vec<Option<Value>>> {
-    let pairs: Vec<(Value, Value)> = match reply? {
+/// a nil reply means nothing was new anywhere). `None` when the reply has another shape.
+fn split_by_stream(reply: Value, keys: &[String]) -> Option<Vec<Option<Value>>> {
+    let pairs: Vec<(Value, Value)> = match reply {
         Value::Nil => Vec::new(),
         Value::Array(streams) => streams
             .into_iter()

@@ -52,7 +52,9 @@ pub struct ListenerOptions {
     /// Where a newly registered group starts (default earliest).
     pub start_from: StartFrom,
     /// `strict` (default) or `acks` fencing (DESIGN.md §8): in acks mode new entries are read
-    /// with a plain `XREADGROUP` (no fence check, no script), acks and claims stay fenced.
+    /// with a plain `XREADGROUP` (no fence check, no script), acks and claims stay fenced. On a
+    /// standalone server the member's shards then share their reads: one multi-stream
+    /// `XREADGROUP` and their acks per round trip (docs/design-notes.md, note 27).
     pub fencing: FencingMode,
     /// Static membership: member ids become `<instance_id>-m<k>` and leaving uses `-2`.
     pub instance_id: Option<String>,

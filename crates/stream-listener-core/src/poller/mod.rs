@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::connection::{RedisConnection, RedisTarget};
-use crate::dataplane::round::RoundPart;
+use crate::dataplane::round::{PartRead, RoundPart};
 use crate::dataplane::{
     DataPlaneError, DeadLetterReason, EntryStatus, Fenced, FencingMode, ReadOutcome, ShardClient,
     ShardEntry, Waiter,
@@ -206,8 +206,11 @@ impl ShardTask {
             };
             if self.raised.as_ref() != Some(&token) {
                 self.release_turn();
-                self.flush_acks().await;
-                self.raise(&token).await;
+                // Held ids are acked under the token they were handled with before the fence
+                // moves on (after the raise, that ack would be refused).
+                if self.flush_acks().await {
+                    self.raise(&token).await;
+                }
                 continue;
             }
             // Behind on new entries (the last read was a full batch): the ack of the previous
@@ -243,8 +246,11 @@ impl ShardTask {
     }
 
     /// Acks the entries handled but not yet acked, on their own. When they cannot be acked now
-    /// (lease passed, fence refused, Redis failed) they stay in this consumer's pending list and
-    /// the shard goes back to it: they are acked later or handled again, never left behind.
+    /// they stay in this consumer's pending list and the shard goes back to it: they are acked
+    /// later or handled again, never left behind. After a Redis failure the ids stay held too,
+    /// and the ack is tried again after a pause (acking twice is harmless; handling twice is
+    /// what at-least-once allows but should not cost a connection blip); when the lease passed
+    /// or the fence refused, they are let go (the next owner claims them).
     /// Returns false when ids were held and not acked.
     async fn flush_acks(&mut self) -> bool {
         let Some((token, ids)) = self.unacked.take() else {
@@ -254,7 +260,9 @@ impl ShardTask {
         let acked = match self.ack(&token, &ids).await {
             Ok(acked) => acked,
             Err(error) => {
-                tracing::warn!(%error, "acking handled entries failed; they stay pending");
+                tracing::warn!(%error, "acking handled entries failed; retrying");
+                self.unacked = Some((token, ids));
+                self.pause(ERROR_PAUSE).await;
                 false
             }
         };
@@ -270,7 +278,14 @@ impl ShardTask {
         if self.unacked.as_ref().is_some_and(|(t, _)| t != token) {
             self.flush_acks().await;
         }
-        self.unacked.take().map(|(_, ids)| ids).unwrap_or_default()
+        match self.unacked.take() {
+            Some((held, ids)) if &held == token => ids,
+            // Still held under the other token (that ack failed): tried again first next time.
+            other => {
+                self.unacked = other;
+                Vec::new()
+            }
+        }
     }
 
     /// The shard lost its consumer group (or its stream): with `auto_create_shards` (operator
@@ -454,21 +469,24 @@ impl ShardTask {
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
         let ids = self.take_unacked(token).await;
-        let (acked, read) = match self.rounds.clone() {
-            Some(rounds) => match self.round(&rounds, token, ids.as_slice()).await? {
-                Some(replies) => replies,
-                None => {
-                    // Not sent (lease or assignment changed while queued): decide again.
-                    if !ids.is_empty() {
-                        self.unacked = Some((token.clone(), ids));
-                    }
-                    return Ok(());
+        let result = match self.rounds.clone() {
+            Some(rounds) => self.round(&rounds, token, ids.as_slice()).await,
+            None => self
+                .client
+                .ack_and_read_new(self.shard, token, &ids, batch, mode)
+                .await
+                .map(Some),
+        };
+        let (acked, read) = match result {
+            Ok(Some(replies)) => replies,
+            // Not sent (lease or assignment changed while queued), or failed (nothing is known
+            // of what ran): the handled ids are held again, and acked (again: harmless) before
+            // the shard re-reads its own pending entries — not handled a second time.
+            other => {
+                if !ids.is_empty() {
+                    self.unacked = Some((token.clone(), ids));
                 }
-            },
-            None => {
-                self.client
-                    .ack_and_read_new(self.shard, token, &ids, batch, mode)
-                    .await?
+                return other.map(|_| ());
             }
         };
         match acked {
@@ -539,22 +557,34 @@ impl ShardTask {
                 });
             }
         };
+        // A script missing on the server makes this shard ack on its own (round trips): the
+        // member's next round must not wait for that.
+        let noscript = matches!(&reply.ack, Some(Err(e)) if e.code() == Some("NOSCRIPT"));
+        let turn = turn.filter(|_| !noscript);
         let acked = match reply.ack {
             Some(ack) => self.client.ack_reply(self.shard, token, ids, ack).await?,
             None => Ok(0),
         };
         let read = match reply.read {
-            Some(read) => {
+            PartRead::Entries(read) => {
                 self.client
                     .read_new_reply(self.shard, token, batch, Ok(read))
                     .await?
             }
-            // The multi-stream read failed as a whole (another shard's group missing?): read
-            // this shard on its own, which reports its own error if it has one.
-            None => {
+            // The multi-stream read failed as a whole and delivered nothing (another shard's
+            // group missing?): read this shard on its own, which reports its own error if any.
+            PartRead::ReadAlone => {
                 self.client
                     .read_new(self.shard, token, batch, FencingMode::Acks)
                     .await?
+            }
+            // Entries may have been delivered: back to this consumer's pending entries.
+            PartRead::Unexpected(what) => {
+                return Err(DataPlaneError::unexpected(
+                    "read_round",
+                    Some(self.shard),
+                    what,
+                ));
             }
         };
         self.turn = turn;
@@ -671,7 +701,16 @@ impl ShardTask {
         token: &FenceToken,
         entry: &mut ShardEntry,
     ) -> Result<Outcome, DataPlaneError> {
-        let options = self.ctx.options.clone();
+        // Copied out, not an `Arc` clone: every shard task of every member shares the options,
+        // and a reference count touched per entry from both cores costs more than these copies.
+        let (max_deliveries, max_attempts, mut backoff) = {
+            let options = &self.ctx.options;
+            (
+                options.max_deliveries,
+                options.max_attempts,
+                options.backoff,
+            )
+        };
         match entry.status {
             EntryStatus::Present => {}
             EntryStatus::Trimmed => {
@@ -685,7 +724,7 @@ impl ShardTask {
                 return Ok(Outcome::Ack);
             }
         }
-        if entry.delivery_count > options.max_deliveries {
+        if entry.delivery_count > max_deliveries {
             self.dead_letter(
                 entry,
                 DeadLetterReason::MaxDeliveries,
@@ -695,9 +734,8 @@ impl ShardTask {
             .await?;
             return Ok(Outcome::Ack);
         }
-        let mut backoff = options.backoff;
         let fields: Arc<[(String, Vec<u8>)]> = std::mem::take(&mut entry.fields).into();
-        for attempt in 1..=options.max_attempts {
+        for attempt in 1..=max_attempts {
             let delivery = Delivery {
                 stream_key: self.shard_key.clone(),
                 shard: self.shard,
@@ -718,7 +756,7 @@ impl ShardTask {
             let reason = match &error {
                 HandlerError::Decode(_) => Some(DeadLetterReason::Decode),
                 HandlerError::NonRetryable(_) => Some(DeadLetterReason::NonRetryable),
-                _ if attempt == options.max_attempts => Some(DeadLetterReason::Handler),
+                _ if attempt == max_attempts => Some(DeadLetterReason::Handler),
                 _ => None,
             };
             if let Some(reason) = reason {
@@ -749,12 +787,14 @@ impl ShardTask {
         // One of the member's workers per attempt, FIFO: shards waiting for a worker are served
         // in turn, and no worker is held through a backoff or an ack. A free worker is taken
         // at once (`try_acquire` never jumps the queue: released permits go to waiters first).
-        let _permit = match self.workers.clone().try_acquire_owned() {
+        // The permit borrows `self.workers` (no reference count touched per entry): the turn is
+        // released below as a field write.
+        let _permit = match self.workers.try_acquire() {
             Ok(permit) => permit,
             Err(_) => {
-                self.release_turn();
+                self.turn = None;
                 let permit = tokio::select! {
-                    permit = self.workers.clone().acquire_owned() => permit.ok(),
+                    permit = self.workers.acquire() => permit.ok(),
                     _ = self.stop.cancelled() => None,
                 };
                 // The wait for a worker may have outlived the lease (or the process was paused
@@ -765,7 +805,6 @@ impl ShardTask {
                 }
             }
         };
-        let timeout = tokio::time::Instant::now() + self.ctx.options.handler_timeout;
         // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a
         // failed attempt; dropping the future cancels the handler.
         let handler = AssertUnwindSafe(self.ctx.handler.handle(delivery)).catch_unwind();
@@ -775,8 +814,10 @@ impl ShardTask {
         if let Some(outcome) = handler.as_mut().now_or_never() {
             return attempt_outcome(outcome);
         }
-        self.release_turn();
-        let timeout = tokio::time::sleep_until(timeout);
+        self.turn = None; // the handler waits: let the member's next read round go
+        // The timeout runs from the end of the first poll (no clock read for handlers that are
+        // done by then; a first poll that blocks the thread cannot be timed out anyway).
+        let timeout = tokio::time::sleep(self.ctx.options.handler_timeout);
         tokio::pin!(timeout);
         loop {
             let lease_end = tokio::time::sleep(self.lease_remaining());

@@ -316,6 +316,7 @@ mod tests {
 
     use super::*;
     use crate::connection::RedisTarget;
+    use crate::dataplane::round::PartRead;
     use crate::testing::RedisServer;
 
     const GROUP: &str = "g";
@@ -386,14 +387,14 @@ mod tests {
             panic!("round not done");
         };
         match &reply.read {
-            Some(Value::Array(streams)) => match &streams[0] {
+            PartRead::Entries(Value::Array(streams)) => match &streams[0] {
                 Value::Array(pair) => match &pair[1] {
                     Value::Array(list) => list.len(),
                     other => panic!("{other:?}"),
                 },
                 other => panic!("{other:?}"),
             },
-            Some(Value::Nil) => 0,
+            PartRead::Entries(Value::Nil) => 0,
             other => panic!("{other:?}"),
         }
     }
@@ -583,7 +584,10 @@ mod tests {
             let RoundResult::Done(reply, turn) = result else {
                 panic!("round not done");
             };
-            assert!(reply.read.is_none(), "read on your own");
+            assert!(
+                matches!(reply.read, PartRead::ReadAlone),
+                "read on your own"
+            );
             assert!(turn.is_none());
             if let Some(ack) = reply.ack {
                 assert_eq!(ack.unwrap(), Value::Int(2));
