@@ -23,7 +23,7 @@
 
 mod error;
 pub(crate) mod round;
-mod scripts;
+pub(crate) mod scripts;
 mod shard;
 mod slot;
 mod waiter;

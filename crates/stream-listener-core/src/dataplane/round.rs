@@ -1,5 +1,6 @@
-//! One round trip for several shards on a standalone server, in `fencing = "acks"` mode: the
-//! fenced acks of each shard's previous batch, then one multi-stream
+//! One round trip for several shards on a standalone server, in `fencing = "acks"` mode: one
+//! script call acking each shard's previous batch, each fenced with the shard's own token
+//! (`scripts::ack_shards`), then one multi-stream
 //! `XREADGROUP GROUP <g> <consumer> COUNT <n> STREAMS <k1> … <kN> > … >`, in one pipeline. This
 //! is the strong raw loop of BENCHMARKS.md item 1; the poller's read rounds
 //! (`poller::rounds`) decide which shards share a round. On a cluster the shard keys are in
@@ -11,21 +12,30 @@
 
 use redis::Value;
 
+use super::scripts;
 use crate::connection::RedisConnection;
+
+/// One shard's part of a round's multi-shard ack ([`super::ShardClient::ack_part`]).
+pub(crate) struct AckPart {
+    /// The shard's fence key `{<prefix>:<i>}:fence`.
+    pub(crate) fence: String,
+    /// The shard's arguments: encoded token, incarnation, member epoch, number of ids, the ids.
+    pub(crate) args: redis::Cmd,
+}
 
 /// One shard's part of a [`read_round`].
 pub(crate) struct RoundPart {
     /// The shard stream key `{<prefix>:<i>}`.
     pub(crate) key: String,
-    /// The fenced ack of the shard's previous batch ([`super::ShardClient::ack_cmd`]); `None`
-    /// when it has nothing to ack.
-    pub(crate) ack: Option<redis::Cmd>,
+    /// The fenced ack of the shard's previous batch; `None` when it has nothing to ack.
+    pub(crate) ack: Option<AckPart>,
 }
 
 /// What a round returned for one [`RoundPart`].
 #[derive(Debug)]
 pub(crate) struct PartReply {
-    /// The ack's reply; `None` when the part had no ack.
+    /// The shard's reply to the ack, shaped as the one-shard ack script's; `None` when the part
+    /// had no ack.
     pub(crate) ack: Option<redis::RedisResult<Value>>,
     /// The shard's share of the read.
     pub(crate) read: PartRead,
@@ -58,10 +68,12 @@ impl PartReply {
     }
 }
 
-/// Sends the acks of `parts` (those that have one) and one multi-stream `XREADGROUP` of up to
-/// `count` new entries per shard, for consumer `consumer` of group `group`, as one pipeline.
-/// Returns one [`PartReply`] per part, in order. Standalone servers only (one command spans all
-/// the keys). Never blocks.
+/// Sends the acks of `parts` (those that have one, in one `ack_shards` script call) and one
+/// multi-stream `XREADGROUP` of up to `count` new entries per shard, for consumer `consumer` of
+/// group `group`, as one pipeline. Returns one [`PartReply`] per part, in order. Standalone
+/// servers only (one command spans all the keys). Never blocks. When the server lost the script
+/// (`NOSCRIPT`: restarted), it is loaded again for the next round and each shard's ack reply is
+/// that error (the shard acks on its own).
 ///
 /// # Errors
 /// The [`redis::RedisError`] of the pipeline as a whole (connection lost, response timeout):
@@ -82,23 +94,44 @@ pub(crate) async fn read_round(
         .arg("COUNT")
         .arg(count.max(1))
         .arg("STREAMS");
+    let acking = parts.iter().filter(|p| p.ack.is_some()).count();
+    let mut ack = redis::cmd("EVALSHA");
+    ack.arg(scripts::ack_shards().get_hash()).arg(2 * acking);
     let mut keys = Vec::with_capacity(parts.len());
     let mut has_ack = Vec::with_capacity(parts.len());
+    let mut ack_args = Vec::with_capacity(acking);
     for part in parts {
         read.arg(&part.key);
         has_ack.push(part.ack.is_some());
-        if let Some(ack) = part.ack {
-            pipe.add_command(ack);
+        if let Some(part_ack) = part.ack {
+            ack.arg(&part.key).arg(part_ack.fence);
+            ack_args.push(part_ack.args);
         }
         keys.push(part.key);
+    }
+    ack.arg(group);
+    for args in &ack_args {
+        for arg in args.args_iter() {
+            if let redis::Arg::Simple(bytes) = arg {
+                ack.arg(bytes);
+            }
+        }
     }
     for _ in &keys {
         read.arg(">");
     }
+    if acking > 0 {
+        pipe.add_command(ack);
+    }
     pipe.add_command(read).ignore_errors();
     let mut replies: Vec<Value> = pipe.query_async(conn).await?;
     let read_reply = replies.pop();
-    let mut acks = replies.into_iter();
+    let mut acks = split_acks(replies.pop(), acking);
+    if acks.first().is_some_and(is_noscript) {
+        // Best effort: if this fails, the next round finds NOSCRIPT again and tries again.
+        let _ = scripts::ack_shards().load_async(conn).await;
+    }
+    let mut acks = acks.drain(..);
     let mut shares = match read_reply {
         Some(Value::ServerError(_)) => Err(None),
         Some(reply) => split_by_stream(reply, &keys).ok_or_else(|| Some("read reply".to_owned())),
@@ -107,7 +140,7 @@ pub(crate) async fn read_round(
     let mut out = Vec::with_capacity(keys.len());
     for (i, key) in keys.into_iter().enumerate() {
         let ack = if has_ack[i] {
-            Some(into_result(acks.next().unwrap_or(Value::Nil)))
+            acks.next().map(into_result)
         } else {
             None
         };
@@ -125,6 +158,20 @@ pub(crate) async fn read_round(
         out.push(PartReply { ack, read });
     }
     Ok(out)
+}
+
+/// The per-shard replies of an `ack_shards` call for `n` shards: an error reply is every
+/// shard's; a reply of another shape gives each shard nil (an unexpected reply for it).
+fn split_acks(reply: Option<Value>, n: usize) -> Vec<Value> {
+    match reply {
+        Some(Value::Array(replies)) if replies.len() == n => replies,
+        Some(error @ Value::ServerError(_)) => vec![error; n],
+        _ => vec![Value::Nil; n],
+    }
+}
+
+fn is_noscript(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(error) if error.code() == "NOSCRIPT")
 }
 
 /// The entry list of each of `keys` in a multi-stream `XREADGROUP` reply (RESP2

@@ -28,26 +28,31 @@ local function cmp_int(a, b)
   return a < b and -1 or 1
 end
 
--- Orders a stored token against ours by (incarnation, memberEpoch): -1, 0 or 1;
--- nil when the stored value is not a token.
-local function order(stored)
-  local inc, ep = string.match(stored, '^(%-?%d+):(%-?%d+):')
-  if not inc then return nil end
-  local c = cmp_int(inc, ARGV[3])
-  if c == 0 then c = cmp_int(ep, ARGV[4]) end
+-- Orders a stored token against ours (incarnation inc, member epoch ep) by
+-- (incarnation, memberEpoch): -1, 0 or 1; nil when the stored value is not a token.
+local function order(stored, inc, ep)
+  local sinc, sep = string.match(stored, '^(%-?%d+):(%-?%d+):')
+  if not sinc then return nil end
+  local c = cmp_int(sinc, inc)
+  if c == 0 then c = cmp_int(sep, ep) end
   return c
 end
 
--- nil when the fence holds exactly our token; otherwise the reply refusing the operation:
--- LOWER (absent or below ours: a raise was lost) or HIGHER (at or above ours, another token,
--- or not a token at all: fail closed).
-local function refusal()
-  local stored = redis.call('HGET', KEYS[2], ARGV[1])
-  if stored == ARGV[2] then return nil end
+-- nil when field `group` of fence hash `fence` holds exactly our token; otherwise the reply
+-- refusing the operation: LOWER (absent or below ours: a raise was lost) or HIGHER (at or
+-- above ours, another token, or not a token at all: fail closed).
+local function refusal_of(fence, group, token, inc, ep)
+  local stored = redis.call('HGET', fence, group)
+  if stored == token then return nil end
   if not stored then return {'LOWER'} end
-  local c = order(stored)
+  local c = order(stored, inc, ep)
   if c == nil or c >= 0 then return {'HIGHER', stored} end
   return {'LOWER', stored}
+end
+
+-- refusal_of for this script's shard and token (KEYS[2], ARGV[1..4]).
+local function refusal()
+  return refusal_of(KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 end
 
 -- The reply for an error caught by redis.pcall: NOGROUP when the stream or the group is
@@ -86,7 +91,7 @@ pub(crate) fn raise() -> &'static Script {
 local stored = redis.call('HGET', KEYS[2], ARGV[1])
 if stored == ARGV[2] then return {'EQUAL'} end
 if stored then
-  local c = order(stored)
+  local c = order(stored, ARGV[3], ARGV[4])
   if c == nil or c >= 0 then return {'HIGHER', stored} end
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
@@ -170,6 +175,39 @@ for i = 5, #ARGV, 500 do
   acked = acked + redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, math.min(i + 499, #ARGV)))
 end
 return {'OK', acked}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Acknowledges entries on several shards in one call, each fenced with its own token: the acks
+/// of a read round (standalone servers only: the keys are in different hash slots). Breaks the
+/// two-key convention above: `KEYS[2i-1]`, `KEYS[2i]` are shard i's stream and fence;
+/// `ARGV[1]` the group; then per shard its encoded token, incarnation, member epoch, the number
+/// of ids n, and the n ids. Returns one reply per shard, in order, each as [`ack`]'s.
+pub(crate) fn ack_shards() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        with_prelude(
+            r"
+local out, a = {}, 2
+for s = 1, #KEYS / 2 do
+  local n = tonumber(ARGV[a + 3])
+  local first, last = a + 4, a + 3 + n
+  local refused = refusal_of(KEYS[2 * s], ARGV[1], ARGV[a], ARGV[a + 1], ARGV[a + 2])
+  if refused then
+    out[s] = refused
+  else
+    local acked = 0
+    -- In chunks: unpack has a stack limit.
+    for i = first, last, 500 do
+      acked = acked + redis.call('XACK', KEYS[2 * s - 1], ARGV[1], unpack(ARGV, i, math.min(i + 499, last)))
+    end
+    out[s] = {'OK', acked}
+  end
+  a = last + 1
+end
+return out
 ",
         )
     });

@@ -3,7 +3,7 @@
 use redis::{Script, Value};
 
 use super::error::DataPlaneError;
-use super::round::into_result;
+use super::round::{AckPart, into_result};
 use super::scripts;
 use super::{
     ClaimReport, DeadLetterReason, EntryStatus, Fenced, FencingMode, ReadOutcome, ShardEntry,
@@ -427,15 +427,27 @@ impl ShardClient {
         ack_outcome(shard, reply)
     }
 
-    /// The fenced ack of `ids` on `shard` as a command, to send in a pipeline or a read round;
-    /// read its reply with [`ShardClient::ack_reply`].
-    pub(crate) fn ack_cmd(
+    /// The fenced ack of `ids` on `shard` as one shard's part of a read round's multi-shard ack
+    /// ([`super::round`]): its fence key and its arguments. Read the part's reply with
+    /// [`ShardClient::ack_reply`].
+    pub(crate) fn ack_part(
         &mut self,
         shard: ShardIndex,
         token: &FenceToken,
         ids: &[String],
-    ) -> redis::Cmd {
-        self.ack_call(shard, token, ids).cmd
+    ) -> AckPart {
+        let mut args = redis::Cmd::new();
+        args.arg(self.encoded(token))
+            .arg(token.incarnation)
+            .arg(token.member_epoch)
+            .arg(ids.len());
+        for id in ids {
+            args.arg(id);
+        }
+        AckPart {
+            fence: self.keys.fence(shard),
+            args,
+        }
     }
 
     /// What an [`ShardClient::ack_cmd`] sent elsewhere returned, as [`ShardClient::ack`] reports
@@ -523,17 +535,23 @@ impl ShardClient {
             .arg(self.keys.shard(shard))
             .arg(self.keys.fence(shard))
             .arg(&self.group);
-        match &self.encoded_token {
-            Some((cached, encoded)) if cached == token => cmd.arg(encoded),
-            _ => {
-                let encoded = token.encode();
-                cmd.arg(&encoded);
-                self.encoded_token = Some((token.clone(), encoded));
-                &mut cmd
-            }
-        };
+        cmd.arg(self.encoded(token));
         cmd.arg(token.incarnation).arg(token.member_epoch);
         ScriptCall { script, cmd }
+    }
+
+    /// `token` encoded (`FenceToken::encode`), from the cache while the token holds.
+    fn encoded(&mut self, token: &FenceToken) -> &str {
+        if self
+            .encoded_token
+            .as_ref()
+            .is_none_or(|(cached, _)| cached != token)
+        {
+            self.encoded_token = Some((token.clone(), token.encode()));
+        }
+        self.encoded_token
+            .as_ref()
+            .map_or("", |(_, encoded)| encoded.as_str())
     }
 
     /// Runs a [`ShardClient::script_call`] and sorts out fence refusals and missing groups. On

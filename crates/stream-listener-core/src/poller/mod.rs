@@ -532,7 +532,7 @@ impl ShardTask {
         ids: &[String],
     ) -> Result<Option<(Result<usize, Fenced>, ReadOutcome)>, DataPlaneError> {
         let batch = self.ctx.options.batch_size;
-        let ack = (!ids.is_empty()).then(|| self.client.ack_cmd(self.shard, token, ids));
+        let ack = (!ids.is_empty()).then(|| self.client.ack_part(self.shard, token, ids));
         let request = Request {
             shard: self.shard,
             token: token.clone(),

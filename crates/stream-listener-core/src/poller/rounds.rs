@@ -543,23 +543,30 @@ mod tests {
     }
 
     /// One shard's missing group fails the multi-stream read for every shard of the round: each
-    /// is told to read on its own; the acks of the round still ran.
+    /// is told to read on its own. The round's acks still ran, in one script call, each shard
+    /// fenced with its own token: shard 0's (its token) acked, shard 1's (a stale token) refused.
     #[tokio::test]
-    async fn a_failed_read_is_reported_to_every_shard_and_acks_still_run() {
+    async fn a_failed_read_is_reported_to_every_shard_and_the_acks_are_fenced_per_shard() {
         let (_server, mut conn) = setup(2, 2).await;
+        let mut client = crate::dataplane::ShardClient::new(
+            conn.clone(),
+            crate::keys::StreamKeys::new("s").unwrap(),
+            GROUP,
+            CONSUMER,
+        )
+        .unwrap();
+        for shard in 0..2 {
+            assert_eq!(client.raise_fence(shard, &token()).await.unwrap(), Ok(()));
+        }
+        // As after an earlier round (the first round on a fresh server finds NOSCRIPT).
+        let _: String = crate::dataplane::scripts::ack_shards()
+            .load_async(&mut conn)
+            .await
+            .unwrap();
         let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 10);
         let first = rounds.submit(request(0), None, &always).await;
         assert_eq!(entries(&first), 2);
         let turn0 = turn(first);
-        let () = redis::cmd("XGROUP")
-            .arg("DESTROY")
-            .arg(key(1))
-            .arg(GROUP)
-            .query_async::<i64>(&mut conn)
-            .await
-            .map(drop)
-            .unwrap();
-        let mut with_ack = request(0);
         let ids: Vec<String> = redis::cmd("XRANGE")
             .arg(key(0))
             .arg("-")
@@ -570,16 +577,30 @@ mod tests {
             .into_iter()
             .map(|(id, _)| id)
             .collect();
-        let mut ack = redis::cmd("XACK");
-        ack.arg(key(0)).arg(GROUP).arg(&ids);
-        with_ack.part.ack = Some(ack);
+        let stale = FenceToken {
+            member_epoch: 0,
+            ..token()
+        };
+        let mut one = request(1);
+        one.part.ack = Some(client.ack_part(1, &stale, &["1-0".to_owned()]));
+        let mut zero = request(0);
+        zero.part.ack = Some(client.ack_part(0, &token(), &ids));
+        let () = redis::cmd("XGROUP")
+            .arg("DESTROY")
+            .arg(key(1))
+            .arg(GROUP)
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(drop)
+            .unwrap();
         // Shard 1 waits for shard 0, which asks with its ack: one round for both.
         let one = tokio::spawn({
             let rounds = rounds.clone();
-            async move { rounds.submit(request(1), None, &always).await }
+            async move { rounds.submit(one, None, &always).await }
         });
         wait_queued(&rounds, 1).await;
-        let zero = rounds.submit(with_ack, turn0, &always).await;
+        let zero = rounds.submit(zero, turn0, &always).await;
+        let mut acks = Vec::new();
         for result in [zero, one.await.unwrap()] {
             let RoundResult::Done(reply, turn) = result else {
                 panic!("round not done");
@@ -589,9 +610,63 @@ mod tests {
                 "read on your own"
             );
             assert!(turn.is_none());
-            if let Some(ack) = reply.ack {
-                assert_eq!(ack.unwrap(), Value::Int(2));
-            }
+            acks.push(reply.ack.expect("an ack reply").unwrap());
         }
+        let status = |v: &Value| match v {
+            Value::Array(items) => match &items[0] {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                other => format!("{other:?}"),
+            },
+            other => format!("{other:?}"),
+        };
+        assert_eq!(status(&acks[0]), "OK");
+        assert_eq!(
+            acks[0],
+            Value::Array(vec![Value::BulkString(b"OK".to_vec()), Value::Int(2)])
+        );
+        assert_eq!(status(&acks[1]), "HIGHER", "a stale token's ack is refused");
+        let pending: Vec<Value> = redis::cmd("XPENDING")
+            .arg(key(0))
+            .arg(GROUP)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(pending[0], Value::Int(0), "shard 0's entries acked");
+    }
+
+    /// A server that lost its scripts (restarted): the round's acks come back `NOSCRIPT` for
+    /// each shard (which then acks on its own), and the next round's acks run again.
+    #[tokio::test]
+    async fn a_lost_script_is_loaded_again_for_the_next_round() {
+        let (_server, mut conn) = setup(1, 4).await;
+        let mut client = crate::dataplane::ShardClient::new(
+            conn.clone(),
+            crate::keys::StreamKeys::new("s").unwrap(),
+            GROUP,
+            CONSUMER,
+        )
+        .unwrap();
+        assert_eq!(client.raise_fence(0, &token()).await.unwrap(), Ok(()));
+        let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 2);
+        drop(turn(rounds.submit(request(0), None, &always).await));
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut again = request(0);
+        again.part.ack = Some(client.ack_part(0, &token(), &["0-1".to_owned()]));
+        let RoundResult::Done(reply, turn) = rounds.submit(again, None, &always).await else {
+            panic!("round not done");
+        };
+        drop(turn);
+        let error = reply.ack.unwrap().unwrap_err();
+        assert_eq!(error.code(), Some("NOSCRIPT"));
+        let mut next = request(0);
+        next.part.ack = Some(client.ack_part(0, &token(), &["0-1".to_owned()]));
+        let RoundResult::Done(reply, _) = rounds.submit(next, None, &always).await else {
+            panic!("round not done");
+        };
+        assert!(reply.ack.unwrap().is_ok(), "the script was loaded again");
     }
 }
