@@ -165,8 +165,14 @@ async fn one_worker_serves_sixteen_shards_in_strict_rotation() {
     })
     .await;
     assert!(done);
-    let handled = order.lock().unwrap().clone();
-    for shard in all {
+    assert_handled_in_order(&order.lock().unwrap(), &published, &all);
+    listener.shutdown_and_wait().await;
+}
+
+/// Every published entry of `shards` was handled, in publication order per shard: `handled`
+/// holds (shard, entry id) per handler call.
+fn assert_handled_in_order(handled: &[(u32, String)], published: &[Published], shards: &[u32]) {
+    for &shard in shards {
         let mine: Vec<&String> = handled
             .iter()
             .filter(|(s, _)| *s == shard)
@@ -179,7 +185,6 @@ async fn one_worker_serves_sixteen_shards_in_strict_rotation() {
             .collect();
         assert_eq!(mine, expected, "shard {shard}");
     }
-    listener.shutdown_and_wait().await;
 }
 
 async fn info_number(conn: &mut RedisConnection, section: &str, field: &str) -> u64 {
@@ -342,19 +347,7 @@ async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
     );
     let handled = order.lock().unwrap().clone();
     assert_eq!(handled.len(), all, "an entry was handled twice");
-    for shard in shards {
-        let mine: Vec<&String> = handled
-            .iter()
-            .filter(|(s, _)| *s == shard)
-            .map(|(_, id)| id)
-            .collect();
-        let expected: Vec<&String> = published
-            .iter()
-            .filter(|p| p.shard == shard)
-            .map(|p| &p.id)
-            .collect();
-        assert_eq!(mine, expected, "shard {shard}");
-    }
+    assert_handled_in_order(&handled, &published, &shards);
     for shard in 0..4 {
         let pending: Vec<redis::Value> = redis::cmd("XPENDING")
             .arg(format!("{{{STREAM}:{shard}}}"))

@@ -366,6 +366,12 @@ mod tests {
         (server, conn)
     }
 
+    /// The member's client for the shards `{s:<i>}` (to build fenced acks).
+    fn shard_client(conn: &RedisConnection) -> crate::dataplane::ShardClient {
+        let keys = crate::keys::StreamKeys::new("s").unwrap();
+        crate::dataplane::ShardClient::new(conn.clone(), keys, GROUP, CONSUMER).unwrap()
+    }
+
     fn request(shard: ShardIndex) -> Request {
         Request {
             shard,
@@ -548,13 +554,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_read_is_reported_to_every_shard_and_the_acks_are_fenced_per_shard() {
         let (_server, mut conn) = setup(2, 2).await;
-        let mut client = crate::dataplane::ShardClient::new(
-            conn.clone(),
-            crate::keys::StreamKeys::new("s").unwrap(),
-            GROUP,
-            CONSUMER,
-        )
-        .unwrap();
+        let mut client = shard_client(&conn);
         for shard in 0..2 {
             assert_eq!(client.raise_fence(shard, &token()).await.unwrap(), Ok(()));
         }
@@ -639,13 +639,7 @@ mod tests {
     #[tokio::test]
     async fn a_lost_script_is_loaded_again_for_the_next_round() {
         let (_server, mut conn) = setup(1, 4).await;
-        let mut client = crate::dataplane::ShardClient::new(
-            conn.clone(),
-            crate::keys::StreamKeys::new("s").unwrap(),
-            GROUP,
-            CONSUMER,
-        )
-        .unwrap();
+        let mut client = shard_client(&conn);
         assert_eq!(client.raise_fence(0, &token()).await.unwrap(), Ok(()));
         let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 2);
         drop(turn(rounds.submit(request(0), None, &always).await));
