@@ -663,4 +663,128 @@ mod tests {
         };
         assert!(reply.ack.unwrap().is_ok(), "the script was loaded again");
     }
+
+    /// One `ack_shards` call over six shards, each with its own token and ids (3, 2, 1200, 0, 1,
+    /// 1): each shard's reply lands in its own slot; a refusal (stale token, missing fence, not a
+    /// token) leaves its own shard's pending list alone and the others' acks go through; more than
+    /// 500 ids (the script's chunk) are all acked. (From the review of the read rounds.)
+    #[tokio::test]
+    async fn one_ack_call_fences_each_shard_with_its_own_token() {
+        let (_server, mut conn) = setup(6, 1200).await;
+        let mut client = shard_client(&conn);
+        for shard in 0..6 {
+            assert_eq!(client.raise_fence(shard, &token()).await.unwrap(), Ok(()));
+        }
+        let _: String = crate::dataplane::scripts::ack_shards()
+            .load_async(&mut conn)
+            .await
+            .unwrap();
+        // Deliver everything to CONSUMER.
+        let mut delivered: Vec<Vec<String>> = Vec::new();
+        for shard in 0..6 {
+            let _: Value = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg(CONSUMER)
+                .arg("COUNT")
+                .arg(5000)
+                .arg("STREAMS")
+                .arg(key(shard))
+                .arg(">")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let ids: Vec<String> = redis::cmd("XRANGE")
+                .arg(key(shard))
+                .arg("-")
+                .arg("+")
+                .query_async::<Vec<(String, std::collections::HashMap<String, String>)>>(&mut conn)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect();
+            delivered.push(ids);
+        }
+        // shard 4: fence field deleted (LOWER); shard 5: not a token (HIGHER).
+        let fence = |s: u32| format!("{{s:{s}}}:fence");
+        let () = redis::cmd("HDEL")
+            .arg(fence(4))
+            .arg(GROUP)
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(drop)
+            .unwrap();
+        let () = redis::cmd("HSET")
+            .arg(fence(5))
+            .arg(GROUP)
+            .arg("garbage")
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(drop)
+            .unwrap();
+        let stale = FenceToken {
+            member_epoch: 0,
+            ..token()
+        };
+        let plan: Vec<(u32, FenceToken, Vec<String>)> = vec![
+            (0, token(), delivered[0][..3].to_vec()),
+            (1, stale, delivered[1][..2].to_vec()),
+            (2, token(), delivered[2].clone()),
+            (3, token(), Vec::new()),
+            (4, token(), delivered[4][..1].to_vec()),
+            (5, token(), delivered[5][..1].to_vec()),
+        ];
+        let parts: Vec<RoundPart> = plan
+            .iter()
+            .map(|(s, t, ids)| RoundPart {
+                key: key(*s),
+                ack: Some(client.ack_part(*s, t, ids)),
+            })
+            .collect();
+        let replies = crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, parts)
+            .await
+            .unwrap();
+        let status = |v: &Value| match v {
+            Value::Array(items) => items
+                .iter()
+                .map(|i| match i {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    Value::Int(n) => n.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            other => format!("{other:?}"),
+        };
+        let got: Vec<String> = replies
+            .iter()
+            .map(|r| status(r.ack.as_ref().unwrap().as_ref().unwrap()))
+            .collect();
+        assert_eq!(got[0], "OK 3");
+        assert!(got[1].starts_with("HIGHER"), "{}", got[1]);
+        assert_eq!(got[2], "OK 1200");
+        assert_eq!(got[3], "OK 0");
+        assert_eq!(got[4], "LOWER");
+        assert_eq!(got[5], "HIGHER garbage");
+        let pending = |conn: RedisConnection, s: u32| async move {
+            let mut conn = conn;
+            let v: Vec<Value> = redis::cmd("XPENDING")
+                .arg(key(s))
+                .arg(GROUP)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            match &v[0] {
+                Value::Int(n) => *n,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(pending(conn.clone(), 0).await, 1197);
+        assert_eq!(pending(conn.clone(), 1).await, 1200);
+        assert_eq!(pending(conn.clone(), 2).await, 0);
+        assert_eq!(pending(conn.clone(), 3).await, 1200);
+        assert_eq!(pending(conn.clone(), 4).await, 1200);
+        assert_eq!(pending(conn.clone(), 5).await, 1200);
+    }
 }
