@@ -429,6 +429,50 @@ mod tests {
         }
     }
 
+    /// The ids of every entry of `shard`, in order.
+    async fn entry_ids(conn: &mut RedisConnection, shard: ShardIndex) -> Vec<String> {
+        redis::cmd("XRANGE")
+            .arg(key(shard))
+            .arg("-")
+            .arg("+")
+            .query_async::<Vec<(String, Vec<(String, String)>)>>(conn)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// How many entries of `shard` are pending in the group.
+    async fn pending(conn: &mut RedisConnection, shard: ShardIndex) -> i64 {
+        let summary: Vec<Value> = redis::cmd("XPENDING")
+            .arg(key(shard))
+            .arg(GROUP)
+            .query_async(conn)
+            .await
+            .unwrap();
+        match &summary[0] {
+            Value::Int(n) => *n,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A script reply as text: its elements joined by spaces (`OK 3`, `HIGHER <stored>`).
+    fn reply_text(reply: &Value) -> String {
+        match reply {
+            Value::Array(items) => items
+                .iter()
+                .map(|item| match item {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    Value::Int(n) => n.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            other => format!("{other:?}"),
+        }
+    }
+
     async fn xreadgroup_calls(conn: &mut RedisConnection) -> u64 {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
@@ -504,13 +548,11 @@ mod tests {
         let only_shard_1 = |shard: ShardIndex, _: &FenceToken| shard == 1;
         let refused = rounds.submit(request(0), None, &only_shard_1).await;
         assert!(matches!(refused, RoundResult::NotSent));
-        let pending: Vec<Value> = redis::cmd("XPENDING")
-            .arg(key(0))
-            .arg(GROUP)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(pending[0], Value::Int(0), "nothing was read for shard 0");
+        assert_eq!(
+            pending(&mut conn, 0).await,
+            0,
+            "nothing was read for shard 0"
+        );
         let sent = rounds.submit(request(1), None, &only_shard_1).await;
         assert_eq!(entries(&sent), 3);
     }
@@ -567,16 +609,7 @@ mod tests {
         let first = rounds.submit(request(0), None, &always).await;
         assert_eq!(entries(&first), 2);
         let turn0 = turn(first);
-        let ids: Vec<String> = redis::cmd("XRANGE")
-            .arg(key(0))
-            .arg("-")
-            .arg("+")
-            .query_async::<Vec<(String, Vec<(String, String)>)>>(&mut conn)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let ids = entry_ids(&mut conn, 0).await;
         let stale = FenceToken {
             member_epoch: 0,
             ..token()
@@ -612,26 +645,12 @@ mod tests {
             assert!(turn.is_none());
             acks.push(reply.ack.expect("an ack reply").unwrap());
         }
-        let status = |v: &Value| match v {
-            Value::Array(items) => match &items[0] {
-                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                other => format!("{other:?}"),
-            },
-            other => format!("{other:?}"),
-        };
-        assert_eq!(status(&acks[0]), "OK");
-        assert_eq!(
-            acks[0],
-            Value::Array(vec![Value::BulkString(b"OK".to_vec()), Value::Int(2)])
+        assert_eq!(reply_text(&acks[0]), "OK 2");
+        assert!(
+            reply_text(&acks[1]).starts_with("HIGHER "),
+            "a stale token's ack is refused"
         );
-        assert_eq!(status(&acks[1]), "HIGHER", "a stale token's ack is refused");
-        let pending: Vec<Value> = redis::cmd("XPENDING")
-            .arg(key(0))
-            .arg(GROUP)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(pending[0], Value::Int(0), "shard 0's entries acked");
+        assert_eq!(pending(&mut conn, 0).await, 0, "shard 0's entries acked");
     }
 
     /// A server that lost its scripts (restarted): the round's acks come back `NOSCRIPT` for
@@ -694,17 +713,7 @@ mod tests {
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            let ids: Vec<String> = redis::cmd("XRANGE")
-                .arg(key(shard))
-                .arg("-")
-                .arg("+")
-                .query_async::<Vec<(String, std::collections::HashMap<String, String>)>>(&mut conn)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|(id, _)| id)
-                .collect();
-            delivered.push(ids);
+            delivered.push(entry_ids(&mut conn, shard).await);
         }
         // shard 4: fence field deleted (LOWER); shard 5: not a token (HIGHER).
         let fence = |s: u32| format!("{{s:{s}}}:fence");
@@ -745,21 +754,9 @@ mod tests {
         let replies = crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, parts)
             .await
             .unwrap();
-        let status = |v: &Value| match v {
-            Value::Array(items) => items
-                .iter()
-                .map(|i| match i {
-                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                    Value::Int(n) => n.to_string(),
-                    other => format!("{other:?}"),
-                })
-                .collect::<Vec<_>>()
-                .join(" "),
-            other => format!("{other:?}"),
-        };
         let got: Vec<String> = replies
             .iter()
-            .map(|r| status(r.ack.as_ref().unwrap().as_ref().unwrap()))
+            .map(|r| reply_text(r.ack.as_ref().unwrap().as_ref().unwrap()))
             .collect();
         assert_eq!(got[0], "OK 3");
         assert!(got[1].starts_with("HIGHER"), "{}", got[1]);
@@ -767,24 +764,11 @@ mod tests {
         assert_eq!(got[3], "OK 0");
         assert_eq!(got[4], "LOWER");
         assert_eq!(got[5], "HIGHER garbage");
-        let pending = |conn: RedisConnection, s: u32| async move {
-            let mut conn = conn;
-            let v: Vec<Value> = redis::cmd("XPENDING")
-                .arg(key(s))
-                .arg(GROUP)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            match &v[0] {
-                Value::Int(n) => *n,
-                other => panic!("{other:?}"),
-            }
-        };
-        assert_eq!(pending(conn.clone(), 0).await, 1197);
-        assert_eq!(pending(conn.clone(), 1).await, 1200);
-        assert_eq!(pending(conn.clone(), 2).await, 0);
-        assert_eq!(pending(conn.clone(), 3).await, 1200);
-        assert_eq!(pending(conn.clone(), 4).await, 1200);
-        assert_eq!(pending(conn.clone(), 5).await, 1200);
+        assert_eq!(pending(&mut conn, 0).await, 1197);
+        assert_eq!(pending(&mut conn, 1).await, 1200);
+        assert_eq!(pending(&mut conn, 2).await, 0);
+        assert_eq!(pending(&mut conn, 3).await, 1200);
+        assert_eq!(pending(&mut conn, 4).await, 1200);
+        assert_eq!(pending(&mut conn, 5).await, 1200);
     }
 }
