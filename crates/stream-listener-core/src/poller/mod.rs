@@ -170,9 +170,7 @@ impl ShardTask {
 
     /// Whether the member still owns the shard with `token` and its lease holds (no clone).
     fn still_holds(&self, token: &FenceToken) -> bool {
-        let reconciler = self.ctx.shared.lock();
-        reconciler.may_use(self.shard, Instant::now())
-            && reconciler.token(self.shard) == Some(token)
+        holds(&self.ctx.shared, self.shard, token)
     }
 
     /// Whether in-flight work on the shard may finish and be acked now (owned or draining, lease
@@ -542,11 +540,8 @@ impl ShardTask {
             },
         };
         let shared = self.ctx.shared.clone();
-        let holds = move |shard: ShardIndex, token: &FenceToken| {
-            let reconciler = shared.lock();
-            reconciler.may_use(shard, Instant::now()) && reconciler.token(shard) == Some(token)
-        };
-        let (reply, turn) = match rounds.submit(request, self.turn.take(), &holds).await {
+        let still_held = move |shard: ShardIndex, token: &FenceToken| holds(&shared, shard, token);
+        let (reply, turn) = match rounds.submit(request, self.turn.take(), &still_held).await {
             RoundResult::Done(reply, turn) => (reply, turn),
             RoundResult::NotSent => return Ok(None),
             RoundResult::Failed(source) => {
@@ -886,6 +881,12 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+/// Whether `member` owns `shard` with `token` and its lease holds, now.
+fn holds(member: &MemberShared, shard: ShardIndex, token: &FenceToken) -> bool {
+    let reconciler = member.lock();
+    reconciler.may_use(shard, Instant::now()) && reconciler.token(shard) == Some(token)
 }
 
 /// The member's read rounds: with `fencing = "acks"` on a standalone server (one command may
