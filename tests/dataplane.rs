@@ -108,7 +108,8 @@ fn present(id: u64, delivery_count: u64) -> ShardEntry {
         fields: vec![
             ("key".into(), format!("k{id}").into_bytes()),
             ("payload".into(), format!("p{id}").into_bytes()),
-        ],
+        ]
+        .into(),
         delivery_count,
         status: EntryStatus::Present,
     }
@@ -491,7 +492,7 @@ async fn entries_trimmed_while_pending_are_dropped_by_the_claim_or_read_without_
         .into_iter()
         .map(|id| ShardEntry {
             id,
-            fields: vec![],
+            fields: Default::default(),
             delivery_count: 1,
             status: EntryStatus::Trimmed,
         })
@@ -658,7 +659,7 @@ async fn dead_letters_carry_exactly_the_fixed_fields_then_the_original_ones() {
         .unwrap();
     let ghost = ShardEntry {
         id: "5-0".into(),
-        fields: vec![],
+        fields: Default::default(),
         delivery_count: 1,
         status: EntryStatus::Trimmed,
     };
@@ -764,7 +765,7 @@ async fn bodies_over_the_limit_are_withheld_and_reported_with_their_size() {
     assert_eq!(a.raise_fence(1, &a5).await.unwrap(), Ok(()));
     let too_large = |count| ShardEntry {
         id: "2-0".into(),
-        fields: vec![],
+        fields: Default::default(),
         delivery_count: count,
         status: EntryStatus::TooLarge {
             bytes: 3 + 2 + 7 + 1000,

@@ -33,6 +33,8 @@ pub use shard::{MAX_CLAIM_BATCH, ShardClient};
 pub use slot::key_slot;
 pub use waiter::Waiter;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::fence::{FenceToken, FenceVerdict};
@@ -110,8 +112,9 @@ pub enum EntryStatus {
 pub struct ShardEntry {
     /// The stream entry id, `<ms>-<seq>`.
     pub id: String,
-    /// Field/value pairs in stream order; empty unless [`EntryStatus::Present`].
-    pub fields: Vec<(String, Vec<u8>)>,
+    /// Field/value pairs in stream order; empty unless [`EntryStatus::Present`]. Shared, not
+    /// copied, with every [`crate::handler::Delivery`] of the entry.
+    pub fields: Arc<[(String, Vec<u8>)]>,
     /// Deliveries of this entry to the group so far, this one included (the PEL's count; `1` for
     /// entries read with `>`). Compare it with `max_deliveries`.
     pub delivery_count: u64,

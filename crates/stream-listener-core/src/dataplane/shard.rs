@@ -1,5 +1,7 @@
 //! [`ShardClient`]: the fenced operations on one group's shards (DESIGN.md §8).
 
+use std::sync::Arc;
+
 use redis::{Script, Value};
 
 use super::error::DataPlaneError;
@@ -512,7 +514,7 @@ impl ShardClient {
             .arg(error)
             .arg("attempts")
             .arg(attempts);
-        for (field, value) in &entry.fields {
+        for (field, value) in entry.fields.iter() {
             cmd.arg(field).arg(value);
         }
         cmd.query_async(&mut self.conn)
@@ -724,8 +726,28 @@ fn withhold_if_larger(entry: &mut ShardEntry, max: u64) {
         .sum();
     let bytes = bytes as u64;
     if bytes > max {
-        entry.fields = Vec::new();
+        entry.fields = Arc::default();
         entry.status = EntryStatus::TooLarge { bytes };
+    }
+}
+
+/// Whether `pair` is a field name (a string: not UTF-8 is read lossily) and a value (a string
+/// or an integer) of an entry body.
+fn is_field_pair(pair: &[Value]) -> bool {
+    matches!(pair[0], Value::BulkString(_) | Value::SimpleString(_))
+        && matches!(
+            pair[1],
+            Value::BulkString(_) | Value::SimpleString(_) | Value::Int(_)
+        )
+}
+
+/// A field value checked by [`is_field_pair`], taken by value.
+fn into_bytes(value: Value) -> Vec<u8> {
+    match value {
+        Value::BulkString(bytes) => bytes,
+        Value::SimpleString(s) => s.into_bytes(),
+        Value::Int(n) => n.to_string().into_bytes(),
+        _ => Vec::new(),
     }
 }
 
@@ -764,26 +786,26 @@ fn parse_entries(
             1
         };
         let (fields, status) = match std::mem::take(&mut parts[1]) {
-            Value::Nil => (Vec::new(), EntryStatus::Trimmed),
+            Value::Nil => (Arc::default(), EntryStatus::Trimmed),
             Value::Int(bytes) => (
-                Vec::new(),
+                Arc::default(),
                 EntryStatus::TooLarge {
                     bytes: u64::try_from(bytes).unwrap_or(0),
                 },
             ),
-            Value::Array(flat) if flat.len() % 2 == 0 => {
-                let mut fields = Vec::with_capacity(flat.len() / 2);
-                let mut flat = flat.into_iter();
-                while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
-                    let name = into_text(name).ok_or_else(|| bad(format!("field name of {id}")))?;
-                    let value = match value {
-                        Value::BulkString(bytes) => bytes,
-                        Value::SimpleString(s) => s.into_bytes(),
-                        Value::Int(n) => n.to_string().into_bytes(),
-                        other => return Err(bad(format!("field value of {id}: {other:?}"))),
-                    };
-                    fields.push((name, value));
+            Value::Array(mut flat) if flat.len() % 2 == 0 => {
+                if let Some(pair) = flat.chunks_exact(2).find(|pair| !is_field_pair(pair)) {
+                    return Err(bad(format!("field of {id}: {pair:?}")));
                 }
+                // Straight into the shared slice every attempt's `Delivery` gets (one
+                // allocation: the iterator has an exact length).
+                let fields: Arc<[(String, Vec<u8>)]> = flat
+                    .chunks_exact_mut(2)
+                    .map(|pair| {
+                        let name = into_text(std::mem::take(&mut pair[0])).unwrap_or_default();
+                        (name, into_bytes(std::mem::take(&mut pair[1])))
+                    })
+                    .collect();
                 (fields, EntryStatus::Present)
             }
             other => return Err(bad(format!("body of {id}: {other:?}"))),

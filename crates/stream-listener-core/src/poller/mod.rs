@@ -688,9 +688,8 @@ impl ShardTask {
 
     /// DESIGN.md §8, outcomes: retries in place with backoff, dead letters, cancellation.
     ///
-    /// The fields move into one shared `Arc` that every attempt gets: the entry may be trimmed
-    /// from the stream while it is retried, and its retries and dead letter must still have its
-    /// body (a dead letter puts them back into `entry`).
+    /// Every attempt shares the entry's fields (`Arc`): the entry may be trimmed from the stream
+    /// while it is retried, and its retries and dead letter must still have its body.
     async fn handle_entry(
         &mut self,
         token: &FenceToken,
@@ -729,13 +728,12 @@ impl ShardTask {
             .await?;
             return Ok(Outcome::Ack);
         }
-        let fields: Arc<[(String, Vec<u8>)]> = std::mem::take(&mut entry.fields).into();
         for attempt in 1..=max_attempts {
             let delivery = Delivery {
                 stream_key: self.shard_key.clone(),
                 shard: self.shard,
                 entry_id: entry.id.clone(),
-                fields: fields.clone(),
+                fields: entry.fields.clone(),
                 delivery_count: entry.delivery_count,
                 attempt,
                 member_id: self.member_id.clone(),
@@ -755,7 +753,6 @@ impl ShardTask {
                 _ => None,
             };
             if let Some(reason) = reason {
-                entry.fields = fields.to_vec();
                 self.dead_letter(entry, reason, &error.to_string(), attempt)
                     .await?;
                 return Ok(Outcome::Ack);
