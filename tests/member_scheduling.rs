@@ -362,3 +362,72 @@ async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
         );
     }
 }
+
+/// The heartbeat reports the workers running a handler (`activeConsumerWorkers`, DESIGN.md §6):
+/// one member with 3 workers and 4 shards whose handlers wait on a gate shows 3 busy workers in
+/// `describe_group` (the fourth shard waits for a worker), and 0 once the gate opens and every
+/// entry is handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_reports_the_busy_workers() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    let shards: Vec<u32> = (0..4).collect();
+    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
+    let published = preload(&server.client(), &shards, 1, 0);
+
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let handled = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (gate, handled) = (gate.clone(), handled.clone());
+        move |_: Delivery| {
+            let (gate, handled) = (gate.clone(), handled.clone());
+            async move {
+                let _pass = gate.acquire().await;
+                handled.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), HandlerError>(())
+            }
+        }
+    };
+    let mut opts = options(1);
+    opts.runtime_max_concurrency = 3;
+    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+
+    let busy = active_workers_reach(&mut conn, 3).await;
+    assert_eq!(busy, 3, "busy workers reported while three handlers wait");
+    gate.add_permits(published.len());
+    let all = published.len();
+    let done = wait_until(Duration::from_secs(10), || {
+        handled.load(Ordering::SeqCst) >= all
+    })
+    .await;
+    assert!(done, "handled {} of {all}", handled.load(Ordering::SeqCst));
+    let idle = active_workers_reach(&mut conn, 0).await;
+    assert_eq!(
+        idle, 0,
+        "busy workers reported after every handler returned"
+    );
+    listener.shutdown_and_wait().await;
+}
+
+/// Polls `describe_group` (10 s at most) until the one member reports `want` busy workers;
+/// returns the last value seen.
+async fn active_workers_reach(conn: &mut RedisConnection, want: u32) -> u32 {
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = u32::MAX;
+    while tokio::time::Instant::now() < end {
+        if let [member] = describe(conn).await.members.as_slice() {
+            seen = member.active_consumer_workers;
+            if seen == want {
+                break;
+            }
+        }
+        tokio::time::sleep(HEARTBEAT / 4).await;
+    }
+    seen
+}

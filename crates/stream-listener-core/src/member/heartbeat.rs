@@ -80,7 +80,9 @@ impl Member {
         let mut failures = 0u32;
         loop {
             seq += 1;
-            let request = self.shared.lock().request(seq);
+            let mut request = self.shared.lock().request(seq);
+            request.active_consumer_workers =
+                self.shared.active_workers(request.runtime_max_concurrency);
             let sent_at = Instant::now();
             match self.send(&mut store, &request).await {
                 Ok(response) => {

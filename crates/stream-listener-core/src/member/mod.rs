@@ -467,6 +467,15 @@ impl MemberShared {
         }
     }
 
+    /// How many of the member's `max` workers run a handler attempt now (the heartbeat's
+    /// `activeConsumerWorkers`, DESIGN.md §6): `0` before its first shard task starts.
+    pub(crate) fn active_workers(&self, max: u32) -> u32 {
+        self.workers.get().map_or(0, |workers| {
+            let free = u32::try_from(workers.available_permits()).unwrap_or(u32::MAX);
+            max.saturating_sub(free)
+        })
+    }
+
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Reconciler> {
         // A panic while holding this lock cannot leave the reconciler half-updated in a way that
         // matters more than stopping: recover the guard rather than poisoning every member task.

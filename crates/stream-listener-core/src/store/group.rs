@@ -3,7 +3,8 @@
 //! `sl:{<prefix>:<group>}:group` is a hash: `schema`, `revision`, `leaseRevision`, `meta` (the
 //! group-level JSON), one `member:<id>` JSON per member, and the fast-path fields `steady`
 //! (`<metadataVersion>|<next deadline µs>`, present only while the group is STABLE),
-//! `fast:<id>` (`<fingerprint>\n<response JSON>`) and `fastseq:<id>`. Leases live in the sorted
+//! `fast:<id>` (`<fingerprint>\n<response JSON>`), `fastseq:<id>` and `fastworkers:<id>` (the
+//! `activeConsumerWorkers` of the request at `fastseq`). Leases live in the sorted
 //! set `:leases` (member id → expiry µs); the capped `:history` list keeps retired members.
 //!
 //! A full heartbeat loads everything and Redis `TIME` with one script, runs the pure
@@ -38,6 +39,7 @@ const META: &str = "meta";
 const MEMBER: &str = "member:";
 const FAST: &str = "fast:";
 const FAST_SEQ: &str = "fastseq:";
+const FAST_WORKERS: &str = "fastworkers:";
 const STEADY: &str = "steady";
 
 /// The answer to one heartbeat, with how it was reached (for metrics and benchmarks).
@@ -269,6 +271,7 @@ impl GroupStore {
             .arg(request.request_seq)
             .arg(duration_us(self.config.member_lease_ttl))
             .arg(stream_version)
+            .arg(request.active_consumer_workers)
             .invoke_async(&mut self.conn)
             .await?;
         match reply.first().map(String::as_str) {
@@ -492,6 +495,11 @@ fn apply_fast_path_state(
         return Ok(());
     }
     member.last_request_seq = seq;
+    let workers_field = format!("{FAST_WORKERS}{id}");
+    if let Some(workers) = fields.get(&workers_field) {
+        member.active_consumer_workers =
+            u32::try_from(parse_u64(key, &workers_field, Some(workers))?).unwrap_or(u32::MAX);
+    }
     if let Some((_, json)) = entry.and_then(|e| e.split_once('\n')) {
         let response = serde_json::from_str(json)
             .map_err(|e| StoreError::corrupt(key, &format!("{FAST}{id}"), e))?;
@@ -567,7 +575,7 @@ impl Writes {
         }
         for id in loaded.group.members.keys() {
             if !group.members.contains_key(id) {
-                for prefix in [MEMBER, FAST, FAST_SEQ] {
+                for prefix in [MEMBER, FAST, FAST_SEQ, FAST_WORKERS] {
                     let field = format!("{prefix}{id}");
                     if loaded.fields.contains_key(&field) {
                         writes.delete.push(field);

@@ -89,7 +89,8 @@ return 1
 }
 
 /// The steady-state heartbeat (DESIGN.md §5). KEYS[1] group hash, KEYS[2] leases.
-/// ARGV: member id, request fingerprint, requestSeq, lease TTL (µs), the stream's metadataVersion.
+/// ARGV: member id, request fingerprint, requestSeq, lease TTL (µs), the stream's metadataVersion,
+/// activeConsumerWorkers (stored with the sequence: the only report a steady heartbeat changes).
 /// Returns {'1', response JSON} when answered, {'2', last seq} for a stale request, {'0'} when
 /// the full transition must run: the group is not STABLE, the stream changed, a deadline or the
 /// earliest lease has passed, every lease is old (an outage to re-arm), or the request differs
@@ -122,7 +123,7 @@ local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 if first[2] == nil or tonumber(first[2]) <= now then return {'0'} end
 if tonumber(newest[2]) < now + ttl / 2 then return {'0'} end
 redis.call('ZADD', KEYS[2], 'XX', string.format('%.0f', now + ttl), ARGV[1])
-redis.call('HSET', h, 'fastseq:' .. ARGV[1], ARGV[3])
+redis.call('HSET', h, 'fastseq:' .. ARGV[1], ARGV[3], 'fastworkers:' .. ARGV[1], ARGV[6])
 redis.call('HINCRBY', h, 'leaseRevision', 1)
 return {'1', response}
 ",
