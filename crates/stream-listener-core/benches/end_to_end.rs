@@ -25,8 +25,8 @@
 //!   acked every entry (their `handled` counters). Each case also reports Redis CPU per entry
 //!   (`INFO`), this process's CPU per entry (`/proc/self/stat`) and `INFO commandstats`.
 //!   Diagnostic cases (only with `E2E_CASES`, tags in [`Case::tag`]): (c) with acks-mode reads,
-//!   (c) with plain `XREADGROUP` reads and fenced acks, (c) without pipelining, the strict
-//!   listener with `runtime_max_concurrency = 2`; and sea-streamer-redis (`benches/sea-streamer`,
+//!   (c) with plain `XREADGROUP` reads and fenced acks, (c) without pipelining, the strict and
+//!   the acks-mode listener with `runtime_max_concurrency = 2`; and sea-streamer-redis (`benches/sea-streamer`,
 //!   run as a process when `E2E_SEA_STREAMER_BIN` names its binary).
 //! - `latency`: publish→handler latency (the publish time in µs is in the payload, the handler
 //!   subtracts it from its own clock) at 100 msg/s and at 50% of the peak of the strict listener
@@ -486,6 +486,9 @@ enum Case {
     /// Diagnostic: the strict listener with `runtime_max_concurrency = 2` (each member's two
     /// shards handle and ack in parallel instead of taking turns on one worker).
     ListenerStrictWorkers2,
+    /// Diagnostic: the acks-mode listener with `runtime_max_concurrency = 2` (a member's two
+    /// shard tasks never wait for each other's worker).
+    ListenerAcksWorkers2,
     /// Diagnostic: (c) with plain `XREADGROUP` reads and the fenced ack script (what acks mode
     /// could cost: only acks and claims need the fence).
     PlainReadFencedAck,
@@ -507,6 +510,7 @@ impl Case {
             Case::ListenerStrictWorkers2 => {
                 "diagnostic: Listener, strict, runtime_max_concurrency = 2"
             }
+            Case::ListenerAcksWorkers2 => "diagnostic: Listener, acks, runtime_max_concurrency = 2",
             Case::PlainReadFencedAck => "diagnostic: (c) with plain XREADGROUP reads, fenced acks",
             Case::SeaStreamer => {
                 "sea-streamer-redis 1.0.0-rc.5, LoadBalanced, Rolling, 4 consumers: all received"
@@ -524,6 +528,7 @@ impl Case {
             Case::FencedAcksRead => "fencedacks",
             Case::FencedSequential => "fencedseq",
             Case::ListenerStrictWorkers2 => "lstrictw2",
+            Case::ListenerAcksWorkers2 => "lacksw2",
             Case::PlainReadFencedAck => "plainreadfack",
             Case::SeaStreamer => "seastreamer",
         }
@@ -772,13 +777,16 @@ async fn run_case(setup: &TpSetup, case: Case, round: usize) -> (u64, f64, Optio
     let mut conn = setup.conn.clone();
     match case {
         Case::SeaStreamer => run_sea_streamer(setup, round).await,
-        Case::ListenerAcks | Case::ListenerStrict | Case::ListenerStrictWorkers2 => {
-            let workers = if case == Case::ListenerStrictWorkers2 {
-                2
-            } else {
-                1
+        Case::ListenerAcks
+        | Case::ListenerStrict
+        | Case::ListenerStrictWorkers2
+        | Case::ListenerAcksWorkers2 => {
+            let workers = match case {
+                Case::ListenerStrictWorkers2 | Case::ListenerAcksWorkers2 => 2,
+                _ => 1,
             };
-            run_listener_case(setup, &group, case == Case::ListenerAcks, workers).await
+            let acks = matches!(case, Case::ListenerAcks | Case::ListenerAcksWorkers2);
+            run_listener_case(setup, &group, acks, workers).await
         }
         _ => {
             create_groups(&mut conn, &setup.keys, TP_SHARDS, &group).await;
@@ -1000,6 +1008,7 @@ async fn throughput(target: RedisTarget, label: &str) -> BTreeMap<Case, f64> {
             Case::FencedAcksRead,
             Case::FencedSequential,
             Case::ListenerStrictWorkers2,
+            Case::ListenerAcksWorkers2,
             Case::PlainReadFencedAck,
             Case::SeaStreamer,
         ]
