@@ -474,6 +474,10 @@ fn task_shards(t: u32) -> Vec<u32> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Case {
     RawStrong,
+    /// Diagnostic: (a) with its acks fenced as the acks-mode listener's read rounds fence them
+    /// (one `ack_shards` script call per round, each shard with its own token): the listener's
+    /// Redis commands without the listener.
+    RawStrongFencedAck,
     RawPerShard,
     FencedScripts,
     ListenerAcks,
@@ -501,6 +505,7 @@ impl Case {
     fn name(self) -> &'static str {
         match self {
             Case::RawStrong => "raw multi-stream XREADGROUP + pipelined XACK (a)",
+            Case::RawStrongFencedAck => "diagnostic: (a) with the rounds' fenced ack (ack_shards)",
             Case::RawPerShard => "raw per-shard XREADGROUP + pipelined XACK (b)",
             Case::FencedScripts => "raw per-shard fenced scripts, strict read_new + ack (c)",
             Case::ListenerAcks => "Listener, fencing = acks",
@@ -521,6 +526,7 @@ impl Case {
     fn tag(self) -> &'static str {
         match self {
             Case::RawStrong => "strong",
+            Case::RawStrongFencedAck => "strongfack",
             Case::RawPerShard => "pershard",
             Case::FencedScripts => "fenced",
             Case::ListenerAcks => "lacks",
@@ -569,6 +575,60 @@ async fn raw_strong(
             ids.clear();
         }
         let got = parse_read(reply, &keys, &mut acks, |_| {});
+        if got == 0 {
+            return total;
+        }
+        total += got as u64;
+    }
+}
+
+/// Diagnostic (a) with fenced acks: per round one pipeline of one `ack_shards` call (each shard
+/// fenced with the task's token) and the multi-stream `XREADGROUP`
+/// (`ShardClient::read_round`, the acks-mode listener's read round).
+async fn raw_strong_fenced_ack(
+    mut client: ShardClient,
+    shards: Vec<u32>,
+    keys: Vec<String>,
+    token: FenceToken,
+    batch: usize,
+) -> u64 {
+    let mut acks: Vec<Vec<String>> = vec![Vec::new(); shards.len()];
+    let mut total = 0;
+    loop {
+        let parts: Vec<(u32, &FenceToken, &[String])> = shards
+            .iter()
+            .zip(&acks)
+            .map(|(&shard, ids)| (shard, &token, ids.as_slice()))
+            .collect();
+        let replies = client
+            .read_round(&parts, batch)
+            .await
+            .expect("fenced round");
+        let mut next = vec![Vec::new(); shards.len()];
+        let mut got = 0;
+        for (i, (ack, read)) in replies.into_iter().enumerate() {
+            match ack {
+                // The script was not loaded yet (the first round loads it): ack them next round.
+                Some(Err(e)) if e.code() == Some("NOSCRIPT") => next[i] = acks[i].clone(),
+                Some(ack) => {
+                    let ack = ack.expect("fenced ack");
+                    let ok = |v: Option<&Value>| match v {
+                        Some(Value::SimpleString(s)) => s == "OK",
+                        Some(Value::BulkString(b)) => b == b"OK",
+                        _ => false,
+                    };
+                    assert!(
+                        matches!(&ack, Value::Array(reply) if ok(reply.first())),
+                        "fenced ack refused: {ack:?}"
+                    );
+                }
+                None => {}
+            }
+            let mut ids = vec![Vec::new()];
+            got += parse_read(read, &keys[i..=i], &mut ids, |_| {});
+            next[i].extend(ids.pop().unwrap_or_default());
+        }
+        acks = next;
         if got == 0 {
             return total;
         }
@@ -806,6 +866,7 @@ async fn run_case(setup: &TpSetup, case: Case, round: usize) -> (u64, f64, Optio
                         | Case::FencedAcksRead
                         | Case::FencedSequential
                         | Case::PlainReadFencedAck
+                        | Case::RawStrongFencedAck
                 ) {
                     let mut c = ShardClient::new(
                         setup.conn.clone(),
@@ -850,6 +911,11 @@ async fn run_case(setup: &TpSetup, case: Case, round: usize) -> (u64, f64, Optio
                 tasks.push(tokio::spawn(async move {
                     match case {
                         Case::RawStrong => raw_strong(conn, keys, group, consumer, batch).await,
+                        Case::RawStrongFencedAck => {
+                            let client =
+                                ShardClient::new(conn, stream, &group, &consumer).expect("client");
+                            raw_strong_fenced_ack(client, shards, keys, token, batch).await
+                        }
                         Case::RawPerShard => {
                             raw_per_shard(conn, keys, group, consumer, batch).await
                         }
@@ -1001,6 +1067,7 @@ async fn throughput(target: RedisTarget, label: &str) -> BTreeMap<Case, f64> {
     if let Ok(only) = std::env::var("E2E_CASES") {
         cases = [
             Case::RawStrong,
+            Case::RawStrongFencedAck,
             Case::RawPerShard,
             Case::FencedScripts,
             Case::ListenerAcks,
@@ -1014,7 +1081,13 @@ async fn throughput(target: RedisTarget, label: &str) -> BTreeMap<Case, f64> {
         ]
         .into_iter()
         .filter(|c| only.split(',').any(|t| t == c.tag()))
-        .filter(|c| !cluster || !matches!(c, Case::RawStrong | Case::SeaStreamer))
+        .filter(|c| {
+            !cluster
+                || !matches!(
+                    c,
+                    Case::RawStrong | Case::RawStrongFencedAck | Case::SeaStreamer
+                )
+        })
         .collect();
     }
     let mut results: BTreeMap<Case, Vec<(u64, f64)>> = BTreeMap::new();

@@ -452,6 +452,45 @@ impl ShardClient {
         }
     }
 
+    /// The listener's acks-mode read round as one raw call, for the benchmarks' diagnostic
+    /// loops (`testing` feature): one pipeline with one `ack_shards` script call acking each
+    /// `(shard, token, ids)` part fenced with its own token, and one multi-stream `XREADGROUP`
+    /// of up to `count` new entries per shard, as this client's consumer. Standalone servers
+    /// only. Returns, per part in order, its ack reply (`None` without ids) and its read reply
+    /// shaped as a one-stream `XREADGROUP` reply (`[[key, entries]]`, nil when nothing was new).
+    ///
+    /// # Errors
+    /// The pipeline's [`redis::RedisError`] (connection lost, timeout), or a read reply of an
+    /// unexpected shape.
+    #[cfg(feature = "testing")]
+    pub async fn read_round(
+        &mut self,
+        parts: &[(ShardIndex, &FenceToken, &[String])],
+        count: usize,
+    ) -> redis::RedisResult<Vec<(Option<redis::RedisResult<Value>>, Value)>> {
+        let round: Vec<super::round::RoundPart> = parts
+            .iter()
+            .map(|&(shard, token, ids)| super::round::RoundPart {
+                key: self.keys.shard(shard),
+                ack: (!ids.is_empty()).then(|| self.ack_part(shard, token, ids)),
+            })
+            .collect();
+        let mut conn = self.conn.clone();
+        let replies =
+            super::round::read_round(&mut conn, &self.group, &self.consumer, count, round).await?;
+        replies
+            .into_iter()
+            .map(|reply| match reply.read {
+                super::round::PartRead::Entries(read) => Ok((reply.ack, read)),
+                other => Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "read round",
+                    format!("{other:?}"),
+                ))),
+            })
+            .collect()
+    }
+
     /// What an [`ShardClient::ack_cmd`] sent elsewhere returned, as [`ShardClient::ack`] reports
     /// it. A script missing on the server (restarted, failed over) did not run: the ack is sent
     /// again on its own, which loads it.
