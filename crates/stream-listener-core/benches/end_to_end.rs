@@ -478,6 +478,12 @@ enum Case {
     /// (one `ack_shards` script call per round, each shard with its own token): the listener's
     /// Redis commands without the listener.
     RawStrongFencedAck,
+    /// Diagnostic: (a) with its acks fenced through `WATCH` instead of Lua: one pipeline of
+    /// `WATCH` (the fences and a tripwire key), a script without ids that checks each fence and
+    /// writes the tripwire on a refusal, `MULTI`, the plain `XACK`s, `EXEC`, the read. `EXEC`
+    /// runs only if no watched key changed after the check. A measurement of a cheaper fence,
+    /// not something the listener does.
+    RawStrongWatchAck,
     RawPerShard,
     FencedScripts,
     ListenerAcks,
@@ -506,6 +512,7 @@ impl Case {
         match self {
             Case::RawStrong => "raw multi-stream XREADGROUP + pipelined XACK (a)",
             Case::RawStrongFencedAck => "diagnostic: (a) with the rounds' fenced ack (ack_shards)",
+            Case::RawStrongWatchAck => "diagnostic: (a) with acks fenced by WATCH/MULTI/EXEC",
             Case::RawPerShard => "raw per-shard XREADGROUP + pipelined XACK (b)",
             Case::FencedScripts => "raw per-shard fenced scripts, strict read_new + ack (c)",
             Case::ListenerAcks => "Listener, fencing = acks",
@@ -527,6 +534,7 @@ impl Case {
         match self {
             Case::RawStrong => "strong",
             Case::RawStrongFencedAck => "strongfack",
+            Case::RawStrongWatchAck => "strongwatch",
             Case::RawPerShard => "pershard",
             Case::FencedScripts => "fenced",
             Case::ListenerAcks => "lacks",
@@ -629,6 +637,97 @@ async fn raw_strong_fenced_ack(
             next[i].extend(ids.pop().unwrap_or_default());
         }
         acks = next;
+        if got == 0 {
+            return total;
+        }
+        total += got as u64;
+    }
+}
+
+/// A raw task's shard streams and their fence hashes, in the same order.
+struct FencedKeys {
+    keys: Vec<String>,
+    fences: Vec<String>,
+}
+
+/// Diagnostic (a) with `WATCH`-fenced acks ([`Case::RawStrongWatchAck`]). The tripwire key is
+/// the task's own (`{<first shard>}:trip`, standalone only).
+async fn raw_strong_watch_ack(
+    mut conn: RedisConnection,
+    fenced: FencedKeys,
+    group: String,
+    consumer: String,
+    token: FenceToken,
+    batch: usize,
+) -> u64 {
+    // KEYS: the fences, then the tripwire; ARGV[1] the group, ARGV[2] the encoded token.
+    let check = redis::Script::new(
+        r"
+for i = 1, #KEYS - 1 do
+  if redis.call('HGET', KEYS[i], ARGV[1]) ~= ARGV[2] then
+    redis.call('INCR', KEYS[#KEYS])
+    return 0
+  end
+end
+return 1
+",
+    );
+    let _: String = check
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("load");
+    let FencedKeys { keys, fences } = fenced;
+    let trip = format!("{}:trip", keys[0]);
+    let encoded = token.encode();
+    let mut acks: Vec<Vec<String>> = vec![Vec::new(); keys.len()];
+    let mut total = 0;
+    loop {
+        let acking = acks.iter().any(|ids| !ids.is_empty());
+        let mut pipe = redis::pipe();
+        if acking {
+            pipe.cmd("WATCH").arg(&fences).arg(&trip).ignore();
+            pipe.cmd("EVALSHA")
+                .arg(check.get_hash())
+                .arg(fences.len() + 1)
+                .arg(&fences)
+                .arg(&trip)
+                .arg(&group)
+                .arg(&encoded);
+            pipe.cmd("MULTI").ignore();
+            for (key, ids) in keys.iter().zip(&acks) {
+                if !ids.is_empty() {
+                    pipe.cmd("XACK").arg(key).arg(&group).arg(ids).ignore();
+                }
+            }
+            pipe.cmd("EXEC");
+        }
+        pipe.cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&group)
+            .arg(&consumer)
+            .arg("COUNT")
+            .arg(batch)
+            .arg("STREAMS")
+            .arg(&keys);
+        for _ in &keys {
+            pipe.arg(">");
+        }
+        let mut replies: Vec<Value> = pipe.query_async(&mut conn).await.expect("watch round");
+        let reply = replies.pop().expect("read reply");
+        if acking {
+            let exec = replies.pop().expect("exec reply");
+            let checked = replies.pop().expect("check reply");
+            assert_eq!(checked, Value::Int(1), "fence refused");
+            assert!(
+                matches!(exec, Value::Array(_)),
+                "transaction aborted: {exec:?}"
+            );
+        }
+        for ids in &mut acks {
+            ids.clear();
+        }
+        let got = parse_read(reply, &keys, &mut acks, |_| {});
         if got == 0 {
             return total;
         }
@@ -867,6 +966,7 @@ async fn run_case(setup: &TpSetup, case: Case, round: usize) -> (u64, f64, Optio
                         | Case::FencedSequential
                         | Case::PlainReadFencedAck
                         | Case::RawStrongFencedAck
+                        | Case::RawStrongWatchAck
                 ) {
                     let mut c = ShardClient::new(
                         setup.conn.clone(),
@@ -915,6 +1015,11 @@ async fn run_case(setup: &TpSetup, case: Case, round: usize) -> (u64, f64, Optio
                             let client =
                                 ShardClient::new(conn, stream, &group, &consumer).expect("client");
                             raw_strong_fenced_ack(client, shards, keys, token, batch).await
+                        }
+                        Case::RawStrongWatchAck => {
+                            let fences = shards.iter().map(|&s| stream.fence(s)).collect();
+                            let fenced = FencedKeys { keys, fences };
+                            raw_strong_watch_ack(conn, fenced, group, consumer, token, batch).await
                         }
                         Case::RawPerShard => {
                             raw_per_shard(conn, keys, group, consumer, batch).await
@@ -1068,6 +1173,7 @@ async fn throughput(target: RedisTarget, label: &str) -> BTreeMap<Case, f64> {
         cases = [
             Case::RawStrong,
             Case::RawStrongFencedAck,
+            Case::RawStrongWatchAck,
             Case::RawPerShard,
             Case::FencedScripts,
             Case::ListenerAcks,
