@@ -313,3 +313,64 @@ async fn redis_unreachable_is_a_clear_error() {
     assert!(matches!(err, StoreError::Redis(_)), "{err}");
     assert!(err.to_string().contains("check that Redis is up"), "{err}");
 }
+
+async fn group_hash_fields(conn: &mut RedisConnection) -> Vec<String> {
+    let key = StreamKeys::new("orders")
+        .unwrap()
+        .group("g")
+        .unwrap()
+        .metadata();
+    let mut fields: Vec<String> = conn.hkeys(&key).await.unwrap();
+    fields.sort();
+    fields
+}
+
+/// A steady member's `activeConsumerWorkers` goes through the fast path (`fastworkers:<id>`),
+/// reaches the loaded group, and every field of the member is gone once it leaves.
+#[tokio::test]
+async fn fast_path_workers_are_stored_and_removed_with_the_member() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 4).await;
+    let mut store = group_store(&conn, "orders", "g").await;
+    store.heartbeat(&request("b", 1, 0, &[])).await.unwrap();
+    let joined = store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
+    let (mut epoch, mut owned) = (
+        joined.response.member_epoch,
+        joined.response.assigned_shards.clone(),
+    );
+    let (mut b_epoch, mut b_owned, mut seq, mut fast) = (0, vec![], 1, false);
+    for _ in 0..10 {
+        seq += 1;
+        let mut report = request("a", seq, epoch, &owned);
+        report.active_consumer_workers = 5;
+        let out = store.heartbeat(&report).await.unwrap();
+        fast |= out.fast_path;
+        epoch = out.response.member_epoch;
+        owned = out.response.assigned_shards.clone();
+        let out = store
+            .heartbeat(&request("b", seq, b_epoch, &b_owned))
+            .await
+            .unwrap();
+        b_epoch = out.response.member_epoch;
+        b_owned = out.response.assigned_shards.clone();
+    }
+    assert!(fast, "no heartbeat of `a` took the fast path");
+    let loaded = store.load().await.unwrap();
+    assert_eq!(loaded.group.members["a"].active_consumer_workers, 5);
+    assert!(
+        group_hash_fields(&mut conn)
+            .await
+            .contains(&"fastworkers:a".to_string())
+    );
+
+    store
+        .heartbeat(&request("a", seq + 1, -1, &[]))
+        .await
+        .unwrap();
+    let fields = group_hash_fields(&mut conn).await;
+    assert!(
+        !fields.iter().any(|f| f.ends_with(":a")),
+        "fields of the member that left: {fields:?}"
+    );
+}
