@@ -24,7 +24,8 @@
 //!   one entry per shard wakes the blocked shard tasks; the clock stops when the members have
 //!   acked every entry (their `handled` counters). Each case also reports Redis CPU per entry
 //!   (`INFO`), this process's CPU per entry (`/proc/self/stat`) and `INFO commandstats`.
-//!   Diagnostic cases (only with `E2E_CASES`, tags in [`Case::tag`]): (c) with acks-mode reads,
+//!   Diagnostic cases (only with `E2E_CASES`, tags in [`Case::tag`]): (a) with its acks fenced
+//!   as the listener's read rounds fence them (Lua) or through `WATCH`, (c) with acks-mode reads,
 //!   (c) with plain `XREADGROUP` reads and fenced acks, (c) without pipelining, the strict and
 //!   the acks-mode listener with `runtime_max_concurrency = 2`; and sea-streamer-redis (`benches/sea-streamer`,
 //!   run as a process when `E2E_SEA_STREAMER_BIN` names its binary).
