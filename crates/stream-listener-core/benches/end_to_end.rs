@@ -568,17 +568,7 @@ async fn raw_strong(
                 pipe.cmd("XACK").arg(key).arg(&group).arg(ids).ignore();
             }
         }
-        pipe.cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(&group)
-            .arg(&consumer)
-            .arg("COUNT")
-            .arg(batch)
-            .arg("STREAMS")
-            .arg(&keys);
-        for _ in &keys {
-            pipe.arg(">");
-        }
+        add_multi_stream_read(&mut pipe, &group, &consumer, batch, &keys);
         let (reply,): (Value,) = pipe.query_async(&mut conn).await.expect("raw read");
         for ids in &mut acks {
             ids.clear();
@@ -645,6 +635,27 @@ async fn raw_strong_fenced_ack(
     }
 }
 
+/// Adds `XREADGROUP GROUP <group> <consumer> COUNT <batch> STREAMS <keys…> > …` to `pipe`.
+fn add_multi_stream_read(
+    pipe: &mut redis::Pipeline,
+    group: &str,
+    consumer: &str,
+    batch: usize,
+    keys: &[String],
+) {
+    pipe.cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(batch)
+        .arg("STREAMS")
+        .arg(keys);
+    for _ in keys {
+        pipe.arg(">");
+    }
+}
+
 /// A raw task's shard streams and their fence hashes, in the same order.
 struct FencedKeys {
     keys: Vec<String>,
@@ -703,17 +714,7 @@ return 1
             }
             pipe.cmd("EXEC");
         }
-        pipe.cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(&group)
-            .arg(&consumer)
-            .arg("COUNT")
-            .arg(batch)
-            .arg("STREAMS")
-            .arg(&keys);
-        for _ in &keys {
-            pipe.arg(">");
-        }
+        add_multi_stream_read(&mut pipe, &group, &consumer, batch, &keys);
         let mut replies: Vec<Value> = pipe.query_async(&mut conn).await.expect("watch round");
         let reply = replies.pop().expect("read reply");
         if acking {
