@@ -237,7 +237,7 @@ pub struct StreamConfig {
 
 /// `[listeners.<name>]`: overrides of one listener's settings; every key is optional and wins
 /// over the value in `#[stream_listener(...)]` and the defaults of
-/// [`ListenerOptions`](crate::member::ListenerOptions).
+/// [`crate::member::ListenerOptions`].
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]

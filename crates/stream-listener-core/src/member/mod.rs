@@ -4,7 +4,7 @@
 //! handler. `<base>` is a UUIDv7 made at process start, or the configured `instance_id` (static
 //! membership). Each member has its own heartbeat loop, assignment state, epoch and fencing
 //! tokens, and polls the shards it owns with `runtime_max_concurrency` local workers (the
-//! [`crate::poller`]).
+//! shard poller, `crate::poller`).
 
 mod heartbeat;
 pub(crate) mod reconciler;
