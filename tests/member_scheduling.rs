@@ -36,14 +36,13 @@ const SHARDS: u32 = 16;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_worker_serves_sixteen_shards_in_strict_rotation() {
     let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, SHARDS)
-        .await
-        .unwrap();
-    let all: Vec<u32> = (0..SHARDS).collect();
-    let mut published = preload(&server.client(), &all, 20, 0);
+    let Loaded {
+        server,
+        target,
+        conn: _,
+        shards: all,
+        mut published,
+    } = loaded_stream(SHARDS, 20).await;
 
     let order: Arc<std::sync::Mutex<Vec<(u32, String)>>> = Arc::default();
     let in_flight = Arc::new(AtomicUsize::new(0));
@@ -167,6 +166,35 @@ async fn one_worker_serves_sixteen_shards_in_strict_rotation() {
     assert!(done);
     assert_handled_in_order(&order.lock().unwrap(), &published, &all);
     listener.shutdown_and_wait().await;
+}
+
+/// A throwaway standalone server with the stream created over `shards` shards, each holding
+/// `per_shard` entries.
+struct Loaded {
+    server: RedisServer,
+    target: RedisTarget,
+    conn: RedisConnection,
+    /// `0..shards`.
+    shards: Vec<u32>,
+    published: Vec<Published>,
+}
+
+async fn loaded_stream(shards: u32, per_shard: u64) -> Loaded {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, shards)
+        .await
+        .unwrap();
+    let shards: Vec<u32> = (0..shards).collect();
+    let published = preload(&server.client(), &shards, per_shard, 0);
+    Loaded {
+        server,
+        target,
+        conn,
+        shards,
+        published,
+    }
 }
 
 /// Every published entry of `shards` was handled, in publication order per shard: `handled`
@@ -304,12 +332,13 @@ async fn idle_members_send_a_bounded_number_of_commands_per_second() {
 async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
     const PER_SHARD: u64 = 500;
     let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    let shards: Vec<u32> = (0..4).collect();
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let published = preload(&server.client(), &shards, PER_SHARD, 0);
+    let Loaded {
+        server: _server,
+        target,
+        mut conn,
+        shards,
+        published,
+    } = loaded_stream(4, PER_SHARD).await;
 
     let order: Arc<std::sync::Mutex<Vec<(u32, String)>>> = Arc::default();
     let handler = {
@@ -370,12 +399,13 @@ async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_heartbeat_reports_the_busy_workers() {
     let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    let shards: Vec<u32> = (0..4).collect();
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let published = preload(&server.client(), &shards, 1, 0);
+    let Loaded {
+        server: _server,
+        target,
+        mut conn,
+        published,
+        ..
+    } = loaded_stream(4, 1).await;
 
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let handled = Arc::new(AtomicUsize::new(0));
