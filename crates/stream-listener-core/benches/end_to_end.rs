@@ -551,25 +551,44 @@ impl Case {
 }
 
 /// (a) One multi-stream `XREADGROUP` per round trip over the task's shards, with the previous
-/// batch's `XACK`s in the same pipeline.
+/// batch's `XACK`s in the same pipeline; with `watch`, the `XACK`s are fenced by it
+/// ([`Case::RawStrongWatchAck`]).
 async fn raw_strong(
     mut conn: RedisConnection,
     keys: Vec<String>,
     group: String,
     consumer: String,
     batch: usize,
+    watch: Option<WatchFence>,
 ) -> u64 {
     let mut acks: Vec<Vec<String>> = vec![Vec::new(); keys.len()];
     let mut total = 0;
     loop {
+        let acking = acks.iter().any(|ids| !ids.is_empty());
+        let watched = watch.as_ref().filter(|_| acking);
         let mut pipe = redis::pipe();
+        if let Some(watch) = watched {
+            watch.open(&mut pipe, &group);
+        }
         for (key, ids) in keys.iter().zip(&acks) {
             if !ids.is_empty() {
                 pipe.cmd("XACK").arg(key).arg(&group).arg(ids).ignore();
             }
         }
+        if watched.is_some() {
+            pipe.cmd("EXEC");
+        }
         add_multi_stream_read(&mut pipe, &group, &consumer, batch, &keys);
-        let (reply,): (Value,) = pipe.query_async(&mut conn).await.expect("raw read");
+        let mut replies: Vec<Value> = pipe.query_async(&mut conn).await.expect("raw read");
+        let reply = replies.pop().expect("read reply");
+        if watched.is_some() {
+            let exec = replies.pop().expect("exec reply");
+            assert_eq!(replies.pop(), Some(Value::Int(1)), "fence refused");
+            assert!(
+                matches!(exec, Value::Array(_)),
+                "transaction aborted: {exec:?}"
+            );
+        }
         for ids in &mut acks {
             ids.clear();
         }
@@ -578,6 +597,59 @@ async fn raw_strong(
             return total;
         }
         total += got as u64;
+    }
+}
+
+/// Acks fenced through `WATCH` instead of Lua ([`Case::RawStrongWatchAck`]): a task's fence
+/// hashes, its tripwire key (`{<first shard>}:trip`, standalone only), its encoded token and
+/// the check script.
+struct WatchFence {
+    fences: Vec<String>,
+    trip: String,
+    encoded: String,
+    check: redis::Script,
+}
+
+impl WatchFence {
+    async fn new(
+        conn: &mut RedisConnection,
+        fences: Vec<String>,
+        trip: String,
+        token: &FenceToken,
+    ) -> Self {
+        // KEYS: the fences, then the tripwire; ARGV[1] the group, ARGV[2] the encoded token.
+        let check = redis::Script::new(
+            r"
+for i = 1, #KEYS - 1 do
+  if redis.call('HGET', KEYS[i], ARGV[1]) ~= ARGV[2] then
+    redis.call('INCR', KEYS[#KEYS])
+    return 0
+  end
+end
+return 1
+",
+        );
+        let _: String = check.prepare_invoke().load_async(conn).await.expect("load");
+        WatchFence {
+            fences,
+            trip,
+            encoded: token.encode(),
+            check,
+        }
+    }
+
+    /// `WATCH` the fences and the tripwire, check the fences (the tripwire is written on a
+    /// refusal), `MULTI`: the caller adds the `XACK`s and `EXEC`.
+    fn open(&self, pipe: &mut redis::Pipeline, group: &str) {
+        pipe.cmd("WATCH").arg(&self.fences).arg(&self.trip).ignore();
+        pipe.cmd("EVALSHA")
+            .arg(self.check.get_hash())
+            .arg(self.fences.len() + 1)
+            .arg(&self.fences)
+            .arg(&self.trip)
+            .arg(group)
+            .arg(&self.encoded);
+        pipe.cmd("MULTI").ignore();
     }
 }
 
@@ -653,87 +725,6 @@ fn add_multi_stream_read(
         .arg(keys);
     for _ in keys {
         pipe.arg(">");
-    }
-}
-
-/// A raw task's shard streams and their fence hashes, in the same order.
-struct FencedKeys {
-    keys: Vec<String>,
-    fences: Vec<String>,
-}
-
-/// Diagnostic (a) with `WATCH`-fenced acks ([`Case::RawStrongWatchAck`]). The tripwire key is
-/// the task's own (`{<first shard>}:trip`, standalone only).
-async fn raw_strong_watch_ack(
-    mut conn: RedisConnection,
-    fenced: FencedKeys,
-    group: String,
-    consumer: String,
-    token: FenceToken,
-    batch: usize,
-) -> u64 {
-    // KEYS: the fences, then the tripwire; ARGV[1] the group, ARGV[2] the encoded token.
-    let check = redis::Script::new(
-        r"
-for i = 1, #KEYS - 1 do
-  if redis.call('HGET', KEYS[i], ARGV[1]) ~= ARGV[2] then
-    redis.call('INCR', KEYS[#KEYS])
-    return 0
-  end
-end
-return 1
-",
-    );
-    let _: String = check
-        .prepare_invoke()
-        .load_async(&mut conn)
-        .await
-        .expect("load");
-    let FencedKeys { keys, fences } = fenced;
-    let trip = format!("{}:trip", keys[0]);
-    let encoded = token.encode();
-    let mut acks: Vec<Vec<String>> = vec![Vec::new(); keys.len()];
-    let mut total = 0;
-    loop {
-        let acking = acks.iter().any(|ids| !ids.is_empty());
-        let mut pipe = redis::pipe();
-        if acking {
-            pipe.cmd("WATCH").arg(&fences).arg(&trip).ignore();
-            pipe.cmd("EVALSHA")
-                .arg(check.get_hash())
-                .arg(fences.len() + 1)
-                .arg(&fences)
-                .arg(&trip)
-                .arg(&group)
-                .arg(&encoded);
-            pipe.cmd("MULTI").ignore();
-            for (key, ids) in keys.iter().zip(&acks) {
-                if !ids.is_empty() {
-                    pipe.cmd("XACK").arg(key).arg(&group).arg(ids).ignore();
-                }
-            }
-            pipe.cmd("EXEC");
-        }
-        add_multi_stream_read(&mut pipe, &group, &consumer, batch, &keys);
-        let mut replies: Vec<Value> = pipe.query_async(&mut conn).await.expect("watch round");
-        let reply = replies.pop().expect("read reply");
-        if acking {
-            let exec = replies.pop().expect("exec reply");
-            let checked = replies.pop().expect("check reply");
-            assert_eq!(checked, Value::Int(1), "fence refused");
-            assert!(
-                matches!(exec, Value::Array(_)),
-                "transaction aborted: {exec:?}"
-            );
-        }
-        for ids in &mut acks {
-            ids.clear();
-        }
-        let got = parse_read(reply, &keys, &mut acks, |_| {});
-        if got == 0 {
-            return total;
-        }
-        total += got as u64;
     }
 }
 
@@ -1012,16 +1003,20 @@ async fn run_case(setup: &TpSetup, case: Case, round: usize) -> (u64, f64, Optio
                 let stream = setup.keys.clone();
                 tasks.push(tokio::spawn(async move {
                     match case {
-                        Case::RawStrong => raw_strong(conn, keys, group, consumer, batch).await,
+                        Case::RawStrong => {
+                            raw_strong(conn, keys, group, consumer, batch, None).await
+                        }
                         Case::RawStrongFencedAck => {
                             let client =
                                 ShardClient::new(conn, stream, &group, &consumer).expect("client");
                             raw_strong_fenced_ack(client, shards, keys, token, batch).await
                         }
                         Case::RawStrongWatchAck => {
+                            let mut conn = conn;
                             let fences = shards.iter().map(|&s| stream.fence(s)).collect();
-                            let fenced = FencedKeys { keys, fences };
-                            raw_strong_watch_ack(conn, fenced, group, consumer, token, batch).await
+                            let trip = format!("{}:trip", keys[0]);
+                            let watch = WatchFence::new(&mut conn, fences, trip, &token).await;
+                            raw_strong(conn, keys, group, consumer, batch, Some(watch)).await
                         }
                         Case::RawPerShard => {
                             raw_per_shard(conn, keys, group, consumer, batch).await
