@@ -374,3 +374,81 @@ async fn fast_path_workers_are_stored_and_removed_with_the_member() {
         "fields of the member that left: {fields:?}"
     );
 }
+
+fn timings(heartbeat_ms: u64, lease_ms: u64, rebalance_ms: u64) -> CoordinatorConfig {
+    CoordinatorConfig::new(
+        Duration::from_millis(heartbeat_ms),
+        Duration::from_millis(lease_ms),
+        Duration::from_millis(rebalance_ms),
+    )
+    .unwrap()
+}
+
+fn store_with(
+    conn: &RedisConnection,
+    prefix: &str,
+    group: &str,
+    config: CoordinatorConfig,
+) -> GroupStore {
+    let stream = StreamKeys::new(prefix).unwrap();
+    let keys = stream.group(group).unwrap();
+    GroupStore::new(conn.clone(), stream, keys, config)
+}
+
+/// Issue 14, finding 1: a group re-provisioned after a loss holds its shards for one lease, and
+/// once that instant has passed the fast path answers again within one more lease (the hold
+/// used to stay in the `steady` deadline, so every heartbeat fell back, for good).
+#[tokio::test]
+async fn the_fast_path_answers_again_within_a_lease_after_a_re_provision() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 4).await;
+    let config = timings(300, 1_500, 6_000);
+    let lease = config.member_lease_ttl;
+    let interval = config.heartbeat_interval;
+    let mut store = store_with(&conn, "orders", "g", config);
+    let provisioned_at = std::time::Instant::now();
+    assert!(store.provision(true).await.unwrap(), "created after a loss");
+    let (mut seq, mut epoch, mut owned) = (0, 0, Vec::new());
+    let mut first_fast = None;
+    let mut fast_after = 0;
+    let deadline = provisioned_at + lease * 2;
+    while std::time::Instant::now() < deadline + interval && fast_after < 3 {
+        seq += 1;
+        let out = store
+            .heartbeat(&request("a", seq, epoch, &owned))
+            .await
+            .unwrap();
+        assert_eq!(out.response.status, HeartbeatStatus::Ok);
+        if provisioned_at.elapsed() < lease.mul_f64(0.9) {
+            assert!(
+                out.response.assigned_shards.is_empty(),
+                "nothing is handed out during the hold"
+            );
+        }
+        if out.fast_path {
+            first_fast.get_or_insert_with(|| provisioned_at.elapsed());
+            fast_after += 1;
+        } else {
+            assert!(
+                first_fast.is_none(),
+                "once fast, a steady member stays on the fast path"
+            );
+        }
+        epoch = out.response.member_epoch;
+        owned = out.response.assigned_shards.clone();
+        tokio::time::sleep(Duration::from_millis(out.response.heartbeat_interval_ms)).await;
+    }
+    let first_fast = first_fast.expect("the fast path never answered after the hold had passed");
+    assert!(
+        first_fast <= lease * 2,
+        "first fast path {first_fast:?} after the re-provision, more than hold + one lease"
+    );
+    assert_eq!(owned, vec![0, 1, 2, 3]);
+    assert_eq!(fast_after, 3);
+    let loaded = store.load().await.unwrap();
+    assert_eq!(
+        loaded.group.meta.hand_out_not_before, None,
+        "the passed hold was cleared"
+    );
+}

@@ -67,6 +67,10 @@ pub(crate) struct Variant {
     pub(crate) release_on_foreign_join: bool,
     /// Only the last replaced process's holdings are remembered.
     pub(crate) single_ghost: bool,
+    /// A hand-out hold stays in the group after it has passed, so [`next_deadline`] keeps an
+    /// instant in the past and the store's fast path falls back on every heartbeat (issue 14,
+    /// finding 1).
+    pub(crate) hand_out_hold_forever: bool,
 }
 
 impl Default for CoordinatorConfig {

@@ -738,3 +738,33 @@ fn more_members_than_shards_reach_stable_and_stay() {
         "the one shard stays with its first owner"
     );
 }
+
+// ---- issue 14: re-provisioned groups and members with different timings -------------------------
+
+/// Issue 14, finding 1: the hand-out hold of a group re-provisioned after a loss ends: once it
+/// has passed it is cleared, so `next_deadline` (the fast path's `steady` deadline) no longer
+/// carries an instant in the past.
+#[test]
+fn a_passed_hand_out_hold_no_longer_counts_as_a_deadline() {
+    for forever in [false, true] {
+        let mut f = Fixture::new(2);
+        f.config.variant.hand_out_hold_forever = forever;
+        let hold = T0 + LEASE;
+        f.group.meta.hand_out_not_before = Some(hold);
+        let a = f.join("a");
+        assert_eq!(a.assigned_shards, Vec::<ShardIndex>::new(), "held");
+        assert_eq!(a.pending_shards, vec![0, 1]);
+        f.advance_ms(15_000);
+        let a = f.beat("a", a.member_epoch, &[]);
+        assert_eq!(a.assigned_shards, vec![0, 1], "the hold has passed");
+        f.beat("a", a.member_epoch, &[0, 1]);
+        assert_eq!(f.group.meta.state, GroupState::Stable);
+        if forever {
+            // The known-wrong variant keeps the old behaviour, for the simulation.
+            assert_eq!(next_deadline(&f.group), Some(hold));
+        } else {
+            assert_eq!(f.group.meta.hand_out_not_before, None);
+            assert_eq!(next_deadline(&f.group), None);
+        }
+    }
+}

@@ -81,6 +81,7 @@ pub fn advance(group: &mut Group, ctx: &Context<'_>, config: &CoordinatorConfig)
 /// Rule 1 without the new target: [`heartbeat`] computes the target once, after the request.
 fn advance_time(group: &mut Group, ctx: &Context<'_>, config: &CoordinatorConfig) {
     let now = ctx.now;
+    end_hand_out_hold_if_passed(group, now, config);
     rearm_leases_after_outage(group, now, config);
     apply_stream_view(group, ctx);
     expire_and_fence(group, now);
@@ -118,7 +119,8 @@ pub fn steady_response(
 
 /// The earliest time-based trigger other than a member lease (µs): revoke deadlines, replaced
 /// processes' leases, the end of a correction round, the end of a hand-out hold. The store's
-/// fast path falls back to the full transition once it has passed.
+/// fast path falls back to the full transition once it has passed. A hand-out hold that has
+/// passed is cleared by the time-based work ([`advance`]), so it counts here only until then.
 pub fn next_deadline(group: &Group) -> Option<Micros> {
     let members = group.members.values();
     let revokes = members.clone().filter_map(|m| m.revoke_deadline);
@@ -230,6 +232,19 @@ fn rearm_leases_after_outage(group: &mut Group, now: Micros, config: &Coordinato
                 *deadline += gap;
             }
         }
+    }
+}
+
+/// A hand-out hold (set when metadata was re-provisioned after a loss) that has passed blocks
+/// nothing any more; clearing it keeps it out of [`next_deadline`], which the fast path checks.
+fn end_hand_out_hold_if_passed(group: &mut Group, now: Micros, config: &CoordinatorConfig) {
+    let _ = config;
+    #[cfg(test)]
+    if config.variant.hand_out_hold_forever {
+        return;
+    }
+    if group.meta.hand_out_not_before.is_some_and(|t| now >= t) {
+        group.meta.hand_out_not_before = None;
     }
 }
 
