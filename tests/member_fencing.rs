@@ -598,3 +598,139 @@ async fn no_retry_runs_after_the_lease_lapsed_during_its_backoff() {
     listener.shutdown_and_wait().await;
     assert!(handled, "the entry was never handled: {calls:?}");
 }
+
+/// Rewrites `member`'s record as the coordinator does when it fences a member (state `FENCED`;
+/// the fast-path answer and `steady` removed so its next heartbeat runs the full transition;
+/// `revision` bumped so a transition loaded before fails its compare-and-set). Its next heartbeat
+/// is answered `FENCED_MEMBER_EPOCH` (DESIGN.md §6 coordinator rule 3).
+async fn force_fenced(conn: &mut RedisConnection, member: &str) {
+    let script = redis::Script::new(
+        r#"
+        local field = 'member:' .. ARGV[1]
+        local record = redis.call('HGET', KEYS[1], field)
+        if not record then return 0 end
+        record = string.gsub(record, '"state":"[A-Z_]+"', '"state":"FENCED"', 1)
+        redis.call('HSET', KEYS[1], field, record)
+        redis.call('HDEL', KEYS[1], 'fast:' .. ARGV[1], 'steady')
+        redis.call('HINCRBY', KEYS[1], 'revision', 1)
+        return 1
+        "#,
+    );
+    let key = format!("sl:{{{STREAM}:{GROUP}}}:group");
+    let done: i64 = script
+        .key(key)
+        .arg(member)
+        .invoke_async(conn)
+        .await
+        .unwrap();
+    assert_eq!(done, 1, "no record of member {member}");
+}
+
+/// Issue 14, finding 4: after a fencing status a member stops its shard tasks, but a handler that
+/// ignores cancellation (here it blocks its thread for 1.5 s) keeps running. The member must not
+/// rejoin (which releases its holdings at once, coordinator rule 4) before that task has stopped:
+/// no handler of the shard, on any member, starts while the old one still runs. Lease 3 s, so the
+/// blocked handler ends well inside the fenced member's lease: only the rejoin can release the
+/// shard early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fenced_member_rejoins_only_after_its_blocked_handler_returned() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    const BLOCK: Duration = Duration::from_millis(1500);
+    // (start, end) of the blocked handler, µs.
+    let window: Arc<Mutex<(u64, u64)>> = Arc::new(Mutex::new((0, 0)));
+    let w = window.clone();
+    let behaviour: Behaviour = Arc::new(move |delivery| {
+        if payload_n(delivery) == Some(0) && w.lock().unwrap().0 == 0 {
+            let start = now_us();
+            w.lock().unwrap().0 = start;
+            // Blocks the worker thread: neither the stop token nor a drop can end it.
+            std::thread::sleep(BLOCK);
+            w.lock().unwrap().1 = now_us();
+        }
+        Ok(())
+    });
+    let mut listeners = Vec::new();
+    for _ in 0..2 {
+        let mut opts = options(1);
+        opts.coordination = coordination(HEARTBEAT, Duration::from_secs(3), REBALANCE);
+        opts.handler_timeout = Duration::from_secs(5);
+        opts.events = Some(recorder.callback());
+        let listener = Listener::new(
+            target.clone(),
+            STREAM,
+            GROUP,
+            recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour.clone())),
+            opts,
+        )
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+        listeners.push(listener);
+    }
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    let owner = target_of(&group)[&0].clone();
+
+    for n in 0..6u64 {
+        xadd_fields(
+            &mut conn,
+            0,
+            &[("key", "k"), ("payload", &format!("{{\"n\":{n}}}"))],
+        )
+        .await;
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || window.lock().unwrap().0 != 0).await,
+        "the blocking handler never started"
+    );
+    force_fenced(&mut conn, &owner).await;
+    let fenced_at = now_us();
+    let all_handled = wait_until(Duration::from_secs(15), || {
+        recorder.handled().len() == 6 && window.lock().unwrap().1 != 0
+    })
+    .await;
+    let (start, end) = *window.lock().unwrap();
+    let calls = recorder.calls();
+    let events = recorder.events();
+    for listener in listeners {
+        listener.shutdown_and_wait().await;
+    }
+    // The fencing status reached the owner while its handler was blocked (it stopped the shard).
+    let stopped_during_block = events.iter().any(|e| {
+        matches!(e, Ev::Revoked { at_us, member, shard: 0, .. }
+            if *member == owner && *at_us >= fenced_at && *at_us < end)
+    });
+    assert!(
+        stopped_during_block,
+        "the owner {owner} got no fencing status while blocked ({start}..{end} µs): {events:?}"
+    );
+    // Neither a read of the shard (the next tenure, on this member or another) nor a handler
+    // start while the fenced handler still runs.
+    let reads: Vec<&Ev> = events
+        .iter()
+        .filter(|e| matches!(e, Ev::Read { at_us, shard: 0, .. } if *at_us > start && *at_us < end))
+        .collect();
+    let overlapping: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.shard == 0 && c.at_us > start && c.at_us < end)
+        .collect();
+    assert!(
+        reads.is_empty() && overlapping.is_empty(),
+        "shard 0 was read or handled while {owner}'s fenced handler still ran ({start}..{end} µs): \
+         reads {reads:#?}, handler starts {overlapping:#?}"
+    );
+    assert!(
+        all_handled,
+        "not every entry was handled: {:?}",
+        recorder.handled()
+    );
+}
