@@ -813,3 +813,67 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
         ids.len()
     );
 }
+
+/// Issue 14, finding 6, the way out: an entry that landed in a shard after the first retirement
+/// check, once the shard is RETIRING (members stopped reading it), is read by a member: the
+/// retirement puts the shard back to DRAINING, the group assigns it again, the entry is handled,
+/// and the next retirement call retires the shard. The RETIRING state is written as the first
+/// check's compare-and-set writes it; the entry is added once the group no longer reads shard 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires() {
+    use stream_listener::core::keys::StreamKeys;
+    use stream_listener::core::model::ShardState;
+    use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
+
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let listener = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
+    assert!(settled, "{group:#?}");
+    admin::scale(&mut conn, STREAM, 1).await.unwrap();
+    let keys = StreamKeys::new(STREAM).unwrap();
+    let mut meta = load_stream_metadata(&mut conn, &keys)
+        .await
+        .unwrap()
+        .unwrap();
+    let revision = meta.revision;
+    meta.shards[1].state = ShardState::Retiring;
+    meta.metadata_version += 1;
+    let written = write_stream_metadata(&mut conn, &keys, Some(revision), &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+    let (group, released) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
+        converged(g) && !target_of(g).contains_key(&1)
+    })
+    .await;
+    assert!(
+        released,
+        "the group still reads the RETIRING shard: {group:#?}"
+    );
+    let id = xadd_fields(&mut conn, 1, &[("key", "late"), ("payload", r#"{"n":7}"#)]).await;
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut last = None;
+    let complete = loop {
+        let report = admin::retire_drained(&mut conn, STREAM, Duration::ZERO)
+            .await
+            .unwrap();
+        if report.migration_complete {
+            break true;
+        }
+        last = Some(report);
+        if std::time::Instant::now() >= deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let handled = recorder.handled().contains(&(1, id.clone()));
+    listener.shutdown_and_wait().await;
+    assert!(complete, "the migration did not complete: {last:?}");
+    assert!(handled, "the late entry {id} of shard 1 was never handled");
+}
