@@ -9,6 +9,8 @@
 //!   change and they see no assignment event;
 //! - a graceful shutdown acks the finished work, leaves (the members show LEFT) and its shards
 //!   are served by the remaining listener at once, not after a lease;
+//! - two member processes with different `[coordination]` timings stay STABLE under load
+//!   (issue 14, finding 2; passes once the coordinator answers each member with its own timings);
 //! - a scale-in retires a shard only after every producer's routing lease to it has run out,
 //!   its slack included, and strands no entry (issue 14, finding 6).
 //!
@@ -876,4 +878,92 @@ async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires
     listener.shutdown_and_wait().await;
     assert!(complete, "the migration did not complete: {last:?}");
     assert!(handled, "the late entry {id} of shard 1 was never handled");
+}
+
+/// Issue 14, finding 2, at run time: two member processes with different `[coordination]`
+/// timings in one group (300 ms / 1.5 s and 2 s / 6 s, rebalance 3 s), under a steady 200 msg/s.
+/// Every member's heartbeat responses must carry its own lease TTL and interval, on the full
+/// transition and on the fast path alike: a 1.5 s member told to heartbeat every 2 s expires
+/// between heartbeats, rejoins, and its shards move while it still handles them, over and over.
+/// Expected: once converged the group stays STABLE for three of the longer leases (18 s), its
+/// `groupEpoch` does not move, no member expires and no shard is assigned or revoked, and every
+/// entry is handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_with_different_timings_stay_stable_under_load() {
+    const LONGER_LEASE: Duration = Duration::from_secs(6);
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let fast_member = MemberProcess::spawn(
+        &server.url(),
+        &["--heartbeat-ms", "300", "--lease-ms", "1500"],
+        recorder.clone(),
+    );
+    let publisher = SteadyPublisher::start(
+        server.client(),
+        (0..4).collect(),
+        Duration::from_millis(20),
+        0,
+    );
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(15), |g| {
+        converged(g) && g.members.iter().filter(|m| m.live).count() == 1
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    // The slower member joins second: its full transitions write the other's fast-path answer.
+    let slow_member = MemberProcess::spawn(
+        &server.url(),
+        &["--heartbeat-ms", "2000", "--lease-ms", "6000"],
+        recorder.clone(),
+    );
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
+    })
+    .await;
+    assert!(settled, "the two members did not converge: {group:#?}");
+    let converged_at = now_us();
+    let epoch = group.group_epoch;
+
+    // Three of the longer leases: every poll must see the same STABLE group.
+    let end = std::time::Instant::now() + LONGER_LEASE * 3;
+    let mut unstable = None;
+    while std::time::Instant::now() < end {
+        let now = describe(&mut conn).await;
+        let live = now.members.iter().filter(|m| m.live).count();
+        if unstable.is_none() && (!converged(&now) || now.group_epoch != epoch || live != 2) {
+            unstable = Some((ms(now_us() - converged_at), now));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let published = publisher.stop();
+    let all_handled = wait_until(Duration::from_secs(15), || {
+        let handled = recorder.handled();
+        published
+            .iter()
+            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+    })
+    .await;
+    let churn: Vec<Ev> = recorder
+        .events()
+        .into_iter()
+        .filter(|e| {
+            matches!(e, Ev::Assigned { .. } | Ev::Revoked { .. }) && e.at_us() > converged_at
+        })
+        .collect();
+    let handled = recorder.handled();
+    fast_member.terminate();
+    slow_member.terminate();
+    assert!(
+        unstable.is_none(),
+        "the group left STABLE (groupEpoch {epoch} at convergence) after {unstable:#?}"
+    );
+    assert!(
+        churn.is_empty(),
+        "assignments changed after convergence: {churn:#?}"
+    );
+    assert!(all_handled, "entries lost");
+    assert_all_handled(&published, &handled);
 }
