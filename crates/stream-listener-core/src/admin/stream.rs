@@ -360,11 +360,12 @@ pub async fn cancel_scale(
 #[serde(tag = "reason", rename_all = "camelCase")]
 #[non_exhaustive]
 pub enum WaitReason {
-    /// The producer routing lease has not passed since the shard started draining: a producer
-    /// that read the metadata before the change may still write to it.
+    /// The producer routing lease, and its slack of a fifth, has not passed since the shard
+    /// started draining: a producer that read the metadata before the change may still write
+    /// to it.
     #[serde(rename_all = "camelCase")]
     RoutingLease {
-        /// Time left, ms.
+        /// Time left, slack included, ms.
         remaining_ms: u64,
     },
     /// A consumer group has delivered entries that are not acknowledged.
