@@ -15,7 +15,9 @@ use stream_listener::core::model::{
     GroupState, HeartbeatRequest, HeartbeatStatus, MemberState, PROTOCOL_VERSION, ShardState,
     StartFrom,
 };
-use stream_listener::core::store::GroupStore;
+use stream_listener::core::store::{
+    GroupStore, StreamCas, load_stream_metadata, write_stream_metadata,
+};
 use stream_listener::testing::RedisServer;
 
 const NO_LEASE: Duration = Duration::ZERO;
@@ -381,7 +383,8 @@ async fn scale_in_keeps_draining_shards_until_every_group_has_read_and_acked_eve
     assert_eq!(described.readable_shard_set, vec![0, 1, 2, 3, 4, 5]);
     assert_eq!(described.shards[4].state, ShardState::Draining);
 
-    // The routing lease has not passed: nothing is checked or changed.
+    // The routing lease (and its slack, a fifth of it) has not passed: nothing is checked or
+    // changed.
     let report = admin::retire_drained(&mut conn, "orders", Duration::from_secs(3600))
         .await
         .unwrap();
@@ -392,7 +395,7 @@ async fn scale_in_keeps_draining_shards_until_every_group_has_read_and_acked_eve
         match shard.waiting {
             Some(WaitReason::RoutingLease { remaining_ms }) => {
                 assert!(
-                    (3_590_000..=3_600_000).contains(&remaining_ms),
+                    (4_310_000..=4_320_000).contains(&remaining_ms),
                     "{remaining_ms}"
                 );
             }
@@ -514,6 +517,77 @@ async fn a_shard_whose_tail_was_deleted_retires() {
     assert!(report.migration_complete);
     assert_eq!(report.readable_shard_set, vec![0]);
     assert!(!exists(&mut conn, "{tail:1}").await);
+}
+
+/// Issue 14, finding 6: an entry that lands in a shard after the first retirement check (a
+/// producer's late write, or a read of a member that had not yet seen RETIRING) makes the final
+/// check fail. No member reads a RETIRING shard, so it must not stay RETIRING: it becomes DRAINING
+/// again (readable, `metadataVersion` bumped), and once the entry is read and acknowledged the
+/// next call retires it. The RETIRING state with the late entry is set up as the first check and
+/// its compare-and-set leave it, then the entry is added (the write between the two checks).
+#[tokio::test]
+async fn a_retiring_shard_with_entries_left_is_readable_again_and_then_retires() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(&server).await;
+    admin::create_stream(&mut conn, "orders", 2).await.unwrap(); // v1
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap(); // v2
+    admin::scale(&mut conn, "orders", 1).await.unwrap(); // v3
+    let keys = StreamKeys::new("orders").unwrap();
+    let mut meta = load_stream_metadata(&mut conn, &keys)
+        .await
+        .unwrap()
+        .unwrap();
+    let revision = meta.revision;
+    meta.shards[1].state = ShardState::Retiring;
+    meta.metadata_version += 1; // v4
+    let written = write_stream_metadata(&mut conn, &keys, Some(revision), &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+    add(&mut conn, "{orders:1}", &["1-1"]).await;
+
+    let report = admin::retire_drained(&mut conn, "orders", NO_LEASE)
+        .await
+        .unwrap(); // v5
+    assert_eq!(report.shards.len(), 1);
+    assert_eq!(report.shards[0].state, ShardState::Draining, "{report:?}");
+    assert_eq!(
+        report.shards[0].waiting,
+        Some(WaitReason::UnreadEntries {
+            group: "billing".into(),
+            next_id: "1-1".into()
+        })
+    );
+    assert_eq!(
+        report.readable_shard_set,
+        vec![0, 1],
+        "members read it again"
+    );
+    assert_eq!(report.metadata_version, 5);
+    assert!(!report.migration_complete);
+    assert!(exists(&mut conn, "{orders:1}").await);
+
+    // Read but not acknowledged: it keeps draining.
+    let delivered = read(&mut conn, "{orders:1}", "billing", 10).await;
+    assert_eq!(delivered, ["1-1"]);
+    let report = admin::retire_drained(&mut conn, "orders", NO_LEASE)
+        .await
+        .unwrap();
+    assert_eq!(report.shards[0].state, ShardState::Draining);
+    assert!(matches!(
+        report.shards[0].waiting,
+        Some(WaitReason::Pending { pending: 1, .. })
+    ));
+    ack(&mut conn, "{orders:1}", "billing", &delivered).await;
+    let report = admin::retire_drained(&mut conn, "orders", NO_LEASE)
+        .await
+        .unwrap(); // v6, v7
+    assert_eq!(report.shards[0].state, ShardState::Retired, "{report:?}");
+    assert!(report.migration_complete);
+    assert_eq!(report.readable_shard_set, vec![0]);
+    assert!(!exists(&mut conn, "{orders:1}").await);
 }
 
 #[tokio::test]

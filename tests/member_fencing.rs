@@ -26,6 +26,7 @@ use stream_listener::core::fence::FenceToken;
 use stream_listener::core::handler::HandlerError;
 use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::member::Listener;
+use stream_listener::core::model::MemberState;
 use stream_listener::testing::RedisServer;
 
 async fn fence_of(conn: &mut RedisConnection, shard: u32) -> Option<FenceToken> {
@@ -597,4 +598,226 @@ async fn no_retry_runs_after_the_lease_lapsed_during_its_backoff() {
     .await;
     listener.shutdown_and_wait().await;
     assert!(handled, "the entry was never handled: {calls:?}");
+}
+
+/// Rewrites `member`'s record as the coordinator does when it fences a member (state `FENCED`;
+/// the fast-path answer and `steady` removed so its next heartbeat runs the full transition;
+/// `revision` bumped so a transition loaded before fails its compare-and-set). Its next heartbeat
+/// is answered `FENCED_MEMBER_EPOCH` (DESIGN.md §6 coordinator rule 3).
+async fn force_fenced(conn: &mut RedisConnection, member: &str) {
+    let script = redis::Script::new(
+        r#"
+        local field = 'member:' .. ARGV[1]
+        local record = redis.call('HGET', KEYS[1], field)
+        if not record then return 0 end
+        record = string.gsub(record, '"state":"[A-Z_]+"', '"state":"FENCED"', 1)
+        redis.call('HSET', KEYS[1], field, record)
+        redis.call('HDEL', KEYS[1], 'fast:' .. ARGV[1], 'steady')
+        redis.call('HINCRBY', KEYS[1], 'revision', 1)
+        return 1
+        "#,
+    );
+    let key = format!("sl:{{{STREAM}:{GROUP}}}:group");
+    let done: i64 = script
+        .key(key)
+        .arg(member)
+        .invoke_async(conn)
+        .await
+        .unwrap();
+    assert_eq!(done, 1, "no record of member {member}");
+}
+
+/// What [`block_then_fence`] saw.
+struct BlockedRun {
+    owner: String,
+    /// Start and end of the blocked handler, µs.
+    start: u64,
+    end: u64,
+    fenced_at: u64,
+    /// When `describe` first showed the owner ACTIVE again after the fencing (it rejoined), µs.
+    rejoined_at: Option<u64>,
+    calls: Vec<Call>,
+    events: Vec<Ev>,
+    all_handled: bool,
+}
+
+/// Two listeners (heartbeat 200 ms, lease 3 s) share one shard; its owner's handler blocks its
+/// thread for `block` on the first entry (neither the stop token nor a drop can end it), and while
+/// it blocks the owner's record is rewritten as fenced. Five more entries follow the blocking one.
+async fn block_then_fence(handler_timeout: Duration, block: Duration) -> BlockedRun {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    // (start, end) of the blocked handler, µs.
+    let window: Arc<Mutex<(u64, u64)>> = Arc::new(Mutex::new((0, 0)));
+    let w = window.clone();
+    let behaviour: Behaviour = Arc::new(move |delivery| {
+        if payload_n(delivery) == Some(0) && w.lock().unwrap().0 == 0 {
+            let start = now_us();
+            w.lock().unwrap().0 = start;
+            // `block_in_place`: the worker's other tasks move to another thread, so only this
+            // shard task waits (a plain blocking call could also strand the member's heartbeat
+            // task in this worker's queue, which is tokio's matter, not the member's).
+            tokio::task::block_in_place(|| std::thread::sleep(block));
+            w.lock().unwrap().1 = now_us();
+        }
+        Ok(())
+    });
+    let mut listeners = Vec::new();
+    for _ in 0..2 {
+        let mut opts = options(1);
+        opts.coordination = coordination(HEARTBEAT, Duration::from_secs(3), REBALANCE);
+        opts.handler_timeout = handler_timeout;
+        opts.events = Some(recorder.callback());
+        let listener = Listener::new(
+            target.clone(),
+            STREAM,
+            GROUP,
+            recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour.clone())),
+            opts,
+        )
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+        listeners.push(listener);
+    }
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    let owner = target_of(&group)[&0].clone();
+
+    for n in 0..6u64 {
+        xadd_fields(
+            &mut conn,
+            0,
+            &[("key", "k"), ("payload", &format!("{{\"n\":{n}}}"))],
+        )
+        .await;
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || window.lock().unwrap().0 != 0).await,
+        "the blocking handler never started"
+    );
+    force_fenced(&mut conn, &owner).await;
+    let fenced_at = now_us();
+    let mut rejoined_at = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let all_handled = loop {
+        if rejoined_at.is_none() {
+            let group = describe(&mut conn).await;
+            if group
+                .members
+                .iter()
+                .any(|m| m.member_id == owner && m.state == MemberState::Active)
+            {
+                rejoined_at = Some(now_us());
+            }
+        }
+        let done = recorder.handled().len() == 6 && window.lock().unwrap().1 != 0;
+        if (done && rejoined_at.is_some()) || std::time::Instant::now() >= deadline {
+            break done;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (start, end) = *window.lock().unwrap();
+    for listener in listeners {
+        listener.shutdown_and_wait().await;
+    }
+    BlockedRun {
+        owner,
+        start,
+        end,
+        fenced_at,
+        rejoined_at,
+        calls: recorder.calls(),
+        events: recorder.events(),
+        all_handled,
+    }
+}
+
+/// Issue 14, finding 4: after a fencing status a member stops its shard tasks, but a handler that
+/// ignores cancellation (here it blocks its thread for 1.5 s) keeps running. The member must not
+/// rejoin (which releases its holdings at once, coordinator rule 4) before that task has stopped:
+/// the shard is neither read nor handled, on any member, while the old handler still runs. Lease
+/// 3 s, so the blocked handler ends well inside the fenced member's lease: only the rejoin can
+/// release the shard early. `handler_timeout` 5 s bounds the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fenced_member_rejoins_only_after_its_blocked_handler_returned() {
+    let _serial = SERIAL.lock().await;
+    let run = block_then_fence(Duration::from_secs(5), Duration::from_millis(1500)).await;
+    let BlockedRun {
+        owner,
+        start,
+        end,
+        fenced_at,
+        ..
+    } = &run;
+    // The fencing status reached the owner while its handler was blocked (it stopped the shard).
+    let stopped_during_block = run.events.iter().any(|e| {
+        matches!(e, Ev::Revoked { at_us, member, shard: 0, .. }
+            if member == owner && at_us >= fenced_at && at_us < end)
+    });
+    assert!(
+        stopped_during_block,
+        "the owner {owner} got no fencing status while blocked ({start}..{end} µs): {:?}",
+        run.events
+    );
+    // Neither a read of the shard (the next tenure, on this member or another) nor a handler
+    // start while the fenced handler still runs.
+    let reads: Vec<&Ev> = run
+        .events
+        .iter()
+        .filter(|e| matches!(e, Ev::Read { at_us, shard: 0, .. } if at_us > start && at_us < end))
+        .collect();
+    let overlapping: Vec<&Call> = run
+        .calls
+        .iter()
+        .filter(|c| c.shard == 0 && c.at_us > *start && c.at_us < *end)
+        .collect();
+    assert!(
+        reads.is_empty() && overlapping.is_empty(),
+        "shard 0 was read or handled while {owner}'s fenced handler still ran ({start}..{end} µs): \
+         reads {reads:#?}, handler starts {overlapping:#?}"
+    );
+    assert!(
+        run.rejoined_at.is_some_and(|at| at >= *end),
+        "the owner rejoined at {:?}, before its handler ended at {end} µs",
+        run.rejoined_at
+    );
+    assert!(
+        run.all_handled,
+        "not every entry was handled: {:?}",
+        run.calls
+    );
+}
+
+/// The wait of finding 4 is bounded by `handler_timeout` (800 ms here): a handler that ignores
+/// cancellation for longer (2.5 s) does not keep the fenced member out of the group; it rejoins
+/// once the timeout has passed (with an error in its log), before the handler returns, and every
+/// entry is handled. (Without the wait it rejoins one heartbeat after the fencing status.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fenced_member_waits_for_a_stuck_handler_only_up_to_handler_timeout() {
+    let _serial = SERIAL.lock().await;
+    let run = block_then_fence(Duration::from_millis(800), Duration::from_millis(2500)).await;
+    let rejoined_at = run.rejoined_at.expect("the fenced owner never rejoined");
+    assert!(
+        rejoined_at < run.end,
+        "the owner rejoined at {rejoined_at} µs, only after its stuck handler ended at {} µs",
+        run.end
+    );
+    assert!(
+        rejoined_at >= run.fenced_at + 800_000,
+        "the owner rejoined {} ms after the fencing, before handler_timeout (800 ms)",
+        ms(rejoined_at - run.fenced_at)
+    );
+    assert!(
+        run.all_handled,
+        "not every entry was handled: {:?}",
+        run.calls
+    );
 }

@@ -8,7 +8,11 @@
 //! - a static member restarts within its lease: no shard moves, the other members' epochs do not
 //!   change and they see no assignment event;
 //! - a graceful shutdown acks the finished work, leaves (the members show LEFT) and its shards
-//!   are served by the remaining listener at once, not after a lease.
+//!   are served by the remaining listener at once, not after a lease;
+//! - two member processes with different `[coordination]` timings stay STABLE under load
+//!   (issue 14, finding 2; passes once the coordinator answers each member with its own timings);
+//! - a scale-in retires a shard only after every producer's routing lease to it has run out,
+//!   its slack included, and strands no entry (issue 14, finding 6).
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s (3 s for the static restart), rebalance timeout 3 s.
 
@@ -651,4 +655,315 @@ async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
         assert_eq!(wait_no_pending(&mut conn, shard).await, 0, "shard {shard}");
     }
     stayer.shutdown_and_wait().await;
+}
+
+/// Issue 14, finding 6: a producer whose metadata refreshes fail (its ACL user loses read access
+/// to `sl:{orders}:stream`) keeps publishing with its cached routing (shard 1 ACTIVE) until its
+/// routing lease (2 s) runs out, while shard 1 is drained and retired with the same lease. Its
+/// last successful read was sent after the migration's `startedAt`: that time is Redis `TIME`
+/// read before the scale-in's compare-and-set, here 200 ms before it (the admin paused between
+/// the two; the test moves `startedAt` back by 200 ms). Without slack the retirement runs while
+/// the producer may still write: a write after the deletion fails inside the producer's lease,
+/// one between the two retirement checks leaves the shard RETIRING with the entry unread.
+/// Expected: no publish fails inside its lease, every entry published is handled, and the
+/// migration completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothing() {
+    use stream_listener::core::connection::RedisConnection;
+    use stream_listener::core::keys::StreamKeys;
+    use stream_listener::core::model::ShardState;
+    use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
+    use stream_listener::{PublishError, Publisher, PublisherOptions, shard_for_key};
+
+    const ROUTING_LEASE: Duration = Duration::from_millis(2000);
+    const CAS_DELAY: Duration = Duration::from_millis(200);
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let listener = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
+    assert!(settled, "{group:#?}");
+
+    let acl = |args: &[&str]| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg("producer").arg(args);
+        cmd
+    };
+    let _: () = acl(&["on", ">pw", "~*", "&*", "+@all"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let producer_url = format!("redis://producer:pw@127.0.0.1:{}", server.port());
+    let producer_conn = RedisConnection::connect(
+        &RedisTarget::Standalone(producer_url),
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    let options = PublisherOptions {
+        refresh_interval: Duration::from_millis(50),
+        routing_lease: ROUTING_LEASE,
+        ..PublisherOptions::default()
+    };
+    let publisher = Publisher::new(producer_conn, STREAM, options)
+        .await
+        .unwrap();
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| shard_for_key(k, 2) == 1)
+        .unwrap();
+    let mut published = vec![
+        publisher
+            .publish(&key, &serde_json::json!({"n": 0}))
+            .await
+            .unwrap(),
+    ];
+    // Past the refresh interval: this publish refreshes first (the producer's last read).
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    published.push(
+        publisher
+            .publish(&key, &serde_json::json!({"n": 1}))
+            .await
+            .unwrap(),
+    );
+    let _: () = acl(&["resetkeys", "~{orders:*"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    admin::scale(&mut conn, STREAM, 1).await.unwrap();
+    let keys = StreamKeys::new(STREAM).unwrap();
+    let mut meta = load_stream_metadata(&mut conn, &keys)
+        .await
+        .unwrap()
+        .unwrap();
+    let revision = meta.revision;
+    let migration = meta.migration.as_mut().unwrap();
+    let started = humantime::parse_rfc3339(&migration.started_at).unwrap();
+    migration.started_at = humantime::format_rfc3339_micros(started - CAS_DELAY).to_string();
+    let written = write_stream_metadata(&mut conn, &keys, Some(revision), &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+
+    // The producer writes to shard 1 every 20 ms until its lease runs out.
+    let producing = tokio::spawn(async move {
+        let mut ok = Vec::new();
+        let mut failed = Vec::new();
+        for n in 2..500u64 {
+            match publisher
+                .publish(&key, &serde_json::json!({ "n": n }))
+                .await
+            {
+                Ok(p) => ok.push(p),
+                Err(PublishError::RoutingLeaseExpired { .. }) => break,
+                Err(error) => failed.push((n, error.to_string())),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (ok, failed)
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(12);
+    let mut reports = Vec::new();
+    let complete = loop {
+        let report = admin::retire_drained(&mut conn, STREAM, ROUTING_LEASE)
+            .await
+            .unwrap();
+        let done = report.migration_complete;
+        if reports.last().map(|r: &(u64, Vec<ShardState>)| &r.1)
+            != Some(&report.shards.iter().map(|s| s.state).collect())
+        {
+            reports.push((now_us(), report.shards.iter().map(|s| s.state).collect()));
+        }
+        if done || std::time::Instant::now() >= deadline {
+            break done;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (ok, failed) = producing.await.unwrap();
+    published.extend(ok);
+    let ids: BTreeSet<(u32, String)> = published
+        .iter()
+        .map(|p| (p.shard, p.entry_id.clone()))
+        .collect();
+    let handled = wait_until(Duration::from_secs(5), || {
+        recorder.handled().is_superset(&ids)
+    })
+    .await;
+    let missing: Vec<_> = ids.difference(&recorder.handled()).cloned().collect();
+    listener.shutdown_and_wait().await;
+    assert!(
+        failed.is_empty(),
+        "publishes failed inside the producer's routing lease (the shard was retired under it): \
+         {failed:?}; retirement states {reports:?}"
+    );
+    assert!(
+        complete,
+        "the migration did not complete: retirement states {reports:?}"
+    );
+    assert!(
+        handled,
+        "{} of {} published entries never handled (stranded): {missing:?}",
+        missing.len(),
+        ids.len()
+    );
+    assert!(
+        ids.len() > 50,
+        "the producer published only {} entries",
+        ids.len()
+    );
+}
+
+/// Issue 14, finding 6, the way out: an entry that landed in a shard after the first retirement
+/// check, once the shard is RETIRING (members stopped reading it), is read by a member: the
+/// retirement puts the shard back to DRAINING, the group assigns it again, the entry is handled,
+/// and the next retirement call retires the shard. The RETIRING state is written as the first
+/// check's compare-and-set writes it; the entry is added once the group no longer reads shard 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires() {
+    use stream_listener::core::keys::StreamKeys;
+    use stream_listener::core::model::ShardState;
+    use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
+
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let listener = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
+    assert!(settled, "{group:#?}");
+    admin::scale(&mut conn, STREAM, 1).await.unwrap();
+    let keys = StreamKeys::new(STREAM).unwrap();
+    let mut meta = load_stream_metadata(&mut conn, &keys)
+        .await
+        .unwrap()
+        .unwrap();
+    let revision = meta.revision;
+    meta.shards[1].state = ShardState::Retiring;
+    meta.metadata_version += 1;
+    let written = write_stream_metadata(&mut conn, &keys, Some(revision), &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+    let (group, released) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
+        converged(g) && !target_of(g).contains_key(&1)
+    })
+    .await;
+    assert!(
+        released,
+        "the group still reads the RETIRING shard: {group:#?}"
+    );
+    let id = xadd_fields(&mut conn, 1, &[("key", "late"), ("payload", r#"{"n":7}"#)]).await;
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut last = None;
+    let complete = loop {
+        let report = admin::retire_drained(&mut conn, STREAM, Duration::ZERO)
+            .await
+            .unwrap();
+        if report.migration_complete {
+            break true;
+        }
+        last = Some(report);
+        if std::time::Instant::now() >= deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let handled = recorder.handled().contains(&(1, id.clone()));
+    listener.shutdown_and_wait().await;
+    assert!(complete, "the migration did not complete: {last:?}");
+    assert!(handled, "the late entry {id} of shard 1 was never handled");
+}
+
+/// Issue 14, finding 2, at run time: two member processes with different `[coordination]`
+/// timings in one group (300 ms / 1.5 s and 2 s / 6 s, rebalance 3 s), under a steady 200 msg/s.
+/// Every member's heartbeat responses must carry its own lease TTL and interval, on the full
+/// transition and on the fast path alike: a 1.5 s member told to heartbeat every 2 s expires
+/// between heartbeats, rejoins, and its shards move while it still handles them, over and over.
+/// Expected: once converged the group stays STABLE for three of the longer leases (18 s), its
+/// `groupEpoch` does not move, no member expires and no shard is assigned or revoked, and every
+/// entry is handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_with_different_timings_stay_stable_under_load() {
+    const LONGER_LEASE: Duration = Duration::from_secs(6);
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let fast_member = MemberProcess::spawn(
+        &server.url(),
+        &["--heartbeat-ms", "300", "--lease-ms", "1500"],
+        recorder.clone(),
+    );
+    let publisher = SteadyPublisher::start(
+        server.client(),
+        (0..4).collect(),
+        Duration::from_millis(20),
+        0,
+    );
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(15), |g| {
+        converged(g) && g.members.iter().filter(|m| m.live).count() == 1
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    // The slower member joins second: its full transitions write the other's fast-path answer.
+    let slow_member = MemberProcess::spawn(
+        &server.url(),
+        &["--heartbeat-ms", "2000", "--lease-ms", "6000"],
+        recorder.clone(),
+    );
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
+    })
+    .await;
+    assert!(settled, "the two members did not converge: {group:#?}");
+    let converged_at = now_us();
+    let epoch = group.group_epoch;
+
+    // Three of the longer leases: every poll must see the same STABLE group.
+    let end = std::time::Instant::now() + LONGER_LEASE * 3;
+    let mut unstable = None;
+    while std::time::Instant::now() < end {
+        let now = describe(&mut conn).await;
+        let live = now.members.iter().filter(|m| m.live).count();
+        if unstable.is_none() && (!converged(&now) || now.group_epoch != epoch || live != 2) {
+            unstable = Some((ms(now_us() - converged_at), now));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let published = publisher.stop();
+    let all_handled = wait_until(Duration::from_secs(15), || {
+        let handled = recorder.handled();
+        published
+            .iter()
+            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+    })
+    .await;
+    let churn: Vec<Ev> = recorder
+        .events()
+        .into_iter()
+        .filter(|e| {
+            matches!(e, Ev::Assigned { .. } | Ev::Revoked { .. }) && e.at_us() > converged_at
+        })
+        .collect();
+    let handled = recorder.handled();
+    fast_member.terminate();
+    slow_member.terminate();
+    assert!(
+        unstable.is_none(),
+        "the group left STABLE (groupEpoch {epoch} at convergence) after {unstable:#?}"
+    );
+    assert!(
+        churn.is_empty(),
+        "assignments changed after convergence: {churn:#?}"
+    );
+    assert!(all_handled, "entries lost");
+    assert_all_handled(&published, &handled);
 }

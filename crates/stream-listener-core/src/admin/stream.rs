@@ -360,11 +360,12 @@ pub async fn cancel_scale(
 #[serde(tag = "reason", rename_all = "camelCase")]
 #[non_exhaustive]
 pub enum WaitReason {
-    /// The producer routing lease has not passed since the shard started draining: a producer
-    /// that read the metadata before the change may still write to it.
+    /// The producer routing lease, and its slack of a fifth, has not passed since the shard
+    /// started draining: a producer that read the metadata before the change may still write
+    /// to it.
     #[serde(rename_all = "camelCase")]
     RoutingLease {
-        /// Time left, ms.
+        /// Time left, slack included, ms.
         remaining_ms: u64,
     },
     /// A consumer group has delivered entries that are not acknowledged.
@@ -407,9 +408,9 @@ impl std::fmt::Display for WaitReason {
 pub struct ShardRetirement {
     /// The shard.
     pub shard_index: ShardIndex,
-    /// Its state after the call: RETIRED when retired, else DRAINING (or RETIRING when the
-    /// emptiness check failed after the point of no return: someone wrote to or read from the
-    /// shard outside stream-listener; it is retried by the next call).
+    /// Its state after the call: RETIRED when retired, else DRAINING (also when it was RETIRING
+    /// and the final check found entries left: a write that landed after the first check, or a
+    /// read after it; it is readable again so members read them, and the next call retries it).
     pub state: ShardState,
     /// Why it is not retired yet; `None` when it was retired.
     pub waiting: Option<WaitReason>,
@@ -429,6 +430,15 @@ pub struct RetireReport {
     pub metadata_version: u64,
     /// The readable shard set after the call (ACTIVE and DRAINING shards).
     pub readable_shard_set: Vec<ShardIndex>,
+}
+
+/// The slack [`retire_drained`] adds to the routing lease: a fifth of it (6 s for the default
+/// 30 s). It covers what the lease alone does not: the migration's `startedAt` is Redis `TIME`
+/// read before the scale-in's compare-and-set, so a producer's metadata read sent in between
+/// still saw the shard ACTIVE and its lease runs past `startedAt + lease`; and an `XADD` sent
+/// just before a producer's lease ends lands a moment later.
+pub(crate) fn routing_lease_slack(routing_lease: Duration) -> Duration {
+    routing_lease / 5
 }
 
 fn duration_us(d: Duration) -> Micros {
@@ -456,18 +466,23 @@ fn parse_started_at(prefix: &str, migration: &Migration) -> Result<Micros, Admin
 }
 
 /// Retires the DRAINING shards of stream `prefix` that every consumer group has finished
-/// (DESIGN.md §10). For each DRAINING shard, once `routing_lease` has passed since draining
-/// started (Redis `TIME` against the migration's `startedAt`):
+/// (DESIGN.md §10). For each DRAINING shard, once `routing_lease` and a slack of a fifth of it
+/// have passed since draining started (Redis `TIME` against the migration's `startedAt`, which is
+/// read before the scale-in's compare-and-set; an `XADD` sent at the end of a producer's lease
+/// lands a moment later):
 ///
 /// 1. a read-only run of the retirement script checks, for every consumer group `XINFO GROUPS`
 ///    lists, `pending = 0` and no entry after its `last-delivered-id` (`XRANGE (<id> + COUNT 1`;
 ///    lag alone is not trusted). Shards that pass become RETIRING by a compare-and-set that bumps
-///    `metadataVersion`: no cancel after this point, and members stop reading them (RETIRING is
+///    `metadataVersion`: no cancel while RETIRING, and members stop reading them (RETIRING is
 ///    not readable, [`ShardState::is_readable`]; nothing is left to read in them);
 /// 2. one script on the shard's slot (keys `{p:i}` and `{p:i}:fence`) checks again and only then
 ///    deletes the stream and its fence;
 /// 3. a compare-and-set marks the deleted shards RETIRED, bumps `metadataVersion`, and clears the
-///    migration when no DRAINING or RETIRING shard is left.
+///    migration when no DRAINING or RETIRING shard is left. A RETIRING shard whose second check
+///    found entries (written or read after the first) becomes DRAINING again in the same
+///    compare-and-set, so members read them: entries are never stranded in a shard no one
+///    reads.
 ///
 /// A crash between the steps is finished by the next call (a RETIRING shard is deleted and
 /// marked RETIRED; an already deleted one only marked). Shards not ready are reported with the
@@ -501,8 +516,8 @@ pub async fn retire_drained(
                         "shards {draining:?} are DRAINING but no migration is recorded"
                     ),
                 })?;
-            let lease_end =
-                parse_started_at(prefix, migration)?.saturating_add(duration_us(routing_lease));
+            let wait = routing_lease.saturating_add(routing_lease_slack(routing_lease));
+            let lease_end = parse_started_at(prefix, migration)?.saturating_add(duration_us(wait));
             let now = scripts::stream_time(conn, &keys).await?;
             let mut clear = Vec::new();
             for shard in draining {
@@ -540,20 +555,25 @@ pub async fn retire_drained(
             }
         }
         let mut deleted = Vec::new();
+        let mut reopened = Vec::new();
         for shard in indexes_in(&meta, ShardState::Retiring) {
             let check = scripts::retire_shard(conn, &keys, shard, true).await?;
             match blocked_reason(check) {
+                // Entries landed after the first check (a late producer write, or a member that
+                // read before it saw RETIRING): no member reads a RETIRING shard, so it goes back
+                // to DRAINING to be read, and the next call retires it.
                 Some(reason) => {
                     waiting.insert(shard, reason);
+                    reopened.push(shard);
                 }
                 // `delete` answers Deleted or Gone when nothing blocks.
                 None => deleted.push(shard),
             }
         }
-        // A migration left recorded with nothing to retire (cleared by `mark_retired`).
+        // A migration left recorded with nothing to retire (cleared by `finish_retiring`).
         let stale_migration = meta.migration.is_some() && !unfinished(&meta);
-        if !deleted.is_empty() || stale_migration {
-            meta = mark_retired(conn, &keys, &deleted).await?;
+        if !deleted.is_empty() || !reopened.is_empty() || stale_migration {
+            meta = finish_retiring(conn, &keys, &deleted, &reopened).await?;
         }
         let shards = involved
             .into_iter()
@@ -599,19 +619,26 @@ fn blocked_reason(check: RetireCheck) -> Option<WaitReason> {
     }
 }
 
-/// Marks the deleted shards RETIRED (they are RETIRING: no cancel can have changed them) and
-/// clears the migration when no DRAINING or RETIRING shard is left; retried on conflicts.
-async fn mark_retired(
+/// Marks the deleted shards RETIRED and the `reopened` ones DRAINING again (both are RETIRING:
+/// no cancel can have changed them), and clears the migration when no DRAINING or RETIRING shard
+/// is left; retried on conflicts.
+async fn finish_retiring(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
     deleted: &[ShardIndex],
+    reopened: &[ShardIndex],
 ) -> Result<StreamMetadata, AdminError> {
     for attempt in 1..=CAS_ATTEMPTS {
         let meta = load_required(conn, keys).await?;
         let mut next = meta.clone();
         for shard in next.shards.iter_mut() {
-            if deleted.contains(&shard.shard_index) && shard.state == ShardState::Retiring {
+            if shard.state != ShardState::Retiring {
+                continue;
+            }
+            if deleted.contains(&shard.shard_index) {
                 shard.state = ShardState::Retired;
+            } else if reopened.contains(&shard.shard_index) {
+                shard.state = ShardState::Draining;
             }
         }
         if !unfinished(&next) {
@@ -627,5 +654,5 @@ async fn mark_retired(
             StreamCas::Conflict => backoff(attempt).await,
         }
     }
-    Err(contended("marking retired shards"))
+    Err(contended("marking retired or reopened shards"))
 }

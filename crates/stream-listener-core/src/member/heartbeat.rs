@@ -89,7 +89,13 @@ impl Member {
                     failures = 0;
                     interval = Duration::from_millis(response.heartbeat_interval_ms.max(1));
                     let changes = self.apply(&response, &request, sent_at);
-                    if self.act(&changes, &mut shards, &response) {
+                    let mut stopped = Vec::new();
+                    if self.act(&changes, &mut shards, &response, &mut stopped) {
+                        return;
+                    }
+                    // The rejoin (next heartbeat) releases this process's holdings at once
+                    // (coordinator rule 4): it goes out only once the stopped tasks are done.
+                    if !stopped.is_empty() && !self.await_stopped(stopped).await {
                         return;
                     }
                 }
@@ -199,15 +205,19 @@ impl Member {
     }
 
     /// Carries out a response's changes. Returns `true` when the member must stop for good.
+    /// Tasks stopped by a fencing status are moved to `stopped`: the caller waits for them
+    /// before the rejoin ([`Self::await_stopped`]).
     fn act(
         &self,
         changes: &Changes,
         shards: &mut BTreeMap<ShardIndex, Running>,
         response: &HeartbeatResponse,
+        stopped: &mut Vec<(ShardIndex, tokio::task::JoinHandle<()>)>,
     ) -> bool {
         if changes.stop_all {
             for (shard, running) in std::mem::take(shards) {
                 running.stop.cancel();
+                stopped.push((shard, running.task));
                 tracing::info!(shard, "shard stopped: fencing status, rejoining");
                 self.event(ListenerEvent::Revoked {
                     member: self.member_id(),
@@ -245,6 +255,37 @@ impl Member {
         // Re-raised tokens are picked up by the shard tasks themselves (they compare the token
         // they raised with the current one before every operation).
         false
+    }
+
+    /// Waits for the shard tasks a fencing status stopped, before the rejoin: a rejoin from the
+    /// same process releases its holdings at once (DESIGN.md §6 coordinator rule 4), so the next
+    /// owner could read while an old handler still runs (a handler that ignores cancellation:
+    /// blocks its thread, or does not return promptly when dropped). Until the join the
+    /// coordinator keeps the holdings of the fenced member (until its lease runs out).
+    ///
+    /// Bounded by `handler_timeout` (a task whose handler honours cancellation ends at once);
+    /// past it the member rejoins anyway, with an error naming the shards whose handler still
+    /// runs (its lease would release them soon as well). Returns `false` when the member was
+    /// shut down meanwhile (no leave: nothing is owned, the lease runs out).
+    async fn await_stopped(&self, stopped: Vec<(ShardIndex, tokio::task::JoinHandle<()>)>) -> bool {
+        let deadline = tokio::time::Instant::now() + self.options.handler_timeout;
+        for (shard, mut task) in stopped {
+            tokio::select! {
+                outcome = tokio::time::timeout_at(deadline, &mut task) => {
+                    if outcome.is_err() {
+                        tracing::error!(
+                            shard,
+                            handler_timeout = ?self.options.handler_timeout,
+                            "a handler stopped by a fencing status still runs after handler_timeout \
+                             (it ignores cancellation): rejoining anyway; the next owner may handle \
+                             entries of this shard while it runs"
+                        );
+                    }
+                }
+                _ = self.shutdown.cancelled() => return false,
+            }
+        }
+        true
     }
 
     fn spawn_shard(&self, shard: ShardIndex) -> Running {

@@ -102,7 +102,7 @@ enum StreamCommand {
         /// Stream prefix.
         prefix: String,
         /// Producers' routing lease: how long a producer may keep routing with metadata read
-        /// before the scale-in (e.g. 30s, 2m).
+        /// before the scale-in (e.g. 30s, 2m); a fifth more is waited as slack.
         #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
         routing_lease: Duration,
     },
