@@ -140,6 +140,11 @@ fn cases() -> Vec<Case> {
             acts: &[HDel(Stream, "schema"), FULL],
             expect: Stops(Some(Stream), "schema"),
         },
+        Case {
+            name: "stream metadata hash of the wrong type",
+            acts: &[WrongType(Stream)],
+            expect: Stops(Some(Stream), "not a hash"),
+        },
         // ---- group hash ----
         Case {
             name: "group meta of the wrong JSON shape",
@@ -186,6 +191,11 @@ fn cases() -> Vec<Case> {
         Case {
             name: "group leaseRevision negative",
             acts: &[HSet(Group, "leaseRevision", "-1")],
+            expect: Stops(Some(Group), "leaseRevision"),
+        },
+        Case {
+            name: "group leaseRevision not a number",
+            acts: &[HSet(Group, "leaseRevision", "1.5")],
             expect: Stops(Some(Group), "leaseRevision"),
         },
         Case {
@@ -290,8 +300,17 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "fence epoch at i64::MAX",
-            acts: &[HSet(Fence, GROUP, "1:9223372036854775807:proc-z:z")],
+            acts: &[HSet(
+                Fence,
+                GROUP,
+                "9007199254740991:9223372036854775807:proc-z:z",
+            )],
             expect: Stops(Some(Fence), "not a fencing token"),
+        },
+        Case {
+            name: "fence epoch at i64::MAX under a lower incarnation (raised over)",
+            acts: &[HSet(Fence, GROUP, "1:9223372036854775807:proc-z:z")],
+            expect: Repairs,
         },
         Case {
             name: "fence below the member's token (a lost raise: raised again)",
@@ -612,15 +631,14 @@ impl Member {
         let mut done = Vec::new();
         let mut problem = None;
         for entry in entries {
-            if entry.field("dlq").is_some() {
-                if let Err(error) = self
+            if entry.field("dlq").is_some()
+                && let Err(error) = self
                     .client
                     .dead_letter(shard, &entry, DeadLetterReason::Handler, "poison", 1)
                     .await
-                {
-                    problem = Some(format!("dead letter: {error}"));
-                    continue;
-                }
+            {
+                problem = Some(format!("dead letter: {error}"));
+                continue;
             }
             done.push(entry.id);
         }

@@ -18,10 +18,14 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 
-use super::stream::{SCHEMA_VERSION, check_schema, load_stream_metadata, parse_u64};
+use super::stream::{
+    SCHEMA_VERSION, check_counter, check_schema, load_stream_metadata, parse_u64, wrong_type,
+};
 use super::{StoreError, scripts};
 use crate::connection::RedisConnection;
-use crate::coordinator::{self, Context, CoordinatorConfig, CoordinatorError, Group, StreamView};
+use crate::coordinator::{
+    self, Context, CoordinatorConfig, CoordinatorError, Group, MAX_TIMING, StreamView,
+};
 use crate::fence::FenceToken;
 use crate::keys::{GroupKeys, StreamKeys};
 use crate::model::{
@@ -129,11 +133,15 @@ impl GroupStore {
     /// [`StoreError::CorruptMetadata`], [`StoreError::Malformed`] when it cannot be read (fail
     /// closed); [`StoreError::Redis`].
     pub async fn load(&mut self) -> Result<LoadedGroup, StoreError> {
-        let (secs, micros, fields, leases): LoadReply = scripts::group_load()
+        let reply: redis::RedisResult<LoadReply> = scripts::group_load()
             .key(self.keys.metadata())
             .key(self.keys.leases())
             .invoke_async(&mut self.conn)
-            .await?;
+            .await;
+        let (secs, micros, fields, leases) = match reply {
+            Ok(reply) => reply,
+            Err(e) => return Err(self.wrong_type(e).await),
+        };
         let now = secs * 1_000_000 + micros;
         let key = self.keys.metadata();
         if fields.is_empty() {
@@ -149,9 +157,7 @@ impl GroupStore {
             Some(v) => parse_u64(&key, "leaseRevision", Some(v))?,
             None => 0,
         };
-        // Scores are whole µs below 2^53, so f64 holds them exactly.
-        let leases: HashMap<String, Micros> =
-            leases.into_iter().map(|(m, s)| (m, s as Micros)).collect();
+        let leases = decode_leases(&self.keys.leases(), leases, now)?;
         let group = decode_group(&key, &fields, &leases, &self.config)?;
         Ok(LoadedGroup {
             group,
@@ -263,7 +269,7 @@ impl GroupStore {
             request.runtime_max_concurrency.max(1),
             owned.iter(),
         );
-        let reply: Vec<String> = scripts::group_fast_path()
+        let reply: redis::RedisResult<Vec<String>> = scripts::group_fast_path()
             .key(self.keys.metadata())
             .key(self.keys.leases())
             .arg(&request.member_id)
@@ -273,7 +279,11 @@ impl GroupStore {
             .arg(stream_version)
             .arg(request.active_consumer_workers)
             .invoke_async(&mut self.conn)
-            .await?;
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => return Err(self.wrong_type(e).await),
+        };
         match reply.first().map(String::as_str) {
             Some("1") => {
                 let json = reply.get(1).map(String::as_str).unwrap_or_default();
@@ -332,8 +342,13 @@ impl GroupStore {
         for entry in &writes.history {
             invocation.arg(entry);
         }
-        let written: i64 = invocation.invoke_async(&mut self.conn).await?;
-        Ok(written == 1)
+        let written: redis::RedisResult<i64> = invocation.invoke_async(&mut self.conn).await;
+        match written {
+            Ok(1) => Ok(true),
+            Ok(-1) => Err(self.wrong_type_now().await),
+            Ok(_) => Ok(false),
+            Err(e) => Err(self.wrong_type(e).await),
+        }
     }
 
     /// This group's fence of each shard (DESIGN.md §8), for a correction round. One `HGET` per
@@ -382,6 +397,31 @@ impl GroupStore {
         }
     }
 
+    /// `error`, or [`StoreError::WrongType`] naming the group key that holds another type.
+    async fn wrong_type(&mut self, error: redis::RedisError) -> StoreError {
+        let (group, leases, history) = (
+            self.keys.metadata(),
+            self.keys.leases(),
+            self.keys.history(),
+        );
+        let keys = [
+            (group.as_str(), "hash", "hash"),
+            (leases.as_str(), "zset", "sorted set"),
+            (history.as_str(), "list", "list"),
+        ];
+        wrong_type(&mut self.conn, error, &keys).await
+    }
+
+    /// The compare-and-set refused to write because a key has another type: which one.
+    async fn wrong_type_now(&mut self) -> StoreError {
+        let error = redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "WRONGTYPE",
+            "a group key holds another type".to_owned(),
+        ));
+        self.wrong_type(error).await
+    }
+
     async fn redis_time(&mut self) -> Result<Micros, StoreError> {
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut self.conn).await?;
         Ok(secs * 1_000_000 + micros)
@@ -392,7 +432,10 @@ impl GroupStore {
     /// # Errors
     /// [`StoreError::Redis`]; [`StoreError::CorruptMetadata`] for an entry that is not JSON.
     pub async fn history(&mut self) -> Result<Vec<MemberMetadata>, StoreError> {
-        let entries: Vec<String> = self.conn.lrange(self.keys.history(), 0, -1).await?;
+        let entries: Vec<String> = match self.conn.lrange(self.keys.history(), 0, -1).await {
+            Ok(entries) => entries,
+            Err(e) => return Err(self.wrong_type(e).await),
+        };
         entries
             .iter()
             .map(|e| {
@@ -437,6 +480,70 @@ fn fingerprint<'a>(
     )
 }
 
+/// The `:leases` scores as expiries in µs. A score is a double: one that is not below
+/// `now + MAX_TIMING` (no lease TTL is longer, so no real lease ends later; `+inf` included)
+/// would keep a dead member's shards forever, and is refused; a negative one is an expired
+/// lease (0): the member renews it or rejoins, so it is safe as it is.
+fn decode_leases(
+    key: &str,
+    leases: Vec<(String, f64)>,
+    now: Micros,
+) -> Result<HashMap<String, Micros>, StoreError> {
+    let horizon = now.saturating_add(duration_us(MAX_TIMING));
+    leases
+        .into_iter()
+        .map(|(member, score)| {
+            // Also refuses NaN (no ordering), though Redis never stores one.
+            if score.partial_cmp(&(horizon as f64)) != Some(std::cmp::Ordering::Less) {
+                return Err(StoreError::malformed(
+                    key,
+                    format!(
+                        "the lease of member {member:?} ends at {score} µs, later than any lease TTL allows (now {now} µs + {} s); remove it (ZREM {key} {member:?}): the member renews its lease or joins again",
+                        MAX_TIMING.as_secs()
+                    ),
+                ));
+            }
+            // Whole µs below 2^53: f64 holds them exactly; negative ones saturate to 0.
+            Ok((member, score as Micros))
+        })
+        .collect()
+}
+
+/// Refuses counters of the group and member JSON at or above the limit (their `+ 1` must not
+/// overflow, and a correction round must be able to go above them).
+fn check_counters(
+    key: &str,
+    meta: &GroupMetadata,
+    members: &BTreeMap<String, MemberMetadata>,
+) -> Result<(), StoreError> {
+    check_counter(key, META, "incarnation", meta.incarnation)?;
+    check_counter(key, META, "groupEpoch", meta.group_epoch.unsigned_abs())?;
+    check_counter(
+        key,
+        META,
+        "assignmentEpoch",
+        meta.assignment_epoch.unsigned_abs(),
+    )?;
+    check_counter(key, META, "metadataVersion", meta.metadata_version)?;
+    for (id, member) in members {
+        let field = format!("{MEMBER}{id}");
+        check_counter(
+            key,
+            &field,
+            "memberEpoch",
+            member.member_epoch.unsigned_abs(),
+        )?;
+        check_counter(key, &field, "lastRequestSeq", member.last_request_seq)?;
+        check_counter(
+            key,
+            &field,
+            "memberLeaseExpiresAt",
+            member.member_lease_expires_at,
+        )?;
+    }
+    Ok(())
+}
+
 fn decode_group(
     key: &str,
     fields: &HashMap<String, String>,
@@ -463,6 +570,7 @@ fn decode_group(
         apply_fast_path_state(key, fields, id, &mut member)?;
         members.insert(id.to_owned(), member);
     }
+    check_counters(key, &meta, &members)?;
     Ok(Group {
         meta,
         members,
