@@ -800,3 +800,59 @@ async fn garbage_in_any_coordination_key_is_repaired_or_stops_with_a_clear_error
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A compare-and-set that meets a `:history` (or `:leases`) key of the wrong type writes nothing
+/// and names the key: before the check, `LPUSH` failed after the script had already written the
+/// group hash (a new revision, the member deleted), and the heartbeat reported a Redis error.
+#[tokio::test]
+async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = RedisConnection::connect(
+        &RedisTarget::Standalone(server.url()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let prefix = "history";
+    admin::create_stream(&mut conn, prefix, SHARDS)
+        .await
+        .unwrap();
+    admin::register_group(&mut conn, prefix, GROUP, StartFrom::Earliest)
+        .await
+        .unwrap();
+    let mut member = Member::new(conn.clone(), prefix);
+    member.settle(&BTreeSet::new()).await.unwrap();
+    let history = key_name(prefix, Key::History);
+    let group = key_name(prefix, Key::Group);
+    let _: () = conn.set(&history, "garbage").await.unwrap();
+    let before: BTreeMap<String, String> = conn.hgetall(&group).await.unwrap();
+    // Leaving sends the member to the history.
+    let leave = HeartbeatRequest {
+        member_id: MEMBER.into(),
+        member_name: "corruption".into(),
+        instance_id: None,
+        process_id: PROCESS.into(),
+        request_seq: member.seq + 1,
+        member_epoch: -1,
+        metadata_version: member.metadata_version,
+        runtime_max_concurrency: 1,
+        active_consumer_workers: 0,
+        owned_shards: Vec::new(),
+        revoking_shards: Vec::new(),
+        fence_conflicts: Vec::new(),
+        protocol_version: PROTOCOL_VERSION,
+    };
+    let err = member.store().heartbeat(&leave).await.unwrap_err();
+    assert!(
+        matches!(&err, stream_listener::core::store::StoreError::WrongType { key, .. } if *key == history),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not a list"), "{err}");
+    let after: BTreeMap<String, String> = conn.hgetall(&group).await.unwrap();
+    assert_eq!(after, before, "nothing written");
+    let _: () = conn.del(&history).await.unwrap();
+    let left = member.store().heartbeat(&leave).await.unwrap();
+    assert_eq!(left.response.status, HeartbeatStatus::Ok);
+    let history_len: usize = conn.llen(&history).await.unwrap();
+    assert_eq!(history_len, 1);
+}
