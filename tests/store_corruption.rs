@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::coordinator::CoordinatorConfig;
+use stream_listener::core::coordinator::{CoordinatorConfig, CoordinatorError};
 use stream_listener::core::dataplane::{
     DeadLetterReason, Fenced, FencingMode, ReadOutcome, ShardClient, ShardEntry,
 };
@@ -27,7 +27,7 @@ use stream_listener::core::model::{
     FenceConflict, HeartbeatRequest, HeartbeatStatus, PROTOCOL_VERSION, RevokeState, RevokingShard,
     StartFrom,
 };
-use stream_listener::core::store::GroupStore;
+use stream_listener::core::store::{GroupStore, StoreError};
 use stream_listener::testing::RedisServer;
 
 const GROUP: &str = "g";
@@ -236,6 +236,11 @@ fn cases() -> Vec<Case> {
             name: "fastseq at u64::MAX",
             acts: &[HSet(Group, "fastseq:a", "18446744073709551615")],
             expect: Stops(Some(Group), "fastseq:a"),
+        },
+        Case {
+            name: "fastseq far ahead (the member continues above it)",
+            acts: &[HSet(Group, "fastseq:a", "123456789012345")],
+            expect: Repairs,
         },
         Case {
             name: "fastseq negative (the fast path writes over it)",
@@ -553,6 +558,12 @@ impl Member {
                     }
                 }
             }
+            // A sequence behind the recorded one: continue above it, as the runtime does.
+            Err(StoreError::Coordinator(CoordinatorError::StaleRequestSeq { last, .. }))
+                if last > self.seq =>
+            {
+                self.seq = last;
+            }
             Err(error) => problems.push(format!("heartbeat: {error}")),
         }
         if let Err(error) = store.load().await {
@@ -844,7 +855,7 @@ async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
     };
     let err = member.store().heartbeat(&leave).await.unwrap_err();
     assert!(
-        matches!(&err, stream_listener::core::store::StoreError::WrongType { key, .. } if *key == history),
+        matches!(&err, StoreError::WrongType { key, .. } if *key == history),
         "{err}"
     );
     assert!(err.to_string().contains("not a list"), "{err}");

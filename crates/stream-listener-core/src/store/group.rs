@@ -131,7 +131,9 @@ impl GroupStore {
     /// # Errors
     /// [`StoreError::MissingGroup`] when the hash does not exist; [`StoreError::UnknownSchema`],
     /// [`StoreError::CorruptMetadata`], [`StoreError::Malformed`] when it cannot be read (fail
-    /// closed); [`StoreError::Redis`].
+    /// closed: a counter at or above [`crate::model::COUNTER_LIMIT`] and a lease later than any
+    /// TTL allows included); [`StoreError::WrongType`] when the group hash or `:leases` holds
+    /// another Redis type; [`StoreError::Redis`].
     pub async fn load(&mut self) -> Result<LoadedGroup, StoreError> {
         let reply: redis::RedisResult<LoadReply> = scripts::group_load()
             .key(self.keys.metadata())
@@ -174,7 +176,9 @@ impl GroupStore {
     ///
     /// # Errors
     /// [`StoreError::Coordinator`] for a malformed or stale request; [`StoreError::MissingStream`],
-    /// [`StoreError::MissingGroup`], corrupt metadata (fail closed); [`StoreError::Redis`].
+    /// [`StoreError::MissingGroup`], corrupt metadata (fail closed, naming key and field: a
+    /// malformed fast-path field falls back to the full transition, which rewrites it or names
+    /// it), [`StoreError::WrongType`]; [`StoreError::Redis`].
     pub async fn heartbeat(
         &mut self,
         request: &HeartbeatRequest,
@@ -361,7 +365,18 @@ impl GroupStore {
         for shard in shards {
             pipe.hget(self.stream_keys.fence(*shard), self.keys.group());
         }
-        let values: Vec<Option<String>> = pipe.query_async(&mut self.conn).await?;
+        let values: Vec<Option<String>> = match pipe.query_async(&mut self.conn).await {
+            Ok(values) => values,
+            Err(e) => {
+                let fences: Vec<String> =
+                    shards.iter().map(|s| self.stream_keys.fence(*s)).collect();
+                let keys: Vec<(&str, &str, &'static str)> = fences
+                    .iter()
+                    .map(|k| (k.as_str(), "hash", "hash"))
+                    .collect();
+                return Err(wrong_type(&mut self.conn, e, &keys).await);
+            }
+        };
         Ok(shards
             .iter()
             .zip(values)
@@ -430,7 +445,8 @@ impl GroupStore {
     /// The group's history, newest first (EXPIRED / FENCED / LEFT members).
     ///
     /// # Errors
-    /// [`StoreError::Redis`]; [`StoreError::CorruptMetadata`] for an entry that is not JSON.
+    /// [`StoreError::Redis`]; [`StoreError::CorruptMetadata`] for an entry that is not JSON;
+    /// [`StoreError::WrongType`] when `:history` is not a list.
     pub async fn history(&mut self) -> Result<Vec<MemberMetadata>, StoreError> {
         let entries: Vec<String> = match self.conn.lrange(self.keys.history(), 0, -1).await {
             Ok(entries) => entries,

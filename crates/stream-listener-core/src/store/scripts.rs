@@ -125,7 +125,7 @@ if string.sub(entry, 1, nl - 1) ~= ARGV[2] then return {'0'} end
 local seq = tonumber(ARGV[3])
 local last = tonumber(redis.call('HGET', h, 'fastseq:' .. ARGV[1]) or '0')
 if not last or last >= 9007199254740992 then return {'0'} end
-if seq < last then return {'2', tostring(last)} end
+if seq < last then return {'2', string.format('%.0f', last)} end
 local response = string.sub(entry, nl + 1)
 if seq == last then return {'1', response} end
 local ttl = tonumber(ARGV[4])

@@ -104,7 +104,9 @@ pub(crate) async fn wrong_type(
 /// # Errors
 /// [`StoreError::Redis`] when Redis fails; [`StoreError::UnknownSchema`],
 /// [`StoreError::CorruptMetadata`] or [`StoreError::Malformed`] when the hash exists but cannot be
-/// read (fail closed: it is never rebuilt silently).
+/// read (fail closed: it is never rebuilt silently; a counter at or above
+/// [`crate::model::COUNTER_LIMIT`] or a shard index at `u32::MAX` included);
+/// [`StoreError::WrongType`] when the key is not a hash.
 pub async fn load_stream_metadata(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
@@ -144,7 +146,8 @@ pub async fn load_stream_metadata(
 /// stream metadata does not exist.
 ///
 /// # Errors
-/// [`StoreError::Redis`]; [`StoreError::Malformed`] when the field is not a number.
+/// [`StoreError::Redis`]; [`StoreError::Malformed`] when the field is not a number below
+/// [`crate::model::COUNTER_LIMIT`]; [`StoreError::WrongType`] when the key is not a hash.
 pub async fn read_metadata_version(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
@@ -164,7 +167,9 @@ pub async fn read_metadata_version(
 /// `sl:streams` index (a separate command: the index is rebuildable, never a source of truth).
 ///
 /// # Errors
-/// [`StoreError::Redis`] when Redis fails; nothing is written then.
+/// [`StoreError::Redis`] when Redis fails; nothing is written then, except when only the index
+/// update failed ([`StoreError::WrongType`] when `sl:streams` is not a set): the metadata is
+/// written, and the index is rebuildable.
 pub async fn write_stream_metadata(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
@@ -189,6 +194,11 @@ pub async fn write_stream_metadata(
         return Ok(StreamCas::Conflict);
     }
     *meta = candidate;
-    let _: i64 = conn.sadd(STREAMS_INDEX_KEY, keys.prefix()).await?;
+    if let Err(e) = conn
+        .sadd::<_, _, i64>(STREAMS_INDEX_KEY, keys.prefix())
+        .await
+    {
+        return Err(wrong_type(conn, e, &[(STREAMS_INDEX_KEY, "set", "set")]).await);
+    }
     Ok(StreamCas::Written)
 }
