@@ -11,7 +11,10 @@
 //! [`ShardClient`]), so each step's errors are seen as the runtime sees them. Each heartbeat uses
 //! a fresh store, as a restarted member would, so no cached stream view hides a corrupt value.
 
+mod member_support;
+
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -866,4 +869,144 @@ async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
     assert_eq!(left.response.status, HeartbeatStatus::Ok);
     let history_len: usize = conn.llen(&history).await.unwrap();
     assert_eq!(history_len, 1);
+}
+
+/// The same through the member runtime: garbage in `steady` and every `fast:<id>` while a
+/// listener reads. Before the fix every heartbeat was a Lua error, the lease lapsed and the
+/// member stopped reading for good; now the fast path falls back, the full transition rewrites
+/// both, and the member keeps its shards and handles everything. Then a `fastseq:<id>` that is
+/// not a number: the member's heartbeats fail with a typed error naming the field (reads stop
+/// when the lease ends); once an operator deletes the field, it goes on and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_survives_garbage_in_the_fast_path_fields() {
+    use member_support as ms;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = ms::connect(&target).await;
+    admin::create_stream(&mut conn, ms::STREAM, 4)
+        .await
+        .unwrap();
+    let recorder = Arc::new(ms::Recorder::default());
+    let handle = ms::start_recording(&target, &recorder, ms::options(1), Duration::ZERO).await;
+    let (_, converged) =
+        ms::wait_for_group(&mut conn, Duration::from_secs(10), ms::converged).await;
+    assert!(converged, "the group did not converge");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut published = ms::preload(&client, &[0, 1, 2, 3], 10, 0);
+    let all_handled = |recorder: &ms::Recorder, published: &[ms::Published]| {
+        let handled = recorder.handled();
+        published
+            .iter()
+            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+    };
+    assert!(
+        ms::wait_until(Duration::from_secs(10), || all_handled(
+            &recorder, &published
+        ))
+        .await
+    );
+
+    let group = StreamKeys::new(ms::STREAM)
+        .unwrap()
+        .group(ms::GROUP)
+        .unwrap()
+        .metadata();
+    let revoked_before = recorder
+        .events()
+        .iter()
+        .filter(|e| matches!(e, ms::Ev::Revoked { .. }))
+        .count();
+    let fields: Vec<String> = conn.hkeys(&group).await.unwrap();
+    let _: () = conn.hset(&group, "steady", "garbage").await.unwrap();
+    for field in fields.iter().filter(|f| f.starts_with("fast:")) {
+        let _: () = conn.hset(&group, field, "no newline").await.unwrap();
+    }
+    // The full transition rewrites both (before the fix every heartbeat failed, the lease lapsed
+    // and nothing was rewritten).
+    let mut rewritten = false;
+    for _ in 0..250 {
+        let now: BTreeMap<String, String> = conn.hgetall(&group).await.unwrap();
+        rewritten = now.get("steady").is_some_and(|v| v.contains('|'))
+            && now
+                .iter()
+                .filter(|(f, _)| f.starts_with("fast:"))
+                .all(|(_, v)| v.contains('\n'));
+        if rewritten {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(rewritten, "steady and fast:<id> were not rewritten");
+    published.extend(ms::preload(&client, &[0, 1, 2, 3], 10, 100));
+    assert!(
+        ms::wait_until(Duration::from_secs(5), || all_handled(
+            &recorder, &published
+        ))
+        .await,
+        "entries published after the garbage were not handled"
+    );
+    let revoked_after = recorder
+        .events()
+        .iter()
+        .filter(|e| matches!(e, ms::Ev::Revoked { .. }))
+        .count();
+    assert_eq!(revoked_after, revoked_before, "the member gave shards up");
+
+    // A value the store cannot repair: a typed error until it is deleted.
+    let seq_fields: Vec<String> = conn.hkeys(&group).await.unwrap();
+    let seq_fields: Vec<&String> = seq_fields
+        .iter()
+        .filter(|f| f.starts_with("fastseq:"))
+        .collect();
+    assert!(!seq_fields.is_empty());
+    for field in &seq_fields {
+        let _: () = conn.hset(&group, *field, "many").await.unwrap();
+    }
+    let mut store = GroupStore::new(
+        conn.clone(),
+        StreamKeys::new(ms::STREAM).unwrap(),
+        StreamKeys::new(ms::STREAM)
+            .unwrap()
+            .group(ms::GROUP)
+            .unwrap(),
+        ms::fast(),
+    );
+    let err = store.load().await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Malformed { key, detail } if *key == group && detail.contains("fastseq:")),
+        "{err}"
+    );
+    published.extend(ms::preload(&client, &[0, 1, 2, 3], 5, 200));
+    // Its heartbeats fail (full path: the typed error) until its lease has run out.
+    let leases = StreamKeys::new(ms::STREAM)
+        .unwrap()
+        .group(ms::GROUP)
+        .unwrap()
+        .leases();
+    let mut lapsed = false;
+    for _ in 0..500 {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        let scores: Vec<(String, f64)> = conn.zrange_withscores(&leases, 0, -1).await.unwrap();
+        lapsed = scores
+            .iter()
+            .all(|(_, s)| *s <= (secs * 1_000_000 + micros) as f64);
+        if lapsed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(lapsed, "the member's heartbeats went on succeeding");
+    for field in &seq_fields {
+        let _: () = conn.hdel(&group, *field).await.unwrap();
+    }
+    published.extend(ms::preload(&client, &[0, 1, 2, 3], 5, 300));
+    assert!(
+        ms::wait_until(Duration::from_secs(15), || all_handled(
+            &recorder, &published
+        ))
+        .await,
+        "entries were lost after the repair"
+    );
+    handle.shutdown();
+    handle.join().await;
 }
