@@ -94,6 +94,10 @@ fn set_json(value: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
     json.to_string()
 }
 
+/// µs since 1970 in the year 2223: a valid counter (below 2^53), but later than any deadline
+/// the coordinator sets (now + at most a day).
+const FAR_FUTURE: u64 = 8_000_000_000_000_000;
+
 /// The full path runs only when the fast path does not answer: deleting `steady` forces it.
 const FULL: Act = Act::HDel(Key::Group, "steady");
 
@@ -173,6 +177,45 @@ fn cases() -> Vec<Case> {
                 FULL,
             ],
             expect: Stops(Some(Group), "groupEpoch"),
+        },
+        Case {
+            name: "group handOutNotBefore in 2223 (no shard handed out for two centuries)",
+            acts: &[
+                Edit(Group, "meta", |v| {
+                    set_json(v, |j| j["handOutNotBefore"] = FAR_FUTURE.into())
+                }),
+                FULL,
+            ],
+            expect: Stops(Some(Group), "handOutNotBefore"),
+        },
+        Case {
+            name: "correction round that ends in 2223",
+            acts: &[
+                Edit(Group, "meta", |v| {
+                    set_json(v, |j| {
+                        j["correctionRound"] = serde_json::json!({
+                            "startedAt": 1, "notBeforeEnd": FAR_FUTURE,
+                            "baseEpoch": 1, "syncedMembers": []
+                        })
+                    })
+                }),
+                FULL,
+            ],
+            expect: Stops(Some(Group), "notBeforeEnd"),
+        },
+        Case {
+            name: "old process holding a shard until 2223",
+            acts: &[
+                Edit(Group, "member:a", |v| {
+                    set_json(v, |j| {
+                        j["oldProcessHoldings"] = serde_json::json!([
+                            {"processId": "proc-old", "shards": [0], "leaseExpiresAt": FAR_FUTURE}
+                        ])
+                    })
+                }),
+                FULL,
+            ],
+            expect: Stops(Some(Group), "member:a"),
         },
         Case {
             name: "member not JSON",

@@ -160,7 +160,7 @@ impl GroupStore {
             None => 0,
         };
         let leases = decode_leases(&self.keys.leases(), leases, now)?;
-        let group = decode_group(&key, &fields, &leases, &self.config)?;
+        let group = decode_group(&key, &fields, &leases, &self.config, now)?;
         Ok(LoadedGroup {
             group,
             now,
@@ -526,12 +526,35 @@ fn decode_leases(
 }
 
 /// Refuses counters of the group and member JSON at or above the limit (their `+ 1` must not
-/// overflow, and a correction round must be able to go above them).
+/// overflow, and a correction round must be able to go above them), and deadlines later than
+/// `now + MAX_TIMING`: the coordinator sets each to now plus one timing (a lease TTL, the
+/// rebalance timeout), so a later one is corrupt and would hold shards back, or keep a round
+/// open, for as long as it says.
 fn check_counters(
     key: &str,
     meta: &GroupMetadata,
     members: &BTreeMap<String, MemberMetadata>,
+    now: Micros,
 ) -> Result<(), StoreError> {
+    let horizon = now.saturating_add(duration_us(MAX_TIMING));
+    let deadline = |field: &str, name: &str, value: Micros| {
+        if value <= horizon {
+            return Ok(());
+        }
+        Err(StoreError::malformed(
+            key,
+            format!(
+                "{name} {value} in field {field} is later than any timing allows (now {now} µs + {} s)",
+                MAX_TIMING.as_secs()
+            ),
+        ))
+    };
+    if let Some(at) = meta.hand_out_not_before {
+        deadline(META, "handOutNotBefore", at)?;
+    }
+    if let Some(round) = &meta.correction_round {
+        deadline(META, "correctionRound.notBeforeEnd", round.not_before_end)?;
+    }
     check_counter(key, META, "incarnation", meta.incarnation)?;
     check_counter(key, META, "groupEpoch", meta.group_epoch.unsigned_abs())?;
     check_counter(
@@ -550,12 +573,21 @@ fn check_counters(
             member.member_epoch.unsigned_abs(),
         )?;
         check_counter(key, &field, "lastRequestSeq", member.last_request_seq)?;
-        check_counter(
-            key,
+        deadline(
             &field,
             "memberLeaseExpiresAt",
             member.member_lease_expires_at,
         )?;
+        if let Some(at) = member.revoke_deadline {
+            deadline(&field, "revokeDeadline", at)?;
+        }
+        for holding in &member.old_process_holdings {
+            deadline(
+                &field,
+                "oldProcessHoldings.leaseExpiresAt",
+                holding.lease_expires_at,
+            )?;
+        }
     }
     Ok(())
 }
@@ -565,6 +597,7 @@ fn decode_group(
     fields: &HashMap<String, String>,
     leases: &HashMap<String, Micros>,
     config: &CoordinatorConfig,
+    now: Micros,
 ) -> Result<Group, StoreError> {
     let json = fields
         .get(META)
@@ -586,7 +619,7 @@ fn decode_group(
         apply_fast_path_state(key, fields, id, &mut member)?;
         members.insert(id.to_owned(), member);
     }
-    check_counters(key, &meta, &members)?;
+    check_counters(key, &meta, &members, now)?;
     Ok(Group {
         meta,
         members,
