@@ -99,9 +99,9 @@ return 1
 /// the full transition must run: the group is not STABLE, the stream changed, a deadline or the
 /// earliest lease has passed, every lease is old (an outage to re-arm), or the request differs
 /// from the member's steady fingerprint. A malformed `steady`, `fast:<id>`, `fastseq:<id>` or
-/// `leaseRevision` (no separator, not a number, at or above 2^53) also answers {'0'}, before
-/// anything is written: the full transition rewrites the first two, and names the others in a
-/// typed error.
+/// `leaseRevision` (no separator, not a number, negative, NaN, at or above 2^53) also answers
+/// {'0'}, before anything is written: the full transition rewrites the first two, and names the
+/// others in a typed error.
 pub(crate) fn group_fast_path() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
@@ -113,7 +113,7 @@ local sep = string.find(steady, '|', 1, true)
 if not sep then return {'0'} end
 if string.sub(steady, 1, sep - 1) ~= ARGV[5] then return {'0'} end
 local deadline = tonumber(string.sub(steady, sep + 1))
-if not deadline then return {'0'} end
+if not deadline or not (deadline >= 0 and deadline < 9007199254740992) then return {'0'} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if deadline > 0 and now >= deadline then return {'0'} end
