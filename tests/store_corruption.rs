@@ -1091,6 +1091,14 @@ async fn a_listener_survives_garbage_in_the_fast_path_fields() {
         .group(ms::GROUP)
         .unwrap()
         .leases();
+    // Counting the group loads (one HGETALL each: nothing else here sends one) shows the failing
+    // heartbeats back off instead of looping.
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let window = std::time::Instant::now();
     let mut lapsed = false;
     for _ in 0..500 {
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
@@ -1104,6 +1112,22 @@ async fn a_listener_survives_garbage_in_the_fast_path_fields() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(lapsed, "the member's heartbeats went on succeeding");
+    let elapsed = window.elapsed();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let loads: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hgetall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap());
+    let bound = 2 * (elapsed.as_millis() / ms::HEARTBEAT.as_millis()) as u64 + 2;
+    assert!(
+        (1..=bound).contains(&loads),
+        "{loads} group loads in {elapsed:?} (at most {bound}: one per heartbeat interval)"
+    );
     for field in &seq_fields {
         let _: () = conn.hdel(&group, *field).await.unwrap();
     }
