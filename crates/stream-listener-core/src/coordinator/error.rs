@@ -50,12 +50,12 @@ pub enum CoordinatorError {
         /// Exclusive upper bound of known shard indexes.
         bound: ShardIndex,
     },
-    /// A counter at or above [`crate::model::COUNTER_LIMIT`] (2^53): in the request (an epoch, a
+    /// A counter at or above [`crate::model::COUNTER_LIMIT`] (2^62): in the request (an epoch, a
     /// sequence, a version, a fence conflict read from a corrupt fence), or met while starting a
     /// correction round. No real history reaches it, and the next incarnation or epoch could not
     /// be above it: nothing was changed.
     #[error(
-        "{field} is {value}, at or above 2^53, which no real history reaches: it comes from a corrupt value (a fence field or metadata written by hand?); delete or fix that value"
+        "{field} is {value}, at or above 2^62, which no real history reaches: it comes from a corrupt value (a fence field or metadata written by hand?); delete or fix that value"
     )]
     CounterAtLimit {
         /// The request field or counter (`memberEpoch`, `requestSeq`, `metadataVersion`,

@@ -519,7 +519,7 @@ fn decode_leases(
                     ),
                 ));
             }
-            // Whole µs below 2^53: f64 holds them exactly; negative ones saturate to 0.
+            // Whole µs below 2^53 (now + a day): f64 holds them exactly; negative ones saturate to 0.
             Ok((member, score as Micros))
         })
         .collect()

@@ -99,9 +99,9 @@ return 1
 /// the full transition must run: the group is not STABLE, the stream changed, a deadline or the
 /// earliest lease has passed, every lease is old (an outage to re-arm), or the request differs
 /// from the member's steady fingerprint. A malformed `steady`, `fast:<id>`, `fastseq:<id>` or
-/// `leaseRevision` (no separator, not a number, negative, NaN, at or above 2^53) also answers
-/// {'0'}, before anything is written: the full transition rewrites the first two, and names the
-/// others in a typed error.
+/// `leaseRevision` (no separator, not a number, negative, NaN, too large for Lua's doubles or
+/// `HINCRBY`) also answers {'0'}, before anything is written: the full transition rewrites the
+/// first two, and names the others in a typed error.
 pub(crate) fn group_fast_path() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
@@ -130,7 +130,7 @@ local response = string.sub(entry, nl + 1)
 if seq == last then return {'1', response} end
 local ttl = tonumber(ARGV[4])
 local lr = redis.call('HGET', h, 'leaseRevision') or '0'
-if not string.match(lr, '^%d+$') or #lr > 15 then return {'0'} end
+if not string.match(lr, '^%d+$') or #lr > 18 then return {'0'} end
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 if first[2] == nil or tonumber(first[2]) <= now then return {'0'} end

@@ -34,8 +34,7 @@ pub(crate) fn check_schema(key: &str, found: Option<&String>) -> Result<(), Stor
     }
 }
 
-/// A stored counter: a decimal below [`COUNTER_LIMIT`] (the store adds 1 to revisions, and Lua
-/// compares these as doubles), else [`StoreError::Malformed`] naming key and field.
+/// A stored counter: a decimal below [`COUNTER_LIMIT`] (the store adds 1 to revisions), else [`StoreError::Malformed`] naming key and field.
 pub(crate) fn parse_u64(key: &str, field: &str, value: Option<&String>) -> Result<u64, StoreError> {
     let value =
         value.ok_or_else(|| StoreError::malformed(key, format!("field {field} is missing")))?;
@@ -46,7 +45,7 @@ pub(crate) fn parse_u64(key: &str, field: &str, value: Option<&String>) -> Resul
         .ok_or_else(|| {
             StoreError::malformed(
                 key,
-                format!("field {field} is {value:?}, not a number below 2^53"),
+                format!("field {field} is {value:?}, not a number below 2^62"),
             )
         })
 }
@@ -64,7 +63,7 @@ pub(crate) fn check_counter(
     Err(StoreError::malformed(
         key,
         format!(
-            "{name} {value} in field {field} is at or above 2^53, which no real history reaches"
+            "{name} {value} in field {field} is at or above 2^62, which no real history reaches"
         ),
     ))
 }
