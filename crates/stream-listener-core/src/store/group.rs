@@ -647,15 +647,17 @@ fn apply_fast_path_state(
     if !same_process {
         return Ok(());
     }
-    let seq = parse_u64(key, &seq_field, Some(seq))?;
+    let seq = parse_u64(key, &seq_field, Some(seq)).map_err(|e| fast_path_cache(e, key))?;
     if seq <= member.last_request_seq {
         return Ok(());
     }
     member.last_request_seq = seq;
     let workers_field = format!("{FAST_WORKERS}{id}");
     if let Some(workers) = fields.get(&workers_field) {
-        member.active_consumer_workers =
-            u32::try_from(parse_u64(key, &workers_field, Some(workers))?).unwrap_or(u32::MAX);
+        member.active_consumer_workers = u32::try_from(
+            parse_u64(key, &workers_field, Some(workers)).map_err(|e| fast_path_cache(e, key))?,
+        )
+        .unwrap_or(u32::MAX);
     }
     if let Some((_, json)) = entry.and_then(|e| e.split_once('\n')) {
         let response = serde_json::from_str(json)
@@ -663,6 +665,18 @@ fn apply_fast_path_state(
         member.last_response = Some(response);
     }
     Ok(())
+}
+
+/// A malformed fast-path field: deleting that field (not the key) is the repair, since the
+/// next full transition writes it again.
+fn fast_path_cache(error: StoreError, key: &str) -> StoreError {
+    match error {
+        StoreError::Malformed { detail, .. } => StoreError::malformed(
+            key,
+            format!("{detail} (fast-path state: delete just this field with HDEL)"),
+        ),
+        other => other,
+    }
 }
 
 /// The changed fields of one transition.

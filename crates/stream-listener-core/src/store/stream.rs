@@ -34,7 +34,8 @@ pub(crate) fn check_schema(key: &str, found: Option<&String>) -> Result<(), Stor
     }
 }
 
-/// A stored counter: a decimal below [`COUNTER_LIMIT`] (the store adds 1 to revisions), else [`StoreError::Malformed`] naming key and field.
+/// A stored counter: a decimal below [`COUNTER_LIMIT`] (the store adds 1 to revisions), else
+/// [`StoreError::Malformed`] naming key and field.
 pub(crate) fn parse_u64(key: &str, field: &str, value: Option<&String>) -> Result<u64, StoreError> {
     let value =
         value.ok_or_else(|| StoreError::malformed(key, format!("field {field} is missing")))?;
