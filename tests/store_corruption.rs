@@ -292,7 +292,7 @@ fn cases() -> Vec<Case> {
             acts: &[Edit(Group, "fast:a", |v| {
                 format!("{}\n{{broken", v.split_once('\n').unwrap().0)
             })],
-            expect: Stops(Some(Group), "fast:a"),
+            expect: Repairs,
         },
         Case {
             name: "fastseq not a number",

@@ -291,14 +291,19 @@ impl GroupStore {
         match reply.first().map(String::as_str) {
             Some("1") => {
                 let json = reply.get(1).map(String::as_str).unwrap_or_default();
-                let response = serde_json::from_str(json).map_err(|e| {
-                    StoreError::corrupt(
-                        &self.keys.metadata(),
-                        &format!("{FAST}{}", request.member_id),
-                        e,
-                    )
-                })?;
-                Ok(Some(response))
+                match serde_json::from_str(json) {
+                    Ok(response) => Ok(Some(response)),
+                    // Derived data: the full transition answers and writes it again.
+                    Err(error) => {
+                        tracing::warn!(
+                            key = %self.keys.metadata(),
+                            field = %format!("{FAST}{}", request.member_id),
+                            %error,
+                            "fast-path response is not JSON; the full transition rewrites it"
+                        );
+                        Ok(None)
+                    }
+                }
             }
             Some("2") => {
                 let last = reply.get(1).and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -639,14 +644,26 @@ fn apply_fast_path_state(
         return Ok(());
     };
     // Only the fast path's answers to this process count: a static member's new process
-    // starts its sequence again, and an old process's entry must not make it look stale.
-    let entry = fields.get(&format!("{FAST}{id}"));
-    let same_process = entry
-        .and_then(|e| e.split_once('|'))
+    // starts its sequence again, and an old process's entry must not make it look stale. An
+    // entry that is not `<fingerprint>\n<response JSON>` is no answer either: it is ignored
+    // as if absent (what deleting it would do), and the full transition writes it again.
+    let field = format!("{FAST}{id}");
+    let Some((print, json)) = fields.get(&field).and_then(|e| e.split_once('\n')) else {
+        return Ok(());
+    };
+    let same_process = print
+        .split_once('|')
         .is_some_and(|(process, _)| process == member.process_id);
     if !same_process {
         return Ok(());
     }
+    let response = match serde_json::from_str(json) {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::warn!(key, %field, %error, "fast-path response is not JSON: ignored, the full transition rewrites it");
+            return Ok(());
+        }
+    };
     let seq = parse_u64(key, &seq_field, Some(seq)).map_err(|e| fast_path_cache(e, key))?;
     if seq <= member.last_request_seq {
         return Ok(());
@@ -659,11 +676,7 @@ fn apply_fast_path_state(
         )
         .unwrap_or(u32::MAX);
     }
-    if let Some((_, json)) = entry.and_then(|e| e.split_once('\n')) {
-        let response = serde_json::from_str(json)
-            .map_err(|e| StoreError::corrupt(key, &format!("{FAST}{id}"), e))?;
-        member.last_response = Some(response);
-    }
+    member.last_response = Some(response);
     Ok(())
 }
 
