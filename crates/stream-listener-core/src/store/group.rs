@@ -501,7 +501,7 @@ fn fingerprint<'a>(
     )
 }
 
-/// The `:leases` scores as expiries in µs. A score is a double: one that is not below
+/// The `:leases` scores as expiries in µs. A score is a double: one later than
 /// `now + MAX_TIMING` (no lease TTL is longer, so no real lease ends later; `+inf` included)
 /// would keep a dead member's shards forever, and is refused; a negative one is an expired
 /// lease (0): the member renews it or rejoins, so it is safe as it is.
@@ -515,7 +515,10 @@ fn decode_leases(
         .into_iter()
         .map(|(member, score)| {
             // Also refuses NaN (no ordering), though Redis never stores one.
-            if score.partial_cmp(&(horizon as f64)) != Some(std::cmp::Ordering::Less) {
+            if !matches!(
+                score.partial_cmp(&(horizon as f64)),
+                Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+            ) {
                 return Err(StoreError::malformed(
                     key,
                     format!(
