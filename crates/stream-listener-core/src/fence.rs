@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Epoch, Micros};
+use crate::model::{COUNTER_LIMIT, Epoch, Micros};
 
 /// A fencing token: `(incarnation, memberEpoch, memberId, processId)` as of the heartbeat response
 /// that gave the member the shard. Tokens are ordered by `(incarnation, memberEpoch)` only; two
@@ -65,11 +65,18 @@ impl FenceToken {
         )
     }
 
-    /// Parses [`FenceToken::encode`]'s format; `None` when `value` is not such a token.
+    /// Parses [`FenceToken::encode`]'s format; `None` when `value` is not such a token, or when
+    /// its incarnation or epoch is at or above [`COUNTER_LIMIT`] (by absolute value): no real
+    /// token gets there, and a correction round must be able to start a higher incarnation and
+    /// epoch (`+ 1`) above every token found, so such a value is treated as corrupt, like any
+    /// other value that is not a token (fail closed: an operator deletes the fence field).
     pub fn decode(value: &str) -> Option<FenceToken> {
         let mut parts = value.splitn(4, ':');
-        let incarnation = parts.next()?.parse().ok()?;
-        let member_epoch = parts.next()?.parse().ok()?;
+        let incarnation: Micros = parts.next()?.parse().ok()?;
+        let member_epoch: Epoch = parts.next()?.parse().ok()?;
+        if incarnation >= COUNTER_LIMIT || member_epoch.unsigned_abs() >= COUNTER_LIMIT {
+            return None;
+        }
         let process_id = parts.next()?.to_owned();
         let member_id = parts.next()?.to_owned();
         Some(FenceToken {
@@ -131,6 +138,11 @@ mod tests {
         assert_eq!(FenceToken::decode(&t.encode()), Some(t));
         assert_eq!(FenceToken::decode("12:x:p:m"), None);
         assert_eq!(FenceToken::decode("12"), None);
+        // At the counter limit: corrupt, whatever the rest.
+        assert_eq!(FenceToken::decode("18446744073709551615:1:p:m"), None);
+        assert_eq!(FenceToken::decode("4611686018427387904:1:p:m"), None);
+        assert_eq!(FenceToken::decode("1:9223372036854775807:p:m"), None);
+        assert!(FenceToken::decode("4611686018427387903:1:p:m").is_some());
     }
 
     #[test]

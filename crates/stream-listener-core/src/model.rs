@@ -22,6 +22,16 @@ pub type Micros = u64;
 /// `-1` (leave) and `-2` (static leave) as member epochs (DESIGN.md §6).
 pub type Epoch = i64;
 
+/// Exclusive upper bound of every counter the coordinator reads from Redis: incarnations and
+/// other µs times, epochs (by absolute value), `revision`, `leaseRevision`, `metadataVersion`,
+/// `requestSeq`, fence tokens. 2^62: no real history comes near it (epochs and revisions grow
+/// by a few per heartbeat), so a stored value at or above it is corrupt, and keeping below it
+/// leaves room for every `+ 1` the coordinator does, in `u64` and in `i64` (issue 14,
+/// finding 8). Fence scripts compare tokens exactly as decimal strings, so tokens beyond 2^53
+/// stay exact; only values Lua reads as numbers (the fast path's `fastseq`) fall back to the
+/// full transition from 2^53 on.
+pub const COUNTER_LIMIT: u64 = 1 << 62;
+
 /// The heartbeat protocol version this build speaks. A request with another version is refused
 /// with [`crate::coordinator::CoordinatorError::UnsupportedProtocolVersion`].
 pub const PROTOCOL_VERSION: u32 = 1;

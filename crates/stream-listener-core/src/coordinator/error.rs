@@ -4,7 +4,7 @@ use crate::model::{Epoch, ShardIndex};
 
 /// Why the coordinator refused a heartbeat request or could not finish a transition.
 ///
-/// Validation errors (`UnsupportedProtocolVersion` .. `ShardOutOfRange`) mean the request is
+/// Validation errors (`UnsupportedProtocolVersion` .. `CounterAtLimit`) mean the request is
 /// malformed: nothing was changed, and the member should log the error and fix its build or
 /// report. `StaleRequestSeq` means the request arrived after a newer one of the same process:
 /// it is ignored. `FencesRequired` asks the store to read the fences and run the transition again.
@@ -49,6 +49,20 @@ pub enum CoordinatorError {
         field: &'static str,
         /// Exclusive upper bound of known shard indexes.
         bound: ShardIndex,
+    },
+    /// A counter at or above [`crate::model::COUNTER_LIMIT`] (2^62): in the request (an epoch, a
+    /// sequence, a version, a fence conflict read from a corrupt fence), or met while starting a
+    /// correction round. No real history reaches it, and the next incarnation or epoch could not
+    /// be above it: nothing was changed.
+    #[error(
+        "{field} is {value}, at or above 2^62, which no real history reaches: it comes from a corrupt value (a fence field or metadata written by hand?); delete or fix that value"
+    )]
+    CounterAtLimit {
+        /// The request field or counter (`memberEpoch`, `requestSeq`, `metadataVersion`,
+        /// `fenceConflicts`, `incarnation`, `groupEpoch`).
+        field: &'static str,
+        /// The value, as text.
+        value: String,
     },
     /// A request older than the last accepted one of the same process: ignored, nothing changed.
     #[error(

@@ -170,7 +170,13 @@ pub struct StreamView {
 
 impl From<&StreamMetadata> for StreamView {
     fn from(stream: &StreamMetadata) -> Self {
-        let highest = stream.shards.iter().map(|s| s.shard_index + 1).max();
+        // Saturating: a shard index at u32::MAX is corrupt (the store refuses it when it loads
+        // the metadata); here it must only not overflow.
+        let highest = stream
+            .shards
+            .iter()
+            .map(|s| s.shard_index.saturating_add(1))
+            .max();
         StreamView {
             metadata_version: stream.metadata_version,
             shard_count: stream.shard_count,

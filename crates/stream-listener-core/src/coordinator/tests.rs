@@ -653,6 +653,77 @@ fn lost_metadata_starts_one_correction_round_above_every_fence() {
     );
 }
 
+/// Issue 14, finding 8: a fence at the top of the counters (built by hand: `FenceToken::decode`
+/// refuses such values) must not overflow `highest + 1` (a panic in debug, a wrap in release and
+/// a correction round that never ends): the round is refused with a typed error and nothing
+/// changes; a request carrying such counters is refused before anything is read.
+#[test]
+fn counters_at_the_limit_are_refused_not_overflowed() {
+    let mut f = Fixture::new(2);
+    f.join("a");
+    f.beat("a", 1, &[0, 1]);
+    let before = f.group.clone();
+    let evidence = HeartbeatRequest {
+        request_seq: 99,
+        ..request("a", "p-a", 5, &[0, 1])
+    };
+    for (incarnation, epoch, field) in [
+        (u64::MAX, 5, "incarnation"),
+        (T0, Epoch::MAX, "groupEpoch"),
+        (COUNTER_LIMIT - 1, 5, "incarnation"),
+    ] {
+        let token = crate::fence::FenceToken {
+            incarnation,
+            member_epoch: epoch,
+            member_id: "z".into(),
+            process_id: "p-z".into(),
+        };
+        let fences: BTreeMap<ShardIndex, crate::fence::FenceToken> = [(0, token)].into();
+        let ctx = Context {
+            now: f.now,
+            stream: &f.stream,
+            fences: Some(&fences),
+        };
+        let mut group = before.clone();
+        let result = heartbeat(&mut group, &evidence, &ctx, &f.config);
+        assert!(
+            matches!(&result, Err(CoordinatorError::CounterAtLimit { field: got, .. }) if *got == field),
+            "{incarnation}:{epoch}: {result:?}"
+        );
+    }
+    // In the request itself: refused by validation, group unchanged.
+    for bad in [
+        HeartbeatRequest {
+            fence_conflicts: vec![FenceConflict {
+                shard_index: 0,
+                incarnation: u64::MAX,
+                epoch: 1,
+            }],
+            ..request("a", "p-a", 1, &[0, 1])
+        },
+        HeartbeatRequest {
+            fence_conflicts: vec![FenceConflict {
+                shard_index: 0,
+                incarnation: T0,
+                epoch: Epoch::MAX,
+            }],
+            ..request("a", "p-a", 1, &[0, 1])
+        },
+        request("a", "p-a", Epoch::MAX, &[0, 1]),
+        HeartbeatRequest {
+            request_seq: u64::MAX,
+            ..request("a", "p-a", 1, &[0, 1])
+        },
+    ] {
+        let result = f.send_raw(&bad);
+        assert!(
+            matches!(result, Err(CoordinatorError::CounterAtLimit { .. })),
+            "{result:?}"
+        );
+        assert_eq!(f.group, before);
+    }
+}
+
 // ---- JSON shape ------------------------------------------------------------------------------------
 
 #[test]

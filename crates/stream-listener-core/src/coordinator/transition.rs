@@ -5,9 +5,10 @@ use std::collections::BTreeSet;
 use super::{Context, CoordinatorConfig, CoordinatorError, Group, rfc3339};
 use crate::assignor::{self, AssignorMember};
 use crate::model::{
-    CorrectionRound, Epoch, GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus,
-    JOIN_EPOCH, LEAVE_EPOCH, MemberMetadata, MemberState, Micros, OldProcessHolding,
-    PROTOCOL_VERSION, RevokeState, STATIC_LEAVE_EPOCH, ShardIndex, TargetAssignment,
+    COUNTER_LIMIT, CorrectionRound, Epoch, GroupState, HeartbeatRequest, HeartbeatResponse,
+    HeartbeatStatus, JOIN_EPOCH, LEAVE_EPOCH, MemberMetadata, MemberState, Micros,
+    OldProcessHolding, PROTOCOL_VERSION, RevokeState, STATIC_LEAVE_EPOCH, ShardIndex,
+    TargetAssignment,
 };
 
 /// Applies one heartbeat to `group` at `ctx.now` and returns the response (DESIGN.md §6).
@@ -165,6 +166,25 @@ fn validate(request: &HeartbeatRequest, ctx: &Context<'_>) -> Result<(), Coordin
     }
     if request.member_epoch < STATIC_LEAVE_EPOCH {
         return Err(CoordinatorError::InvalidMemberEpoch(request.member_epoch));
+    }
+    let counters = [
+        ("memberEpoch", request.member_epoch.unsigned_abs()),
+        ("requestSeq", request.request_seq),
+        ("metadataVersion", request.metadata_version),
+    ];
+    let conflicts = request.fence_conflicts.iter().flat_map(|c| {
+        [
+            ("fenceConflicts", c.incarnation),
+            ("fenceConflicts", c.epoch.unsigned_abs()),
+        ]
+    });
+    for (field, value) in counters.into_iter().chain(conflicts) {
+        if value >= COUNTER_LIMIT {
+            return Err(CoordinatorError::CounterAtLimit {
+                field,
+                value: value.to_string(),
+            });
+        }
     }
     let bound = ctx.stream.shard_index_bound;
     let mut seen = BTreeSet::new();
@@ -404,9 +424,23 @@ fn start_correction_round(
         .values()
         .map(|m| member_lease_ttl_us(m, config))
         .fold(config.lease_ttl_us(), Micros::max);
+    // Checked, not saturating: a new incarnation and epoch must be strictly above every token
+    // found, or the round would leave them in charge (and start again on every report). Tokens
+    // and stored counters at or above COUNTER_LIMIT are refused before, so this only answers a
+    // corrupt group built by hand.
+    let at_limit =
+        |field: &'static str, value: String| CoordinatorError::CounterAtLimit { field, value };
+    let incarnation = highest_incarnation
+        .checked_add(1)
+        .filter(|i| *i < COUNTER_LIMIT)
+        .ok_or_else(|| at_limit("incarnation", highest_incarnation.to_string()))?;
+    let group_epoch = highest_epoch
+        .checked_add(1)
+        .filter(|e| e.unsigned_abs() < COUNTER_LIMIT)
+        .ok_or_else(|| at_limit("groupEpoch", highest_epoch.to_string()))?;
     let meta = &mut group.meta;
-    meta.incarnation = now.max(highest_incarnation + 1);
-    meta.group_epoch = highest_epoch + 1;
+    meta.incarnation = now.max(incarnation);
+    meta.group_epoch = group_epoch;
     meta.correction_round = Some(CorrectionRound {
         started_at: now,
         not_before_end: now + longest_ttl,

@@ -68,6 +68,19 @@ pub enum StoreError {
         /// What is wrong.
         detail: String,
     },
+    /// A key of DESIGN.md §2 holds another Redis type than the store keeps there (it was
+    /// overwritten by hand or by another program). Nothing was written.
+    #[error(
+        "{key} is a {found}, not a {expected}: it was overwritten by something else than stream-listener; restore it from a backup, or delete it (a missing key fails closed with its own error)"
+    )]
+    WrongType {
+        /// The key.
+        key: String,
+        /// The type Redis reports (`TYPE`).
+        found: String,
+        /// The type the store keeps there (`hash`, `sorted set`, `list`).
+        expected: &'static str,
+    },
     /// Metadata written by another version of stream-listener.
     #[error(
         "metadata {key} has schema {found}, this build reads schema {supported}: run the same stream-listener version everywhere"

@@ -18,10 +18,14 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 
-use super::stream::{SCHEMA_VERSION, check_schema, load_stream_metadata, parse_u64};
+use super::stream::{
+    SCHEMA_VERSION, check_counter, check_schema, load_stream_metadata, parse_u64, wrong_type,
+};
 use super::{StoreError, scripts};
 use crate::connection::RedisConnection;
-use crate::coordinator::{self, Context, CoordinatorConfig, CoordinatorError, Group, StreamView};
+use crate::coordinator::{
+    self, Context, CoordinatorConfig, CoordinatorError, Group, MAX_TIMING, StreamView,
+};
 use crate::fence::FenceToken;
 use crate::keys::{GroupKeys, StreamKeys};
 use crate::model::{
@@ -127,13 +131,19 @@ impl GroupStore {
     /// # Errors
     /// [`StoreError::MissingGroup`] when the hash does not exist; [`StoreError::UnknownSchema`],
     /// [`StoreError::CorruptMetadata`], [`StoreError::Malformed`] when it cannot be read (fail
-    /// closed); [`StoreError::Redis`].
+    /// closed: a counter at or above [`crate::model::COUNTER_LIMIT`] and a lease later than any
+    /// TTL allows included); [`StoreError::WrongType`] when the group hash or `:leases` holds
+    /// another Redis type; [`StoreError::Redis`].
     pub async fn load(&mut self) -> Result<LoadedGroup, StoreError> {
-        let (secs, micros, fields, leases): LoadReply = scripts::group_load()
+        let reply: redis::RedisResult<LoadReply> = scripts::group_load()
             .key(self.keys.metadata())
             .key(self.keys.leases())
             .invoke_async(&mut self.conn)
-            .await?;
+            .await;
+        let (secs, micros, fields, leases) = match reply {
+            Ok(reply) => reply,
+            Err(e) => return Err(self.wrong_type(e).await),
+        };
         let now = secs * 1_000_000 + micros;
         let key = self.keys.metadata();
         if fields.is_empty() {
@@ -149,10 +159,8 @@ impl GroupStore {
             Some(v) => parse_u64(&key, "leaseRevision", Some(v))?,
             None => 0,
         };
-        // Scores are whole µs below 2^53, so f64 holds them exactly.
-        let leases: HashMap<String, Micros> =
-            leases.into_iter().map(|(m, s)| (m, s as Micros)).collect();
-        let group = decode_group(&key, &fields, &leases, &self.config)?;
+        let leases = decode_leases(&self.keys.leases(), leases, now)?;
+        let group = decode_group(&key, &fields, &leases, &self.config, now)?;
         Ok(LoadedGroup {
             group,
             now,
@@ -168,7 +176,9 @@ impl GroupStore {
     ///
     /// # Errors
     /// [`StoreError::Coordinator`] for a malformed or stale request; [`StoreError::MissingStream`],
-    /// [`StoreError::MissingGroup`], corrupt metadata (fail closed); [`StoreError::Redis`].
+    /// [`StoreError::MissingGroup`], corrupt metadata (fail closed, naming key and field: a
+    /// malformed fast-path field falls back to the full transition, which rewrites it or names
+    /// it), [`StoreError::WrongType`]; [`StoreError::Redis`].
     pub async fn heartbeat(
         &mut self,
         request: &HeartbeatRequest,
@@ -263,7 +273,7 @@ impl GroupStore {
             request.runtime_max_concurrency.max(1),
             owned.iter(),
         );
-        let reply: Vec<String> = scripts::group_fast_path()
+        let reply: redis::RedisResult<Vec<String>> = scripts::group_fast_path()
             .key(self.keys.metadata())
             .key(self.keys.leases())
             .arg(&request.member_id)
@@ -273,18 +283,27 @@ impl GroupStore {
             .arg(stream_version)
             .arg(request.active_consumer_workers)
             .invoke_async(&mut self.conn)
-            .await?;
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => return Err(self.wrong_type(e).await),
+        };
         match reply.first().map(String::as_str) {
             Some("1") => {
                 let json = reply.get(1).map(String::as_str).unwrap_or_default();
-                let response = serde_json::from_str(json).map_err(|e| {
-                    StoreError::corrupt(
-                        &self.keys.metadata(),
-                        &format!("{FAST}{}", request.member_id),
-                        e,
-                    )
-                })?;
-                Ok(Some(response))
+                match serde_json::from_str(json) {
+                    Ok(response) => Ok(Some(response)),
+                    // Derived data: the full transition answers and writes it again.
+                    Err(error) => {
+                        tracing::warn!(
+                            key = %self.keys.metadata(),
+                            field = %format!("{FAST}{}", request.member_id),
+                            %error,
+                            "fast-path response is not JSON; the full transition rewrites it"
+                        );
+                        Ok(None)
+                    }
+                }
             }
             Some("2") => {
                 let last = reply.get(1).and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -332,8 +351,13 @@ impl GroupStore {
         for entry in &writes.history {
             invocation.arg(entry);
         }
-        let written: i64 = invocation.invoke_async(&mut self.conn).await?;
-        Ok(written == 1)
+        let written: redis::RedisResult<i64> = invocation.invoke_async(&mut self.conn).await;
+        match written {
+            Ok(1) => Ok(true),
+            Ok(-1) => Err(self.wrong_type_now().await),
+            Ok(_) => Ok(false),
+            Err(e) => Err(self.wrong_type(e).await),
+        }
     }
 
     /// This group's fence of each shard (DESIGN.md §8), for a correction round. One `HGET` per
@@ -346,7 +370,18 @@ impl GroupStore {
         for shard in shards {
             pipe.hget(self.stream_keys.fence(*shard), self.keys.group());
         }
-        let values: Vec<Option<String>> = pipe.query_async(&mut self.conn).await?;
+        let values: Vec<Option<String>> = match pipe.query_async(&mut self.conn).await {
+            Ok(values) => values,
+            Err(e) => {
+                let fences: Vec<String> =
+                    shards.iter().map(|s| self.stream_keys.fence(*s)).collect();
+                let keys: Vec<(&str, &str, &'static str)> = fences
+                    .iter()
+                    .map(|k| (k.as_str(), "hash", "hash"))
+                    .collect();
+                return Err(wrong_type(&mut self.conn, e, &keys).await);
+            }
+        };
         Ok(shards
             .iter()
             .zip(values)
@@ -382,6 +417,31 @@ impl GroupStore {
         }
     }
 
+    /// `error`, or [`StoreError::WrongType`] naming the group key that holds another type.
+    async fn wrong_type(&mut self, error: redis::RedisError) -> StoreError {
+        let (group, leases, history) = (
+            self.keys.metadata(),
+            self.keys.leases(),
+            self.keys.history(),
+        );
+        let keys = [
+            (group.as_str(), "hash", "hash"),
+            (leases.as_str(), "zset", "sorted set"),
+            (history.as_str(), "list", "list"),
+        ];
+        wrong_type(&mut self.conn, error, &keys).await
+    }
+
+    /// The compare-and-set refused to write because a key has another type: which one.
+    async fn wrong_type_now(&mut self) -> StoreError {
+        let error = redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "WRONGTYPE",
+            "a group key holds another type".to_owned(),
+        ));
+        self.wrong_type(error).await
+    }
+
     async fn redis_time(&mut self) -> Result<Micros, StoreError> {
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut self.conn).await?;
         Ok(secs * 1_000_000 + micros)
@@ -390,9 +450,13 @@ impl GroupStore {
     /// The group's history, newest first (EXPIRED / FENCED / LEFT members).
     ///
     /// # Errors
-    /// [`StoreError::Redis`]; [`StoreError::CorruptMetadata`] for an entry that is not JSON.
+    /// [`StoreError::Redis`]; [`StoreError::CorruptMetadata`] for an entry that is not JSON;
+    /// [`StoreError::WrongType`] when `:history` is not a list.
     pub async fn history(&mut self) -> Result<Vec<MemberMetadata>, StoreError> {
-        let entries: Vec<String> = self.conn.lrange(self.keys.history(), 0, -1).await?;
+        let entries: Vec<String> = match self.conn.lrange(self.keys.history(), 0, -1).await {
+            Ok(entries) => entries,
+            Err(e) => return Err(self.wrong_type(e).await),
+        };
         entries
             .iter()
             .map(|e| {
@@ -437,11 +501,111 @@ fn fingerprint<'a>(
     )
 }
 
+/// The `:leases` scores as expiries in µs. A score is a double: one later than
+/// `now + MAX_TIMING` (no lease TTL is longer, so no real lease ends later; `+inf` included)
+/// would keep a dead member's shards forever, and is refused; a negative one is an expired
+/// lease (0): the member renews it or rejoins, so it is safe as it is.
+fn decode_leases(
+    key: &str,
+    leases: Vec<(String, f64)>,
+    now: Micros,
+) -> Result<HashMap<String, Micros>, StoreError> {
+    let horizon = now.saturating_add(duration_us(MAX_TIMING));
+    leases
+        .into_iter()
+        .map(|(member, score)| {
+            // Also refuses NaN (no ordering), though Redis never stores one.
+            if !matches!(
+                score.partial_cmp(&(horizon as f64)),
+                Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+            ) {
+                return Err(StoreError::malformed(
+                    key,
+                    format!(
+                        "the lease of member {member:?} ends at {score} µs, later than any lease TTL allows (now {now} µs + {} s); remove it (ZREM {key} {member:?}): the member renews its lease or joins again",
+                        MAX_TIMING.as_secs()
+                    ),
+                ));
+            }
+            // Whole µs below 2^53 (now + a day): f64 holds them exactly; negative ones saturate to 0.
+            Ok((member, score as Micros))
+        })
+        .collect()
+}
+
+/// Refuses counters of the group and member JSON at or above the limit (their `+ 1` must not
+/// overflow, and a correction round must be able to go above them), and deadlines later than
+/// `now + MAX_TIMING`: the coordinator sets each to now plus one timing (a lease TTL, the
+/// rebalance timeout), so a later one is corrupt and would hold shards back, or keep a round
+/// open, for as long as it says.
+fn check_counters(
+    key: &str,
+    meta: &GroupMetadata,
+    members: &BTreeMap<String, MemberMetadata>,
+    now: Micros,
+) -> Result<(), StoreError> {
+    let horizon = now.saturating_add(duration_us(MAX_TIMING));
+    let deadline = |field: &str, name: &str, value: Micros| {
+        if value <= horizon {
+            return Ok(());
+        }
+        Err(StoreError::malformed(
+            key,
+            format!(
+                "{name} {value} in field {field} is later than any timing allows (now {now} µs + {} s)",
+                MAX_TIMING.as_secs()
+            ),
+        ))
+    };
+    if let Some(at) = meta.hand_out_not_before {
+        deadline(META, "handOutNotBefore", at)?;
+    }
+    if let Some(round) = &meta.correction_round {
+        deadline(META, "correctionRound.notBeforeEnd", round.not_before_end)?;
+    }
+    check_counter(key, META, "incarnation", meta.incarnation)?;
+    check_counter(key, META, "groupEpoch", meta.group_epoch.unsigned_abs())?;
+    check_counter(
+        key,
+        META,
+        "assignmentEpoch",
+        meta.assignment_epoch.unsigned_abs(),
+    )?;
+    check_counter(key, META, "metadataVersion", meta.metadata_version)?;
+    for (id, member) in members {
+        let field = format!("{MEMBER}{id}");
+        check_counter(
+            key,
+            &field,
+            "memberEpoch",
+            member.member_epoch.unsigned_abs(),
+        )?;
+        check_counter(key, &field, "lastRequestSeq", member.last_request_seq)?;
+        deadline(
+            &field,
+            "memberLeaseExpiresAt",
+            member.member_lease_expires_at,
+        )?;
+        if let Some(at) = member.revoke_deadline {
+            deadline(&field, "revokeDeadline", at)?;
+        }
+        for holding in &member.old_process_holdings {
+            deadline(
+                &field,
+                "oldProcessHoldings.leaseExpiresAt",
+                holding.lease_expires_at,
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn decode_group(
     key: &str,
     fields: &HashMap<String, String>,
     leases: &HashMap<String, Micros>,
     config: &CoordinatorConfig,
+    now: Micros,
 ) -> Result<Group, StoreError> {
     let json = fields
         .get(META)
@@ -465,6 +629,7 @@ fn decode_group(
         apply_fast_path_state(key, fields, id, &mut member)?;
         members.insert(id.to_owned(), member);
     }
+    check_counters(key, &meta, &members, now)?;
     Ok(Group {
         meta,
         members,
@@ -484,30 +649,52 @@ fn apply_fast_path_state(
         return Ok(());
     };
     // Only the fast path's answers to this process count: a static member's new process
-    // starts its sequence again, and an old process's entry must not make it look stale.
-    let entry = fields.get(&format!("{FAST}{id}"));
-    let same_process = entry
-        .and_then(|e| e.split_once('|'))
+    // starts its sequence again, and an old process's entry must not make it look stale. An
+    // entry that is not `<fingerprint>\n<response JSON>` is no answer either: it is ignored
+    // as if absent (what deleting it would do), and the full transition writes it again.
+    let field = format!("{FAST}{id}");
+    let Some((print, json)) = fields.get(&field).and_then(|e| e.split_once('\n')) else {
+        return Ok(());
+    };
+    let same_process = print
+        .split_once('|')
         .is_some_and(|(process, _)| process == member.process_id);
     if !same_process {
         return Ok(());
     }
-    let seq = parse_u64(key, &seq_field, Some(seq))?;
+    let response = match serde_json::from_str(json) {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::warn!(key, %field, %error, "fast-path response is not JSON: ignored, the full transition rewrites it");
+            return Ok(());
+        }
+    };
+    let seq = parse_u64(key, &seq_field, Some(seq)).map_err(|e| fast_path_cache(e, key))?;
     if seq <= member.last_request_seq {
         return Ok(());
     }
     member.last_request_seq = seq;
     let workers_field = format!("{FAST_WORKERS}{id}");
     if let Some(workers) = fields.get(&workers_field) {
-        member.active_consumer_workers =
-            u32::try_from(parse_u64(key, &workers_field, Some(workers))?).unwrap_or(u32::MAX);
+        member.active_consumer_workers = u32::try_from(
+            parse_u64(key, &workers_field, Some(workers)).map_err(|e| fast_path_cache(e, key))?,
+        )
+        .unwrap_or(u32::MAX);
     }
-    if let Some((_, json)) = entry.and_then(|e| e.split_once('\n')) {
-        let response = serde_json::from_str(json)
-            .map_err(|e| StoreError::corrupt(key, &format!("{FAST}{id}"), e))?;
-        member.last_response = Some(response);
-    }
+    member.last_response = Some(response);
     Ok(())
+}
+
+/// A malformed fast-path field: deleting that field (not the key) is the repair, since the
+/// next full transition writes it again.
+fn fast_path_cache(error: StoreError, key: &str) -> StoreError {
+    match error {
+        StoreError::Malformed { detail, .. } => StoreError::malformed(
+            key,
+            format!("{detail} (fast-path state: delete just this field with HDEL)"),
+        ),
+        other => other,
+    }
 }
 
 /// The changed fields of one transition.

@@ -58,13 +58,17 @@ return 1
 /// are still the loaded ones. KEYS[1] group hash, KEYS[2] leases, KEYS[3] history.
 /// ARGV: expected revision, expected lease revision, new revision, history cap, then counted
 /// lists: n, field/value pairs to HSET; n, fields to HDEL; n, member/score pairs to ZADD;
-/// n, members to ZREM; n, history entries to LPUSH (oldest first). Returns 1 or 0 (conflict).
+/// n, members to ZREM; n, history entries to LPUSH (oldest first). Returns 1, 0 (conflict) or
+/// -1 when the leases or the history key holds another type (nothing written: a failing ZADD or
+/// LPUSH would leave the fields written before it).
 pub(crate) fn group_cas() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
             r"
 local current = redis.call('HMGET', KEYS[1], 'revision', 'leaseRevision')
 if (current[1] or '') ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
+local lt, ht = redis.call('TYPE', KEYS[2]).ok, redis.call('TYPE', KEYS[3]).ok
+if (lt ~= 'zset' and lt ~= 'none') or (ht ~= 'list' and ht ~= 'none') then return -1 end
 local i = 5
 local n = tonumber(ARGV[i]); i = i + 1
 local set = {'revision', ARGV[3]}
@@ -96,7 +100,10 @@ return 1
 /// earliest lease has passed, the requester's own lease is older than half its TTL (the full
 /// transition then decides whether there was an outage to re-arm: members may run different
 /// TTLs, and only the requester's is known here, design note 28), or the request differs from
-/// the member's steady fingerprint.
+/// the member's steady fingerprint. A malformed `steady`, `fast:<id>`, `fastseq:<id>` or
+/// `leaseRevision` (no separator, not a number, negative, NaN, too large for Lua's doubles or
+/// `HINCRBY`) also answers {'0'}, before anything is written: the full transition rewrites the
+/// first two, and names the others in a typed error.
 pub(crate) fn group_fast_path() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
@@ -105,21 +112,27 @@ local h = KEYS[1]
 local steady = redis.call('HGET', h, 'steady')
 if not steady then return {'0'} end
 local sep = string.find(steady, '|', 1, true)
+if not sep then return {'0'} end
 if string.sub(steady, 1, sep - 1) ~= ARGV[5] then return {'0'} end
 local deadline = tonumber(string.sub(steady, sep + 1))
+if not deadline or not (deadline >= 0 and deadline < 9007199254740992) then return {'0'} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if deadline > 0 and now >= deadline then return {'0'} end
 local entry = redis.call('HGET', h, 'fast:' .. ARGV[1])
 if not entry then return {'0'} end
 local nl = string.find(entry, '\n', 1, true)
+if not nl then return {'0'} end
 if string.sub(entry, 1, nl - 1) ~= ARGV[2] then return {'0'} end
 local seq = tonumber(ARGV[3])
 local last = tonumber(redis.call('HGET', h, 'fastseq:' .. ARGV[1]) or '0')
-if seq < last then return {'2', tostring(last)} end
+if not last or last >= 9007199254740992 then return {'0'} end
+if seq < last then return {'2', string.format('%.0f', last)} end
 local response = string.sub(entry, nl + 1)
 if seq == last then return {'1', response} end
 local ttl = tonumber(ARGV[4])
+local lr = redis.call('HGET', h, 'leaseRevision') or '0'
+if not string.match(lr, '^%d+$') or #lr > 18 then return {'0'} end
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 if first[2] == nil or tonumber(first[2]) <= now then return {'0'} end
 local own = redis.call('ZSCORE', KEYS[2], ARGV[1])

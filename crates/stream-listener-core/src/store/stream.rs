@@ -9,7 +9,7 @@ use super::StoreError;
 use super::scripts;
 use crate::connection::RedisConnection;
 use crate::keys::{STREAMS_INDEX_KEY, StreamKeys};
-use crate::model::StreamMetadata;
+use crate::model::{COUNTER_LIMIT, StreamMetadata};
 
 /// The metadata schema this build reads and writes (field `schema` of every metadata hash).
 pub const SCHEMA_VERSION: u32 = 1;
@@ -34,12 +34,69 @@ pub(crate) fn check_schema(key: &str, found: Option<&String>) -> Result<(), Stor
     }
 }
 
+/// A stored counter: a decimal below [`COUNTER_LIMIT`] (the store adds 1 to revisions), else
+/// [`StoreError::Malformed`] naming key and field.
 pub(crate) fn parse_u64(key: &str, field: &str, value: Option<&String>) -> Result<u64, StoreError> {
     let value =
         value.ok_or_else(|| StoreError::malformed(key, format!("field {field} is missing")))?;
-    value.parse().map_err(|_| {
-        StoreError::malformed(key, format!("field {field} is {value:?}, not a number"))
-    })
+    value
+        .parse()
+        .ok()
+        .filter(|v| *v < COUNTER_LIMIT)
+        .ok_or_else(|| {
+            StoreError::malformed(
+                key,
+                format!("field {field} is {value:?}, not a number below 2^62"),
+            )
+        })
+}
+
+/// A counter decoded from stored JSON, checked against [`COUNTER_LIMIT`] (by absolute value).
+pub(crate) fn check_counter(
+    key: &str,
+    field: &str,
+    name: &str,
+    value: u64,
+) -> Result<(), StoreError> {
+    if value < COUNTER_LIMIT {
+        return Ok(());
+    }
+    Err(StoreError::malformed(
+        key,
+        format!(
+            "{name} {value} in field {field} is at or above 2^62, which no real history reaches"
+        ),
+    ))
+}
+
+/// `error`, or [`StoreError::WrongType`] when it is `WRONGTYPE` and one of `keys` (key, Redis
+/// type, name of the type) holds another type: which key a script tripped over is not in the
+/// message, so each is asked with `TYPE`.
+pub(crate) async fn wrong_type(
+    conn: &mut RedisConnection,
+    error: redis::RedisError,
+    keys: &[(&str, &str, &'static str)],
+) -> StoreError {
+    let is_wrong_type =
+        error.code() == Some("WRONGTYPE") || error.to_string().contains("WRONGTYPE");
+    if !is_wrong_type {
+        return error.into();
+    }
+    for (key, redis_type, expected) in keys {
+        let found: redis::RedisResult<String> =
+            redis::cmd("TYPE").arg(*key).query_async(conn).await;
+        if let Ok(found) = found
+            && found != *redis_type
+            && found != "none"
+        {
+            return StoreError::WrongType {
+                key: (*key).to_owned(),
+                found,
+                expected,
+            };
+        }
+    }
+    error.into()
 }
 
 /// Loads the stream metadata; `Ok(None)` when the key does not exist.
@@ -47,13 +104,18 @@ pub(crate) fn parse_u64(key: &str, field: &str, value: Option<&String>) -> Resul
 /// # Errors
 /// [`StoreError::Redis`] when Redis fails; [`StoreError::UnknownSchema`],
 /// [`StoreError::CorruptMetadata`] or [`StoreError::Malformed`] when the hash exists but cannot be
-/// read (fail closed: it is never rebuilt silently).
+/// read (fail closed: it is never rebuilt silently; a counter at or above
+/// [`crate::model::COUNTER_LIMIT`] or a shard index at `u32::MAX` included);
+/// [`StoreError::WrongType`] when the key is not a hash.
 pub async fn load_stream_metadata(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
 ) -> Result<Option<StreamMetadata>, StoreError> {
     let key = keys.metadata();
-    let fields: HashMap<String, String> = conn.hgetall(&key).await?;
+    let fields: HashMap<String, String> = match conn.hgetall(&key).await {
+        Ok(fields) => fields,
+        Err(e) => return Err(wrong_type(conn, e, &[(&key, "hash", "hash")]).await),
+    };
     if fields.is_empty() {
         return Ok(None);
     }
@@ -65,6 +127,18 @@ pub async fn load_stream_metadata(
     let mut meta: StreamMetadata =
         serde_json::from_str(json).map_err(|e| StoreError::corrupt(&key, "meta", e))?;
     meta.revision = revision;
+    check_counter(&key, "meta", "metadataVersion", meta.metadata_version)?;
+    // The coordinator takes `shardIndex + 1` as the bound of known indexes.
+    if let Some(shard) = meta.shards.iter().find(|s| s.shard_index == u32::MAX) {
+        return Err(StoreError::malformed(
+            &key,
+            format!(
+                "shard index {} in field meta is out of range (at most {})",
+                shard.shard_index,
+                u32::MAX - 1
+            ),
+        ));
+    }
     Ok(Some(meta))
 }
 
@@ -72,13 +146,17 @@ pub async fn load_stream_metadata(
 /// stream metadata does not exist.
 ///
 /// # Errors
-/// [`StoreError::Redis`]; [`StoreError::Malformed`] when the field is not a number.
+/// [`StoreError::Redis`]; [`StoreError::Malformed`] when the field is not a number below
+/// [`crate::model::COUNTER_LIMIT`]; [`StoreError::WrongType`] when the key is not a hash.
 pub async fn read_metadata_version(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
 ) -> Result<Option<u64>, StoreError> {
     let key = keys.metadata();
-    let value: Option<String> = conn.hget(&key, "metadataVersion").await?;
+    let value: Option<String> = match conn.hget(&key, "metadataVersion").await {
+        Ok(value) => value,
+        Err(e) => return Err(wrong_type(conn, e, &[(&key, "hash", "hash")]).await),
+    };
     value
         .map(|v| parse_u64(&key, "metadataVersion", Some(&v)))
         .transpose()
@@ -89,7 +167,9 @@ pub async fn read_metadata_version(
 /// `sl:streams` index (a separate command: the index is rebuildable, never a source of truth).
 ///
 /// # Errors
-/// [`StoreError::Redis`] when Redis fails; nothing is written then.
+/// [`StoreError::Redis`] when Redis fails; nothing is written then, except when only the index
+/// update failed ([`StoreError::WrongType`] when `sl:streams` is not a set): the metadata is
+/// written, and the index is rebuildable.
 pub async fn write_stream_metadata(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
@@ -114,6 +194,11 @@ pub async fn write_stream_metadata(
         return Ok(StreamCas::Conflict);
     }
     *meta = candidate;
-    let _: i64 = conn.sadd(STREAMS_INDEX_KEY, keys.prefix()).await?;
+    if let Err(e) = conn
+        .sadd::<_, _, i64>(STREAMS_INDEX_KEY, keys.prefix())
+        .await
+    {
+        return Err(wrong_type(conn, e, &[(STREAMS_INDEX_KEY, "set", "set")]).await);
+    }
     Ok(StreamCas::Written)
 }
