@@ -374,3 +374,302 @@ async fn fast_path_workers_are_stored_and_removed_with_the_member() {
         "fields of the member that left: {fields:?}"
     );
 }
+
+fn timings(heartbeat_ms: u64, lease_ms: u64, rebalance_ms: u64) -> CoordinatorConfig {
+    CoordinatorConfig::new(
+        Duration::from_millis(heartbeat_ms),
+        Duration::from_millis(lease_ms),
+        Duration::from_millis(rebalance_ms),
+    )
+    .unwrap()
+}
+
+fn store_with(
+    conn: &RedisConnection,
+    prefix: &str,
+    group: &str,
+    config: CoordinatorConfig,
+) -> GroupStore {
+    let stream = StreamKeys::new(prefix).unwrap();
+    let keys = stream.group(group).unwrap();
+    GroupStore::new(conn.clone(), stream, keys, config)
+}
+
+/// Issue 14, finding 1: a group re-provisioned after a loss holds its shards for one lease, and
+/// once that instant has passed the fast path answers again within one more lease (the hold
+/// used to stay in the `steady` deadline, so every heartbeat fell back, for good).
+#[tokio::test]
+async fn the_fast_path_answers_again_within_a_lease_after_a_re_provision() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 4).await;
+    let config = timings(300, 1_500, 6_000);
+    let lease = config.member_lease_ttl;
+    let interval = config.heartbeat_interval;
+    let mut store = store_with(&conn, "orders", "g", config);
+    let provisioned_at = std::time::Instant::now();
+    assert!(store.provision(true).await.unwrap(), "created after a loss");
+    let (mut seq, mut epoch, mut owned) = (0, 0, Vec::new());
+    let mut first_fast = None;
+    let mut fast_after = 0;
+    let deadline = provisioned_at + lease * 2;
+    while std::time::Instant::now() < deadline + interval && fast_after < 3 {
+        seq += 1;
+        let out = store
+            .heartbeat(&request("a", seq, epoch, &owned))
+            .await
+            .unwrap();
+        assert_eq!(out.response.status, HeartbeatStatus::Ok);
+        if provisioned_at.elapsed() < lease.mul_f64(0.9) {
+            assert!(
+                out.response.assigned_shards.is_empty(),
+                "nothing is handed out during the hold"
+            );
+        }
+        if out.fast_path {
+            first_fast.get_or_insert_with(|| provisioned_at.elapsed());
+            fast_after += 1;
+        } else {
+            assert!(
+                first_fast.is_none(),
+                "once fast, a steady member stays on the fast path"
+            );
+        }
+        epoch = out.response.member_epoch;
+        owned = out.response.assigned_shards.clone();
+        tokio::time::sleep(Duration::from_millis(out.response.heartbeat_interval_ms)).await;
+    }
+    let first_fast = first_fast.expect("the fast path never answered after the hold had passed");
+    assert!(
+        first_fast <= lease * 2,
+        "first fast path {first_fast:?} after the re-provision, more than hold + one lease"
+    );
+    assert_eq!(owned, vec![0, 1, 2, 3]);
+    assert_eq!(fast_after, 3);
+    let loaded = store.load().await.unwrap();
+    assert_eq!(
+        loaded.group.meta.hand_out_not_before, None,
+        "the passed hold was cleared"
+    );
+}
+
+/// What one member saw while heartbeating on the interval its responses gave it.
+#[derive(Debug, Default)]
+struct Seen {
+    heartbeats: usize,
+    fast_paths: usize,
+    /// Heartbeats and fast paths in the last part of the run, when the group is settled.
+    settled: (usize, usize),
+    /// Responses whose timings were not the member's own: (fast path, interval ms, lease ms).
+    foreign_timings: Vec<(bool, u64, u64)>,
+    statuses: Vec<HeartbeatStatus>,
+}
+
+/// One member following the protocol with its own store (its own `[coordination]` timings) for
+/// `run`, adopting the interval of each response as the runtime does (`member/heartbeat.rs`).
+async fn drive_with_own_timings(
+    mut store: GroupStore,
+    member: &str,
+    own: CoordinatorConfig,
+    run: Duration,
+) -> Seen {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap();
+    let (own_interval, own_lease) = (ms(own.heartbeat_interval), ms(own.member_lease_ttl));
+    let started = std::time::Instant::now();
+    let settled_from = run.mul_f64(0.5);
+    let mut seen = Seen::default();
+    let (mut seq, mut epoch) = (0, 0);
+    let (mut owned, mut revoked): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
+    while started.elapsed() < run {
+        seq += 1;
+        let mut req = request(member, seq, epoch, &owned);
+        req.revoking_shards = revoked
+            .drain(..)
+            .map(|s| RevokingShard {
+                shard_index: s,
+                state: RevokeState::Revoked,
+            })
+            .collect();
+        let out = store.heartbeat(&req).await.unwrap();
+        let r = &out.response;
+        seen.heartbeats += 1;
+        seen.fast_paths += usize::from(out.fast_path);
+        if started.elapsed() >= settled_from {
+            seen.settled.0 += 1;
+            seen.settled.1 += usize::from(out.fast_path);
+        }
+        if (r.heartbeat_interval_ms, r.member_lease_ttl_ms) != (own_interval, own_lease) {
+            seen.foreign_timings.push((
+                out.fast_path,
+                r.heartbeat_interval_ms,
+                r.member_lease_ttl_ms,
+            ));
+        }
+        if r.status != HeartbeatStatus::Ok {
+            seen.statuses.push(r.status);
+        }
+        if r.status == HeartbeatStatus::Ok {
+            epoch = r.member_epoch;
+            revoked = owned
+                .iter()
+                .filter(|s| !r.assigned_shards.contains(s))
+                .copied()
+                .collect();
+            owned = r.assigned_shards.clone();
+        } else if matches!(
+            r.status,
+            HeartbeatStatus::UnknownMemberId | HeartbeatStatus::FencedMemberEpoch
+        ) {
+            (epoch, owned) = (0, Vec::new());
+        }
+        tokio::time::sleep(Duration::from_millis(r.heartbeat_interval_ms.max(1))).await;
+    }
+    seen
+}
+
+/// Issue 14, finding 2: two members of one group run different `[coordination]` timings
+/// (1.5 s / 0.3 s and 6 s / 1 s, each its own `GroupStore`). Every response either gets, from
+/// the full transition or the fast path, carries its own lease and interval (the fast path's
+/// `fast:<id>` entries were written with the timings of whichever member's transition wrote
+/// them), and the group stays STABLE with both answered by the fast path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_with_different_timings_are_each_answered_with_their_own() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 8).await;
+    let short = timings(300, 1_500, 6_000);
+    let long = timings(1_000, 6_000, 20_000);
+    let mut a_store = store_with(&conn, "orders", "g", short.clone());
+    a_store.provision(false).await.unwrap();
+    let b_store = store_with(&conn, "orders", "g", long.clone());
+    let run = Duration::from_secs(8);
+    let a = tokio::spawn(drive_with_own_timings(a_store, "a", short, run));
+    let b = tokio::spawn(drive_with_own_timings(b_store, "b", long, run));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    for (name, seen) in [("a", &a), ("b", &b)] {
+        assert_eq!(
+            seen.foreign_timings,
+            vec![],
+            "{name} got another member's timings: {seen:?}"
+        );
+        assert_eq!(seen.statuses, vec![], "{name}: {seen:?}");
+        // Settled: (nearly) every heartbeat is answered by the fast path; one may fall back when
+        // the other member's lease renewal and a transition race.
+        assert!(
+            seen.settled.0 >= 3,
+            "{name} heartbeated on its own schedule: {seen:?}"
+        );
+        assert!(
+            seen.settled.1 + 1 >= seen.settled.0,
+            "{name} stays on the fast path: {seen:?}"
+        );
+    }
+    assert!(
+        a.heartbeats > 2 * b.heartbeats,
+        "each on its own interval: {a:?} {b:?}"
+    );
+    // As either member's store loads it: each renewal is its own lease minus its own TTL.
+    for config in [timings(300, 1_500, 6_000), timings(1_000, 6_000, 20_000)] {
+        let mut store = store_with(&conn, "orders", "g", config);
+        let loaded = store.load().await.unwrap();
+        assert_eq!(loaded.group.meta.state, GroupState::Stable);
+        for (id, lease_ms) in [("a", 1_500), ("b", 6_000)] {
+            let member = &loaded.group.members[id];
+            assert_eq!(member.member_lease_ttl_ms, lease_ms);
+            assert!(
+                member.last_heartbeat_at <= loaded.now,
+                "{id}: renewal in the future: {member:?}"
+            );
+            assert!(
+                member.member_lease_expires_at <= loaded.now + lease_ms * 1_000,
+                "{id}: lease recorded with its own TTL"
+            );
+        }
+    }
+}
+
+/// Issue 14, finding 2: the fast path's outage check uses the requester's own lease. Two members
+/// with different TTLs (1.5 s and 6 s) and an outage, written into the leases as Redis would see
+/// it afterwards: neither renewed for over half its own TTL (1.3 s and 3.5 s ago). The full
+/// transition re-arms every lease by the gap; the fast path used to compare the newest lease (the
+/// long one) with the requester's short TTL, saw no outage and answered, renewing the requester
+/// alone. It must fall back instead.
+#[tokio::test]
+async fn the_fast_path_falls_back_after_an_outage_whatever_the_other_members_ttl() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 2).await;
+    let short = timings(300, 1_500, 6_000);
+    let long = timings(1_000, 6_000, 20_000);
+    let mut a = store_with(&conn, "orders", "g", short);
+    a.provision(false).await.unwrap();
+    let mut b = store_with(&conn, "orders", "g", long);
+    let ja = a
+        .heartbeat(&request("a", 1, 0, &[]))
+        .await
+        .unwrap()
+        .response;
+    let ra = a
+        .heartbeat(&request("a", 2, ja.member_epoch, &[0, 1]))
+        .await
+        .unwrap()
+        .response;
+    let jb = b
+        .heartbeat(&request("b", 1, 0, &[]))
+        .await
+        .unwrap()
+        .response;
+    let mut req = request("a", 3, ra.member_epoch, &[0]);
+    req.revoking_shards = vec![RevokingShard {
+        shard_index: 1,
+        state: RevokeState::Revoked,
+    }];
+    let ra = a.heartbeat(&req).await.unwrap().response;
+    let rb = b
+        .heartbeat(&request("b", 2, jb.member_epoch, &[]))
+        .await
+        .unwrap()
+        .response;
+    let rb = b
+        .heartbeat(&request("b", 3, rb.member_epoch, &rb.assigned_shards))
+        .await
+        .unwrap()
+        .response;
+    let steady = a
+        .heartbeat(&request("a", 4, ra.member_epoch, &[0]))
+        .await
+        .unwrap();
+    assert!(steady.fast_path, "settled before the outage");
+    let loaded = a.load().await.unwrap();
+    assert_eq!(loaded.group.meta.state, GroupState::Stable);
+    // The outage, as the leases show it afterwards.
+    let now = loaded.now;
+    let leases = StreamKeys::new("orders")
+        .unwrap()
+        .group("g")
+        .unwrap()
+        .leases();
+    let a_lease = now - 1_300_000 + 1_500_000;
+    let b_lease = now - 3_500_000 + 6_000_000;
+    let _: () = conn.zadd(&leases, "a", a_lease).await.unwrap();
+    let _: () = conn.zadd(&leases, "b", b_lease).await.unwrap();
+    let after = a
+        .heartbeat(&request("a", 5, ra.member_epoch, &[0]))
+        .await
+        .unwrap();
+    assert_eq!(after.response.status, HeartbeatStatus::Ok);
+    assert!(
+        !after.fast_path,
+        "the full transition re-arms after an outage"
+    );
+    let b_rearmed: f64 = conn.zscore(&leases, "b").await.unwrap();
+    assert!(
+        b_rearmed as u64 >= b_lease + 1_300_000,
+        "b's lease re-armed by the gap: {b_rearmed} < {b_lease} + 1.3 s"
+    );
+    let rb = b
+        .heartbeat(&request("b", 4, rb.member_epoch, &rb.assigned_shards))
+        .await
+        .unwrap();
+    assert_eq!(rb.response.status, HeartbeatStatus::Ok);
+}

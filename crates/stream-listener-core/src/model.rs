@@ -290,6 +290,20 @@ pub struct MemberMetadata {
     /// The member must have released shards outside its target by then (µs), or be fenced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoke_deadline: Option<Micros>,
+    /// The member's own heartbeat interval (ms): that of the `[coordination]` config of the
+    /// process whose heartbeat was last accepted. Every response to this member carries it, also
+    /// one written by another member's transition. `0` in metadata written before it was
+    /// recorded: the config of the transition running then stands in.
+    #[serde(default)]
+    pub heartbeat_interval_ms: u64,
+    /// The member's own lease TTL (ms), recorded like `heartbeatIntervalMs`; its lease is
+    /// renewed by this much, and its renewal time is its lease expiry minus this.
+    #[serde(default)]
+    pub member_lease_ttl_ms: u64,
+    /// The member's own rebalance timeout (ms), recorded like `heartbeatIntervalMs`; its
+    /// `revokeDeadline` is set with it.
+    #[serde(default)]
+    pub rebalance_timeout_ms: u64,
 }
 
 /// State of a shard the member is giving up, in a heartbeat request.

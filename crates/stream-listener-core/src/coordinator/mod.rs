@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 pub use error::{ConfigError, CoordinatorError};
-pub(crate) use transition::base_response;
 pub use transition::{advance, heartbeat, next_deadline, steady_response};
+pub(crate) use transition::{base_response, member_lease_ttl_us};
 
 use crate::fence::FenceToken;
 use crate::model::{
@@ -67,6 +67,13 @@ pub(crate) struct Variant {
     pub(crate) release_on_foreign_join: bool,
     /// Only the last replaced process's holdings are remembered.
     pub(crate) single_ghost: bool,
+    /// A hand-out hold stays in the group after it has passed, so [`next_deadline`] keeps an
+    /// instant in the past and the store's fast path falls back on every heartbeat (issue 14,
+    /// finding 1).
+    pub(crate) hand_out_hold_forever: bool,
+    /// A steady response ([`steady_response`], the store's `fast:<id>` entries) carries the
+    /// timings of the transition that wrote it, not the member's own (issue 14, finding 2).
+    pub(crate) writer_timings: bool,
 }
 
 impl Default for CoordinatorConfig {
@@ -140,10 +147,6 @@ impl CoordinatorConfig {
 
     pub(crate) fn lease_ttl_us(&self) -> Micros {
         duration_us(self.member_lease_ttl)
-    }
-
-    pub(crate) fn rebalance_timeout_us(&self) -> Micros {
-        duration_us(self.rebalance_timeout)
     }
 }
 

@@ -52,6 +52,9 @@ pub fn heartbeat(
     let response = match status {
         Answer::Fencing(status) => fencing_response(group, request, status, config),
         Answer::Accepted(status) => {
+            if let Some(member) = group.members.get_mut(&request.member_id) {
+                record_timings(member, config);
+            }
             recompute_target(group, now, config);
             let force_epoch = request.member_epoch == JOIN_EPOCH;
             let response = respond(group, &request.member_id, status, now, config, force_epoch);
@@ -81,6 +84,7 @@ pub fn advance(group: &mut Group, ctx: &Context<'_>, config: &CoordinatorConfig)
 /// Rule 1 without the new target: [`heartbeat`] computes the target once, after the request.
 fn advance_time(group: &mut Group, ctx: &Context<'_>, config: &CoordinatorConfig) {
     let now = ctx.now;
+    end_hand_out_hold_if_passed(group, now, config);
     rearm_leases_after_outage(group, now, config);
     apply_stream_view(group, ctx);
     expire_and_fence(group, now);
@@ -108,17 +112,23 @@ pub fn steady_response(
         && &member.assigned_shards == target
         && &member.current_assignment == target
         && member.revoking.is_empty();
-    converged.then(|| HeartbeatResponse {
+    let response = HeartbeatResponse {
         status: HeartbeatStatus::Ok,
         member_epoch: member.member_epoch,
         assigned_shards: target.iter().copied().collect(),
         ..base_response(group, config)
-    })
+    };
+    #[cfg(test)]
+    if config.variant.writer_timings {
+        return converged.then_some(response);
+    }
+    converged.then(|| with_own_timings(response, member, config))
 }
 
 /// The earliest time-based trigger other than a member lease (µs): revoke deadlines, replaced
 /// processes' leases, the end of a correction round, the end of a hand-out hold. The store's
-/// fast path falls back to the full transition once it has passed.
+/// fast path falls back to the full transition once it has passed. A hand-out hold that has
+/// passed is cleared by the time-based work ([`advance`]), so it counts here only until then.
 pub fn next_deadline(group: &Group) -> Option<Micros> {
     let members = group.members.values();
     let revokes = members.clone().filter_map(|m| m.revoke_deadline);
@@ -203,26 +213,31 @@ fn repeated_request(
 
 // ---- time-based work (rule 1) ------------------------------------------------------------------
 
-/// If the most recent lease renewal of any live member is older than half the lease TTL, Redis or
-/// every member was unreachable: extend leases and revoke deadlines by the gap, as Kafka does on
-/// coordinator load, so an outage does not expire everyone (DESIGN.md §5). This only delays
-/// hand-offs: a member reads by its own lease deadline, which never passes later than the
-/// recorded one, so extending a record is always safe. Replaced processes are not extended.
+/// If every live member's last lease renewal is older than half its own lease TTL, Redis or
+/// every member was unreachable: extend leases and revoke deadlines by the time since the most
+/// recent renewal, as Kafka does on coordinator load, so an outage does not expire everyone
+/// (DESIGN.md §5). This only delays hand-offs: a member reads by its own lease deadline, which
+/// never passes later than the recorded one, so extending a record is always safe. Replaced
+/// processes are not extended. Each member is judged by its own TTL (members of one group may
+/// run different `[coordination]` timings, design note 28): one member renewing on its own
+/// schedule is proof enough that there was no outage, and a renewal is its lease minus its TTL.
 fn rearm_leases_after_outage(group: &mut Group, now: Micros, config: &CoordinatorConfig) {
-    let ttl = config.lease_ttl_us();
-    let last_renewal = group
-        .members
-        .values()
-        .filter(|m| matches!(m.state, MemberState::Active | MemberState::Leaving))
-        .map(|m| m.member_lease_expires_at.saturating_sub(ttl))
-        .max();
+    let mut last_renewal: Option<Micros> = None;
+    for member in group.members.values() {
+        if !matches!(member.state, MemberState::Active | MemberState::Leaving) {
+            continue;
+        }
+        let ttl = member_lease_ttl_us(member, config);
+        let renewal = member.member_lease_expires_at.saturating_sub(ttl);
+        if now.saturating_sub(renewal) <= ttl / 2 {
+            return;
+        }
+        last_renewal = Some(last_renewal.map_or(renewal, |r| r.max(renewal)));
+    }
     let Some(last_renewal) = last_renewal else {
         return;
     };
-    if now.saturating_sub(last_renewal) <= ttl / 2 {
-        return;
-    }
-    let gap = now - last_renewal;
+    let gap = now.saturating_sub(last_renewal);
     for member in group.members.values_mut() {
         if matches!(member.state, MemberState::Active | MemberState::Leaving) {
             member.member_lease_expires_at += gap;
@@ -230,6 +245,19 @@ fn rearm_leases_after_outage(group: &mut Group, now: Micros, config: &Coordinato
                 *deadline += gap;
             }
         }
+    }
+}
+
+/// A hand-out hold (set when metadata was re-provisioned after a loss) that has passed blocks
+/// nothing any more; clearing it keeps it out of [`next_deadline`], which the fast path checks.
+fn end_hand_out_hold_if_passed(group: &mut Group, now: Micros, config: &CoordinatorConfig) {
+    let _ = config;
+    #[cfg(test)]
+    if config.variant.hand_out_hold_forever {
+        return;
+    }
+    if group.meta.hand_out_not_before.is_some_and(|t| now >= t) {
+        group.meta.hand_out_not_before = None;
     }
 }
 
@@ -347,7 +375,8 @@ fn is_lost_metadata_evidence(group: &Group, request: &HeartbeatRequest, now: Mic
 }
 
 /// Starts a new incarnation above every token found, with epochs restarting above any found,
-/// lasting at least one lease TTL and until every live member has heartbeated on it.
+/// lasting at least one lease TTL (the longest of the known members' own TTLs and this
+/// transition's) and until every live member has heartbeated on it.
 fn start_correction_round(
     group: &mut Group,
     request: &HeartbeatRequest,
@@ -370,12 +399,17 @@ fn start_correction_round(
         .chain([request.member_epoch, meta.assignment_epoch])
         .fold(meta.group_epoch, Epoch::max);
     let now = ctx.now;
+    let longest_ttl = group
+        .members
+        .values()
+        .map(|m| member_lease_ttl_us(m, config))
+        .fold(config.lease_ttl_us(), Micros::max);
     let meta = &mut group.meta;
     meta.incarnation = now.max(highest_incarnation + 1);
     meta.group_epoch = highest_epoch + 1;
     meta.correction_round = Some(CorrectionRound {
         started_at: now,
-        not_before_end: now + config.lease_ttl_us(),
+        not_before_end: now + longest_ttl,
         base_epoch: meta.group_epoch,
         synced_members: BTreeSet::new(),
     });
@@ -471,6 +505,9 @@ fn new_member(request: &HeartbeatRequest) -> MemberMetadata {
         last_heartbeat_at: 0,
         member_lease_expires_at: 0,
         revoke_deadline: None,
+        heartbeat_interval_ms: 0,
+        member_lease_ttl_ms: 0,
+        rebalance_timeout_ms: 0,
     }
 }
 
@@ -695,9 +732,60 @@ fn revoked_shards(request: &HeartbeatRequest) -> impl Iterator<Item = ShardIndex
         .map(|r| r.shard_index)
 }
 
+/// Renews the requesting member's lease by its own TTL: `config` is that of the process whose
+/// heartbeat runs, and becomes the member's recorded timings.
 fn renew_lease(member: &mut MemberMetadata, now: Micros, config: &CoordinatorConfig) {
+    record_timings(member, config);
     member.last_heartbeat_at = now;
     member.member_lease_expires_at = now + config.lease_ttl_us();
+}
+
+// ---- each member's own timings -----------------------------------------------------------------
+
+fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Records `config` (that of the requesting process) as the member's own timings (design
+/// note 28).
+fn record_timings(member: &mut MemberMetadata, config: &CoordinatorConfig) {
+    member.heartbeat_interval_ms = ms(config.heartbeat_interval);
+    member.member_lease_ttl_ms = ms(config.member_lease_ttl);
+    member.rebalance_timeout_ms = ms(config.rebalance_timeout);
+}
+
+/// A recorded timing in ms, or `fallback` when it was not recorded (`0`: data written before
+/// members' own timings were).
+fn recorded_or(recorded_ms: u64, fallback: std::time::Duration) -> u64 {
+    if recorded_ms == 0 {
+        ms(fallback)
+    } else {
+        recorded_ms
+    }
+}
+
+/// The member's own lease TTL (µs): the one its lease was last renewed with.
+pub(crate) fn member_lease_ttl_us(member: &MemberMetadata, config: &CoordinatorConfig) -> Micros {
+    recorded_or(member.member_lease_ttl_ms, config.member_lease_ttl).saturating_mul(1000)
+}
+
+fn member_rebalance_timeout_us(member: &MemberMetadata, config: &CoordinatorConfig) -> Micros {
+    recorded_or(member.rebalance_timeout_ms, config.rebalance_timeout).saturating_mul(1000)
+}
+
+/// `response` with the member's own timings: every member adopts the interval and TTL of the
+/// responses it gets, whichever member's transition wrote them.
+fn with_own_timings(
+    response: HeartbeatResponse,
+    member: &MemberMetadata,
+    config: &CoordinatorConfig,
+) -> HeartbeatResponse {
+    HeartbeatResponse {
+        heartbeat_interval_ms: recorded_or(member.heartbeat_interval_ms, config.heartbeat_interval),
+        member_lease_ttl_ms: recorded_or(member.member_lease_ttl_ms, config.member_lease_ttl),
+        rebalance_timeout_ms: recorded_or(member.rebalance_timeout_ms, config.rebalance_timeout),
+        ..response
+    }
 }
 
 // ---- holdings ----------------------------------------------------------------------------------
@@ -830,7 +918,6 @@ fn recompute_target(group: &mut Group, now: Micros, config: &CoordinatorConfig) 
         };
     }
     let target = &group.meta.target_assignment.members;
-    let deadline = now + config.rebalance_timeout_us();
     for member in group.members.values_mut() {
         if member.state != MemberState::Active {
             continue;
@@ -838,7 +925,7 @@ fn recompute_target(group: &mut Group, now: Micros, config: &CoordinatorConfig) 
         if reported_within(member, target.get(&member.member_id)) {
             member.revoke_deadline = None;
         } else if member.revoke_deadline.is_none() {
-            member.revoke_deadline = Some(deadline);
+            member.revoke_deadline = Some(now + member_rebalance_timeout_us(member, config));
         }
     }
 }
@@ -867,7 +954,8 @@ fn respond(
     };
     let assignment_epoch = group.meta.assignment_epoch;
     let round_base = group.meta.correction_round.as_ref().map(|r| r.base_epoch);
-    let member_epoch = match group.members.get_mut(member_id) {
+    let base = base_response(group, config);
+    let response = match group.members.get_mut(member_id) {
         Some(member) => {
             let stale_incarnation = round_base.is_some_and(|base| member.member_epoch < base);
             if force_epoch || stale_incarnation || assigned != member.assigned_shards {
@@ -876,16 +964,22 @@ fn respond(
                     std::mem::replace(&mut member.assigned_shards, assigned.clone());
                 member.member_epoch = assignment_epoch;
             }
-            member.member_epoch
+            with_own_timings(
+                HeartbeatResponse {
+                    member_epoch: member.member_epoch,
+                    ..base
+                },
+                member,
+                config,
+            )
         }
-        None => 0,
+        None => base,
     };
     HeartbeatResponse {
         status,
-        member_epoch,
         assigned_shards: assigned.into_iter().collect(),
         pending_shards: pending.into_iter().collect(),
-        ..base_response(group, config)
+        ..response
     }
 }
 
@@ -909,7 +1003,6 @@ fn fencing_response(
 
 /// A response carrying the group's epochs and the timings, status `OK`, nothing assigned.
 pub(crate) fn base_response(group: &Group, config: &CoordinatorConfig) -> HeartbeatResponse {
-    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     HeartbeatResponse {
         status: HeartbeatStatus::Ok,
         member_epoch: 0,

@@ -448,7 +448,6 @@ fn decode_group(
         .ok_or_else(|| StoreError::malformed(key, "field meta is missing"))?;
     let meta: GroupMetadata =
         serde_json::from_str(json).map_err(|e| StoreError::corrupt(key, META, e))?;
-    let ttl = duration_us(config.member_lease_ttl);
     let mut members = BTreeMap::new();
     for (field, json) in fields {
         let Some(id) = field.strip_prefix(MEMBER) else {
@@ -457,6 +456,9 @@ fn decode_group(
         let mut member: MemberMetadata =
             serde_json::from_str(json).map_err(|e| StoreError::corrupt(key, field, e))?;
         if let Some(lease) = leases.get(id) {
+            // The fast path moves only the lease, by the member's own TTL (members of one group
+            // may run different timings): the renewal it made is the lease minus that TTL.
+            let ttl = coordinator::member_lease_ttl_us(&member, config);
             member.member_lease_expires_at = *lease;
             member.last_heartbeat_at = member.last_heartbeat_at.max(lease.saturating_sub(ttl));
         }

@@ -93,8 +93,10 @@ return 1
 /// activeConsumerWorkers (stored with the sequence: the only report a steady heartbeat changes).
 /// Returns {'1', response JSON} when answered, {'2', last seq} for a stale request, {'0'} when
 /// the full transition must run: the group is not STABLE, the stream changed, a deadline or the
-/// earliest lease has passed, every lease is old (an outage to re-arm), or the request differs
-/// from the member's steady fingerprint.
+/// earliest lease has passed, the requester's own lease is older than half its TTL (the full
+/// transition then decides whether there was an outage to re-arm: members may run different
+/// TTLs, and only the requester's is known here, design note 28), or the request differs from
+/// the member's steady fingerprint.
 pub(crate) fn group_fast_path() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
@@ -119,9 +121,9 @@ local response = string.sub(entry, nl + 1)
 if seq == last then return {'1', response} end
 local ttl = tonumber(ARGV[4])
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 if first[2] == nil or tonumber(first[2]) <= now then return {'0'} end
-if tonumber(newest[2]) < now + ttl / 2 then return {'0'} end
+local own = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not own or tonumber(own) < now + ttl / 2 then return {'0'} end
 redis.call('ZADD', KEYS[2], 'XX', string.format('%.0f', now + ttl), ARGV[1])
 redis.call('HSET', h, 'fastseq:' .. ARGV[1], ARGV[3], 'fastworkers:' .. ARGV[1], ARGV[6])
 redis.call('HINCRBY', h, 'leaseRevision', 1)
