@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 
 use crate::coordinator::{
-    Context, CoordinatorConfig, CoordinatorError, Group, StreamView, heartbeat, next_deadline,
-    steady_response,
+    Context, CoordinatorConfig, CoordinatorError, Group, StreamView, heartbeat,
+    member_lease_ttl_us, next_deadline, steady_response,
 };
 use crate::fence::FenceToken;
 use crate::model::{
@@ -137,9 +137,10 @@ impl Store {
     pub(super) fn load(&self, config: &CoordinatorConfig) -> Option<Group> {
         let mut group = self.group.clone()?;
         group.history.clear();
-        let ttl = config.lease_ttl_us();
         for (id, member) in group.members.iter_mut() {
             if let Some(lease) = self.leases.get(id) {
+                // The member's own TTL (design note 28).
+                let ttl = member_lease_ttl_us(member, config);
                 member.member_lease_expires_at = *lease;
                 member.last_heartbeat_at = member.last_heartbeat_at.max(lease.saturating_sub(ttl));
             }
@@ -204,7 +205,7 @@ impl Store {
                 renewed: false,
             };
         }
-        if let Some(reason) = self.lease_checks(now, config) {
+        if let Some(reason) = self.lease_checks(&request.member_id, now, config) {
             return FastAnswer::Fallback(reason);
         }
         self.renew(request, now, config);
@@ -214,23 +215,25 @@ impl Store {
         }
     }
 
-    /// The script's checks on the sorted set: the earliest lease has not passed, and the newest is
-    /// at least half the requester's TTL ahead (else an outage to re-arm).
-    fn lease_checks(&self, now: Micros, config: &CoordinatorConfig) -> Option<&'static str> {
+    /// The script's checks on the sorted set: the earliest lease has not passed, and the
+    /// requester's own lease is at least half its TTL ahead (else the full transition decides
+    /// whether there was an outage to re-arm).
+    fn lease_checks(
+        &self,
+        member_id: &str,
+        now: Micros,
+        config: &CoordinatorConfig,
+    ) -> Option<&'static str> {
         let ttl = config.lease_ttl_us();
-        let first = self.leases.values().min();
-        let newest = self.leases.values().max();
-        match (first, newest) {
-            (Some(first), Some(newest)) => {
-                if *first <= now {
-                    Some("earliest lease passed")
-                } else if 2 * *newest < 2 * now + ttl {
-                    Some("every lease is old (outage)")
-                } else {
-                    None
-                }
-            }
-            _ => Some("no lease"),
+        let Some(first) = self.leases.values().min() else {
+            return Some("no lease");
+        };
+        if *first <= now {
+            return Some("earliest lease passed");
+        }
+        match self.leases.get(member_id) {
+            Some(own) if 2 * *own >= 2 * now + ttl => None,
+            _ => Some("own lease old (outage?)"),
         }
     }
 
