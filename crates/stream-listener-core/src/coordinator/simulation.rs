@@ -474,6 +474,9 @@ impl World {
     // ---- the store -----------------------------------------------------------------------------
 
     fn deliver_to_coordinator(&mut self, message: Message) -> Result<(), String> {
+        // Redis `TIME` moves on between two scripts (a group lost and re-provisioned in the same
+        // µs as a correction round started would share its incarnation).
+        self.now += 1;
         let config = self.procs[message.proc].config.clone();
         let view = if self.faults.stale_views {
             message.view.clone()
@@ -513,7 +516,8 @@ impl World {
                 if outcome == Err(StoreFailure::MissingGroup) {
                     // `member/heartbeat.rs` re-provisions with its store's timings.
                     let current = self.stream.view();
-                    if self.store.provision(&current, now, true, &config) {
+                    self.now += 1;
+                    if self.store.provision(&current, self.now, true, &config) {
                         self.log.push(format!(
                             "t={} {} re-provisions the group, hold {}ms",
                             now / MS,
@@ -630,11 +634,17 @@ impl World {
             Ok(expected) if renewed => expected == response,
             Ok(_) if lease_passed => true,
             Ok(expected) => acted_on(expected) == acted_on(response) || fresh(),
+            // A late duplicate matching a fast entry that a later full transition left in place
+            // (with its old `fastseq`): answered, where the full transition says stale. Harmless:
+            // the process has sent a later request since, so it waits for this answer no more.
+            Err(StoreFailure::Stale { last }) => !renewed && *last > request.request_seq,
             Err(_) => false,
         };
         if !same {
             return Err(format!(
-                "fast path answered {response:?}\n  but the full transition {expected:?}"
+                "fast path answered {}({}) seq={} (lease renewed: {renewed}) with {response:?}\n  \
+                 but the full transition {expected:?}",
+                request.member_id, request.process_id, request.request_seq
             ));
         }
         if renewed {
@@ -1429,14 +1439,36 @@ fn random_histories_with_lost_writes_keep_fences_exclusive() {
 }
 
 /// The long run of issue 14: `SIM_SEEDS` histories of `SIM_STEPS` steps with every fault
-/// today's protocol survives (defaults: 500 × 2,000 = 10⁶ steps). Run it in release:
-/// `cargo test --release -p stream-listener-core --lib coordinator::simulation::long -- --ignored`.
+/// today's protocol survives (defaults: 500 × 2,000 = 10⁶ steps). It runs every seed and lists
+/// the failing ones by their first line. In debug:
+/// `SIM_SEEDS=500 SIM_STEPS=2000 cargo test -p stream-listener-core --lib coordinator::simulation::long -- --ignored --nocapture`.
 #[test]
-#[ignore = "10^6 steps: run by hand in release"]
+#[ignore = "10^6 steps: run by hand"]
 fn long_random_histories_keep_every_invariant() {
     let started = Instant::now();
-    let stats = run_all(Faults::survived(), 500, steps(2_000));
-    eprintln!("{stats:?} in {:.1}s", started.elapsed().as_secs_f64());
+    let mut total = Stats::default();
+    let mut failures = Vec::new();
+    for seed in seeds(500) {
+        match run_history(seed, steps(2_000), Variant::default(), Faults::survived()) {
+            Ok(stats) => {
+                total.steps += stats.steps;
+                total.fast_answers += stats.fast_answers;
+                total.full_transitions += stats.full_transitions;
+                total.admin_ops += stats.admin_ops;
+                total.group_losses += stats.group_losses;
+            }
+            Err(report) => {
+                let first = report.lines().take(2).collect::<Vec<_>>().join(" / ");
+                eprintln!("FAILED {first}");
+                failures.push(seed);
+            }
+        }
+    }
+    eprintln!(
+        "{total:?} in passing histories, {:.1}s; failing seeds {failures:?}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(failures.is_empty(), "failing seeds {failures:?}");
 }
 
 /// Each known-wrong rule of `protocol_model.py --variant` must be caught by some seed.
@@ -1565,6 +1597,22 @@ fn catches_the_effects_of_steady_responses_with_the_writers_timings() {
         first_failure(variant, faults, 200, 400),
         "writer-timings (effects)",
         &["readable by lease by", "yet it got"],
+    );
+}
+
+/// Open store defect (reported, not fixed here): `Writes::diff` leaves a member's `fast:<id>`
+/// and `fastseq:<id>` in place when the member has no steady response at a write (here a static
+/// member after `-2`), so a late duplicate of a request older than the member's last one matches
+/// the old entry, passes `seq > fastseq`, and renews the lease of a member that has left, where
+/// the full transition answers `StaleRequestSeq`. Seed 1048, step 433, of the long run. When it is
+/// fixed, turn this into a `Variant` test.
+#[test]
+fn finds_a_late_request_renewing_a_lease_through_an_outdated_fast_entry() {
+    let report = run_history(1048, 433, Variant::default(), Faults::survived()).err();
+    assert_caught_as(
+        report,
+        "outdated fast entry",
+        &["(lease renewed: true) with HeartbeatResponse"],
     );
 }
 
