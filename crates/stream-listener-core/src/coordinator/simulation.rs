@@ -1439,7 +1439,8 @@ fn random_histories_with_lost_writes_keep_fences_exclusive() {
 }
 
 /// The long run of issue 14: `SIM_SEEDS` histories of `SIM_STEPS` steps with every fault
-/// today's protocol survives (defaults: 500 × 2,000 = 10⁶ steps). It runs every seed and lists
+/// today's protocol survives, or those of `SIM_FAULTS` (defaults: 500 × 2,000 = 10⁶ steps). It
+/// runs every seed and lists
 /// the failing ones by their first line. In debug:
 /// `SIM_SEEDS=500 SIM_STEPS=2000 cargo test -p stream-listener-core --lib coordinator::simulation::long -- --ignored --nocapture`.
 #[test]
@@ -1449,7 +1450,8 @@ fn long_random_histories_keep_every_invariant() {
     let mut total = Stats::default();
     let mut failures = Vec::new();
     for seed in seeds(500) {
-        match run_history(seed, steps(2_000), Variant::default(), Faults::survived()) {
+        let faults = faults_from_env(Faults::survived());
+        match run_history(seed, steps(2_000), Variant::default(), faults) {
             Ok(stats) => {
                 total.steps += stats.steps;
                 total.fast_answers += stats.fast_answers;
@@ -1646,30 +1648,41 @@ proptest::proptest! {
     }
 }
 
-/// Replays one history with the faults named in `SIM_FAULTS` (comma-separated field names of
-/// [`Faults`], or `all`): `SIM_SEED=3 SIM_FAULTS=all cargo test ... simulation::replay -- --ignored`.
-#[test]
-#[ignore = "replays SIM_SEED by hand"]
-fn replay() {
-    let names = std::env::var("SIM_FAULTS").unwrap_or_default();
+/// The faults named in `SIM_FAULTS` (comma-separated field names of [`Faults`], `-name` to turn
+/// one off, `all`, `survived`), or `default` without it.
+fn faults_from_env(default: Faults) -> Faults {
+    let Ok(names) = std::env::var("SIM_FAULTS") else {
+        return default;
+    };
     let mut faults = Faults::default();
     for name in names.split(',') {
-        match name.trim() {
+        let name = name.trim();
+        let (on, field) = match name.strip_prefix('-') {
+            Some(field) => (false, field),
+            None => (true, name),
+        };
+        match field {
             "all" => faults = Faults::all(),
             "survived" => faults = Faults::survived(),
-            "lost_writes" => faults.lost_writes = true,
-            "stream_changes" => faults.stream_changes = true,
-            "check_holdings" => faults.check_holdings = true,
-            "mixed_timings" => faults.mixed_timings = true,
-            "group_loss" => faults.group_loss = true,
-            "stale_views" => faults.stale_views = true,
-            "-stale_views" => faults.stale_views = false,
-            "-lost_writes" => faults.lost_writes = false,
-            "-group_loss" => faults.group_loss = false,
-            "-mixed_timings" => faults.mixed_timings = false,
+            "lost_writes" => faults.lost_writes = on,
+            "stream_changes" => faults.stream_changes = on,
+            "check_holdings" => faults.check_holdings = on,
+            "mixed_timings" => faults.mixed_timings = on,
+            "group_loss" => faults.group_loss = on,
+            "stale_views" => faults.stale_views = on,
+            "effects_only" => faults.effects_only = on,
             _ => {}
         }
     }
+    faults
+}
+
+/// Replays one history: `SIM_SEED=3 SIM_FAULTS=all cargo test -p stream-listener-core --lib
+/// coordinator::simulation::replay -- --ignored`.
+#[test]
+#[ignore = "replays SIM_SEED by hand"]
+fn replay() {
+    let faults = faults_from_env(Faults::default());
     let seed = env_u64("SIM_SEED").unwrap_or(0);
     match run_history(seed, steps(400), Variant::default(), faults) {
         Ok(stats) => eprintln!("seed {seed} ok: {stats:?}"),
