@@ -6,6 +6,10 @@
 //! - `a`: 100 members × 1,000 shards. Goal: Redis under 5% of one core, p99 under 10 ms, no
 //!   `RETRY`.
 //! - `b`: 1,000 members × 10,000 shards (the next goal), same figures.
+//! - `c`: as `b`, but the group metadata is provisioned as after a loss
+//!   (`GroupStore::provision(true)`: no shard is handed out for one lease TTL), so convergence
+//!   waits out the hold; the steady state shows whether the fast path answers once it has
+//!   passed (issue 14, finding 1: it did not, and every heartbeat was a full transition).
 //!
 //! Each scenario, on its server, in this order:
 //! 1. idle: nothing sent for a few seconds (Redis's own background CPU);
@@ -32,7 +36,8 @@
 //! - `--window <secs>` / `STORE_BENCH_WINDOW_SECS`: the measured steady window (default 30);
 //! - `--baseline-window <secs>` / `STORE_BENCH_BASELINE_SECS`: each baseline's window (default 10);
 //! - `--idle <secs>` / `STORE_BENCH_IDLE_SECS`: the idle window (default 5);
-//! - `--scenario a|b|all` / `STORE_BENCH_SCENARIO`: which scenarios (default all);
+//! - `--scenario a|b|c|all` / `STORE_BENCH_SCENARIO`: which scenarios, comma-separated
+//!   (default all);
 //! - `--converge-limit <secs>` / `STORE_BENCH_CONVERGE_SECS`: give up converging a scenario
 //!   after this long (default 300; its steady state is then not measured);
 //! - `--lease-ttl <secs>` / `STORE_BENCH_LEASE_TTL_SECS`: `member_lease_ttl` of every scenario
@@ -73,6 +78,8 @@ struct Scenario {
     /// `member_lease_ttl` (`None`: the default, 15 s). Heartbeat interval (3 s) and rebalance
     /// timeout (60 s) are always the defaults.
     lease_ttl: Option<Duration>,
+    /// The group is provisioned as after a loss (a hand-out hold of one lease TTL).
+    after_loss: bool,
 }
 
 impl Scenario {
@@ -88,12 +95,13 @@ impl Scenario {
     }
 }
 
-const SCENARIOS: [Scenario; 2] = [
+const SCENARIOS: [Scenario; 3] = [
     Scenario {
         name: "a",
         members: 100,
         shards: 1_000,
         lease_ttl: None,
+        after_loss: false,
     },
     Scenario {
         name: "b",
@@ -105,6 +113,15 @@ const SCENARIOS: [Scenario; 2] = [
         // after round (BENCHMARKS.md; try `--scenario b --lease-ttl 15`). The steady state
         // (fast path) does not depend on the TTL.
         lease_ttl: Some(Duration::from_secs(60)),
+        after_loss: false,
+    },
+    Scenario {
+        name: "c",
+        members: 1_000,
+        shards: 10_000,
+        // As b; the hand-out hold lasts this long too, so convergence takes a minute longer.
+        lease_ttl: Some(Duration::from_secs(60)),
+        after_loss: true,
     },
 ];
 
@@ -708,12 +725,17 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
     let ttl = config.member_lease_ttl;
     println!(
         "\n== scenario {}: {} members x {} shards, a heartbeat every {interval:?} each \
-         ({:.1}/s), lease TTL {ttl:?}, rebalance timeout {:?}",
+         ({:.1}/s), lease TTL {ttl:?}, rebalance timeout {:?}{}",
         scenario.name,
         scenario.members,
         scenario.shards,
         scenario.members as f64 / interval.as_secs_f64(),
-        config.rebalance_timeout
+        config.rebalance_timeout,
+        if scenario.after_loss {
+            ", group provisioned as after a loss (hand-out hold of one lease TTL)"
+        } else {
+            ""
+        }
     );
     let server = RedisServer::start().expect("start redis-server");
     println!("  redis-server pid {:?} at {}", server.pid(), server.url());
@@ -783,7 +805,10 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
         group_keys.clone(),
         config,
     );
-    store.provision(false).await.expect("provision");
+    store
+        .provision(scenario.after_loss)
+        .await
+        .expect("provision");
     let mut members: Vec<Member> = (0..scenario.members)
         .map(|i| Member::new(member_id(i), store.clone()))
         .collect();
@@ -875,6 +900,12 @@ fn print_window(name: &str, m: &Measured) {
     let retries = m.count(|s| s.status == Some(HeartbeatStatus::Retry));
     let errors = m.count(|s| s.error);
     let conflicts = m.count(|s| s.attempts > 1);
+    let fencing = m.count(|s| {
+        matches!(
+            s.status,
+            Some(HeartbeatStatus::UnknownMemberId | HeartbeatStatus::FencedMemberEpoch)
+        )
+    });
     println!(
         "  {name}: {} requests in {:.1?} ({:.1}/s), p50 {}, p99 {}, max {}, Redis CPU {:.3}% \
          of a core{}",
@@ -894,7 +925,8 @@ fn print_window(name: &str, m: &Measured) {
     if m.samples.iter().any(|s| s.status.is_some()) {
         println!(
             "    fast path {fast} ({:.1}%), full transitions {full}, CAS conflicts {conflicts}, \
-             RETRY {retries}, group revision +{}",
+             RETRY {retries}, UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH {fencing}, \
+             group revision +{}",
             100.0 * fast as f64 / m.samples.len().max(1) as f64,
             m.revision_delta
                 .map_or_else(|| "?".into(), |d| d.to_string())
