@@ -1347,11 +1347,8 @@ fn comparable(group: Option<Group>) -> Option<Group> {
     // The metadataVersion a member last reported is descriptive only (read by nothing but
     // `describe`), and the fast path does not record it: a steady request's version is the
     // group's (its fingerprint says so), while a full transition stores the request's.
-    // `lastHeartbeatAt` is descriptive too, and a load derives it from the lease with the
-    // loader's TTL, which with mixed timings is not the TTL the lease was renewed with.
     for member in group.members.values_mut() {
         member.metadata_version = 0;
-        member.last_heartbeat_at = 0;
     }
     Some(group)
 }
