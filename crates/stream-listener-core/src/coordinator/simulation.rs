@@ -268,7 +268,8 @@ pub(crate) struct Faults {
     pub(crate) stale_views: bool,
     /// Skip the checks that compare a fast-path answer with the full transition's, a fallback
     /// with its full transition, and a response's timings with the requester's: a defect must
-    /// then show through what it breaks (two readers, a punctual member expired, no convergence).
+    /// then show through what it breaks (two readers, a punctual member expired, no convergence,
+    /// a settled group off the fast path).
     pub(crate) effects_only: bool,
 }
 
@@ -1246,15 +1247,27 @@ impl World {
             let state = self.store.load(&self.check_config()).map(|g| g.meta.state);
             return Err(format!("no convergence: group {state:?}"));
         }
-        // An unchanged group: heartbeats change no epoch and it stays STABLE.
+        // An unchanged group: heartbeats change no epoch and it stays STABLE; once every member
+        // has heartbeated on the settled group, the fast path answers every heartbeat.
         let before = self.epoch_fingerprint();
-        for _ in 0..3 * MAX_HEARTBEAT / TICK {
+        for _ in 0..MAX_HEARTBEAT / TICK {
+            self.settle_tick()?;
+        }
+        let full_before = self.stats.full_transitions;
+        for _ in 0..2 * MAX_HEARTBEAT / TICK {
             self.settle_tick()?;
         }
         if self.epoch_fingerprint() != before || !self.is_settled() {
             return Err(format!(
                 "unchanged group changed epochs {before:?} -> {:?}",
                 self.epoch_fingerprint(),
+            ));
+        }
+        let full = self.stats.full_transitions - full_before;
+        if full > 0 {
+            return Err(format!(
+                "a settled group ran {full} full transitions for steady heartbeats (steady {:?})",
+                self.store.steady
             ));
         }
         Ok(())
@@ -1558,6 +1571,26 @@ fn catches_a_hand_out_hold_that_never_ends() {
         first_failure(variant, faults, 100, 400),
         "hand-out-hold-forever",
         &["fast path fell back (deadline passed"],
+    );
+}
+
+/// Finding 1 through what it breaks, without the fallback check: after a re-provisioning, a
+/// settled group keeps running full transitions for steady heartbeats.
+#[test]
+fn catches_the_effect_of_a_hand_out_hold_that_never_ends() {
+    let variant = Variant {
+        hand_out_hold_forever: true,
+        ..Variant::default()
+    };
+    let faults = Faults {
+        group_loss: true,
+        effects_only: true,
+        ..Faults::default()
+    };
+    assert_caught_as(
+        first_failure(variant, faults, 100, 400),
+        "hand-out-hold-forever (effects)",
+        &["a settled group ran"],
     );
 }
 
