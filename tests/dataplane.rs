@@ -980,6 +980,21 @@ async fn every_operation_works_on_a_cluster_across_slots() {
             .await
             .unwrap();
         assert!(!id.is_empty());
+        // Handler attempts on a re-delivered entry (design note 29): counted in the shard's
+        // slot, fenced like an ack, forgotten on request.
+        assert_eq!(b.count_attempt(shard, &b6, "2-0").await.unwrap(), Ok(1));
+        assert_eq!(b.count_attempt(shard, &b6, "2-0").await.unwrap(), Ok(2));
+        assert_eq!(
+            a.count_attempt(shard, &a5, "2-0").await.unwrap(),
+            Err(Fenced::Higher {
+                found: Some(b6.clone())
+            })
+        );
+        let attempts: Vec<(String, u64)> = conn.hgetall(keys.attempts(shard)).await.unwrap();
+        assert_eq!(attempts, vec![("g|2-0".to_owned(), 2)]);
+        b.forget_attempts(shard, &["2-0"]).await.unwrap();
+        let left: u64 = conn.exists(keys.attempts(shard)).await.unwrap();
+        assert_eq!(left, 0);
         assert_eq!(b.ack(shard, &b6, &ids(1, 5)).await.unwrap(), Ok(5));
         assert_eq!(pel(&mut conn, &key).await, vec![]);
     }

@@ -6,8 +6,9 @@
 //!   and the shard goes on with the next entry, in order;
 //! - the retries of one shard's poison message do not hold up the member's other shards;
 //! - an undecodable payload is dead-lettered at once with reason `decode`, never retried;
-//! - an entry delivered more than `max_deliveries` times is dead-lettered without calling the
-//!   handler (and one delivered exactly `max_deliveries` times is handled).
+//! - `max_deliveries` counts handler attempts, not deliveries (issue 14, finding 7): an entry
+//!   re-delivered 12 times without a handler attempt is handled; one whose handler dies with its
+//!   process each time is dead-lettered after `max_deliveries` attempts without another one.
 
 mod member_support;
 
@@ -23,6 +24,8 @@ use stream_listener::core::model::StartFrom;
 use stream_listener::testing::RedisServer;
 
 const DEAD_LETTERS: &str = "orders:dlq:billing";
+/// The `error` field of a `max-deliveries` dead letter.
+const MAX_DELIVERIES_ERROR: &str = "max_deliveries handler attempts did not finish";
 
 /// The dead-letter stream: (id, fields in order).
 async fn dead_letters(conn: &mut RedisConnection) -> Vec<(String, Vec<(String, String)>)> {
@@ -335,8 +338,9 @@ async fn an_undecodable_payload_is_dead_lettered_at_once_with_reason_decode_and_
     listener.shutdown_and_wait().await;
 }
 
-/// Delivers `id` of shard 0 `times` times to consumer `crasher` (as a process that crashed on it
-/// each time would have had it delivered): `>` once, then its own history from `0`.
+/// Delivers the entries of shard 0 `times` times to consumer `crasher` without handling them
+/// (as read-ahead handed over from member to member, or re-reads after errors whose command ran):
+/// `>` once, then its own history from `0`.
 async fn deliver(conn: &mut RedisConnection, times: u64) {
     for k in 0..times {
         let _: redis::Value = redis::cmd("XREADGROUP")
@@ -354,8 +358,22 @@ async fn deliver(conn: &mut RedisConnection, times: u64) {
     }
 }
 
+/// Fields of the handler-attempt companion hash `{orders:0}:attempts` (design note 29).
+async fn attempt_fields(conn: &mut RedisConnection) -> Vec<(String, u64)> {
+    let map: std::collections::BTreeMap<String, u64> = redis::cmd("HGETALL")
+        .arg("{orders:0}:attempts")
+        .query_async(conn)
+        .await
+        .unwrap();
+    map.into_iter().collect()
+}
+
+/// Issue 14, finding 7: re-reads raise the PEL delivery count, handler attempts are what
+/// `max_deliveries` counts. An entry delivered 12 times (more than `max_deliveries = 10`)
+/// without a handler ever seeing it is handled, not dead-lettered; and its attempt count is
+/// gone once it is acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_without_the_handler() {
+async fn twelve_handovers_of_an_unhandled_entry_do_not_dead_letter_it() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start().unwrap();
     let target = RedisTarget::Standalone(server.url());
@@ -364,27 +382,18 @@ async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_with
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
-    // `over` was delivered 4 times to a consumer that died on it each time; `at` twice. The
-    // takeover claims them without changing the counts (JUSTID), then its own-pending read
-    // delivers them once more: `over` 5 times > max_deliveries 3, `at` 3 times = max_deliveries.
-    let over = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
-    deliver(&mut conn, 3).await;
-    let at = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
-    deliver(&mut conn, 2).await;
-    let counts: Vec<(String, String, u64)> = pel(&mut conn, 0).await;
+    let entry = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    deliver(&mut conn, 12).await;
     assert_eq!(
-        counts,
-        vec![
-            (over.clone(), "crasher".to_owned(), 4),
-            (at.clone(), "crasher".to_owned(), 2)
-        ],
-        "the setup's delivery counts"
+        pel(&mut conn, 0).await,
+        vec![(entry.clone(), "crasher".to_owned(), 12)],
+        "the setup's delivery count"
     );
-    let after = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":3}"#)]).await;
+    let after = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
 
     let recorder = Arc::new(Recorder::default());
     let mut opts = options(1);
-    opts.max_deliveries = 3;
+    opts.max_deliveries = 10;
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
     let done = wait_until(Duration::from_secs(15), || {
         recorder.handled().contains(&(0, after.clone()))
@@ -398,8 +407,98 @@ async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_with
         .collect();
     assert_eq!(
         seen,
-        vec![(at.clone(), 3), (after.clone(), 1)],
-        "the handler ran on the over-delivered entry, or with wrong delivery counts"
+        vec![(entry.clone(), 13), (after.clone(), 1)],
+        "the re-delivered entry was not handled once, in order"
+    );
+    let letters = dead_letters(&mut conn).await;
+    assert!(letters.is_empty(), "dead-lettered unhandled: {letters:?}");
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    assert_eq!(
+        attempt_fields(&mut conn).await,
+        vec![],
+        "attempt count left"
+    );
+    listener.shutdown_and_wait().await;
+}
+
+/// Issue 14, finding 7, the other side: an entry whose handler never finishes because the
+/// process dies in it (`ListenerHandle::abort` during the handler, one process after another)
+/// is still dead-lettered after `max_deliveries` handler attempts, without a further attempt;
+/// the shard then goes on in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_crashes_its_handler_is_dead_lettered_after_max_deliveries_attempts() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
+        .await
+        .unwrap();
+    let poison = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    let after = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
+    const MAX_DELIVERIES: u64 = 3;
+    let recorder = Arc::new(Recorder::default());
+    let attempts_on = |recorder: &Recorder| {
+        recorder
+            .calls()
+            .iter()
+            .filter(|c| c.entry_id == poison)
+            .count()
+    };
+    // Each process starts the poison entry's handler, which never returns (it would crash the
+    // process), and dies in it.
+    for attempt in 1..=MAX_DELIVERIES as usize {
+        let mut opts = options(1);
+        opts.max_deliveries = MAX_DELIVERIES;
+        opts.events = Some(recorder.callback());
+        let inner = recording_handler(recorder.clone(), Duration::ZERO, None);
+        let handler = move |delivery: stream_listener::core::handler::Delivery| {
+            let poisoned = payload_n(&delivery) == Some(1);
+            let run = inner(delivery);
+            Box::pin(async move {
+                let outcome = run.await;
+                if poisoned {
+                    std::future::pending::<()>().await;
+                }
+                outcome
+            })
+                as std::pin::Pin<
+                    Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>,
+                >
+        };
+        let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
+            .unwrap()
+            .start()
+            .await
+            .unwrap();
+        let started = wait_until(Duration::from_secs(15), || {
+            attempts_on(&recorder) == attempt
+        })
+        .await;
+        assert!(started, "attempt {attempt}: {:?}", recorder.calls());
+        listener.abort();
+    }
+    // The next process dead-letters it without running the handler, then handles the next one.
+    let mut opts = options(1);
+    opts.max_deliveries = MAX_DELIVERIES;
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    let done = wait_until(Duration::from_secs(15), || {
+        recorder.handled().contains(&(0, after.clone()))
+    })
+    .await;
+    assert!(
+        done,
+        "{:?}\npending {:?}\ndead letters {:?}",
+        recorder.calls(),
+        pel(&mut conn, 0).await,
+        dead_letters(&mut conn).await
+    );
+    assert_eq!(
+        attempts_on(&recorder),
+        MAX_DELIVERIES as usize,
+        "{:?}",
+        recorder.calls()
     );
     let letters = dead_letters(&mut conn).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
@@ -407,17 +506,22 @@ async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_with
         letters[0].1,
         fields(&[
             ("sourceStream", "{orders:0}"),
-            ("sourceId", &over),
+            ("sourceId", &poison),
             ("shard", "0"),
             ("group", GROUP),
             ("reason", "max-deliveries"),
-            ("error", "delivered more than max_deliveries times"),
+            ("error", MAX_DELIVERIES_ERROR),
             ("attempts", "0"),
             ("key", "k"),
             ("payload", r#"{"n":1}"#),
         ])
     );
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    assert_eq!(
+        attempt_fields(&mut conn).await,
+        vec![],
+        "attempt count left"
+    );
     listener.shutdown_and_wait().await;
 }
 

@@ -259,3 +259,21 @@ return {'OK', claimed, trimmed, more}
     });
     &SCRIPT
 }
+
+/// Counts one handler attempt on a re-delivered entry (DESIGN.md §8 `max_deliveries`, design
+/// note 29), always fenced. Breaks the two-key convention above with a third key in the same
+/// slot: `KEYS[3]` the shard's attempt hash `{<prefix>:<i>}:attempts`; `ARGV[5]` the field
+/// `<group>|<entry id>`. Returns `{'OK', attempts}`: the attempts started on the entry so far,
+/// this one included (the first delivery's, which is never counted, not included).
+pub(crate) fn count_attempt() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        with_prelude(
+            r"
+local refused = refusal()
+if refused then return refused end
+return {'OK', redis.call('HINCRBY', KEYS[3], ARGV[5], 1)}
+",
+        )
+    });
+    &SCRIPT
+}

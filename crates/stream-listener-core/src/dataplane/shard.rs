@@ -561,6 +561,92 @@ impl ShardClient {
             .map_err(DataPlaneError::redis("dead_letter", Some(shard)))
     }
 
+    /// Counts one handler attempt on entry `entry_id` of `shard`, which was delivered before
+    /// (its delivery count is above 1), in the shard's attempt hash
+    /// `{<prefix>:<i>}:attempts`, field `<group>|<entry id>` (`HINCRBY`, fenced like an ack,
+    /// whatever the [`FencingMode`]: a member that lost the shard counts nothing). Call it just
+    /// before the first handler attempt of such a delivery; a first delivery is never counted
+    /// (no cost on the hot path). Re-reads and claims do not count: only attempts do, so
+    /// `max_deliveries` stops an entry that keeps killing its process, not one that was handed
+    /// over unhandled (issue 14, finding 7). Remove the count with
+    /// [`ShardClient::forget_attempts`] once the entry is acked or dead-lettered.
+    ///
+    /// Returns the attempts counted so far, this one included (at least 1), or the refusal.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] when Redis fails (the count may or may not have risen: an
+    /// attempt counted twice brings the dead letter one attempt early, never late).
+    pub async fn count_attempt(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        entry_id: &str,
+    ) -> Result<Result<u64, Fenced>, DataPlaneError> {
+        const OP: &str = "count_attempt";
+        let script = scripts::count_attempt();
+        let (stream, fence, attempts) = (
+            self.keys.shard(shard),
+            self.keys.fence(shard),
+            self.keys.attempts(shard),
+        );
+        let field = self.attempt_field(entry_id);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(3)
+            .arg(stream)
+            .arg(fence)
+            .arg(attempts)
+            .arg(&self.group);
+        cmd.arg(self.encoded(token));
+        cmd.arg(token.incarnation)
+            .arg(token.member_epoch)
+            .arg(field);
+        let reply = self.run(OP, shard, ScriptCall { script, cmd }).await?;
+        match reply {
+            Reply::Refused(fenced) => Ok(Err(fenced)),
+            Reply::Done(status, rest) if status == "OK" && rest.len() == 1 => int(&rest[0])
+                .and_then(|n| u64::try_from(n).ok())
+                .filter(|n| *n >= 1)
+                .map(Ok)
+                .ok_or_else(|| DataPlaneError::unexpected(OP, Some(shard), "attempt count")),
+            Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
+                OP,
+                Some(shard),
+                format!("status {status:?} with {} values", rest.len()),
+            )),
+        }
+    }
+
+    /// Removes the attempt counts ([`ShardClient::count_attempt`]) of `entry_ids` on `shard`
+    /// (`HDEL`, not fenced: removing a count of an entry that is finished is always right).
+    /// No ids: nothing is sent.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] when Redis fails (the field stays: a few bytes until the shard
+    /// is retired, never a wrong dead letter, since the entry is no longer pending).
+    pub async fn forget_attempts(
+        &mut self,
+        shard: ShardIndex,
+        entry_ids: &[&str],
+    ) -> Result<(), DataPlaneError> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(self.keys.attempts(shard));
+        for id in entry_ids {
+            cmd.arg(self.attempt_field(id));
+        }
+        cmd.query_async::<()>(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis("forget_attempts", Some(shard)))
+    }
+
+    /// The attempt hash field of `entry_id`: `<group>|<entry id>`.
+    fn attempt_field(&self, entry_id: &str) -> String {
+        format!("{}|{entry_id}", self.group)
+    }
+
     /// `EVALSHA` of `script` on `shard` with the common keys and arguments; the caller adds its
     /// own. Built directly: a `ScriptInvocation` copies every argument twice, and the ack carries
     /// a batch of ids.

@@ -45,6 +45,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const ERROR_PAUSE: Duration = Duration::from_millis(500);
 /// Ids claimed per claim call.
 const CLAIM_BATCH: usize = 256;
+/// The `error` field of a `max-deliveries` dead letter.
+const MAX_DELIVERIES_ERROR: &str = "max_deliveries handler attempts did not finish";
 
 /// Everything a shard task needs from its member.
 pub(crate) struct ShardTaskContext {
@@ -709,6 +711,8 @@ impl ShardTask {
             EntryStatus::Present => {}
             EntryStatus::Trimmed => {
                 tracing::warn!(entry = %entry.id, "entry trimmed while pending: acked without handling");
+                // It may have been counted by a process that died in its handler.
+                self.forget_attempts(entry).await;
                 return Ok(Outcome::Ack);
             }
             EntryStatus::TooLarge { bytes } => {
@@ -718,16 +722,54 @@ impl ShardTask {
                 return Ok(Outcome::Ack);
             }
         }
-        if entry.delivery_count > max_deliveries {
-            self.dead_letter(
-                entry,
-                DeadLetterReason::MaxDeliveries,
-                "delivered more than max_deliveries times",
-                0,
-            )
-            .await?;
-            return Ok(Outcome::Ack);
+        // `max_deliveries` counts handler attempts, not deliveries: re-reads and handovers of
+        // read-ahead raise the PEL count without any attempt (issue 14, finding 7). A first
+        // delivery costs nothing; a re-delivered entry's attempts are counted in Redis just
+        // before its first attempt here, and the first delivery is assumed to have reached a
+        // handler (it may have killed its process uncounted).
+        let counted = entry.delivery_count > 1;
+        if counted {
+            let attempts = match self
+                .client
+                .count_attempt(self.shard, token, &entry.id)
+                .await?
+            {
+                Ok(attempts) => attempts,
+                Err(fenced) => {
+                    self.conflict("attempt", fenced, token).await;
+                    return Ok(Outcome::Abandon);
+                }
+            };
+            if attempts.saturating_add(1) > max_deliveries {
+                self.dead_letter(
+                    entry,
+                    DeadLetterReason::MaxDeliveries,
+                    MAX_DELIVERIES_ERROR,
+                    0,
+                )
+                .await?;
+                self.forget_attempts(entry).await;
+                return Ok(Outcome::Ack);
+            }
         }
+        let outcome = self
+            .attempts(token, entry, max_attempts, &mut backoff)
+            .await?;
+        if counted && matches!(outcome, Outcome::Ack) {
+            self.forget_attempts(entry).await;
+        }
+        Ok(outcome)
+    }
+
+    /// The handler attempts of one delivery of `entry`: up to `max_attempts`, in place, with
+    /// growing `backoff`; a dead letter when they are used up or the error says so.
+    async fn attempts(
+        &mut self,
+        token: &FenceToken,
+        entry: &ShardEntry,
+        max_attempts: u32,
+        backoff: &mut Duration,
+    ) -> Result<Outcome, DataPlaneError> {
         for attempt in 1..=max_attempts {
             let delivery = Delivery {
                 stream_key: self.shard_key.clone(),
@@ -762,15 +804,28 @@ impl ShardTask {
             if self.revoke.is_cancelled() {
                 return Ok(Outcome::Abandon);
             }
-            self.pause(backoff).await;
+            self.pause(*backoff).await;
             // The lease may have lapsed during the backoff (heartbeats failing): no attempt
             // without it, or the shard's next owner and this one could run the entry at once.
             if self.done() || !self.may_finish() {
                 return Ok(Outcome::Abandon);
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            *backoff = (*backoff * 2).min(MAX_BACKOFF);
         }
         Ok(Outcome::Abandon)
+    }
+
+    /// Removes `entry`'s attempt count once it is finished (handled or dead-lettered), before
+    /// its ack: if the ack is then lost, the entry comes back with a fresh count, which is right
+    /// (its handler did not kill the process). A failure leaves a stale field, logged.
+    async fn forget_attempts(&mut self, entry: &ShardEntry) {
+        if let Err(error) = self
+            .client
+            .forget_attempts(self.shard, &[entry.id.as_str()])
+            .await
+        {
+            tracing::warn!(entry = %entry.id, %error, "removing the attempt count failed");
+        }
     }
 
     /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
