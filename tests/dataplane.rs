@@ -133,8 +133,14 @@ async fn raise_and_check_follow_the_rust_model_exactly() {
     let mut a = client(&conn, "orders", "a");
     let fence = StreamKeys::new("orders").unwrap().fence(0);
 
-    // The brief's cases, with exact values.
+    // No fence is ever written next to a missing stream (a retired shard's would come back:
+    // issue 14, finding 5).
     let a5 = token(1_747_303_200_000_000, 5, "a");
+    assert!(a.raise_fence(0, &a5).await.unwrap_err().is_no_group());
+    assert_eq!(fence_field(&mut conn, "orders", 0).await, None);
+    add(&mut conn, "{orders:0}", 1, 1).await;
+
+    // The brief's cases, with exact values.
     assert_eq!(a.raise_fence(0, &a5).await.unwrap(), Ok(()));
     assert_eq!(fence_field(&mut conn, "orders", 0).await, Some(a5.encode()));
     assert_eq!(a.raise_fence(0, &a5).await.unwrap(), Ok(()), "same token");
@@ -595,10 +601,17 @@ async fn a_missing_stream_or_group_is_a_typed_error() {
     let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
     let a5 = token(1, 5, "a");
     let mut a = client(&conn, "orders", "a");
-    // Shard 0: no stream at all; shard 1: a stream without the group.
+    // Shard 0: no stream at all (but a fence left from before: the raise does not write one
+    // next to a missing stream); shard 1: a stream without the group.
     add(&mut conn, "{orders:1}", 1, 1).await;
+    assert!(a.raise_fence(0, &a5).await.unwrap_err().is_no_group());
+    assert_eq!(fence_field(&mut conn, "orders", 0).await, None);
+    let () = conn
+        .hset("{orders:0}:fence", GROUP, a5.encode())
+        .await
+        .unwrap();
+    assert_eq!(a.raise_fence(1, &a5).await.unwrap(), Ok(()));
     for shard in [0u32, 1] {
-        assert_eq!(a.raise_fence(shard, &a5).await.unwrap(), Ok(()));
         let errors = [
             a.read_new(shard, &a5, 10, STRICT).await.unwrap_err(),
             a.read_new(shard, &a5, 10, FencingMode::Acks)
@@ -1000,9 +1013,15 @@ async fn every_operation_works_on_a_cluster_across_slots() {
     }
     let dead: u64 = conn.xlen("orders:dlq:g").await.unwrap();
     assert_eq!(dead, 3);
-    // A shard without a group on the cluster: the same typed error.
+    // A shard without a stream on the cluster: the same typed error, and no fence written.
     let missing = shards_in_different_slots("orders", 4)[3];
-    assert_eq!(b.raise_fence(missing, &b6).await.unwrap(), Ok(()));
+    assert!(b.raise_fence(missing, &b6).await.unwrap_err().is_no_group());
+    let fences: u64 = conn.exists(keys.fence(missing)).await.unwrap();
+    assert_eq!(fences, 0);
+    let () = conn
+        .hset(keys.fence(missing), "g", b6.encode())
+        .await
+        .unwrap();
     assert!(
         b.read_new(missing, &b6, 1, STRICT)
             .await

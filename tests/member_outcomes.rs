@@ -6,6 +6,8 @@
 //!   and the shard goes on with the next entry, in order;
 //! - the retries of one shard's poison message do not hold up the member's other shards;
 //! - an undecodable payload is dead-lettered at once with reason `decode`, never retried;
+//! - a shard retired while a member still holds it is never created again by that member
+//!   (issue 14, finding 5): neither its stream nor its fence comes back;
 //! - `max_deliveries` counts handler attempts, not deliveries (issue 14, finding 7): an entry
 //!   re-delivered 12 times without a handler attempt is handled; one whose handler dies with its
 //!   process each time is dead-lettered after `max_deliveries` attempts without another one.
@@ -18,6 +20,7 @@ use std::time::Duration;
 use member_support::*;
 use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::dataplane::FencingMode;
 use stream_listener::core::handler::HandlerError;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::StartFrom;
@@ -860,4 +863,131 @@ async fn a_lost_ack_and_read_pipeline_handles_nothing_twice_in_strict_mode() {
         stream_listener::core::dataplane::FencingMode::Strict,
     )
     .await;
+}
+
+/// Whether `key` exists.
+async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<u64>(conn)
+        .await
+        .unwrap()
+        == 1
+}
+
+/// `NOGROUP` errors Redis has answered so far (`INFO errorstats`).
+async fn nogroup_errors(conn: &mut RedisConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("errorstat_NOGROUP:count="))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Issue 14, finding 5: `retire_drained` deletes a shard stream and its fence while a member
+/// still holds the shard (it learns of the retirement with a later heartbeat: 2 s here). Its
+/// next operation there meets the missing fence (strict: a fence refusal, then a raise) or the
+/// missing stream (acks mode: `NOGROUP` from the plain read, then the consumer group's
+/// re-creation, `auto_create_shards` being set); none of them may bring the stream or the fence
+/// back, and a late `XADD ... NOMKSTREAM` finds no stream.
+async fn a_shard_retired_while_a_member_holds_it_is_never_created_again(mode: FencingMode) {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let mut opts = options(1);
+    opts.fencing = mode;
+    opts.coordination = coordination(
+        Duration::from_secs(2),
+        Duration::from_secs(8),
+        Duration::from_secs(3),
+    );
+    opts.block = Duration::from_millis(200);
+    opts.auto_create_shards = Some(2);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && target_of(g).len() == 2
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    let last = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    let handled = wait_until(Duration::from_secs(10), || {
+        recorder.handled().contains(&(1, last.clone()))
+    })
+    .await;
+    assert!(handled, "{:?}", recorder.calls());
+    assert_eq!(wait_no_pending(&mut conn, 1).await, 0);
+
+    admin::scale(&mut conn, STREAM, 1).await.unwrap();
+    let report = admin::retire_drained(&mut conn, STREAM, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(report.migration_complete, "{report:?}");
+    let retired_at = now_us();
+    let nogroup_before = nogroup_errors(&mut conn).await;
+    assert!(!exists(&mut conn, "{orders:1}").await);
+    assert!(!exists(&mut conn, "{orders:1}:fence").await);
+
+    // The member's next operation on the shard it still holds meets the deleted fence (strict)
+    // or the deleted stream (acks mode).
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    let met = loop {
+        let met = match mode {
+            FencingMode::Strict => recorder
+                .events()
+                .iter()
+                .any(|e| matches!(e, Ev::Fence { shard: 1, at_us, .. } if *at_us > retired_at)),
+            FencingMode::Acks => nogroup_errors(&mut conn).await > nogroup_before,
+        };
+        if met || std::time::Instant::now() > end {
+            break met;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        met,
+        "no operation on the retired shard: {:?}",
+        recorder.events()
+    );
+    // Then it learns of the retirement and lets the shard go.
+    let (group, released) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && !target_of(g).contains_key(&1)
+    })
+    .await;
+    assert!(released, "{group:#?}");
+    listener.shutdown_and_wait().await;
+    // Every task has stopped: what is there now stays.
+    assert!(
+        !exists(&mut conn, "{orders:1}").await,
+        "the retired stream came back"
+    );
+    assert!(
+        !exists(&mut conn, "{orders:1}:fence").await,
+        "the retired fence came back"
+    );
+    let late: Option<String> = redis::cmd("XADD")
+        .arg("{orders:1}")
+        .arg("NOMKSTREAM")
+        .arg("*")
+        .arg("key")
+        .arg("k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(late, None, "a late write landed in a retired shard");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_retired_while_a_member_holds_it_is_never_created_again_strict() {
+    a_shard_retired_while_a_member_holds_it_is_never_created_again(FencingMode::Strict).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_retired_while_a_member_holds_it_is_never_created_again_in_acks_mode() {
+    a_shard_retired_while_a_member_holds_it_is_never_created_again(FencingMode::Acks).await;
 }

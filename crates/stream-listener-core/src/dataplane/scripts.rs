@@ -83,11 +83,16 @@ fn with_prelude(body: &str) -> Script {
 
 /// Raises the fence to our token: accepts a strictly higher `(incarnation, memberEpoch)` than the
 /// stored one, an empty field, or the same token again. No further arguments.
-/// Returns `{'EQUAL'}` (the fence holds our token now) or `{'HIGHER', stored}` (unchanged).
+/// Returns `{'EQUAL'}` (the fence holds our token now), `{'HIGHER', stored}` (unchanged), or
+/// `{'NOGROUP', ...}` when the shard stream does not exist: a fence is never written next to a
+/// missing stream, which may just have been retired (issue 14, finding 5).
 pub(crate) fn raise() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         with_prelude(
             r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'NOGROUP', 'ERR no such key: the shard stream does not exist'}
+end
 local stored = redis.call('HGET', KEYS[2], ARGV[1])
 if stored == ARGV[2] then return {'EQUAL'} end
 if stored then

@@ -113,8 +113,9 @@ impl ShardClient {
     /// included) and was left unchanged. Never `Fenced::Lower`.
     ///
     /// # Errors
-    /// [`DataPlaneError::Redis`] when Redis fails (the raise may or may not have happened: raise
-    /// again, it is idempotent).
+    /// [`DataPlaneError::NoGroup`] when the shard stream does not exist (nothing is written: a
+    /// retired shard's fence never comes back); [`DataPlaneError::Redis`] when Redis fails (the
+    /// raise may or may not have happened: raise again, it is idempotent).
     pub async fn raise_fence(
         &mut self,
         shard: ShardIndex,

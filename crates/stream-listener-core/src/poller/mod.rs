@@ -289,27 +289,75 @@ impl ShardTask {
     }
 
     /// The shard lost its consumer group (or its stream): with `auto_create_shards` (operator
-    /// intent) create it again from `0` — nothing written in the gap is skipped (BR-07);
+    /// intent) create the group again from `0` — nothing written in the gap is skipped (BR-07);
     /// without it, keep failing closed.
+    ///
+    /// Only on an existing stream (never `MKSTREAM`) and only while the stream metadata still
+    /// lists the shard as readable: a member holds a retired shard until its next heartbeat, and
+    /// re-creating it then would bring back a stream no one reads, into which a producer's late
+    /// `XADD ... NOMKSTREAM` would succeed (issue 14, finding 5). A lost stream is provisioned
+    /// by the admin operations and the metadata re-provisioning (design note 22), which judge
+    /// the shard's state. When the shard stopped being readable while the group was created
+    /// (a retirement started), the group is destroyed again: created from `0`, it would block
+    /// the shard's deletion (as in design note 12).
     async fn recreate_consumer_group(&self) {
         if self.ctx.options.auto_create_shards.is_none() {
             return;
         }
         let mut conn = self.ctx.conn.clone();
+        let key = self.ctx.stream.shard(self.shard);
+        if !self.readable_in_metadata(&mut conn).await {
+            tracing::warn!(
+                stream = %key,
+                "consumer group missing on a shard that is no longer readable (retiring or retired): not created again"
+            );
+            return;
+        }
         let created: redis::RedisResult<()> = redis::cmd("XGROUP")
             .arg("CREATE")
-            .arg(self.ctx.stream.shard(self.shard))
+            .arg(&key)
             .arg(&self.ctx.group)
             .arg("0")
-            .arg("MKSTREAM")
             .query_async(&mut conn)
             .await;
         match created {
-            Ok(()) => {
+            Ok(()) if self.readable_in_metadata(&mut conn).await => {
                 tracing::warn!("consumer group was missing on this shard: created again from 0")
             }
+            Ok(()) => {
+                let destroyed: redis::RedisResult<()> = redis::cmd("XGROUP")
+                    .arg("DESTROY")
+                    .arg(&key)
+                    .arg(&self.ctx.group)
+                    .query_async(&mut conn)
+                    .await;
+                tracing::warn!(
+                    stream = %key,
+                    destroyed = destroyed.is_ok(),
+                    "the shard stopped being readable while its consumer group was created again: destroyed it"
+                );
+            }
             Err(error) if error.code() == Some("BUSYGROUP") => {}
-            Err(error) => tracing::warn!(%error, "re-creating the consumer group failed"),
+            Err(error) => tracing::warn!(
+                %error,
+                "re-creating the consumer group failed (a missing shard stream is not created by a member)"
+            ),
+        }
+    }
+
+    /// Whether the stream metadata lists this shard as readable (ACTIVE or DRAINING), read now.
+    /// Missing or unreadable metadata, or a failed read: no (fail closed).
+    async fn readable_in_metadata(&self, conn: &mut RedisConnection) -> bool {
+        match crate::store::load_stream_metadata(conn, &self.ctx.stream).await {
+            Ok(Some(meta)) => meta
+                .shards
+                .iter()
+                .any(|s| s.shard_index == self.shard && s.state.is_readable()),
+            Ok(None) => false,
+            Err(error) => {
+                tracing::warn!(%error, "reading the stream metadata failed");
+                false
+            }
         }
     }
 
