@@ -83,6 +83,12 @@ impl ShardClient {
         self
     }
 
+    /// Sends every later command over `conn` (the data plane's connection,
+    /// [`RedisConnection::for_data_plane`]).
+    pub(crate) fn set_connection(&mut self, conn: RedisConnection) {
+        self.conn = conn;
+    }
+
     /// The consumer group.
     pub fn group(&self) -> &str {
         &self.group

@@ -196,7 +196,29 @@ impl ShardTask {
         self.turn = None;
     }
 
+    /// Switches the shard client to the data plane's connection, which never re-sends a
+    /// request (a read whose reply was lost must fail, not run twice: issue 14, finding 3).
+    /// Tries again after a pause until it is made or the task ends; returns whether it was.
+    async fn use_data_plane_connection(&mut self) -> bool {
+        while !self.done() {
+            match self.ctx.conn.for_data_plane().await {
+                Ok(conn) => {
+                    self.client.set_connection(conn);
+                    return true;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "connecting the data plane failed; retrying");
+                    self.pause(ERROR_PAUSE).await;
+                }
+            }
+        }
+        false
+    }
+
     async fn poll(&mut self) {
+        if !self.use_data_plane_connection().await {
+            return;
+        }
         while !self.done() {
             let Some(token) = self.usable_token() else {
                 self.release_turn();
