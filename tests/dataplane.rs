@@ -1008,6 +1008,7 @@ async fn every_operation_works_on_a_cluster_across_slots() {
         b.forget_attempts(shard, &["2-0"]).await.unwrap();
         let left: u64 = conn.exists(keys.attempts(shard)).await.unwrap();
         assert_eq!(left, 0);
+        b.forget_attempts(shard, &[]).await.unwrap();
         assert_eq!(b.ack(shard, &b6, &ids(1, 5)).await.unwrap(), Ok(5));
         assert_eq!(pel(&mut conn, &key).await, vec![]);
     }
@@ -1022,6 +1023,14 @@ async fn every_operation_works_on_a_cluster_across_slots() {
         .hset(keys.fence(missing), "g", b6.encode())
         .await
         .unwrap();
+    assert!(
+        b.count_attempt(missing, &b6, "1-0")
+            .await
+            .unwrap_err()
+            .is_no_group()
+    );
+    let attempts: u64 = conn.exists(keys.attempts(missing)).await.unwrap();
+    assert_eq!(attempts, 0, "an attempt count next to a missing stream");
     assert!(
         b.read_new(missing, &b6, 1, STRICT)
             .await

@@ -269,13 +269,17 @@ return {'OK', claimed, trimmed, more}
 /// note 29), always fenced. Breaks the two-key convention above with a third key in the same
 /// slot: `KEYS[3]` the shard's attempt hash `{<prefix>:<i>}:attempts`; `ARGV[5]` the field
 /// `<group>|<entry id>`. Returns `{'OK', attempts}`: the attempts started on the entry so far,
-/// this one included (the first delivery's, which is never counted, not included).
+/// this one included (the first delivery's, which is never counted, not included); `NOGROUP`
+/// when the shard stream does not exist (nothing is written next to a retired shard).
 pub(crate) fn count_attempt() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         with_prelude(
             r"
 local refused = refusal()
 if refused then return refused end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'NOGROUP', 'ERR no such key: the shard stream does not exist'}
+end
 return {'OK', redis.call('HINCRBY', KEYS[3], ARGV[5], 1)}
 ",
         )

@@ -581,6 +581,7 @@ impl ShardClient {
     /// Returns the attempts counted so far, this one included (at least 1), or the refusal.
     ///
     /// # Errors
+    /// [`DataPlaneError::NoGroup`] when the shard stream does not exist (nothing written);
     /// [`DataPlaneError::Redis`] when Redis fails (the count may or may not have risen: an
     /// attempt counted twice brings the dead letter one attempt early, never late).
     pub async fn count_attempt(
