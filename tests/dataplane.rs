@@ -1190,3 +1190,44 @@ async fn ack_and_read_new_acks_then_reads_in_one_round_trip() {
         }
     );
 }
+
+/// The handler-attempt count (design note 29) survives garbage: a field that is not a decimal
+/// count, or a key of another type, is dropped and counted again from 1 (never an error that
+/// would stop the shard); a refused token writes nothing.
+#[tokio::test]
+async fn a_corrupt_attempt_count_is_dropped_and_counted_again() {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    let keys = StreamKeys::new("orders").unwrap();
+    create_group(&mut conn, &keys.shard(0)).await;
+    let a5 = token(1, 5, "a");
+    let mut a = client(&conn, "orders", "a");
+    assert_eq!(a.raise_fence(0, &a5).await.unwrap(), Ok(()));
+    let attempts = keys.attempts(0);
+    assert_eq!(a.count_attempt(0, &a5, "1-0").await.unwrap(), Ok(1));
+    assert_eq!(a.count_attempt(0, &a5, "1-0").await.unwrap(), Ok(2));
+    for garbage in ["abc", "-3", "1.5", "", "99999999999999999999", " 7"] {
+        let () = conn.hset(&attempts, "g|1-0", garbage).await.unwrap();
+        assert_eq!(
+            a.count_attempt(0, &a5, "1-0").await.unwrap(),
+            Ok(1),
+            "{garbage:?}"
+        );
+    }
+    let () = conn.del(&attempts).await.unwrap();
+    let () = conn.set(&attempts, "not a hash").await.unwrap();
+    assert_eq!(a.count_attempt(0, &a5, "1-0").await.unwrap(), Ok(1));
+    let stored: Vec<(String, u64)> = conn.hgetall(&attempts).await.unwrap();
+    assert_eq!(stored, vec![("g|1-0".to_owned(), 1)]);
+    // Another member's stale token: refused, nothing counted.
+    let stale = token(1, 4, "b");
+    assert_eq!(
+        a.count_attempt(0, &stale, "1-0").await.unwrap(),
+        Err(Fenced::Higher {
+            found: Some(a5.clone())
+        })
+    );
+    let stored: Vec<(String, u64)> = conn.hgetall(&attempts).await.unwrap();
+    assert_eq!(stored, vec![("g|1-0".to_owned(), 1)]);
+}

@@ -578,7 +578,9 @@ impl ShardClient {
     /// over unhandled (issue 14, finding 7). Remove the count with
     /// [`ShardClient::forget_attempts`] once the entry is acked or dead-lettered.
     ///
-    /// Returns the attempts counted so far, this one included (at least 1), or the refusal.
+    /// Returns the attempts counted so far, this one included (at least 1), or the refusal. A
+    /// corrupt stored value (not a count, or the key not a hash) is dropped and logged, and the
+    /// count starts again from 1: never a stuck shard.
     ///
     /// # Errors
     /// [`DataPlaneError::NoGroup`] when the shard stream does not exist (nothing written);
@@ -612,11 +614,20 @@ impl ShardClient {
         let reply = self.run(OP, shard, ScriptCall { script, cmd }).await?;
         match reply {
             Reply::Refused(fenced) => Ok(Err(fenced)),
-            Reply::Done(status, rest) if status == "OK" && rest.len() == 1 => int(&rest[0])
-                .and_then(|n| u64::try_from(n).ok())
-                .filter(|n| *n >= 1)
-                .map(Ok)
-                .ok_or_else(|| DataPlaneError::unexpected(OP, Some(shard), "attempt count")),
+            Reply::Done(status, rest) if status == "OK" && rest.len() == 2 => {
+                if int(&rest[1]) == Some(1) {
+                    tracing::warn!(
+                        key = %self.keys.attempts(shard),
+                        entry = entry_id,
+                        "the handler-attempt count held a value that is not a count: dropped, counting again from 1"
+                    );
+                }
+                int(&rest[0])
+                    .and_then(|n| u64::try_from(n).ok())
+                    .filter(|n| *n >= 1)
+                    .map(Ok)
+                    .ok_or_else(|| DataPlaneError::unexpected(OP, Some(shard), "attempt count"))
+            }
             Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
                 OP,
                 Some(shard),
