@@ -781,8 +781,11 @@ impl ShardTask {
             EntryStatus::Present => {}
             EntryStatus::Trimmed => {
                 tracing::warn!(entry = %entry.id, "entry trimmed while pending: acked without handling");
-                // It may have been counted by a process that died in its handler.
-                self.forget_attempts(entry).await;
+                // It may have been counted by a process that died in its handler (only ever a
+                // re-delivered entry: a first delivery is never counted).
+                if entry.delivery_count > 1 {
+                    self.forget_attempts(entry).await;
+                }
                 return Ok(Outcome::Ack);
             }
             EntryStatus::TooLarge { bytes } => {
