@@ -993,7 +993,7 @@ async fn every_operation_works_on_a_cluster_across_slots() {
             .await
             .unwrap();
         assert!(!id.is_empty());
-        // Handler attempts on a re-delivered entry (design note 29): counted in the shard's
+        // Handler attempts on a re-delivered entry (design note 34): counted in the shard's
         // slot, fenced like an ack, forgotten on request.
         assert_eq!(b.count_attempt(shard, &b6, "2-0").await.unwrap(), Ok(1));
         assert_eq!(b.count_attempt(shard, &b6, "2-0").await.unwrap(), Ok(2));
@@ -1191,7 +1191,7 @@ async fn ack_and_read_new_acks_then_reads_in_one_round_trip() {
     );
 }
 
-/// The handler-attempt count (design note 29) survives garbage: a field that is not a decimal
+/// The handler-attempt count (design note 34) survives garbage: a field that is not a decimal
 /// count, or a key of another type, is dropped and counted again from 1 (never an error that
 /// would stop the shard); a refused token writes nothing.
 #[tokio::test]

@@ -361,7 +361,7 @@ async fn deliver(conn: &mut RedisConnection, times: u64) {
     }
 }
 
-/// Fields of the handler-attempt companion hash `{orders:0}:attempts` (design note 29).
+/// Fields of the handler-attempt companion hash `{orders:0}:attempts` (design note 34).
 async fn attempt_fields(conn: &mut RedisConnection) -> Vec<(String, u64)> {
     let map: std::collections::BTreeMap<String, u64> = redis::cmd("HGETALL")
         .arg("{orders:0}:attempts")

@@ -33,7 +33,7 @@ pub struct Delivery {
     pub fields: Arc<[(String, Vec<u8>)]>,
     /// How many times Redis delivered the entry (the PEL delivery count; 1 for a first read).
     /// Re-reads and handovers raise it without any handler attempt: `max_deliveries` counts
-    /// attempts, not this (design note 29).
+    /// attempts, not this (design note 34).
     pub delivery_count: u64,
     /// Attempt number of this call within the current delivery, from 1.
     pub attempt: u32,

@@ -152,7 +152,7 @@ impl StreamKeys {
 
     /// The handler-attempt hash `{<prefix>:<i>}:attempts` of shard `i`: field
     /// `<group>|<entry id>`, the number of handler attempts started on a re-delivered entry
-    /// (delivery count above 1), removed once it is acked or dead-lettered (design note 29).
+    /// (delivery count above 1), removed once it is acked or dead-lettered (design note 34).
     pub fn attempts(&self, shard: ShardIndex) -> String {
         format!("{{{}:{shard}}}:attempts", self.prefix)
     }

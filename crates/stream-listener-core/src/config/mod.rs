@@ -258,7 +258,7 @@ pub struct ListenerConfig {
     pub backoff: Option<Duration>,
     /// `max_deliveries`: handler attempts on an entry, in processes that did not finish them (it
     /// may crash the process), after which it is dead-lettered unhandled (≥ 1, default 10).
-    /// Re-reads without an attempt do not count (design note 29).
+    /// Re-reads without an attempt do not count (design note 34).
     pub max_deliveries: Option<u64>,
     /// `handler_timeout`: limit of one handler attempt (> 0, below `rebalance_timeout`, default
     /// 30 s).

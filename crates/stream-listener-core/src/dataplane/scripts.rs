@@ -266,7 +266,7 @@ return {'OK', claimed, trimmed, more}
 }
 
 /// Counts one handler attempt on a re-delivered entry (DESIGN.md §8 `max_deliveries`, design
-/// note 29), always fenced. Breaks the two-key convention above with a third key in the same
+/// note 34), always fenced. Breaks the two-key convention above with a third key in the same
 /// slot: `KEYS[3]` the shard's attempt hash `{<prefix>:<i>}:attempts`; `ARGV[5]` the field
 /// `<group>|<entry id>`. Returns `{'OK', attempts, repaired}`: the attempts started on the entry
 /// so far, this one included (the first delivery's, which is never counted, not included), and

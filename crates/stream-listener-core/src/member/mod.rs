@@ -46,7 +46,7 @@ pub struct ListenerOptions {
     /// Handler attempts on an entry that did not finish (processes that died in its handler, or
     /// lost the shard during it; the first delivery counts as one) after which the next delivery
     /// dead-letters it unhandled (default 10). Re-reads and handovers without an attempt do not
-    /// count (design note 29).
+    /// count (design note 34).
     pub max_deliveries: u64,
     /// Limit of one handler attempt (default 30 s); below `rebalance_timeout`.
     pub handler_timeout: Duration,
