@@ -133,8 +133,14 @@ async fn raise_and_check_follow_the_rust_model_exactly() {
     let mut a = client(&conn, "orders", "a");
     let fence = StreamKeys::new("orders").unwrap().fence(0);
 
-    // The brief's cases, with exact values.
+    // No fence is ever written next to a missing stream (a retired shard's would come back:
+    // issue 14, finding 5).
     let a5 = token(1_747_303_200_000_000, 5, "a");
+    assert!(a.raise_fence(0, &a5).await.unwrap_err().is_no_group());
+    assert_eq!(fence_field(&mut conn, "orders", 0).await, None);
+    add(&mut conn, "{orders:0}", 1, 1).await;
+
+    // The brief's cases, with exact values.
     assert_eq!(a.raise_fence(0, &a5).await.unwrap(), Ok(()));
     assert_eq!(fence_field(&mut conn, "orders", 0).await, Some(a5.encode()));
     assert_eq!(a.raise_fence(0, &a5).await.unwrap(), Ok(()), "same token");
@@ -595,10 +601,17 @@ async fn a_missing_stream_or_group_is_a_typed_error() {
     let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
     let a5 = token(1, 5, "a");
     let mut a = client(&conn, "orders", "a");
-    // Shard 0: no stream at all; shard 1: a stream without the group.
+    // Shard 0: no stream at all (but a fence left from before: the raise does not write one
+    // next to a missing stream); shard 1: a stream without the group.
     add(&mut conn, "{orders:1}", 1, 1).await;
+    assert!(a.raise_fence(0, &a5).await.unwrap_err().is_no_group());
+    assert_eq!(fence_field(&mut conn, "orders", 0).await, None);
+    let () = conn
+        .hset("{orders:0}:fence", GROUP, a5.encode())
+        .await
+        .unwrap();
+    assert_eq!(a.raise_fence(1, &a5).await.unwrap(), Ok(()));
     for shard in [0u32, 1] {
-        assert_eq!(a.raise_fence(shard, &a5).await.unwrap(), Ok(()));
         let errors = [
             a.read_new(shard, &a5, 10, STRICT).await.unwrap_err(),
             a.read_new(shard, &a5, 10, FencingMode::Acks)
@@ -980,14 +993,44 @@ async fn every_operation_works_on_a_cluster_across_slots() {
             .await
             .unwrap();
         assert!(!id.is_empty());
+        // Handler attempts on a re-delivered entry (design note 35): counted in the shard's
+        // slot, fenced like an ack, forgotten on request.
+        assert_eq!(b.count_attempt(shard, &b6, "2-0").await.unwrap(), Ok(1));
+        assert_eq!(b.count_attempt(shard, &b6, "2-0").await.unwrap(), Ok(2));
+        assert_eq!(
+            a.count_attempt(shard, &a5, "2-0").await.unwrap(),
+            Err(Fenced::Higher {
+                found: Some(b6.clone())
+            })
+        );
+        let attempts: Vec<(String, u64)> = conn.hgetall(keys.attempts(shard)).await.unwrap();
+        assert_eq!(attempts, vec![("g|2-0".to_owned(), 2)]);
+        b.forget_attempts(shard, &["2-0"]).await.unwrap();
+        let left: u64 = conn.exists(keys.attempts(shard)).await.unwrap();
+        assert_eq!(left, 0);
+        b.forget_attempts(shard, &[]).await.unwrap();
         assert_eq!(b.ack(shard, &b6, &ids(1, 5)).await.unwrap(), Ok(5));
         assert_eq!(pel(&mut conn, &key).await, vec![]);
     }
     let dead: u64 = conn.xlen("orders:dlq:g").await.unwrap();
     assert_eq!(dead, 3);
-    // A shard without a group on the cluster: the same typed error.
+    // A shard without a stream on the cluster: the same typed error, and no fence written.
     let missing = shards_in_different_slots("orders", 4)[3];
-    assert_eq!(b.raise_fence(missing, &b6).await.unwrap(), Ok(()));
+    assert!(b.raise_fence(missing, &b6).await.unwrap_err().is_no_group());
+    let fences: u64 = conn.exists(keys.fence(missing)).await.unwrap();
+    assert_eq!(fences, 0);
+    let () = conn
+        .hset(keys.fence(missing), "g", b6.encode())
+        .await
+        .unwrap();
+    assert!(
+        b.count_attempt(missing, &b6, "1-0")
+            .await
+            .unwrap_err()
+            .is_no_group()
+    );
+    let attempts: u64 = conn.exists(keys.attempts(missing)).await.unwrap();
+    assert_eq!(attempts, 0, "an attempt count next to a missing stream");
     assert!(
         b.read_new(missing, &b6, 1, STRICT)
             .await
@@ -1146,4 +1189,45 @@ async fn ack_and_read_new_acks_then_reads_in_one_round_trip() {
             last_id: "8-0".into()
         }
     );
+}
+
+/// The handler-attempt count (design note 35) survives garbage: a field that is not a decimal
+/// count, or a key of another type, is dropped and counted again from 1 (never an error that
+/// would stop the shard); a refused token writes nothing.
+#[tokio::test]
+async fn a_corrupt_attempt_count_is_dropped_and_counted_again() {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    let keys = StreamKeys::new("orders").unwrap();
+    create_group(&mut conn, &keys.shard(0)).await;
+    let a5 = token(1, 5, "a");
+    let mut a = client(&conn, "orders", "a");
+    assert_eq!(a.raise_fence(0, &a5).await.unwrap(), Ok(()));
+    let attempts = keys.attempts(0);
+    assert_eq!(a.count_attempt(0, &a5, "1-0").await.unwrap(), Ok(1));
+    assert_eq!(a.count_attempt(0, &a5, "1-0").await.unwrap(), Ok(2));
+    for garbage in ["abc", "-3", "1.5", "", "99999999999999999999", " 7"] {
+        let () = conn.hset(&attempts, "g|1-0", garbage).await.unwrap();
+        assert_eq!(
+            a.count_attempt(0, &a5, "1-0").await.unwrap(),
+            Ok(1),
+            "{garbage:?}"
+        );
+    }
+    let () = conn.del(&attempts).await.unwrap();
+    let () = conn.set(&attempts, "not a hash").await.unwrap();
+    assert_eq!(a.count_attempt(0, &a5, "1-0").await.unwrap(), Ok(1));
+    let stored: Vec<(String, u64)> = conn.hgetall(&attempts).await.unwrap();
+    assert_eq!(stored, vec![("g|1-0".to_owned(), 1)]);
+    // Another member's stale token: refused, nothing counted.
+    let stale = token(1, 4, "b");
+    assert_eq!(
+        a.count_attempt(0, &stale, "1-0").await.unwrap(),
+        Err(Fenced::Higher {
+            found: Some(a5.clone())
+        })
+    );
+    let stored: Vec<(String, u64)> = conn.hgetall(&attempts).await.unwrap();
+    assert_eq!(stored, vec![("g|1-0".to_owned(), 1)]);
 }

@@ -6,8 +6,11 @@
 //!   and the shard goes on with the next entry, in order;
 //! - the retries of one shard's poison message do not hold up the member's other shards;
 //! - an undecodable payload is dead-lettered at once with reason `decode`, never retried;
-//! - an entry delivered more than `max_deliveries` times is dead-lettered without calling the
-//!   handler (and one delivered exactly `max_deliveries` times is handled).
+//! - a shard retired while a member still holds it is never created again by that member
+//!   (issue 14, finding 5): neither its stream nor its fence comes back;
+//! - `max_deliveries` counts handler attempts, not deliveries (issue 14, finding 7): an entry
+//!   re-delivered 12 times without a handler attempt is handled; one whose handler dies with its
+//!   process each time is dead-lettered after `max_deliveries` attempts without another one.
 
 mod member_support;
 
@@ -17,12 +20,15 @@ use std::time::Duration;
 use member_support::*;
 use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::dataplane::FencingMode;
 use stream_listener::core::handler::HandlerError;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::StartFrom;
 use stream_listener::testing::RedisServer;
 
 const DEAD_LETTERS: &str = "orders:dlq:billing";
+/// The `error` field of a `max-deliveries` dead letter.
+const MAX_DELIVERIES_ERROR: &str = "max_deliveries handler attempts did not finish";
 
 /// The dead-letter stream: (id, fields in order).
 async fn dead_letters(conn: &mut RedisConnection) -> Vec<(String, Vec<(String, String)>)> {
@@ -335,8 +341,9 @@ async fn an_undecodable_payload_is_dead_lettered_at_once_with_reason_decode_and_
     listener.shutdown_and_wait().await;
 }
 
-/// Delivers `id` of shard 0 `times` times to consumer `crasher` (as a process that crashed on it
-/// each time would have had it delivered): `>` once, then its own history from `0`.
+/// Delivers the entries of shard 0 `times` times to consumer `crasher` without handling them
+/// (as read-ahead handed over from member to member, or re-reads after errors whose command ran):
+/// `>` once, then its own history from `0`.
 async fn deliver(conn: &mut RedisConnection, times: u64) {
     for k in 0..times {
         let _: redis::Value = redis::cmd("XREADGROUP")
@@ -354,8 +361,22 @@ async fn deliver(conn: &mut RedisConnection, times: u64) {
     }
 }
 
+/// Fields of the handler-attempt companion hash `{orders:0}:attempts` (design note 35).
+async fn attempt_fields(conn: &mut RedisConnection) -> Vec<(String, u64)> {
+    let map: std::collections::BTreeMap<String, u64> = redis::cmd("HGETALL")
+        .arg("{orders:0}:attempts")
+        .query_async(conn)
+        .await
+        .unwrap();
+    map.into_iter().collect()
+}
+
+/// Issue 14, finding 7: re-reads raise the PEL delivery count, handler attempts are what
+/// `max_deliveries` counts. An entry delivered 12 times (more than `max_deliveries = 10`)
+/// without a handler ever seeing it is handled, not dead-lettered; and its attempt count is
+/// gone once it is acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_without_the_handler() {
+async fn twelve_handovers_of_an_unhandled_entry_do_not_dead_letter_it() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start().unwrap();
     let target = RedisTarget::Standalone(server.url());
@@ -364,27 +385,18 @@ async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_with
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
-    // `over` was delivered 4 times to a consumer that died on it each time; `at` twice. The
-    // takeover claims them without changing the counts (JUSTID), then its own-pending read
-    // delivers them once more: `over` 5 times > max_deliveries 3, `at` 3 times = max_deliveries.
-    let over = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
-    deliver(&mut conn, 3).await;
-    let at = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
-    deliver(&mut conn, 2).await;
-    let counts: Vec<(String, String, u64)> = pel(&mut conn, 0).await;
+    let entry = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    deliver(&mut conn, 12).await;
     assert_eq!(
-        counts,
-        vec![
-            (over.clone(), "crasher".to_owned(), 4),
-            (at.clone(), "crasher".to_owned(), 2)
-        ],
-        "the setup's delivery counts"
+        pel(&mut conn, 0).await,
+        vec![(entry.clone(), "crasher".to_owned(), 12)],
+        "the setup's delivery count"
     );
-    let after = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":3}"#)]).await;
+    let after = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
 
     let recorder = Arc::new(Recorder::default());
     let mut opts = options(1);
-    opts.max_deliveries = 3;
+    opts.max_deliveries = 10;
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
     let done = wait_until(Duration::from_secs(15), || {
         recorder.handled().contains(&(0, after.clone()))
@@ -398,8 +410,98 @@ async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_with
         .collect();
     assert_eq!(
         seen,
-        vec![(at.clone(), 3), (after.clone(), 1)],
-        "the handler ran on the over-delivered entry, or with wrong delivery counts"
+        vec![(entry.clone(), 13), (after.clone(), 1)],
+        "the re-delivered entry was not handled once, in order"
+    );
+    let letters = dead_letters(&mut conn).await;
+    assert!(letters.is_empty(), "dead-lettered unhandled: {letters:?}");
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    assert_eq!(
+        attempt_fields(&mut conn).await,
+        vec![],
+        "attempt count left"
+    );
+    listener.shutdown_and_wait().await;
+}
+
+/// Issue 14, finding 7, the other side: an entry whose handler never finishes because the
+/// process dies in it (`ListenerHandle::abort` during the handler, one process after another)
+/// is still dead-lettered after `max_deliveries` handler attempts, without a further attempt;
+/// the shard then goes on in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_crashes_its_handler_is_dead_lettered_after_max_deliveries_attempts() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
+        .await
+        .unwrap();
+    let poison = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    let after = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
+    const MAX_DELIVERIES: u64 = 3;
+    let recorder = Arc::new(Recorder::default());
+    let attempts_on = |recorder: &Recorder| {
+        recorder
+            .calls()
+            .iter()
+            .filter(|c| c.entry_id == poison)
+            .count()
+    };
+    // Each process starts the poison entry's handler, which never returns (it would crash the
+    // process), and dies in it.
+    for attempt in 1..=MAX_DELIVERIES as usize {
+        let mut opts = options(1);
+        opts.max_deliveries = MAX_DELIVERIES;
+        opts.events = Some(recorder.callback());
+        let inner = recording_handler(recorder.clone(), Duration::ZERO, None);
+        let handler = move |delivery: stream_listener::core::handler::Delivery| {
+            let poisoned = payload_n(&delivery) == Some(1);
+            let run = inner(delivery);
+            Box::pin(async move {
+                let outcome = run.await;
+                if poisoned {
+                    std::future::pending::<()>().await;
+                }
+                outcome
+            })
+                as std::pin::Pin<
+                    Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>,
+                >
+        };
+        let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
+            .unwrap()
+            .start()
+            .await
+            .unwrap();
+        let started = wait_until(Duration::from_secs(15), || {
+            attempts_on(&recorder) == attempt
+        })
+        .await;
+        assert!(started, "attempt {attempt}: {:?}", recorder.calls());
+        listener.abort();
+    }
+    // The next process dead-letters it without running the handler, then handles the next one.
+    let mut opts = options(1);
+    opts.max_deliveries = MAX_DELIVERIES;
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    let done = wait_until(Duration::from_secs(15), || {
+        recorder.handled().contains(&(0, after.clone()))
+    })
+    .await;
+    assert!(
+        done,
+        "{:?}\npending {:?}\ndead letters {:?}",
+        recorder.calls(),
+        pel(&mut conn, 0).await,
+        dead_letters(&mut conn).await
+    );
+    assert_eq!(
+        attempts_on(&recorder),
+        MAX_DELIVERIES as usize,
+        "{:?}",
+        recorder.calls()
     );
     let letters = dead_letters(&mut conn).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
@@ -407,17 +509,22 @@ async fn an_entry_delivered_more_than_max_deliveries_times_is_dead_lettered_with
         letters[0].1,
         fields(&[
             ("sourceStream", "{orders:0}"),
-            ("sourceId", &over),
+            ("sourceId", &poison),
             ("shard", "0"),
             ("group", GROUP),
             ("reason", "max-deliveries"),
-            ("error", "delivered more than max_deliveries times"),
+            ("error", MAX_DELIVERIES_ERROR),
             ("attempts", "0"),
             ("key", "k"),
             ("payload", r#"{"n":1}"#),
         ])
     );
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    assert_eq!(
+        attempt_fields(&mut conn).await,
+        vec![],
+        "attempt count left"
+    );
     listener.shutdown_and_wait().await;
 }
 
@@ -756,4 +863,131 @@ async fn a_lost_ack_and_read_pipeline_handles_nothing_twice_in_strict_mode() {
         stream_listener::core::dataplane::FencingMode::Strict,
     )
     .await;
+}
+
+/// Whether `key` exists.
+async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<u64>(conn)
+        .await
+        .unwrap()
+        == 1
+}
+
+/// `NOGROUP` errors Redis has answered so far (`INFO errorstats`).
+async fn nogroup_errors(conn: &mut RedisConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("errorstat_NOGROUP:count="))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Issue 14, finding 5: `retire_drained` deletes a shard stream and its fence while a member
+/// still holds the shard (it learns of the retirement with a later heartbeat: 2 s here). Its
+/// next operation there meets the missing fence (strict: a fence refusal, then a raise) or the
+/// missing stream (acks mode: `NOGROUP` from the plain read, then the consumer group's
+/// re-creation, `auto_create_shards` being set); none of them may bring the stream or the fence
+/// back, and a late `XADD ... NOMKSTREAM` finds no stream.
+async fn a_shard_retired_while_a_member_holds_it_is_never_created_again(mode: FencingMode) {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let mut opts = options(1);
+    opts.fencing = mode;
+    opts.coordination = coordination(
+        Duration::from_secs(2),
+        Duration::from_secs(8),
+        Duration::from_secs(3),
+    );
+    opts.block = Duration::from_millis(200);
+    opts.auto_create_shards = Some(2);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && target_of(g).len() == 2
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    let last = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    let handled = wait_until(Duration::from_secs(10), || {
+        recorder.handled().contains(&(1, last.clone()))
+    })
+    .await;
+    assert!(handled, "{:?}", recorder.calls());
+    assert_eq!(wait_no_pending(&mut conn, 1).await, 0);
+
+    admin::scale(&mut conn, STREAM, 1).await.unwrap();
+    let report = admin::retire_drained(&mut conn, STREAM, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(report.migration_complete, "{report:?}");
+    let retired_at = now_us();
+    let nogroup_before = nogroup_errors(&mut conn).await;
+    assert!(!exists(&mut conn, "{orders:1}").await);
+    assert!(!exists(&mut conn, "{orders:1}:fence").await);
+
+    // The member's next operation on the shard it still holds meets the deleted fence (strict)
+    // or the deleted stream (acks mode).
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    let met = loop {
+        let met = match mode {
+            FencingMode::Strict => recorder
+                .events()
+                .iter()
+                .any(|e| matches!(e, Ev::Fence { shard: 1, at_us, .. } if *at_us > retired_at)),
+            FencingMode::Acks => nogroup_errors(&mut conn).await > nogroup_before,
+        };
+        if met || std::time::Instant::now() > end {
+            break met;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        met,
+        "no operation on the retired shard: {:?}",
+        recorder.events()
+    );
+    // Then it learns of the retirement and lets the shard go.
+    let (group, released) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && !target_of(g).contains_key(&1)
+    })
+    .await;
+    assert!(released, "{group:#?}");
+    listener.shutdown_and_wait().await;
+    // Every task has stopped: what is there now stays.
+    assert!(
+        !exists(&mut conn, "{orders:1}").await,
+        "the retired stream came back"
+    );
+    assert!(
+        !exists(&mut conn, "{orders:1}:fence").await,
+        "the retired fence came back"
+    );
+    let late: Option<String> = redis::cmd("XADD")
+        .arg("{orders:1}")
+        .arg("NOMKSTREAM")
+        .arg("*")
+        .arg("key")
+        .arg("k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(late, None, "a late write landed in a retired shard");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_retired_while_a_member_holds_it_is_never_created_again_strict() {
+    a_shard_retired_while_a_member_holds_it_is_never_created_again(FencingMode::Strict).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_retired_while_a_member_holds_it_is_never_created_again_in_acks_mode() {
+    a_shard_retired_while_a_member_holds_it_is_never_created_again(FencingMode::Acks).await;
 }

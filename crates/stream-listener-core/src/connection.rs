@@ -3,7 +3,19 @@
 //! Both kinds reconnect by themselves (redis-rs's `ConnectionManager` and cluster connection).
 //! Every command of the coordinator and the admin operations touches keys of one hash slot
 //! (DESIGN.md §2), so the same code runs on both.
+//!
+//! Re-sent commands. redis-rs's cluster connection re-sends a request after a dropped
+//! connection, an I/O error, `READONLY`, `MOVED`/`ASK`, `TRYAGAIN` or `CLUSTERDOWN` (redis 1.8.1,
+//! `cluster_handling/async_connection/request.rs`); a read that ran but whose reply was lost is
+//! then sent again and returns the *next* batch, and the first one stays unseen in the
+//! consumer's pending list (issue 14, finding 3). The coordinator's and the admin's commands are
+//! safe to re-send (request sequence numbers, compare-and-set); the data plane's are not, so it
+//! uses [`RedisConnection::for_data_plane`]: on a cluster a second connection that never
+//! re-sends (an error reaches the shard task, which re-reads its own pending entries). The
+//! standalone `ConnectionManager` never re-sends a command (its retries are reconnection
+//! attempts; a failed command returns its error), so the data plane shares it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -59,15 +71,24 @@ pub fn redact_url(url: &str) -> String {
 pub enum RedisConnection {
     /// A standalone server.
     Standalone(ConnectionManager),
-    /// A Redis Cluster.
-    Cluster(ClusterConnection),
+    /// A Redis Cluster, and the data plane's connection to it (made on first use, shared by
+    /// every clone).
+    Cluster(ClusterConnection, Arc<DataPlaneCluster>),
+}
+
+/// The data plane's connection to a cluster: the same nodes and timeouts, no re-sent requests
+/// (redis-rs `retries(0)`): a request whose reply is lost fails instead of running twice
+/// ([`RedisConnection::for_data_plane`]).
+pub struct DataPlaneCluster {
+    client: ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
 }
 
 impl std::fmt::Debug for RedisConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RedisConnection::Standalone(_) => f.write_str("RedisConnection::Standalone"),
-            RedisConnection::Cluster(_) => f.write_str("RedisConnection::Cluster"),
+            RedisConnection::Cluster(..) => f.write_str("RedisConnection::Cluster"),
         }
     }
 }
@@ -97,21 +118,54 @@ impl RedisConnection {
                 Ok(RedisConnection::Standalone(manager))
             }
             RedisTarget::Cluster(nodes) => {
-                let client = ClusterClient::builder(nodes.clone())
-                    .response_timeout(response_timeout)
-                    .connection_timeout(DEFAULT_CONNECT_TIMEOUT)
-                    .retries(2)
-                    .build()?;
+                let client = |retries| {
+                    ClusterClient::builder(nodes.clone())
+                        .response_timeout(response_timeout)
+                        .connection_timeout(DEFAULT_CONNECT_TIMEOUT)
+                        .retries(retries)
+                        .build()
+                };
+                let data_plane = Arc::new(DataPlaneCluster {
+                    client: client(0)?,
+                    conn: tokio::sync::OnceCell::new(),
+                });
                 Ok(RedisConnection::Cluster(
-                    client.get_async_connection().await?,
+                    client(2)?.get_async_connection().await?,
+                    data_plane,
                 ))
+            }
+        }
+    }
+
+    /// The connection for data-plane commands (reads, acks, claims, dead letters): one that
+    /// never re-sends a request on its own, so a read whose reply was lost fails (the shard task
+    /// then re-reads its own pending entries from `0`) instead of running again and returning
+    /// the next batch (issue 14, finding 3). On a standalone server that is this connection (a
+    /// `ConnectionManager` never re-sends); on a cluster a second cluster connection without
+    /// retries, made on the first call and shared by every clone of this one (its nodes, its
+    /// response timeout). `MOVED`, `ASK` and `TRYAGAIN` then reach the caller too (the slot map is
+    /// refreshed all the same): a shard task pauses and tries again.
+    ///
+    /// # Errors
+    /// A [`redis::RedisError`] when the cluster's data-plane connection cannot be made (no node
+    /// answers in time); the next call tries again.
+    pub async fn for_data_plane(&self) -> redis::RedisResult<RedisConnection> {
+        match self {
+            RedisConnection::Standalone(_) => Ok(self.clone()),
+            RedisConnection::Cluster(_, data_plane) => {
+                let conn = data_plane
+                    .conn
+                    .get_or_try_init(|| data_plane.client.get_async_connection())
+                    .await?
+                    .clone();
+                Ok(RedisConnection::Cluster(conn, data_plane.clone()))
             }
         }
     }
 
     /// Whether this is a cluster connection (multi-slot calls must then be split per slot).
     pub fn is_cluster(&self) -> bool {
-        matches!(self, RedisConnection::Cluster(_))
+        matches!(self, RedisConnection::Cluster(..))
     }
 }
 
@@ -119,7 +173,7 @@ impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConnection::Standalone(c) => c.req_packed_command(cmd),
-            RedisConnection::Cluster(c) => c.req_packed_command(cmd),
+            RedisConnection::Cluster(c, _) => c.req_packed_command(cmd),
         }
     }
 
@@ -131,14 +185,14 @@ impl ConnectionLike for RedisConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConnection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
-            RedisConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             RedisConnection::Standalone(c) => c.get_db(),
-            RedisConnection::Cluster(c) => c.get_db(),
+            RedisConnection::Cluster(c, _) => c.get_db(),
         }
     }
 }

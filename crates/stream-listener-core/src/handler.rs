@@ -32,6 +32,8 @@ pub struct Delivery {
     /// Every field of the entry, in order (`key` and `payload` for entries of the publisher).
     pub fields: Arc<[(String, Vec<u8>)]>,
     /// How many times Redis delivered the entry (the PEL delivery count; 1 for a first read).
+    /// Re-reads and handovers raise it without any handler attempt: `max_deliveries` counts
+    /// attempts, not this (design note 35).
     pub delivery_count: u64,
     /// Attempt number of this call within the current delivery, from 1.
     pub attempt: u32,

@@ -150,6 +150,13 @@ impl StreamKeys {
         format!("{{{}:{shard}}}:fence", self.prefix)
     }
 
+    /// The handler-attempt hash `{<prefix>:<i>}:attempts` of shard `i`: field
+    /// `<group>|<entry id>`, the number of handler attempts started on a re-delivered entry
+    /// (delivery count above 1), removed once it is acked or dead-lettered (design note 35).
+    pub fn attempts(&self, shard: ShardIndex) -> String {
+        format!("{{{}:{shard}}}:attempts", self.prefix)
+    }
+
     /// The stream metadata hash `sl:{<prefix>}:stream`.
     pub fn metadata(&self) -> String {
         format!("sl:{{{}}}:stream", self.prefix)

@@ -256,8 +256,9 @@ pub struct ListenerConfig {
     /// `backoff`: first retry backoff, doubled per attempt (default 200 ms).
     #[serde(with = "humantime_serde")]
     pub backoff: Option<Duration>,
-    /// `max_deliveries`: deliveries after which an entry is dead-lettered unhandled (≥ 1,
-    /// default 10).
+    /// `max_deliveries`: handler attempts on an entry, in processes that did not finish them (it
+    /// may crash the process), after which it is dead-lettered unhandled (≥ 1, default 10).
+    /// Re-reads without an attempt do not count (design note 35).
     pub max_deliveries: Option<u64>,
     /// `handler_timeout`: limit of one handler attempt (> 0, below `rebalance_timeout`, default
     /// 30 s).

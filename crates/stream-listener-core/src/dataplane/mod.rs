@@ -116,7 +116,9 @@ pub struct ShardEntry {
     /// copied, with every [`crate::handler::Delivery`] of the entry.
     pub fields: Arc<[(String, Vec<u8>)]>,
     /// Deliveries of this entry to the group so far, this one included (the PEL's count; `1` for
-    /// entries read with `>`). Compare it with `max_deliveries`.
+    /// entries read with `>`). Above 1, the entry was delivered before: its handler attempts
+    /// are counted with [`ShardClient::count_attempt`] and compared with `max_deliveries`
+    /// (re-reads raise this count without any attempt).
     pub delivery_count: u64,
     /// Whether the body is here, trimmed, or withheld for its size.
     pub status: EntryStatus,
@@ -171,7 +173,7 @@ pub enum DeadLetterReason {
     NonRetryable,
     /// `"decode"`: the payload could not be decoded (FIELD-FAILURES BR-13).
     Decode,
-    /// `"max-deliveries"`: the PEL delivery count exceeded `max_deliveries` (the entry may crash
+    /// `"max-deliveries"`: `max_deliveries` handler attempts did not finish (the entry may crash
     /// the process).
     MaxDeliveries,
     /// `"too-large"`: the entry is larger than the limit (FIELD-FAILURES BR-15).

@@ -83,11 +83,16 @@ fn with_prelude(body: &str) -> Script {
 
 /// Raises the fence to our token: accepts a strictly higher `(incarnation, memberEpoch)` than the
 /// stored one, an empty field, or the same token again. No further arguments.
-/// Returns `{'EQUAL'}` (the fence holds our token now) or `{'HIGHER', stored}` (unchanged).
+/// Returns `{'EQUAL'}` (the fence holds our token now), `{'HIGHER', stored}` (unchanged), or
+/// `{'NOGROUP', ...}` when the shard stream does not exist: a fence is never written next to a
+/// missing stream, which may just have been retired (issue 14, finding 5).
 pub(crate) fn raise() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         with_prelude(
             r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'NOGROUP', 'ERR no such key: the shard stream does not exist'}
+end
 local stored = redis.call('HGET', KEYS[2], ARGV[1])
 if stored == ARGV[2] then return {'EQUAL'} end
 if stored then
@@ -254,6 +259,41 @@ for _, c in ipairs(consumers) do
   end
 end
 return {'OK', claimed, trimmed, more}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Counts one handler attempt on a re-delivered entry (DESIGN.md §8 `max_deliveries`, design
+/// note 35), always fenced. Breaks the two-key convention above with a third key in the same
+/// slot: `KEYS[3]` the shard's attempt hash `{<prefix>:<i>}:attempts`; `ARGV[5]` the field
+/// `<group>|<entry id>`. Returns `{'OK', attempts, repaired}`: the attempts started on the entry
+/// so far, this one included (the first delivery's, which is never counted, not included), and
+/// 1 when a corrupt value was dropped first (the key not a hash: deleted; the field not a
+/// decimal count below 10^15: removed), so the count starts again; `NOGROUP` when the shard
+/// stream does not exist (nothing is written next to a retired shard).
+pub(crate) fn count_attempt() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        with_prelude(
+            r"
+local refused = refusal()
+if refused then return refused end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'NOGROUP', 'ERR no such key: the shard stream does not exist'}
+end
+local repaired = 0
+local kind = redis.call('TYPE', KEYS[3]).ok
+if kind ~= 'hash' and kind ~= 'none' then
+  redis.call('DEL', KEYS[3])
+  repaired = 1
+end
+local stored = redis.call('HGET', KEYS[3], ARGV[5])
+if stored and (not string.match(stored, '^%d+$') or #stored > 15) then
+  redis.call('HDEL', KEYS[3], ARGV[5])
+  repaired = 1
+end
+return {'OK', redis.call('HINCRBY', KEYS[3], ARGV[5], 1), repaired}
 ",
         )
     });

@@ -83,6 +83,12 @@ impl ShardClient {
         self
     }
 
+    /// Sends every later command over `conn` (the data plane's connection,
+    /// [`RedisConnection::for_data_plane`]).
+    pub(crate) fn set_connection(&mut self, conn: RedisConnection) {
+        self.conn = conn;
+    }
+
     /// The consumer group.
     pub fn group(&self) -> &str {
         &self.group
@@ -113,8 +119,9 @@ impl ShardClient {
     /// included) and was left unchanged. Never `Fenced::Lower`.
     ///
     /// # Errors
-    /// [`DataPlaneError::Redis`] when Redis fails (the raise may or may not have happened: raise
-    /// again, it is idempotent).
+    /// [`DataPlaneError::NoGroup`] when the shard stream does not exist (nothing is written: a
+    /// retired shard's fence never comes back); [`DataPlaneError::Redis`] when Redis fails (the
+    /// raise may or may not have happened: raise again, it is idempotent).
     pub async fn raise_fence(
         &mut self,
         shard: ShardIndex,
@@ -559,6 +566,104 @@ impl ShardClient {
         cmd.query_async(&mut self.conn)
             .await
             .map_err(DataPlaneError::redis("dead_letter", Some(shard)))
+    }
+
+    /// Counts one handler attempt on entry `entry_id` of `shard`, which was delivered before
+    /// (its delivery count is above 1), in the shard's attempt hash
+    /// `{<prefix>:<i>}:attempts`, field `<group>|<entry id>` (`HINCRBY`, fenced like an ack,
+    /// whatever the [`FencingMode`]: a member that lost the shard counts nothing). Call it just
+    /// before the first handler attempt of such a delivery; a first delivery is never counted
+    /// (no cost on the hot path). Re-reads and claims do not count: only attempts do, so
+    /// `max_deliveries` stops an entry that keeps killing its process, not one that was handed
+    /// over unhandled (issue 14, finding 7). Remove the count with
+    /// [`ShardClient::forget_attempts`] once the entry is acked or dead-lettered.
+    ///
+    /// Returns the attempts counted so far, this one included (at least 1), or the refusal. A
+    /// corrupt stored value (not a count, or the key not a hash) is dropped and logged, and the
+    /// count starts again from 1: never a stuck shard.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::NoGroup`] when the shard stream does not exist (nothing written);
+    /// [`DataPlaneError::Redis`] when Redis fails (the count may or may not have risen: an
+    /// attempt counted twice brings the dead letter one attempt early, never late).
+    pub async fn count_attempt(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        entry_id: &str,
+    ) -> Result<Result<u64, Fenced>, DataPlaneError> {
+        const OP: &str = "count_attempt";
+        let script = scripts::count_attempt();
+        let (stream, fence, attempts) = (
+            self.keys.shard(shard),
+            self.keys.fence(shard),
+            self.keys.attempts(shard),
+        );
+        let field = self.attempt_field(entry_id);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(3)
+            .arg(stream)
+            .arg(fence)
+            .arg(attempts)
+            .arg(&self.group);
+        cmd.arg(self.encoded(token));
+        cmd.arg(token.incarnation)
+            .arg(token.member_epoch)
+            .arg(field);
+        let reply = self.run(OP, shard, ScriptCall { script, cmd }).await?;
+        match reply {
+            Reply::Refused(fenced) => Ok(Err(fenced)),
+            Reply::Done(status, rest) if status == "OK" && rest.len() == 2 => {
+                if int(&rest[1]) == Some(1) {
+                    tracing::warn!(
+                        key = %self.keys.attempts(shard),
+                        entry = entry_id,
+                        "the handler-attempt count held a value that is not a count: dropped, counting again from 1"
+                    );
+                }
+                int(&rest[0])
+                    .and_then(|n| u64::try_from(n).ok())
+                    .filter(|n| *n >= 1)
+                    .map(Ok)
+                    .ok_or_else(|| DataPlaneError::unexpected(OP, Some(shard), "attempt count"))
+            }
+            Reply::Done(status, rest) => Err(DataPlaneError::unexpected(
+                OP,
+                Some(shard),
+                format!("status {status:?} with {} values", rest.len()),
+            )),
+        }
+    }
+
+    /// Removes the attempt counts ([`ShardClient::count_attempt`]) of `entry_ids` on `shard`
+    /// (`HDEL`, not fenced: removing a count of an entry that is finished is always right).
+    /// No ids: nothing is sent.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] when Redis fails (the field stays: a few bytes until the shard
+    /// is retired, never a wrong dead letter, since the entry is no longer pending).
+    pub async fn forget_attempts(
+        &mut self,
+        shard: ShardIndex,
+        entry_ids: &[&str],
+    ) -> Result<(), DataPlaneError> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(self.keys.attempts(shard));
+        for id in entry_ids {
+            cmd.arg(self.attempt_field(id));
+        }
+        cmd.query_async::<()>(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis("forget_attempts", Some(shard)))
+    }
+
+    /// The attempt hash field of `entry_id`: `<group>|<entry id>`.
+    fn attempt_field(&self, entry_id: &str) -> String {
+        format!("{}|{entry_id}", self.group)
     }
 
     /// `EVALSHA` of `script` on `shard` with the common keys and arguments; the caller adds its

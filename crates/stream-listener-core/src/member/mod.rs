@@ -43,7 +43,10 @@ pub struct ListenerOptions {
     pub max_attempts: u32,
     /// First retry backoff, doubled per attempt up to 30 s (default 200 ms).
     pub backoff: Duration,
-    /// Deliveries after which an entry is dead-lettered unhandled (default 10).
+    /// Handler attempts on an entry that did not finish (processes that died in its handler, or
+    /// lost the shard during it; the first delivery counts as one) after which the next delivery
+    /// dead-letters it unhandled (default 10). Re-reads and handovers without an attempt do not
+    /// count (design note 35).
     pub max_deliveries: u64,
     /// Limit of one handler attempt (default 30 s); below `rebalance_timeout`.
     pub handler_timeout: Duration,

@@ -45,6 +45,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const ERROR_PAUSE: Duration = Duration::from_millis(500);
 /// Ids claimed per claim call.
 const CLAIM_BATCH: usize = 256;
+/// The `error` field of a `max-deliveries` dead letter.
+const MAX_DELIVERIES_ERROR: &str = "max_deliveries handler attempts did not finish";
 
 /// Everything a shard task needs from its member.
 pub(crate) struct ShardTaskContext {
@@ -194,7 +196,29 @@ impl ShardTask {
         self.turn = None;
     }
 
+    /// Switches the shard client to the data plane's connection, which never re-sends a
+    /// request (a read whose reply was lost must fail, not run twice: issue 14, finding 3).
+    /// Tries again after a pause until it is made or the task ends; returns whether it was.
+    async fn use_data_plane_connection(&mut self) -> bool {
+        while !self.done() {
+            match self.ctx.conn.for_data_plane().await {
+                Ok(conn) => {
+                    self.client.set_connection(conn);
+                    return true;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "connecting the data plane failed; retrying");
+                    self.pause(ERROR_PAUSE).await;
+                }
+            }
+        }
+        false
+    }
+
     async fn poll(&mut self) {
+        if !self.use_data_plane_connection().await {
+            return;
+        }
         while !self.done() {
             let Some(token) = self.usable_token() else {
                 self.release_turn();
@@ -287,27 +311,75 @@ impl ShardTask {
     }
 
     /// The shard lost its consumer group (or its stream): with `auto_create_shards` (operator
-    /// intent) create it again from `0` — nothing written in the gap is skipped (BR-07);
+    /// intent) create the group again from `0` — nothing written in the gap is skipped (BR-07);
     /// without it, keep failing closed.
+    ///
+    /// Only on an existing stream (never `MKSTREAM`) and only while the stream metadata still
+    /// lists the shard as readable: a member holds a retired shard until its next heartbeat, and
+    /// re-creating it then would bring back a stream no one reads, into which a producer's late
+    /// `XADD ... NOMKSTREAM` would succeed (issue 14, finding 5). A lost stream is provisioned
+    /// by the admin operations and the metadata re-provisioning (design note 22), which judge
+    /// the shard's state. When the shard stopped being readable while the group was created
+    /// (a retirement started), the group is destroyed again: created from `0`, it would block
+    /// the shard's deletion (as in design note 12).
     async fn recreate_consumer_group(&self) {
         if self.ctx.options.auto_create_shards.is_none() {
             return;
         }
         let mut conn = self.ctx.conn.clone();
+        let key = self.ctx.stream.shard(self.shard);
+        if !self.readable_in_metadata(&mut conn).await {
+            tracing::warn!(
+                stream = %key,
+                "consumer group missing on a shard that is no longer readable (retiring or retired): not created again"
+            );
+            return;
+        }
         let created: redis::RedisResult<()> = redis::cmd("XGROUP")
             .arg("CREATE")
-            .arg(self.ctx.stream.shard(self.shard))
+            .arg(&key)
             .arg(&self.ctx.group)
             .arg("0")
-            .arg("MKSTREAM")
             .query_async(&mut conn)
             .await;
         match created {
-            Ok(()) => {
+            Ok(()) if self.readable_in_metadata(&mut conn).await => {
                 tracing::warn!("consumer group was missing on this shard: created again from 0")
             }
+            Ok(()) => {
+                let destroyed: redis::RedisResult<()> = redis::cmd("XGROUP")
+                    .arg("DESTROY")
+                    .arg(&key)
+                    .arg(&self.ctx.group)
+                    .query_async(&mut conn)
+                    .await;
+                tracing::warn!(
+                    stream = %key,
+                    destroyed = destroyed.is_ok(),
+                    "the shard stopped being readable while its consumer group was created again: destroyed it"
+                );
+            }
             Err(error) if error.code() == Some("BUSYGROUP") => {}
-            Err(error) => tracing::warn!(%error, "re-creating the consumer group failed"),
+            Err(error) => tracing::warn!(
+                %error,
+                "re-creating the consumer group failed (a missing shard stream is not created by a member)"
+            ),
+        }
+    }
+
+    /// Whether the stream metadata lists this shard as readable (ACTIVE or DRAINING), read now.
+    /// Missing or unreadable metadata, or a failed read: no (fail closed).
+    async fn readable_in_metadata(&self, conn: &mut RedisConnection) -> bool {
+        match crate::store::load_stream_metadata(conn, &self.ctx.stream).await {
+            Ok(Some(meta)) => meta
+                .shards
+                .iter()
+                .any(|s| s.shard_index == self.shard && s.state.is_readable()),
+            Ok(None) => false,
+            Err(error) => {
+                tracing::warn!(%error, "reading the stream metadata failed");
+                false
+            }
         }
     }
 
@@ -709,6 +781,11 @@ impl ShardTask {
             EntryStatus::Present => {}
             EntryStatus::Trimmed => {
                 tracing::warn!(entry = %entry.id, "entry trimmed while pending: acked without handling");
+                // It may have been counted by a process that died in its handler (only ever a
+                // re-delivered entry: a first delivery is never counted).
+                if entry.delivery_count > 1 {
+                    self.forget_attempts(entry).await;
+                }
                 return Ok(Outcome::Ack);
             }
             EntryStatus::TooLarge { bytes } => {
@@ -718,16 +795,54 @@ impl ShardTask {
                 return Ok(Outcome::Ack);
             }
         }
-        if entry.delivery_count > max_deliveries {
-            self.dead_letter(
-                entry,
-                DeadLetterReason::MaxDeliveries,
-                "delivered more than max_deliveries times",
-                0,
-            )
-            .await?;
-            return Ok(Outcome::Ack);
+        // `max_deliveries` counts handler attempts, not deliveries: re-reads and handovers of
+        // read-ahead raise the PEL count without any attempt (issue 14, finding 7). A first
+        // delivery costs nothing; a re-delivered entry's attempts are counted in Redis just
+        // before its first attempt here, and the first delivery is assumed to have reached a
+        // handler (it may have killed its process uncounted).
+        let counted = entry.delivery_count > 1;
+        if counted {
+            let attempts = match self
+                .client
+                .count_attempt(self.shard, token, &entry.id)
+                .await?
+            {
+                Ok(attempts) => attempts,
+                Err(fenced) => {
+                    self.conflict("attempt", fenced, token).await;
+                    return Ok(Outcome::Abandon);
+                }
+            };
+            if attempts.saturating_add(1) > max_deliveries {
+                self.dead_letter(
+                    entry,
+                    DeadLetterReason::MaxDeliveries,
+                    MAX_DELIVERIES_ERROR,
+                    0,
+                )
+                .await?;
+                self.forget_attempts(entry).await;
+                return Ok(Outcome::Ack);
+            }
         }
+        let outcome = self
+            .attempts(token, entry, max_attempts, &mut backoff)
+            .await?;
+        if counted && matches!(outcome, Outcome::Ack) {
+            self.forget_attempts(entry).await;
+        }
+        Ok(outcome)
+    }
+
+    /// The handler attempts of one delivery of `entry`: up to `max_attempts`, in place, with
+    /// growing `backoff`; a dead letter when they are used up or the error says so.
+    async fn attempts(
+        &mut self,
+        token: &FenceToken,
+        entry: &ShardEntry,
+        max_attempts: u32,
+        backoff: &mut Duration,
+    ) -> Result<Outcome, DataPlaneError> {
         for attempt in 1..=max_attempts {
             let delivery = Delivery {
                 stream_key: self.shard_key.clone(),
@@ -762,15 +877,28 @@ impl ShardTask {
             if self.revoke.is_cancelled() {
                 return Ok(Outcome::Abandon);
             }
-            self.pause(backoff).await;
+            self.pause(*backoff).await;
             // The lease may have lapsed during the backoff (heartbeats failing): no attempt
             // without it, or the shard's next owner and this one could run the entry at once.
             if self.done() || !self.may_finish() {
                 return Ok(Outcome::Abandon);
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            *backoff = (*backoff * 2).min(MAX_BACKOFF);
         }
         Ok(Outcome::Abandon)
+    }
+
+    /// Removes `entry`'s attempt count once it is finished (handled or dead-lettered), before
+    /// its ack: if the ack is then lost, the entry comes back with a fresh count, which is right
+    /// (its handler did not kill the process). A failure leaves a stale field, logged.
+    async fn forget_attempts(&mut self, entry: &ShardEntry) {
+        if let Err(error) = self
+            .client
+            .forget_attempts(self.shard, &[entry.id.as_str()])
+            .await
+        {
+            tracing::warn!(entry = %entry.id, %error, "removing the attempt count failed");
+        }
     }
 
     /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
