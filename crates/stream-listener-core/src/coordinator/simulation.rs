@@ -29,7 +29,7 @@
 //! Replay a failing seed with `SIM_SEED=<seed> cargo test -p stream-listener-core simulation`;
 //! `SIM_SEEDS=<n>` runs more seeds; `SIM_STEPS=<n>` sets the steps of a history; the ignored
 //! tests `replay` and `long_random_histories_keep_every_invariant` take their faults from
-//! `SIM_FAULTS` (e.g. `survived,stale_views`).
+//! `SIM_FAULTS` (e.g. `all`, or `survived,-stale_views`).
 
 mod store;
 
@@ -645,10 +645,9 @@ impl World {
             Ok(expected) if renewed => expected == response,
             Ok(_) if lease_passed => true,
             Ok(expected) => acted_on(expected) == acted_on(response) || fresh(),
-            // A late duplicate matching a fast entry that a later full transition left in place
-            // (with its old `fastseq`): answered, where the full transition says stale. Harmless:
-            // the process has sent a later request since, so it waits for this answer no more.
-            Err(StoreFailure::Stale { last }) => !renewed && *last > request.request_seq,
+            // Where the full transition says stale (or refuses), the fast path must not answer,
+            // not even a repeat: a late duplicate used to match a fast entry a later write left
+            // in place (design note 35), which `outdated_fast_entries` brings back.
             Err(_) => false,
         };
         if !same {
