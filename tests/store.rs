@@ -2,18 +2,24 @@
 //! transaction, its fast path, concurrent drivers, and failing closed on missing or corrupt
 //! metadata (DESIGN.md §5).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::AsyncCommands;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::coordinator::CoordinatorConfig;
+use stream_listener::core::coordinator::{CoordinatorConfig, CoordinatorError};
 use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::model::{
     GroupState, HeartbeatRequest, HeartbeatStatus, PROTOCOL_VERSION, RevokeState, RevokingShard,
     ShardInfo, ShardState, StreamMetadata,
 };
-use stream_listener::core::store::{GroupStore, StoreError, StreamCas, write_stream_metadata};
+use stream_listener::core::store::{
+    GroupStore, StoreError, StreamCas, load_stream_metadata, write_stream_metadata,
+};
 use stream_listener::testing::{RedisCluster, RedisServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
 
 const SHARDS: u32 = 16;
 
@@ -672,4 +678,291 @@ async fn the_fast_path_falls_back_after_an_outage_whatever_the_other_members_ttl
         .await
         .unwrap();
     assert_eq!(rb.response.status, HeartbeatStatus::Ok);
+}
+
+/// A loopback TCP proxy in front of one Redis server. Once armed, it holds the first chunk a
+/// client sends that contains `EVALSHA` (a script call) until released, so a test can run other
+/// clients' commands between two commands of one heartbeat.
+struct ScriptGate {
+    url: String,
+    armed: Arc<AtomicBool>,
+    holding: Arc<AtomicBool>,
+    release: Arc<Notify>,
+}
+
+impl ScriptGate {
+    async fn start(upstream: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        let gate = ScriptGate {
+            url,
+            armed: Arc::new(AtomicBool::new(false)),
+            holding: Arc::new(AtomicBool::new(false)),
+            release: Arc::new(Notify::new()),
+        };
+        let (armed, holding, release) = (
+            gate.armed.clone(),
+            gate.holding.clone(),
+            gate.release.clone(),
+        );
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                });
+                let (armed, holding, release) = (armed.clone(), holding.clone(), release.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match from_client.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        let chunk = &buf[..n];
+                        let script = chunk.windows(7).any(|w| w.eq_ignore_ascii_case(b"EVALSHA"));
+                        if script && armed.swap(false, Ordering::SeqCst) {
+                            holding.store(true, Ordering::SeqCst);
+                            release.notified().await;
+                            holding.store(false, Ordering::SeqCst);
+                        }
+                        if to_server.write_all(chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        gate
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits (bounded) until a script call is held.
+    async fn wait_holding(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !self.holding.load(Ordering::SeqCst) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no script call reached the gate within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn release(&self) {
+        self.release.notify_one();
+    }
+}
+
+/// The stream metadata with `count` ACTIVE shards at `version`, written over the stored one.
+async fn rewrite_stream(conn: &mut RedisConnection, prefix: &str, count: u32, version: u64) {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut meta = load_stream_metadata(conn, &keys).await.unwrap().unwrap();
+    let revision = meta.revision;
+    meta.shard_count = count;
+    meta.shards = (0..count)
+        .map(|i| ShardInfo {
+            shard_index: i,
+            state: ShardState::Active,
+        })
+        .collect();
+    meta.metadata_version = version;
+    let written = write_stream_metadata(conn, &keys, Some(revision), &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+}
+
+/// Issue 14 follow-up A (design note 37): a heartbeat reads the stream view, then loads the
+/// group. When a scale-out and another member's transition land in between, the loaded group
+/// has the newer `metadataVersion`; applying the older view took the group's version and
+/// readable set back (two `groupEpoch` bumps, the new shards out of the target). The store now
+/// reads the view again when the loaded group is newer than it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_view_read_before_a_scale_out_does_not_take_the_group_back() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 2).await;
+    let mut b = group_store(&conn, "orders", "g").await;
+    let joined = b.heartbeat(&request("b", 1, 0, &[])).await.unwrap();
+    let gate = ScriptGate::start(server.addr()).await;
+    let gated = connect(RedisTarget::Standalone(gate.url.clone())).await;
+    let mut a = store_with(&gated, "orders", "g", CoordinatorConfig::default());
+    gate.arm();
+    // A join skips the fast path: `a` reads the stream version and view (1), then its load
+    // waits at the gate.
+    let join = tokio::spawn(async move { a.heartbeat(&request("a", 1, 0, &[])).await });
+    gate.wait_holding().await;
+    rewrite_stream(&mut conn, "orders", 4, 2).await;
+    let out = b
+        .heartbeat(&request("b", 2, joined.response.member_epoch, &[]))
+        .await
+        .unwrap();
+    assert_eq!(out.response.status, HeartbeatStatus::Ok);
+    let applied = b.load().await.unwrap().group.meta;
+    assert_eq!(applied.metadata_version, 2, "b applied the scale-out");
+    gate.release();
+    let out = tokio::time::timeout(Duration::from_secs(10), join)
+        .await
+        .expect("a's heartbeat ends once released")
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.response.status, HeartbeatStatus::Ok);
+    let meta = b.load().await.unwrap().group.meta;
+    assert_eq!(
+        (meta.metadata_version, meta.shard_count),
+        (2, 4),
+        "the group went back to the view a read before the scale-out"
+    );
+    assert_eq!(meta.readable_shard_set, (0..4).collect());
+    assert_eq!(meta.group_epoch, applied.group_epoch + 1, "a's join only");
+}
+
+/// The other side of follow-up A: stream metadata lost and re-created from config restarts at a
+/// lower `metadataVersion`, and the group must follow it (a fresh read still lower than the
+/// group's is a restart, not staleness), or the fast path, which compares the stream's version
+/// with `steady`'s, falls back for good and the readable set never updates.
+#[tokio::test]
+async fn a_group_follows_stream_metadata_re_created_at_a_lower_version() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 2).await;
+    let config = timings(300, 1_500, 6_000);
+    // A correction round (the member reports a version above the re-created one) lasts a lease.
+    let settle = config.member_lease_ttl * 3;
+    let mut store = store_with(&conn, "orders", "g", config);
+    store.provision(false).await.unwrap();
+    rewrite_stream(&mut conn, "orders", 4, 5).await;
+    let (mut seq, mut epoch, mut owned, mut version) = (0, 0, Vec::new(), 1);
+    // Heartbeats on the interval the responses give until one is answered by the fast path
+    // (bounded by `settle`); whether one was.
+    let mut settle_on_fast_path = async |store: &mut GroupStore| {
+        let deadline = std::time::Instant::now() + settle;
+        while std::time::Instant::now() < deadline {
+            seq += 1;
+            let mut req = request("a", seq, epoch, &owned);
+            req.metadata_version = version;
+            let out = store.heartbeat(&req).await.unwrap();
+            // SYNC_METADATA once the member reports a version above the re-created one
+            // (evidence of lost metadata: a correction round); it adopts the group's, as the
+            // runtime does.
+            assert!(
+                matches!(
+                    out.response.status,
+                    HeartbeatStatus::Ok | HeartbeatStatus::SyncMetadata
+                ),
+                "{out:?}"
+            );
+            epoch = out.response.member_epoch;
+            owned = out.response.assigned_shards.clone();
+            version = out.response.metadata_version;
+            if out.fast_path {
+                return Some(owned.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(out.response.heartbeat_interval_ms)).await;
+        }
+        None
+    };
+    assert_eq!(
+        settle_on_fast_path(&mut store).await,
+        Some(vec![0, 1, 2, 3]),
+        "settled at version 5"
+    );
+    // Lost, and re-created from config: version 1 again.
+    let key = StreamKeys::new("orders").unwrap().metadata();
+    let _: () = conn.del(&key).await.unwrap();
+    create_stream(&mut conn, "orders", 4).await;
+    let owned_after = settle_on_fast_path(&mut store).await;
+    let meta = store.load().await.unwrap().group.meta;
+    assert_eq!((meta.metadata_version, meta.shard_count), (1, 4));
+    assert_eq!(
+        owned_after,
+        Some(vec![0, 1, 2, 3]),
+        "the fast path answers again at the re-created version"
+    );
+    // And the next change of the re-created stream reaches the group.
+    rewrite_stream(&mut conn, "orders", 6, 2).await;
+    let owned_after = settle_on_fast_path(&mut store).await;
+    let meta = store.load().await.unwrap().group.meta;
+    assert_eq!((meta.metadata_version, meta.shard_count), (2, 6));
+    assert_eq!(meta.readable_shard_set, (0..6).collect());
+    assert_eq!(
+        owned_after,
+        Some(vec![0, 1, 2, 3, 4, 5]),
+        "settled again after the scale-out"
+    );
+}
+
+/// Issue 14 follow-up B (design note 38): a static member away after `-2` has no steady response,
+/// and `Writes::diff` left its `fast:<id>`/`fastseq:<id>` of the last steady write in place: a
+/// late request sent before the `-2` (its sequence above that `fastseq`, below the `-2`'s)
+/// matched the old fingerprint and renewed the lease on the fast path, where the full transition
+/// answers `StaleRequestSeq`.
+#[tokio::test]
+async fn a_late_request_does_not_renew_a_lease_through_an_outdated_fast_entry() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    create_stream(&mut conn, "orders", 2).await;
+    let mut store = group_store(&conn, "orders", "g").await;
+    let static_request = |seq, epoch, owned: &[u32]| HeartbeatRequest {
+        instance_id: Some("a-1".into()),
+        ..request("a", seq, epoch, owned)
+    };
+    let joined = store.heartbeat(&static_request(1, 0, &[])).await.unwrap();
+    let epoch = joined.response.member_epoch;
+    let owned = joined.response.assigned_shards.clone();
+    store
+        .heartbeat(&static_request(2, epoch, &owned))
+        .await
+        .unwrap();
+    let steady = store
+        .heartbeat(&static_request(3, epoch, &owned))
+        .await
+        .unwrap();
+    assert!(steady.fast_path, "settled");
+    // Request 4 is delayed; the member leaves statically with request 5.
+    let left = store
+        .heartbeat(&static_request(5, -2, &owned))
+        .await
+        .unwrap();
+    assert_eq!(left.response.status, HeartbeatStatus::Ok);
+    let leases = StreamKeys::new("orders")
+        .unwrap()
+        .group("g")
+        .unwrap()
+        .leases();
+    let lease_before: f64 = conn.zscore(&leases, "a").await.unwrap();
+    let late = store.heartbeat(&static_request(4, epoch, &owned)).await;
+    assert!(
+        matches!(
+            late,
+            Err(StoreError::Coordinator(CoordinatorError::StaleRequestSeq {
+                got: 4,
+                last: 5
+            }))
+        ),
+        "the late request 4 after 5: {late:?}"
+    );
+    let lease_after: f64 = conn.zscore(&leases, "a").await.unwrap();
+    assert_eq!(
+        lease_after, lease_before,
+        "the late request moved the lease"
+    );
+    let fields = group_hash_fields(&mut conn).await;
+    assert!(
+        !fields
+            .iter()
+            .any(|f| f.starts_with("fast") && f.ends_with(":a")),
+        "fast-path fields of a member without a steady response: {fields:?}"
+    );
+    let member = &store.load().await.unwrap().group.members["a"];
+    assert_eq!(member.last_request_seq, 5);
+    assert!(member.away);
 }

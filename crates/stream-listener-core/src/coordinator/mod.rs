@@ -74,6 +74,14 @@ pub(crate) struct Variant {
     /// A steady response ([`steady_response`], the store's `fast:<id>` entries) carries the
     /// timings of the transition that wrote it, not the member's own (issue 14, finding 2).
     pub(crate) writer_timings: bool,
+    /// The store's full transition applies the stream view its process read before the load even
+    /// when the loaded group has a newer `metadataVersion` (no fresh re-read; issue 14 follow-up
+    /// A, design note 37). Only the simulation's store model follows it.
+    pub(crate) stale_view_applied: bool,
+    /// `Writes::diff` leaves `fast:<id>` / `fastseq:<id>` / `fastworkers:<id>` in place for a
+    /// member without a steady response (issue 14 follow-up B, design note 38). Only the
+    /// simulation's store model follows it.
+    pub(crate) outdated_fast_entries: bool,
 }
 
 impl Default for CoordinatorConfig {

@@ -29,7 +29,7 @@
 //! Replay a failing seed with `SIM_SEED=<seed> cargo test -p stream-listener-core simulation`;
 //! `SIM_SEEDS=<n>` runs more seeds; `SIM_STEPS=<n>` sets the steps of a history; the ignored
 //! tests `replay` and `long_random_histories_keep_every_invariant` take their faults from
-//! `SIM_FAULTS` (e.g. `survived,stale_views`).
+//! `SIM_FAULTS` (e.g. `all`, or `survived,-stale_views`).
 
 mod store;
 
@@ -274,13 +274,11 @@ pub(crate) struct Faults {
 }
 
 impl Faults {
-    /// Every fault that today's protocol survives: stale views still find a defect (see
-    /// `finds_a_group_metadata_version_going_back_on_a_stale_view`).
+    /// Every fault that today's protocol survives: all of them since stale views no longer take
+    /// a group's `metadataVersion` back (design note 37). Kept apart from [`Faults::all`] so a
+    /// fault found failing again can be left out here, with a `finds_*` test pinning it.
     pub(crate) fn survived() -> Self {
-        Faults {
-            stale_views: false,
-            ..Faults::all()
-        }
+        Faults::all()
     }
 
     /// Every fault.
@@ -508,8 +506,9 @@ impl World {
                 let outcome = if contended {
                     self.store.retry_response(&config)
                 } else {
+                    let current = self.stream.view();
                     self.store
-                        .full_transition(request, &config, &view, &self.fences, now)
+                        .full_transition(request, &config, &view, &current, &self.fences, now)
                 };
                 if let Err(StoreFailure::Refused(reason)) = &outcome {
                     return Err(format!(
@@ -598,7 +597,9 @@ impl World {
         renewed: bool,
     ) -> Result<(), String> {
         let mut full = before.clone();
-        let expected = full.full_transition(request, config, view, &self.fences, self.now);
+        let current = self.stream.view();
+        let expected =
+            full.full_transition(request, config, view, &current, &self.fences, self.now);
         // A repeated request: the member acts on these fields only (the stored fast entry is
         // rewritten with the group's later epochs; see design note on repeat answers).
         let acted_on = |r: &HeartbeatResponse| {
@@ -630,17 +631,23 @@ impl World {
             fresh_request.request_seq += 1;
             let mut fresh = before.clone();
             fresh
-                .full_transition(&fresh_request, config, view, &self.fences, self.now)
+                .full_transition(
+                    &fresh_request,
+                    config,
+                    view,
+                    &current,
+                    &self.fences,
+                    self.now,
+                )
                 .is_ok_and(|r| acted_on(&r) == acted_on(response))
         };
         let same = match &expected {
             Ok(expected) if renewed => expected == response,
             Ok(_) if lease_passed => true,
             Ok(expected) => acted_on(expected) == acted_on(response) || fresh(),
-            // A late duplicate matching a fast entry that a later full transition left in place
-            // (with its old `fastseq`): answered, where the full transition says stale. Harmless:
-            // the process has sent a later request since, so it waits for this answer no more.
-            Err(StoreFailure::Stale { last }) => !renewed && *last > request.request_seq,
+            // Where the full transition says stale (or refuses), the fast path must not answer,
+            // not even a repeat: a late duplicate used to match a fast entry a later write left
+            // in place (design note 38), which `outdated_fast_entries` brings back.
             Err(_) => false,
         };
         if !same {
@@ -1634,17 +1641,31 @@ fn catches_the_effects_of_steady_responses_with_the_writers_timings() {
     );
 }
 
-/// Open store defect (reported, not fixed here): `Writes::diff` leaves a member's `fast:<id>`
-/// and `fastseq:<id>` in place when the member has no steady response at a write (here a static
-/// member after `-2`), so a late duplicate of a request older than the member's last one matches
-/// the old entry, passes `seq > fastseq`, and renews the lease of a member that has left, where
-/// the full transition answers `StaleRequestSeq`. Seed 1048, step 433, of the long run. When it is
-/// fixed, turn this into a `Variant` test.
+/// Issue 14 follow-up B (design note 38): `Writes::diff` left a member's `fast:<id>` and
+/// `fastseq:<id>` in place when the member had no steady response at a write (here a static
+/// member after `-2`), so a late duplicate of a request older than the member's last one matched
+/// the old entry, passed `seq > fastseq`, and renewed the lease of a member that had left, where
+/// the full transition answers `StaleRequestSeq`. Seed 1048, step 433, of the long run (with
+/// every fault but stale views, as when it was found). Fixed: the history passes, and the old
+/// rule is caught as what it did.
 #[test]
-fn finds_a_late_request_renewing_a_lease_through_an_outdated_fast_entry() {
-    let report = run_history(1048, 433, Variant::default(), Faults::survived()).err();
+fn catches_a_late_request_renewing_a_lease_through_an_outdated_fast_entry() {
+    let faults = Faults {
+        stale_views: false,
+        ..Faults::all()
+    };
+    let fixed = run_history(1048, 433, Variant::default(), faults);
+    assert!(
+        fixed.is_ok(),
+        "seed 1048 fails again: {}",
+        fixed.unwrap_err()
+    );
+    let variant = Variant {
+        outdated_fast_entries: true,
+        ..Variant::default()
+    };
     assert_caught_as(
-        report,
+        run_history(1048, 433, variant, faults).err(),
         "outdated fast entry",
         &["(lease renewed: true) with HeartbeatResponse"],
     );
@@ -1666,20 +1687,32 @@ fn finds_a_hand_out_hold_shorter_than_an_old_members_lease() {
     assert_caught_as(report, "short hand-out hold", &["readable by lease by"]);
 }
 
-/// Open protocol defect (reported, not fixed here): a transition applies the stream metadata its
-/// process read before loading the group, even when another process's transition already applied
-/// a newer one, so the group's `metadataVersion` (and readable set) goes back. When it is fixed,
-/// turn `stale_views` on in [`Faults::survived`] and drop this test.
+/// Issue 14 follow-up A (design note 37): a transition applied the stream metadata its process
+/// read before loading the group, even when another process's transition had applied a newer one
+/// (a scale-out in between), so the group's `metadataVersion` and readable set went back. Seed 12,
+/// 50 steps, with stale views and admin operations. Fixed (the store reads the view again when
+/// the loaded group is newer): the history passes, and the old rule is caught as what it did.
 #[test]
-fn finds_a_group_metadata_version_going_back_on_a_stale_view() {
+fn catches_a_group_metadata_version_going_back_on_a_stale_view() {
     let faults = Faults {
         stale_views: true,
         stream_changes: true,
         ..Faults::default()
     };
+    let fixed = run_history(12, 50, Variant::default(), faults);
+    assert!(fixed.is_ok(), "seed 12 fails again: {}", fixed.unwrap_err());
+    let variant = Variant {
+        stale_view_applied: true,
+        ..Variant::default()
+    };
     assert_caught_as(
-        first_failure(Variant::default(), faults, 100, 400),
+        run_history(12, 50, variant, faults).err(),
         "stale stream view",
+        &["metadataVersion went back"],
+    );
+    assert_caught_as(
+        first_failure(variant, faults, 100, 400),
+        "stale stream view (any seed)",
         &["metadataVersion went back"],
     );
 }

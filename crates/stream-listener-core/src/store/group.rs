@@ -191,9 +191,17 @@ impl GroupStore {
                 attempts: 0,
             });
         }
-        let stream = self.read_stream_view(Some(stream_version)).await?;
+        let mut stream = self.read_stream_view(Some(stream_version)).await?;
         for attempt in 1..=MAX_ATTEMPTS {
             let loaded = self.load().await?;
+            if loaded.group.meta.metadata_version > stream.metadata_version {
+                // Another transition applied a newer stream view after this one was read (a
+                // scale-out in between): applying ours would take the group's metadataVersion
+                // and readable set back. Read it again, after the load: a version still lower
+                // than the group's is a stream metadata re-created from config (a restart, not
+                // staleness), which the group must follow (design note 37).
+                stream = self.read_stream_view(None).await?;
+            }
             let (group, response) = self.transition(&loaded, request, &stream).await?;
             let writes = Writes::diff(&loaded, &group, &self.config)?;
             if writes.is_empty() || self.compare_and_set(&loaded, &writes).await? {
@@ -734,10 +742,16 @@ impl Writes {
         );
         let steady = group.meta.state == crate::model::GroupState::Stable
             && group.meta.correction_round.is_none();
+        let mut outdated = Vec::new();
         for (id, member) in &group.members {
             let json = serde_json::to_string(member).map_err(|e| key_err(id, e))?;
             set(format!("{MEMBER}{id}"), json);
-            if steady && let Some(response) = coordinator::steady_response(group, id, config) {
+            if !steady {
+                // No `steady` marker: the fast path answers nothing, and the next steady write
+                // rewrites or removes these fields.
+                continue;
+            }
+            if let Some(response) = coordinator::steady_response(group, id, config) {
                 let print = fingerprint(
                     &member.process_id,
                     member.member_epoch,
@@ -751,6 +765,14 @@ impl Writes {
                     format!("{FAST_SEQ}{id}"),
                     member.last_request_seq.to_string(),
                 );
+            } else {
+                // A member with no steady answer now (away after `-2`, not converged): an entry
+                // of an earlier steady write would let a late duplicate of an older request,
+                // above that old `fastseq`, renew its lease where the full transition says
+                // stale (design note 38). Its JSON, written above, holds what the entry
+                // counted (`lastRequestSeq`, `lastResponse`, `activeConsumerWorkers`: the load
+                // applied them), so nothing is lost.
+                outdated.push(id);
             }
         }
         if steady {
@@ -761,6 +783,14 @@ impl Writes {
             );
         } else if loaded.fields.contains_key(STEADY) {
             writes.delete.push(STEADY.into());
+        }
+        for id in outdated {
+            for prefix in [FAST, FAST_SEQ, FAST_WORKERS] {
+                let field = format!("{prefix}{id}");
+                if loaded.fields.contains_key(&field) {
+                    writes.delete.push(field);
+                }
+            }
         }
         for id in loaded.group.members.keys() {
             if !group.members.contains_key(id) {

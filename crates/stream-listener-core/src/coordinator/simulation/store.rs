@@ -271,16 +271,26 @@ impl Store {
 
     /// The full transition (`GroupStore::heartbeat` after the fast path): load, the pure
     /// transition (again with the fences when it asks for them), and the compare-and-set of
-    /// `Writes::diff`. `fences` is this group's fence of every shard.
+    /// `Writes::diff`. `stream` is the view the process read before the load; `current` the
+    /// stream metadata now, which the store reads again when the loaded group's
+    /// `metadataVersion` is above `stream`'s. `fences` is this group's fence of every shard.
     pub(super) fn full_transition(
         &mut self,
         request: &HeartbeatRequest,
         config: &CoordinatorConfig,
         stream: &StreamView,
+        current: &StreamView,
         fences: &BTreeMap<ShardIndex, FenceToken>,
         now: Micros,
     ) -> Result<HeartbeatResponse, StoreFailure> {
         let loaded = self.load(config).ok_or(StoreFailure::MissingGroup)?;
+        let stream = if loaded.meta.metadata_version > stream.metadata_version
+            && !config.variant.stale_view_applied
+        {
+            current
+        } else {
+            stream
+        };
         let mut group = loaded.clone();
         let ctx = Context {
             now,
@@ -332,7 +342,10 @@ impl Store {
         let steady =
             group.meta.state == GroupState::Stable && group.meta.correction_round.is_none();
         for (id, member) in &group.members {
-            if steady && let Some(response) = steady_response(&group, id, config) {
+            if !steady {
+                continue;
+            }
+            if let Some(response) = steady_response(&group, id, config) {
                 let print = fingerprint(
                     &member.process_id,
                     member.member_epoch,
@@ -342,6 +355,11 @@ impl Store {
                 );
                 self.fast.insert(id.clone(), (print, response));
                 self.fast_seq.insert(id.clone(), member.last_request_seq);
+            } else if !config.variant.outdated_fast_entries {
+                // No steady answer: the entry of an earlier steady write goes (design note 38).
+                self.fast.remove(id);
+                self.fast_seq.remove(id);
+                self.fast_workers.remove(id);
             }
         }
         self.steady = if steady {
