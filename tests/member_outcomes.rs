@@ -1131,3 +1131,43 @@ async fn retirement_deletes_the_shards_attempt_counts() {
         "the retired shard's attempt hash was left"
     );
 }
+
+/// Review of issue 14 (design note 35): an entry counted by a process with a larger
+/// `max_entry_bytes` (a rolling change of the limit) and then met by one with a smaller limit is
+/// dead-lettered as too large; its attempt count went with it only on the other dead-letter
+/// paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_dead_lettered_as_too_large_leaves_no_attempt_count() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
+        .await
+        .unwrap();
+    let big = format!(r#"{{"n":1,"pad":"{}"}}"#, "x".repeat(2048));
+    let entry = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", &big)]).await;
+    deliver(&mut conn, 2).await;
+    set_attempts(&mut conn, GROUP, &entry, 1).await;
+    let after = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
+
+    let recorder = Arc::new(Recorder::default());
+    let mut opts = options(1);
+    opts.max_entry_bytes = Some(1024);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    let done = wait_until(Duration::from_secs(15), || {
+        recorder.handled().contains(&(0, after.clone()))
+    })
+    .await;
+    assert!(done, "{:?}", recorder.calls());
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    let letters = dead_letters(&mut conn).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(
+        attempt_fields(&mut conn).await,
+        vec![],
+        "the too-large entry's attempt count was left"
+    );
+    listener.shutdown_and_wait().await;
+}

@@ -815,6 +815,10 @@ impl ShardTask {
                 let error = format!("entry of {bytes} bytes is over the read limit");
                 self.dead_letter(entry, DeadLetterReason::TooLarge, &error, 0)
                     .await?;
+                // Counted by a process with a larger limit (a rolling change of it), maybe.
+                if entry.delivery_count > 1 {
+                    self.forget_attempts(entry).await;
+                }
                 return Ok(Outcome::Ack);
             }
         }
