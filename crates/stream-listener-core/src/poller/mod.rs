@@ -918,7 +918,14 @@ impl ShardTask {
     /// Removes `entry`'s attempt count once it is finished (handled or dead-lettered), before
     /// its ack: if the ack is then lost, the entry comes back with a fresh count, which is right
     /// (its handler did not kill the process). A failure leaves a stale field, logged.
+    ///
+    /// Only while the task may still finish (the `HDEL` is not fenced): a stopped task whose
+    /// handler returned late (it ignored cancellation) acks nothing, and the shard's next tenure
+    /// may have counted its own attempt meanwhile; the count stays, this attempt in it.
     async fn forget_attempts(&mut self, entry: &ShardEntry) {
+        if !self.may_finish() {
+            return;
+        }
         if let Err(error) = self
             .client
             .forget_attempts(self.shard, &[entry.id.as_str()])
