@@ -11,7 +11,9 @@
 //!   Redis executed it) is not sent again: nothing is stranded in the member's own pending list,
 //!   nothing lost, per-key order kept (issue 14, finding 3); likewise with a master frozen past
 //!   the client's response timeout while reads run, and on a standalone server (whose
-//!   `ConnectionManager` never re-sent a command: not a defect there).
+//!   `ConnectionManager` never re-sent a command: not a defect there);
+//! - a master restarted without persistence: the shard streams it lost are provisioned again by
+//!   the member (`auto_create_shards`, ACTIVE shards only) and read.
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s, rebalance timeout 3 s, 8 shards, 200 msg/s.
 

@@ -10,7 +10,9 @@
 //!   (issue 14, finding 5): neither its stream nor its fence comes back;
 //! - `max_deliveries` counts handler attempts, not deliveries (issue 14, finding 7): an entry
 //!   re-delivered 12 times without a handler attempt is handled; one whose handler dies with its
-//!   process each time is dead-lettered after `max_deliveries` attempts without another one.
+//!   process each time is dead-lettered after `max_deliveries` attempts without another one;
+//!   no attempt count is left behind by a claim of trimmed entries, a too-large dead letter,
+//!   `group delete` or a retirement.
 
 mod member_support;
 
