@@ -11,7 +11,9 @@
 //!   Redis executed it) is not sent again: nothing is stranded in the member's own pending list,
 //!   nothing lost, per-key order kept (issue 14, finding 3); likewise with a master frozen past
 //!   the client's response timeout while reads run, and on a standalone server (whose
-//!   `ConnectionManager` never re-sent a command: not a defect there).
+//!   `ConnectionManager` never re-sent a command: not a defect there);
+//! - a master restarted without persistence: the shard streams it lost are provisioned again by
+//!   the member (`auto_create_shards`, ACTIVE shards only) and read.
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s, rebalance timeout 3 s, 8 shards, 200 msg/s.
 
@@ -780,5 +782,101 @@ async fn a_read_whose_reply_is_lost_on_a_standalone_server_strands_nothing() {
         1,
         "no reply was lost: the test tested nothing"
     );
+    listener.shutdown_and_wait().await;
+}
+
+/// Review of issue 14 (design note 36): a master restarted without persistence loses the shard
+/// streams of its slots while the stream metadata, on another master, still lists them ACTIVE.
+/// With `auto_create_shards` the member must provision such a shard again (stream and consumer
+/// group, from `0`), as it did before note 36: no admin operation does it for a registered
+/// group (`register_group` returns early, `scale` to the same count changes nothing,
+/// `create_stream` finds the metadata), so the shard stayed unread for good and every
+/// producer write routed to it failed (`XADD ... NOMKSTREAM` finds no stream). Also exercises
+/// the data plane's cluster connection without retries (note 34) reconnecting to the restarted
+/// node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_stream_lost_with_its_master_is_provisioned_again_with_auto_create_shards() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = RedisCluster::start().unwrap();
+    let target = RedisTarget::Cluster(cluster.urls());
+    let mut conn = connect(&target).await;
+    const SHARDS: u32 = 8;
+    admin::create_stream(&mut conn, STREAM, SHARDS)
+        .await
+        .unwrap();
+    // A master with shards and none of the coordination keys (those would be re-provisioned
+    // by the metadata path of design note 22 instead).
+    let coordination: BTreeSet<usize> = [
+        "sl:streams".to_owned(),
+        format!("sl:{{{STREAM}}}:stream"),
+        format!("sl:{{{STREAM}:{GROUP}}}:group"),
+        format!("sl:{{{STREAM}:{GROUP}}}:leases"),
+        format!("sl:{{{STREAM}:{GROUP}}}:history"),
+    ]
+    .iter()
+    .map(|key| node_of(&cluster, key))
+    .collect();
+    let (node, lost): (usize, Vec<u32>) = (0..cluster.nodes().len())
+        .filter(|n| !coordination.contains(n))
+        .map(|n| {
+            let shards = (0..SHARDS)
+                .filter(|s| node_of(&cluster, &format!("{{{STREAM}:{s}}}")) == n)
+                .collect::<Vec<u32>>();
+            (n, shards)
+        })
+        .find(|(_, shards)| !shards.is_empty())
+        .expect("a master with shards and no coordination key");
+    let recorder = Arc::new(Recorder::default());
+    let mut opts = options(1);
+    opts.auto_create_shards = Some(SHARDS);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && target_of(g).len() == SHARDS as usize
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+
+    // The restart without persistence: the node comes back with its slots and no data.
+    cluster.kill_node(node).unwrap();
+    cluster.restart_node(node).unwrap();
+    cluster.wait_until_ready().unwrap();
+    let mut direct = cluster.nodes()[node].client().get_connection().unwrap();
+    let keys: u64 = redis::cmd("DBSIZE").query(&mut direct).unwrap();
+    assert_eq!(keys, 0, "the restarted node kept data");
+
+    // Each lost shard comes back with its consumer group, and a producer's write is handled.
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let mut missing = lost.clone();
+    while !missing.is_empty() && std::time::Instant::now() < end {
+        missing.retain(|shard| {
+            let groups: redis::RedisResult<Vec<redis::Value>> = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(format!("{{{STREAM}:{shard}}}"))
+                .query(&mut direct);
+            !groups.is_ok_and(|g| g.len() == 1)
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        missing.is_empty(),
+        "shards {missing:?} of the restarted master were never provisioned again"
+    );
+    let shard = lost[0];
+    let written: Option<String> = redis::cmd("XADD")
+        .arg(format!("{{{STREAM}:{shard}}}"))
+        .arg("NOMKSTREAM")
+        .arg("*")
+        .arg("key")
+        .arg("k")
+        .arg("payload")
+        .arg(r#"{"n":1}"#)
+        .query(&mut direct)
+        .unwrap();
+    let id = written.expect("the shard stream exists again");
+    let handled = wait_until(Duration::from_secs(15), || {
+        recorder.handled().contains(&(shard, id.clone()))
+    })
+    .await;
+    assert!(handled, "{:?}", recorder.calls());
     listener.shutdown_and_wait().await;
 }

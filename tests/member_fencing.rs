@@ -821,3 +821,132 @@ async fn a_fenced_member_waits_for_a_stuck_handler_only_up_to_handler_timeout() 
         run.calls
     );
 }
+
+/// Review of issue 14 (design notes 30 and 35): the handler-attempt count of a re-delivered
+/// entry is removed (`HDEL`, not fenced) when its attempt finishes, before the ack. A handler
+/// that ignores cancellation and returns after its member was fenced used to remove it too,
+/// although its task may no longer ack: the shard's next tenure (here the same member after
+/// its rejoin) had counted its own attempt meanwhile, and that count was wiped, so an entry
+/// that kills its processes could escape `max_deliveries`. The stopped task must leave the
+/// count alone (its own attempt stays counted, as a cancelled one does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fenced_handler_returning_late_does_not_remove_the_next_tenures_attempt_count() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    admin::register_group(
+        &mut conn,
+        STREAM,
+        GROUP,
+        stream_listener::core::model::StartFrom::Earliest,
+    )
+    .await
+    .unwrap();
+    let entry = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":0}"#)]).await;
+    // Delivered before (a handover): its attempts are counted.
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg("crasher")
+        .arg("STREAMS")
+        .arg("{orders:0}")
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The first attempt blocks its thread for 2.5 s; the second until the test releases it.
+    let first_end = Arc::new(Mutex::new(0u64));
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let (e, r, c) = (first_end.clone(), release.clone(), calls.clone());
+    let behaviour: Behaviour = Arc::new(move |delivery| {
+        if payload_n(delivery) != Some(0) {
+            return Ok(());
+        }
+        let call = c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::task::block_in_place(|| {
+            if call == 0 {
+                std::thread::sleep(Duration::from_millis(2500));
+                *e.lock().unwrap() = now_us();
+            } else {
+                let end = std::time::Instant::now() + Duration::from_secs(10);
+                while !r.load(std::sync::atomic::Ordering::SeqCst)
+                    && std::time::Instant::now() < end
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        });
+        Ok(())
+    });
+    let recorder = Arc::new(Recorder::default());
+    let mut opts = options(1);
+    opts.coordination = coordination(HEARTBEAT, Duration::from_secs(3), REBALANCE);
+    opts.handler_timeout = Duration::from_millis(800);
+    opts.events = Some(recorder.callback());
+    let listener = Listener::new(
+        target.clone(),
+        STREAM,
+        GROUP,
+        recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
+        opts,
+    )
+    .unwrap()
+    .start()
+    .await
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || calls
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 1)
+        .await,
+        "the first attempt never started"
+    );
+    let group = describe(&mut conn).await;
+    let owner = target_of(&group)[&0].clone();
+    force_fenced(&mut conn, &owner).await;
+    // The member rejoins after handler_timeout; its next tenure counts a second attempt while
+    // the first still blocks, and starts it once the first has returned its worker (one).
+    let second = wait_until(Duration::from_secs(10), || {
+        calls.load(std::sync::atomic::Ordering::SeqCst) == 2
+    })
+    .await;
+    let field = format!("{GROUP}|{entry}");
+    let count = |conn: &mut RedisConnection| {
+        let mut conn = conn.clone();
+        let field = field.clone();
+        async move {
+            redis::cmd("HGET")
+                .arg("{orders:0}:attempts")
+                .arg(&field)
+                .query_async::<Option<u64>>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let counted = count(&mut conn).await;
+    assert!(
+        second && counted == Some(2),
+        "second attempt started: {second}, count {counted:?}"
+    );
+    // The first attempt returns; for a second after it, the count must stay.
+    assert!(
+        wait_until(Duration::from_secs(10), || *first_end.lock().unwrap() != 0).await,
+        "the first attempt never returned"
+    );
+    let end = std::time::Instant::now() + Duration::from_secs(1);
+    let mut seen = count(&mut conn).await;
+    while seen == Some(2) && std::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        seen = count(&mut conn).await;
+    }
+    release.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        seen,
+        Some(2),
+        "the fenced task's late return removed the next tenure's attempt count"
+    );
+    listener.shutdown_and_wait().await;
+}

@@ -63,13 +63,14 @@ return {1, created}
 /// the tail the last delivered id may never equal the last generated one).
 /// Returns {'gone'} (no stream; with `delete` the fence is deleted too), {'clear'} (check passed),
 /// {'deleted'} (stream and fence deleted), {'pending', group, count} or {'unread', group, first
-/// unread id}.
+/// unread id}. KEYS[3], the shard's handler-attempt hash (design note 35), is deleted with the
+/// fence: nothing is pending any more, so any count in it is stale.
 fn retire_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
             r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if ARGV[1] == 'delete' then redis.call('DEL', KEYS[2]) end
+  if ARGV[1] == 'delete' then redis.call('DEL', KEYS[2], KEYS[3]) end
   return {'gone'}
 end
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
@@ -82,7 +83,7 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   if #after > 0 then return {'unread', info['name'], after[1][1]} end
 end
 if ARGV[1] == 'delete' then
-  redis.call('DEL', KEYS[1], KEYS[2])
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
   return {'deleted'}
 end
 return {'clear'}
@@ -116,14 +117,29 @@ return {1, redis.call('XLEN', KEYS[1]), out}
     &SCRIPT
 }
 
-/// Removes one consumer group from a shard: `XGROUP DESTROY` when the stream exists, and the
-/// group's field of the fence. KEYS[1] shard stream, KEYS[2] fence. ARGV[1] group.
-/// Returns 1 when a consumer group was destroyed.
+/// Removes one consumer group from a shard: `XGROUP DESTROY` when the stream exists, the
+/// group's field of the fence and its handler-attempt counts (design note 35: fields
+/// `<group>|<entry id>`; a group registered again under the name reads the same entry ids and
+/// must not meet the old counts). KEYS[1] shard stream, KEYS[2] fence, KEYS[3] attempt hash.
+/// ARGV[1] group. Returns 1 when a consumer group was destroyed.
 fn destroy_group_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
             r"
 redis.call('HDEL', KEYS[2], ARGV[1])
+-- The entry id after the last '|' has none: a field of group 'a|b' is not one of group 'a'.
+if redis.call('TYPE', KEYS[3]).ok == 'hash' then
+  local prefix = ARGV[1] .. '|'
+  local gone = {}
+  for _, field in ipairs(redis.call('HKEYS', KEYS[3])) do
+    if string.sub(field, 1, #prefix) == prefix and not string.find(field, '|', #prefix + 1, true) then
+      gone[#gone + 1] = field
+    end
+  end
+  for i = 1, #gone, 500 do
+    redis.call('HDEL', KEYS[3], unpack(gone, i, math.min(i + 499, #gone)))
+  end
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 return redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
 ",
@@ -214,6 +230,7 @@ pub(crate) async fn retire_shard(
     let reply: Vec<String> = retire_script()
         .key(keys.shard(shard))
         .key(keys.fence(shard))
+        .key(keys.attempts(shard))
         .arg(if delete { "delete" } else { "check" })
         .invoke_async(conn)
         .await?;
@@ -289,6 +306,7 @@ pub(crate) async fn destroy_group(
     let destroyed: i64 = destroy_group_script()
         .key(keys.shard(shard))
         .key(keys.fence(shard))
+        .key(keys.attempts(shard))
         .arg(group)
         .invoke_async(conn)
         .await?;

@@ -476,8 +476,8 @@ fn parse_started_at(prefix: &str, migration: &Migration) -> Result<Micros, Admin
 ///    lag alone is not trusted). Shards that pass become RETIRING by a compare-and-set that bumps
 ///    `metadataVersion`: no cancel while RETIRING, and members stop reading them (RETIRING is
 ///    not readable, [`ShardState::is_readable`]; nothing is left to read in them);
-/// 2. one script on the shard's slot (keys `{p:i}` and `{p:i}:fence`) checks again and only then
-///    deletes the stream and its fence;
+/// 2. one script on the shard's slot (keys `{p:i}`, `{p:i}:fence`, `{p:i}:attempts`) checks
+///    again and only then deletes the stream, its fence and its handler-attempt counts;
 /// 3. a compare-and-set marks the deleted shards RETIRED, bumps `metadataVersion`, and clears the
 ///    migration when no DRAINING or RETIRING shard is left. A RETIRING shard whose second check
 ///    found entries (written or read after the first) becomes DRAINING again in the same

@@ -223,7 +223,9 @@ return out
 /// DESIGN.md §8), always fenced. ARGV[5] our consumer; ARGV[6] the most ids to request in this
 /// call. For each other consumer with a PEL (`XINFO CONSUMERS`): `XPENDING - + n consumer`, then
 /// `XCLAIM ... 0 ids JUSTID` (Redis >= 7 drops ids whose entry was trimmed or deleted from the
-/// PEL and does not return them). Never deletes a consumer.
+/// PEL and does not return them). Never deletes a consumer. Breaks the two-key convention with
+/// `KEYS[3]`, the shard's attempt hash (same slot): the attempt counts of the ids dropped go
+/// with them (design note 35), since no shard task sees those ids again.
 /// Returns `{'OK', claimed, trimmed, more}`: more = 1 when the budget ran out before every other
 /// consumer's PEL was empty.
 pub(crate) fn claim_others() -> &'static Script {
@@ -250,7 +252,16 @@ for _, c in ipairs(consumers) do
     local requested = #ids
     if requested > 0 then
       ids[requested + 1] = 'JUSTID'
-      local got = #redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[5], 0, unpack(ids))
+      local moved = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[5], 0, unpack(ids))
+      local got = #moved
+      if got < requested then
+        local kept = {}
+        for _, id in ipairs(moved) do kept[id] = true end
+        for i = 1, requested do
+          -- pcall: a key of the wrong type is count_attempt's to repair, not a failed claim.
+          if not kept[ids[i]] then redis.pcall('HDEL', KEYS[3], ARGV[1] .. '|' .. ids[i]) end
+        end
+      end
       claimed = claimed + got
       trimmed = trimmed + requested - got
       budget = budget - requested

@@ -146,7 +146,8 @@ impl ShardClient {
     /// consumer, then `XCLAIM <me> 0 <ids> JUSTID`). Idle time 0 is safe only because the previous
     /// holder released the shard or its lease ran out: call it at takeover, after
     /// [`ShardClient::raise_fence`], and repeat until [`ClaimReport::complete`]. Ids whose entry
-    /// was trimmed or deleted leave the PEL and are counted in [`ClaimReport::trimmed`].
+    /// was trimmed or deleted leave the PEL and are counted in [`ClaimReport::trimmed`]; their
+    /// handler-attempt counts ([`ShardClient::count_attempt`]) are removed with them.
     /// Always fenced, whatever the [`FencingMode`].
     ///
     /// # Errors
@@ -160,8 +161,19 @@ impl ShardClient {
     ) -> Result<Result<ClaimReport, Fenced>, DataPlaneError> {
         const OP: &str = "claim_others";
         let batch = batch.clamp(1, MAX_CLAIM_BATCH);
-        let mut call = self.script_call(scripts::claim_others(), shard, token);
-        call.cmd.arg(&self.consumer).arg(batch);
+        let script = scripts::claim_others();
+        let mut cmd = redis::cmd("EVALSHA");
+        // A third key, the attempt hash: the counts of ids dropped as trimmed go with them.
+        cmd.arg(script.get_hash())
+            .arg(3)
+            .arg(self.keys.shard(shard))
+            .arg(self.keys.fence(shard))
+            .arg(self.keys.attempts(shard))
+            .arg(&self.group);
+        cmd.arg(self.encoded(token));
+        cmd.arg(token.incarnation).arg(token.member_epoch);
+        cmd.arg(&self.consumer).arg(batch);
+        let call = ScriptCall { script, cmd };
         let reply = self.run(OP, shard, call).await?;
         let rest = match reply {
             Reply::Refused(fenced) => return Ok(Err(fenced)),

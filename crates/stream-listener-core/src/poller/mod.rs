@@ -314,71 +314,89 @@ impl ShardTask {
     /// intent) create the group again from `0` — nothing written in the gap is skipped (BR-07);
     /// without it, keep failing closed.
     ///
-    /// Only on an existing stream (never `MKSTREAM`) and only while the stream metadata still
-    /// lists the shard as readable: a member holds a retired shard until its next heartbeat, and
-    /// re-creating it then would bring back a stream no one reads, into which a producer's late
-    /// `XADD ... NOMKSTREAM` would succeed (issue 14, finding 5). A lost stream is provisioned
-    /// by the admin operations and the metadata re-provisioning (design note 22), which judge
-    /// the shard's state. When the shard stopped being readable while the group was created
-    /// (a retirement started), the group is destroyed again: created from `0`, it would block
-    /// the shard's deletion (as in design note 12).
+    /// Only while the stream metadata lists the shard as readable: a member holds a retired
+    /// shard until its next heartbeat, and re-creating it then would bring back a stream no one
+    /// reads, into which a producer's late `XADD ... NOMKSTREAM` would succeed (issue 14,
+    /// finding 5). A missing stream is created (`MKSTREAM`) only while the shard is ACTIVE, the
+    /// rule of `register_group`: a master restarted without persistence loses the shard streams
+    /// of its slots while the stream metadata, elsewhere, still lists them, and no admin
+    /// operation provisions them again for a registered group. An ACTIVE shard reaches RETIRED
+    /// only after DRAINING for the routing lease and more, so the check and the creation are
+    /// that far apart at least. When the shard stopped being readable while the group was
+    /// created (a retirement started), the group is destroyed again (created from `0`, it would
+    /// block the shard's deletion, as in design note 12), and a stream created here with it
+    /// when it is still empty.
     async fn recreate_consumer_group(&self) {
         if self.ctx.options.auto_create_shards.is_none() {
             return;
         }
         let mut conn = self.ctx.conn.clone();
         let key = self.ctx.stream.shard(self.shard);
-        if !self.readable_in_metadata(&mut conn).await {
+        let state = self.state_in_metadata(&mut conn).await;
+        if !state.is_some_and(|s| s.is_readable()) {
             tracing::warn!(
                 stream = %key,
                 "consumer group missing on a shard that is no longer readable (retiring or retired): not created again"
             );
             return;
         }
-        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&key)
+        let mkstream = state == Some(crate::model::ShardState::Active);
+        let created: redis::RedisResult<(i64, i64)> = recreate_group_script()
+            .key(&key)
             .arg(&self.ctx.group)
-            .arg("0")
-            .query_async(&mut conn)
+            .arg(if mkstream { "1" } else { "0" })
+            .invoke_async(&mut conn)
             .await;
         match created {
-            Ok(()) if self.readable_in_metadata(&mut conn).await => {
+            Ok((_, 1)) if self.readable_in_metadata(&mut conn).await => {
                 tracing::warn!("consumer group was missing on this shard: created again from 0")
             }
-            Ok(()) => {
-                let destroyed: redis::RedisResult<()> = redis::cmd("XGROUP")
-                    .arg("DESTROY")
-                    .arg(&key)
+            Ok((stream_created, 1)) => {
+                let undone: redis::RedisResult<i64> = undo_recreate_script()
+                    .key(&key)
                     .arg(&self.ctx.group)
-                    .query_async(&mut conn)
+                    .arg(stream_created)
+                    .invoke_async(&mut conn)
                     .await;
                 tracing::warn!(
                     stream = %key,
-                    destroyed = destroyed.is_ok(),
+                    undone = undone.is_ok(),
                     "the shard stopped being readable while its consumer group was created again: destroyed it"
                 );
             }
-            Err(error) if error.code() == Some("BUSYGROUP") => {}
-            Err(error) => tracing::warn!(
-                %error,
-                "re-creating the consumer group failed (a missing shard stream is not created by a member)"
+            Ok((_, -1)) => tracing::warn!(
+                stream = %key,
+                "consumer group missing on a DRAINING shard whose stream is gone: not created (a member creates a stream only for an ACTIVE shard)"
             ),
+            Ok(_) => {} // BUSYGROUP: created meanwhile
+            Err(error) => tracing::warn!(%error, "re-creating the consumer group failed"),
         }
     }
 
     /// Whether the stream metadata lists this shard as readable (ACTIVE or DRAINING), read now.
     /// Missing or unreadable metadata, or a failed read: no (fail closed).
     async fn readable_in_metadata(&self, conn: &mut RedisConnection) -> bool {
+        self.state_in_metadata(conn)
+            .await
+            .is_some_and(|s| s.is_readable())
+    }
+
+    /// This shard's state in the stream metadata, read now; `None` when it is not listed, the
+    /// metadata is missing or unreadable, or the read failed.
+    async fn state_in_metadata(
+        &self,
+        conn: &mut RedisConnection,
+    ) -> Option<crate::model::ShardState> {
         match crate::store::load_stream_metadata(conn, &self.ctx.stream).await {
             Ok(Some(meta)) => meta
                 .shards
                 .iter()
-                .any(|s| s.shard_index == self.shard && s.state.is_readable()),
-            Ok(None) => false,
+                .find(|s| s.shard_index == self.shard)
+                .map(|s| s.state),
+            Ok(None) => None,
             Err(error) => {
                 tracing::warn!(%error, "reading the stream metadata failed");
-                false
+                None
             }
         }
     }
@@ -413,6 +431,11 @@ impl ShardTask {
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
             Err(error) => {
                 tracing::warn!(%error, "raising the fence failed; retrying");
+                // No fence next to a missing stream: the stream must come back first (or the
+                // shard be revoked), or this raise fails for good.
+                if error.is_no_group() {
+                    self.recreate_consumer_group().await;
+                }
                 self.pause(ERROR_PAUSE).await;
             }
         }
@@ -792,6 +815,10 @@ impl ShardTask {
                 let error = format!("entry of {bytes} bytes is over the read limit");
                 self.dead_letter(entry, DeadLetterReason::TooLarge, &error, 0)
                     .await?;
+                // Counted by a process with a larger limit (a rolling change of it), maybe.
+                if entry.delivery_count > 1 {
+                    self.forget_attempts(entry).await;
+                }
                 return Ok(Outcome::Ack);
             }
         }
@@ -891,7 +918,14 @@ impl ShardTask {
     /// Removes `entry`'s attempt count once it is finished (handled or dead-lettered), before
     /// its ack: if the ack is then lost, the entry comes back with a fresh count, which is right
     /// (its handler did not kill the process). A failure leaves a stale field, logged.
+    ///
+    /// Only while the task may still finish (the `HDEL` is not fenced): a stopped task whose
+    /// handler returned late (it ignored cancellation) acks nothing, and the shard's next tenure
+    /// may have counted its own attempt meanwhile; the count stays, this attempt in it.
     async fn forget_attempts(&mut self, entry: &ShardEntry) {
+        if !self.may_finish() {
+            return;
+        }
         if let Err(error) = self
             .client
             .forget_attempts(self.shard, &[entry.id.as_str()])
@@ -978,6 +1012,48 @@ impl ShardTask {
             (callback.0)(event);
         }
     }
+}
+
+/// Creates consumer group ARGV[1] on shard stream KEYS[1] from `0`; the stream too
+/// (`MKSTREAM`) only when ARGV[2] is `1`. Returns `{stream created (0/1), group created}`:
+/// group created is `1`, `0` when it exists (`BUSYGROUP`), `-1` when the stream is missing and
+/// not to be created.
+fn recreate_group_script() -> &'static redis::Script {
+    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            r"
+local existed = redis.call('EXISTS', KEYS[1]) == 1
+if not existed and ARGV[2] ~= '1' then return {0, -1} end
+local r = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+if type(r) == 'table' and r.err then
+  if string.find(r.err, '^BUSYGROUP') then return {0, 0} end
+  return r
+end
+return {existed and 0 or 1, 1}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Undoes [`recreate_group_script`] on a shard that stopped being readable meanwhile: destroys
+/// consumer group ARGV[1] of KEYS[1], and when ARGV[2] is `1` (the stream was created with it)
+/// deletes the stream if it is still empty and has no group. Returns 1 when it deleted it.
+fn undo_recreate_script() -> &'static redis::Script {
+    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.pcall('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
+if ARGV[2] == '1' and redis.call('XLEN', KEYS[1]) == 0
+  and #redis.call('XINFO', 'GROUPS', KEYS[1]) == 0 then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+",
+        )
+    });
+    &SCRIPT
 }
 
 enum Attempt {
