@@ -1,4 +1,4 @@
-//! Members that die or lose Redis (issue 5, tests 3 and 8; DESIGN.md §5, §6 member rules, §8):
+//! Members that die or lose Redis (docs/design.md §5, §6.7 member rules, §8):
 //!
 //! - a member killed without leaving — in process (`ListenerHandle::abort`) and as a real OS
 //!   process (`SIGKILL`) — has its shards processed by the others within lease TTL plus two
@@ -9,7 +9,7 @@
 //!
 //! - on a Redis Cluster, a read that ran but whose reply was lost (the connection dropped after
 //!   Redis executed it) is not sent again: nothing is stranded in the member's own pending list,
-//!   nothing lost, per-key order kept (issue 14, finding 3); likewise with a master frozen past
+//!   nothing lost, per-key order kept (docs/design.md §8.10); likewise with a master frozen past
 //!   the client's response timeout while reads run, and on a standalone server (whose
 //!   `ConnectionManager` never re-sent a command: not a defect there).
 //!
@@ -629,7 +629,7 @@ async fn check_nothing_stranded(
     }
 }
 
-/// Issue 14, finding 3: a member's `>` read runs in Redis, the connection drops before its
+/// docs/design.md §8.10: a member's `>` read runs in Redis, the connection drops before its
 /// reply arrives. redis-rs's cluster client used to send it again (`retries(2)`), and the
 /// second read returned the *next* batch: the first sat in the member's own pending list,
 /// never re-read (no periodic re-read of one's own PEL), stranded. The data plane's connection
@@ -713,7 +713,7 @@ async fn a_read_whose_reply_is_lost_on_a_cluster_strands_nothing_in_acks_mode() 
     a_read_whose_reply_is_lost_on_a_cluster_strands_nothing(FencingMode::Acks).await;
 }
 
-/// Issue 14, finding 3, the pause: the master of a shard frozen (`SIGSTOP`) for longer than the
+/// docs/design.md §8.10, the pause: the master of a shard frozen (`SIGSTOP`) for longer than the
 /// client's response timeout (5 s) while the member reads it. The reads sent meanwhile run when
 /// it resumes, their replies long given up: they must not be sent again, and the member must
 /// re-read its own pending entries. 0 stranded, 0 lost, per-key order kept. (With redis 1.8.1
@@ -750,7 +750,7 @@ async fn a_master_frozen_past_the_response_timeout_during_reads_strands_nothing(
     listener.shutdown_and_wait().await;
 }
 
-/// Issue 14, finding 3 on a standalone server: not a defect there. The `ConnectionManager`'s
+/// docs/design.md §8.10 on a standalone server: not a defect there. The `ConnectionManager`'s
 /// retries (`set_number_of_retries(1)`) are reconnection attempts; a command whose connection
 /// dropped returns its error and is never sent again (redis 1.8.1,
 /// `aio/connection_manager.rs`, `send_packed_command(s)`), so the shard task re-reads its own
