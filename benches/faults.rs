@@ -1,8 +1,8 @@
-//! Fault benchmarks of issue 8 with members as real OS processes (items 4, 5 and 6): the
+//! Fault benchmarks with members as real OS processes (items 4, 5 and 6): the
 //! `workload` example (release build) as consumer and producer processes on a throwaway
 //! `redis-server`, its JSON log lines judged by the fault suite's checker
 //! (`tests/fault_support/checker.rs`: no message lost, per-key order in first-time handling, no
-//! shard read by two members at once). Results in BENCHMARKS.md, "End to end (issue 8)".
+//! shard read by two members at once). Results in BENCHMARKS.md, "End to end".
 //!
 //! ```sh
 //! cargo build --release --example workload

@@ -1,4 +1,4 @@
-//! `workload`: a load and fault-injection driver for stream-listener (issue 8). The benchmarks and
+//! `workload`: a load and fault-injection driver for stream-listener. The benchmarks and
 //! the fault-injection suite (`tests/fault_*.rs`) run it as real OS processes, and anyone can use
 //! it to test a deployment.
 //!

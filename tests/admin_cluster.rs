@@ -1,6 +1,6 @@
 //! Admin operations on a real 3-master Redis Cluster: the main flow of create, register,
 //! scale-out, scale-in with pending entries, retirement, describe, list and group delete runs
-//! with every key in its own slot and no CROSSSLOT error (DESIGN.md §2, §10).
+//! with every key in its own slot and no CROSSSLOT error (docs/design.md §2, §10).
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Admin operations on a real standalone Redis (DESIGN.md §2, §3, §8, §10): create, register,
+//! Admin operations on a real standalone Redis (docs/design.md §2, §3, §8, §10): create, register,
 //! scale-out, scale-in with draining and retirement (pending entries, unread entries, an `XDEL`
 //! of the tail, the routing lease), cancel, full drain, describe, list, group delete, and failing
 //! closed on corrupt or missing metadata.
@@ -519,7 +519,7 @@ async fn a_shard_whose_tail_was_deleted_retires() {
     assert!(!exists(&mut conn, "{tail:1}").await);
 }
 
-/// Issue 14, finding 6: an entry that lands in a shard after the first retirement check (a
+/// docs/design.md §10.2: an entry that lands in a shard after the first retirement check (a
 /// producer's late write, or a read of a member that had not yet seen RETIRING) makes the final
 /// check fail. No member reads a RETIRING shard, so it must not stay RETIRING: it becomes DRAINING
 /// again (readable, `metadataVersion` bumped), and once the entry is read and acknowledged the
@@ -1008,7 +1008,7 @@ async fn list_streams_reads_the_index_and_skips_vanished_streams() {
 
 /// Registrations racing a scale-out: whatever the interleaving, every readable shard ends with
 /// the consumer group of every registered group (both re-read under the stream metadata's
-/// compare-and-set, DESIGN.md §8).
+/// compare-and-set, docs/design.md §8).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrations_racing_a_scale_out_leave_no_shard_without_its_group() {
     let server = RedisServer::start().unwrap();

@@ -1,4 +1,4 @@
-//! A broken config file stops the program before it contacts Redis: nothing is created (BR-22).
+//! A broken config file stops the program before it contacts Redis: nothing is created.
 
 use std::time::Duration;
 

@@ -1,8 +1,8 @@
-//! The data plane's fenced shard operations on real Redis (DESIGN.md §8): fence raise and check
-//! rules (against the Rust model), stale tokens changing nothing, `acks` mode, own-PEL reads with
-//! delivery counts, takeover claims without inflating counts, trimmed entries (FIELD-FAILURES
-//! BR-04), missing groups (BR-07), dead letters, and blocking waits (BR-11); then all of it on a
-//! 3-master cluster with shards in different slots (BR-16).
+//! The data plane's fenced shard operations on real Redis (docs/design.md §8): fence raise and
+//! check rules (against the Rust model), stale tokens changing nothing, `acks` mode, own-PEL reads
+//! with delivery counts, takeover claims without inflating counts, trimmed entries, missing
+//! groups (Redis restarted empty), dead letters, and blocking waits (a client timeout below
+//! BLOCK); then all of it on a 3-master cluster with shards in different slots.
 
 use std::time::{Duration, Instant};
 
@@ -134,7 +134,7 @@ async fn raise_and_check_follow_the_rust_model_exactly() {
     let fence = StreamKeys::new("orders").unwrap().fence(0);
 
     // No fence is ever written next to a missing stream (a retired shard's would come back:
-    // issue 14, finding 5).
+    // docs/design.md §8.11).
     let a5 = token(1_747_303_200_000_000, 5, "a");
     assert!(a.raise_fence(0, &a5).await.unwrap_err().is_no_group());
     assert_eq!(fence_field(&mut conn, "orders", 0).await, None);
@@ -435,7 +435,7 @@ async fn own_pending_entries_come_back_in_pages_with_delivery_counts() {
 
 #[tokio::test]
 async fn entries_trimmed_while_pending_are_dropped_by_the_claim_or_read_without_body() {
-    // FIELD-FAILURES BR-04: 100 entries, a reads 10 and dies, XTRIM MAXLEN 50, b takes over.
+    // Trimmed while pending: 100 entries, a reads 10 and dies, XTRIM MAXLEN 50, b takes over.
     let server = RedisServer::start().unwrap();
     let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
     let (a5, b6) = (token(1, 5, "a"), token(1, 6, "b"));
@@ -550,7 +550,7 @@ async fn claims_are_bounded_per_call_and_leave_our_own_entries_alone() {
     };
     assert_eq!(reports, vec![r(4, false), r(4, false), r(2, true)]);
     assert_eq!(pel(&mut conn, key).await, pel_of("me", 1, 12, 1));
-    // Consumers are never deleted (FIELD-FAILURES BR-06).
+    // Consumers are never deleted (that would drop their pending entries).
     let consumers: Vec<Vec<redis::Value>> = redis::cmd("XINFO")
         .arg("CONSUMERS")
         .arg(key)
@@ -646,7 +646,7 @@ async fn a_missing_stream_or_group_is_a_typed_error() {
         // Nothing is pending without a group: an ack changes nothing.
         assert_eq!(a.ack(shard, &a5, &ids(1, 1)).await.unwrap(), Ok(0));
     }
-    // Redis restarted empty (BR-07): the fence is gone first, so a read says LOWER.
+    // Redis restarted empty: the fence is gone first, so a read says LOWER.
     let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
     assert_eq!(
         a.read_new(0, &a5, 10, STRICT).await.unwrap(),
@@ -888,7 +888,7 @@ async fn a_waiter_wakes_on_a_new_entry_and_times_out_empty() {
         took >= Duration::from_millis(1900) && took < Duration::from_secs(3),
         "{took:?}"
     );
-    // The same XREAD on a shared connection with a 1 s response timeout fails (BR-11).
+    // The same XREAD on a shared connection with a 1 s response timeout fails (below the block).
     let mut short = RedisConnection::connect(&target, Duration::from_secs(1))
         .await
         .unwrap();
@@ -993,7 +993,7 @@ async fn every_operation_works_on_a_cluster_across_slots() {
             .await
             .unwrap();
         assert!(!id.is_empty());
-        // Handler attempts on a re-delivered entry (design note 35): counted in the shard's
+        // Handler attempts on a re-delivered entry (docs/design.md §8.9): counted in the shard's
         // slot, fenced like an ack, forgotten on request.
         assert_eq!(b.count_attempt(shard, &b6, "2-0").await.unwrap(), Ok(1));
         assert_eq!(b.count_attempt(shard, &b6, "2-0").await.unwrap(), Ok(2));
@@ -1191,7 +1191,7 @@ async fn ack_and_read_new_acks_then_reads_in_one_round_trip() {
     );
 }
 
-/// The handler-attempt count (design note 35) survives garbage: a field that is not a decimal
+/// The handler-attempt count (docs/design.md §8.9) survives garbage: a field that is not a decimal
 /// count, or a key of another type, is dropped and counted again from 1 (never an error that
 /// would stop the shard); a refused token writes nothing.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Fault injection with member processes as real OS processes (issue 8): `kill -9` and `SIGSTOP`
+//! Fault injection with member processes as real OS processes: `kill -9` and `SIGSTOP`
 //! of a member process, `SIGSTOP` of Redis, and a Redis restart from its append-only file, each
 //! in the middle of a run of `examples/workload.rs`. Every run is verified by the checker
 //! (`tests/fault_support/checker.rs`): no message lost, no shard read by two members at once
@@ -483,7 +483,7 @@ fn sigstop_of_redis_past_the_lease_stops_the_members_and_they_recover() {
             }
         }
     }
-    // The outage is not a reason to move shards (DESIGN.md §5): reported, not asserted.
+    // The outage is not a reason to move shards (docs/design.md §5): reported, not asserted.
     let moves = assignments_between(&consumers, paused_us, shutdown_us);
     let owners_after: Vec<BTreeMap<u32, String>> =
         consumers.iter().map(|c| owned_at(c, shutdown_us)).collect();

@@ -1,4 +1,5 @@
-//! The member runtime on real Redis: listeners consume sharded streams end to end (DESIGN.md §6–§8).
+//! The member runtime on real Redis: listeners consume sharded streams end to end (docs/design.md
+//! §6–§8).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -207,7 +208,7 @@ async fn four_members_consume_twenty_thousand_messages_in_key_order_on_a_cluster
     consume_everything(RedisTarget::Cluster(cluster.urls())).await;
 }
 
-/// FIELD-FAILURES BR-07: Redis loses everything mid-run. A listener whose stream is configured
+/// Redis restarted empty: it loses everything mid-run. A listener whose stream is configured
 /// with `shards` provisions stream and group again (consumer groups from 0) and handles every
 /// message written after the loss; without that, it fails closed and creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,7 +289,7 @@ async fn a_replaced_static_member_stops_for_good_and_says_so() {
     first.join().await;
 }
 
-/// FIELD-FAILURES BR-15: an entry over `max_entry_bytes` never reaches the process: it is
+/// A huge entry: an entry over `max_entry_bytes` never reaches the process: it is
 /// dead-lettered by id (reason `too-large`, without its body) and acked, and its neighbours are
 /// handled in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

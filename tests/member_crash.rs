@@ -1,4 +1,4 @@
-//! Members that die or lose Redis (issue 5, tests 3 and 8; DESIGN.md §5, §6 member rules, §8):
+//! Members that die or lose Redis (docs/design.md §5, §6.7 member rules, §8):
 //!
 //! - a member killed without leaving — in process (`ListenerHandle::abort`) and as a real OS
 //!   process (`SIGKILL`) — has its shards processed by the others within lease TTL plus two
@@ -9,7 +9,7 @@
 //!
 //! - on a Redis Cluster, a read that ran but whose reply was lost (the connection dropped after
 //!   Redis executed it) is not sent again: nothing is stranded in the member's own pending list,
-//!   nothing lost, per-key order kept (issue 14, finding 3); likewise with a master frozen past
+//!   nothing lost, per-key order kept (docs/design.md §8.10); likewise with a master frozen past
 //!   the client's response timeout while reads run, and on a standalone server (whose
 //!   `ConnectionManager` never re-sent a command: not a defect there);
 //! - a master restarted without persistence: the shard streams it lost are provisioned again by
@@ -631,7 +631,7 @@ async fn check_nothing_stranded(
     }
 }
 
-/// Issue 14, finding 3: a member's `>` read runs in Redis, the connection drops before its
+/// docs/design.md §8.10: a member's `>` read runs in Redis, the connection drops before its
 /// reply arrives. redis-rs's cluster client used to send it again (`retries(2)`), and the
 /// second read returned the *next* batch: the first sat in the member's own pending list,
 /// never re-read (no periodic re-read of one's own PEL), stranded. The data plane's connection
@@ -715,7 +715,7 @@ async fn a_read_whose_reply_is_lost_on_a_cluster_strands_nothing_in_acks_mode() 
     a_read_whose_reply_is_lost_on_a_cluster_strands_nothing(FencingMode::Acks).await;
 }
 
-/// Issue 14, finding 3, the pause: the master of a shard frozen (`SIGSTOP`) for longer than the
+/// docs/design.md §8.10, the pause: the master of a shard frozen (`SIGSTOP`) for longer than the
 /// client's response timeout (5 s) while the member reads it. The reads sent meanwhile run when
 /// it resumes, their replies long given up: they must not be sent again, and the member must
 /// re-read its own pending entries. 0 stranded, 0 lost, per-key order kept. (With redis 1.8.1
@@ -752,7 +752,7 @@ async fn a_master_frozen_past_the_response_timeout_during_reads_strands_nothing(
     listener.shutdown_and_wait().await;
 }
 
-/// Issue 14, finding 3 on a standalone server: not a defect there. The `ConnectionManager`'s
+/// docs/design.md §8.10 on a standalone server: not a defect there. The `ConnectionManager`'s
 /// retries (`set_number_of_retries(1)`) are reconnection attempts; a command whose connection
 /// dropped returns its error and is never sent again (redis 1.8.1,
 /// `aio/connection_manager.rs`, `send_packed_command(s)`), so the shard task re-reads its own
@@ -785,15 +785,15 @@ async fn a_read_whose_reply_is_lost_on_a_standalone_server_strands_nothing() {
     listener.shutdown_and_wait().await;
 }
 
-/// Review of issue 14 (design note 36): a master restarted without persistence loses the shard
-/// streams of its slots while the stream metadata, on another master, still lists them ACTIVE.
-/// With `auto_create_shards` the member must provision such a shard again (stream and consumer
-/// group, from `0`), as it did before note 36: no admin operation does it for a registered
-/// group (`register_group` returns early, `scale` to the same count changes nothing,
+/// docs/design.md §8.11: a master restarted without persistence loses the
+/// shard streams of its slots while the stream metadata, on another master, still lists them
+/// ACTIVE. With `auto_create_shards` the member must provision such a shard again (stream and
+/// consumer group, from `0`), as it did before docs/design.md §8.11: no admin operation does it for
+/// a registered group (`register_group` returns early, `scale` to the same count changes nothing,
 /// `create_stream` finds the metadata), so the shard stayed unread for good and every
 /// producer write routed to it failed (`XADD ... NOMKSTREAM` finds no stream). Also exercises
-/// the data plane's cluster connection without retries (note 34) reconnecting to the restarted
-/// node.
+/// the data plane's cluster connection without retries (docs/design.md §8.10) reconnecting to the
+/// restarted node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_stream_lost_with_its_master_is_provisioned_again_with_auto_create_shards() {
     let _serial = SERIAL.lock().await;
@@ -805,7 +805,7 @@ async fn a_shard_stream_lost_with_its_master_is_provisioned_again_with_auto_crea
         .await
         .unwrap();
     // A master with shards and none of the coordination keys (those would be re-provisioned
-    // by the metadata path of design note 22 instead).
+    // by the metadata path of docs/design.md §5.5 instead).
     let coordination: BTreeSet<usize> = [
         "sl:streams".to_owned(),
         format!("sl:{{{STREAM}}}:stream"),

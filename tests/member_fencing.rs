@@ -1,5 +1,5 @@
-//! Zombie members and fencing in Redis (issue 5, test 5; DESIGN.md §6 member rules, §8;
-//! FIELD-FAILURES BR-01).
+//! Zombie members and fencing in Redis (docs/design.md §6.7 member rules, §8: a zombie
+//! member must not work on after eviction).
 //!
 //! A member process `P` is frozen with `SIGSTOP` for longer than its lease while an in-process
 //! member `L` takes its shards over (its heartbeats stall while the process lives: its clocks run
@@ -413,7 +413,7 @@ async fn zombie_with_acks_fencing_has_its_stale_ack_refused() {
 }
 
 /// How long the owner may take to sweep entries other consumers hold on its shards in `acks` mode
-/// (DESIGN.md §8: "claimed at takeover and by a periodic sweep"; the period is not specified):
+/// (docs/design.md §8: "claimed at takeover and by a periodic sweep"; the period is not specified):
 /// ten lease TTLs.
 const SWEEP_WAIT: Duration = Duration::from_secs(15);
 
@@ -603,7 +603,7 @@ async fn no_retry_runs_after_the_lease_lapsed_during_its_backoff() {
 /// Rewrites `member`'s record as the coordinator does when it fences a member (state `FENCED`;
 /// the fast-path answer and `steady` removed so its next heartbeat runs the full transition;
 /// `revision` bumped so a transition loaded before fails its compare-and-set). Its next heartbeat
-/// is answered `FENCED_MEMBER_EPOCH` (DESIGN.md §6 coordinator rule 3).
+/// is answered `FENCED_MEMBER_EPOCH` (docs/design.md §6.4 coordinator rule 3).
 async fn force_fenced(conn: &mut RedisConnection, member: &str) {
     let script = redis::Script::new(
         r#"
@@ -740,7 +740,7 @@ async fn block_then_fence(handler_timeout: Duration, block: Duration) -> Blocked
     }
 }
 
-/// Issue 14, finding 4: after a fencing status a member stops its shard tasks, but a handler that
+/// docs/design.md §6.8: after a fencing status a member stops its shard tasks, but a handler that
 /// ignores cancellation (here it blocks its thread for 1.5 s) keeps running. The member must not
 /// rejoin (which releases its holdings at once, coordinator rule 4) before that task has stopped:
 /// the shard is neither read nor handled, on any member, while the old handler still runs. Lease
@@ -822,7 +822,7 @@ async fn a_fenced_member_waits_for_a_stuck_handler_only_up_to_handler_timeout() 
     );
 }
 
-/// Review of issue 14 (design notes 30 and 35): the handler-attempt count of a re-delivered
+/// docs/design.md §6.8 and §8.9: the handler-attempt count of a re-delivered
 /// entry is removed (`HDEL`, not fenced) when its attempt finishes, before the ack. A handler
 /// that ignores cancellation and returns after its member was fenced used to remove it too,
 /// although its task may no longer ack: the shard's next tenure (here the same member after

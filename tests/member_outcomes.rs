@@ -1,5 +1,5 @@
-//! Handler outcomes on real Redis (issue 5, test 6; DESIGN.md §8 outcomes; FIELD-FAILURES BR-12,
-//! BR-13):
+//! Handler outcomes on real Redis (docs/design.md §8.8: poison messages, malformed
+//! JSON):
 //!
 //! - a poison message (the handler always fails on it) is handled exactly `max_attempts` times
 //!   with growing backoff, dead-lettered to `<prefix>:dlq:<group>` with the fixed fields, acked,
@@ -7,8 +7,8 @@
 //! - the retries of one shard's poison message do not hold up the member's other shards;
 //! - an undecodable payload is dead-lettered at once with reason `decode`, never retried;
 //! - a shard retired while a member still holds it is never created again by that member
-//!   (issue 14, finding 5): neither its stream nor its fence comes back;
-//! - `max_deliveries` counts handler attempts, not deliveries (issue 14, finding 7): an entry
+//!   (docs/design.md §8.11): neither its stream nor its fence comes back;
+//! - `max_deliveries` counts handler attempts, not deliveries (docs/design.md §8.9): an entry
 //!   re-delivered 12 times without a handler attempt is handled; one whose handler dies with its
 //!   process each time is dead-lettered after `max_deliveries` attempts without another one;
 //!   no attempt count is left behind by a claim of trimmed entries, a too-large dead letter,
@@ -110,7 +110,7 @@ async fn a_poison_message_is_dead_lettered_after_max_attempts_and_the_shard_goes
     let listener = start_with_poison(&target, &recorder, opts, 2).await;
     settle(&mut conn, 1).await;
 
-    // BR-12: key k on shard 1 gets A, B, C; the handler always fails on B.
+    // A poison message: key k on shard 1 gets A, B, C; the handler always fails on B.
     let a = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
     let b = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
     let c = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":3}"#)]).await;
@@ -194,7 +194,7 @@ async fn a_poison_message_is_dead_lettered_after_max_attempts_and_the_shard_goes
 /// 0 gets an entry every 20 ms, and its handler takes no time.
 const OTHER_SHARD_MAX_GAP: Duration = Duration::from_millis(250);
 
-/// BR-12 "orders:0 is unaffected": one member, one worker, two shards. While shard 1 retries a
+/// One shard's poison message: one member, one worker, two shards. While shard 1 retries a
 /// poison message with backoff (the shard waits, so its order holds), shard 0 keeps being served:
 /// a shard sleeping out a backoff must not hold the member's only worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,7 +283,7 @@ async fn an_undecodable_payload_is_dead_lettered_at_once_with_reason_decode_and_
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
     settle(&mut conn, 1).await;
 
-    // BR-13: shard 3 gets {"n":1}, then a truncated payload, then {"n":2}.
+    // Malformed JSON: shard 3 gets {"n":1}, then a truncated payload, then {"n":2}.
     let first = xadd_fields(&mut conn, 3, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
     let bad = xadd_fields(&mut conn, 3, &[("key", "k"), ("payload", r#"{"n":"#)]).await;
     let second = xadd_fields(&mut conn, 3, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
@@ -363,7 +363,7 @@ async fn deliver(conn: &mut RedisConnection, times: u64) {
     }
 }
 
-/// Fields of the handler-attempt companion hash `{orders:0}:attempts` (design note 35).
+/// Fields of the handler-attempt companion hash `{orders:0}:attempts` (docs/design.md §8.9).
 async fn attempt_fields(conn: &mut RedisConnection) -> Vec<(String, u64)> {
     let map: std::collections::BTreeMap<String, u64> = redis::cmd("HGETALL")
         .arg("{orders:0}:attempts")
@@ -373,7 +373,7 @@ async fn attempt_fields(conn: &mut RedisConnection) -> Vec<(String, u64)> {
     map.into_iter().collect()
 }
 
-/// Issue 14, finding 7: re-reads raise the PEL delivery count, handler attempts are what
+/// docs/design.md §8.9: re-reads raise the PEL delivery count, handler attempts are what
 /// `max_deliveries` counts. An entry delivered 12 times (more than `max_deliveries = 10`)
 /// without a handler ever seeing it is handled, not dead-lettered; and its attempt count is
 /// gone once it is acked.
@@ -426,7 +426,7 @@ async fn twelve_handovers_of_an_unhandled_entry_do_not_dead_letter_it() {
     listener.shutdown_and_wait().await;
 }
 
-/// Issue 14, finding 7, the other side: an entry whose handler never finishes because the
+/// docs/design.md §8.9, the other side: an entry whose handler never finishes because the
 /// process dies in it (`ListenerHandle::abort` during the handler, one process after another)
 /// is still dead-lettered after `max_deliveries` handler attempts, without a further attempt;
 /// the shard then goes on in order.
@@ -889,7 +889,7 @@ async fn nogroup_errors(conn: &mut RedisConnection) -> u64 {
         .map_or(0, |n| n.trim().parse().unwrap())
 }
 
-/// Issue 14, finding 5: `retire_drained` deletes a shard stream and its fence while a member
+/// docs/design.md §8.11: `retire_drained` deletes a shard stream and its fence while a member
 /// still holds the shard (it learns of the retirement with a later heartbeat: 2 s here). Its
 /// next operation there meets the missing fence (strict: a fence refusal, then a raise) or the
 /// missing stream (acks mode: `NOGROUP` from the plain read, then the consumer group's
@@ -1008,7 +1008,7 @@ async fn set_attempts(conn: &mut RedisConnection, group: &str, entry: &str, coun
         .unwrap();
 }
 
-/// Review of issue 14 (design note 35): `group delete` destroys the consumer group on every
+/// docs/design.md §8.9: `group delete` destroys the consumer group on every
 /// shard but left the group's handler-attempt counts in `{<prefix>:<i>}:attempts`. A group
 /// registered again under the same name from the earliest entry reads the same entry ids, so
 /// an entry re-delivered once met its old count and was dead-lettered (`max-deliveries`)
@@ -1059,7 +1059,7 @@ async fn a_deleted_group_leaves_no_attempt_counts_for_the_group_registered_again
     listener.shutdown_and_wait().await;
 }
 
-/// Review of issue 14 (design note 35): an entry counted by a process that died in its handler
+/// docs/design.md §8.9: an entry counted by a process that died in its handler
 /// and then trimmed is dropped from the pending list by the next owner's claim (`XCLAIM ...
 /// JUSTID` removes ids whose entry is gone and does not return them): the shard task never sees
 /// it, so its attempt count was never removed (one field per such entry, for good: entry ids
@@ -1102,7 +1102,7 @@ async fn a_trimmed_entry_dropped_by_a_claim_leaves_no_attempt_count() {
     listener.shutdown_and_wait().await;
 }
 
-/// Review of issue 14 (design note 35): the retirement deletes a shard's stream and fence; its
+/// docs/design.md §8.9: the retirement deletes a shard's stream and fence; its
 /// attempt hash (counts whose removal failed, or left by the paths above) stayed for good,
 /// also under a shard index a later scale-out provisions again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1134,7 +1134,7 @@ async fn retirement_deletes_the_shards_attempt_counts() {
     );
 }
 
-/// Review of issue 14 (design note 35): an entry counted by a process with a larger
+/// docs/design.md §8.9: an entry counted by a process with a larger
 /// `max_entry_bytes` (a rolling change of the limit) and then met by one with a smaller limit is
 /// dead-lettered as too large; its attempt count went with it only on the other dead-letter
 /// paths.
@@ -1174,13 +1174,13 @@ async fn an_entry_dead_lettered_as_too_large_leaves_no_attempt_count() {
     listener.shutdown_and_wait().await;
 }
 
-/// Review of issue 14 (design note 35), left open: the first delivery of a re-delivered entry
+/// docs/design.md §8.9, left open: the first delivery of a re-delivered entry
 /// is assumed to have reached a handler (it is never counted, to keep first deliveries free),
 /// so with `max_deliveries = 1` every re-delivered entry is dead-lettered without an attempt:
 /// one handover of read-ahead (any rebalance) or one read error whose command ran is enough,
 /// which is finding 7 again for that setting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: with max_deliveries = 1 a handover dead-letters unhandled entries (note 35 assumes the first delivery reached a handler); fixing it means counting first deliveries or allowing one attempt more, a design choice"]
+#[ignore = "open: with max_deliveries = 1 a handover dead-letters unhandled entries (docs/design.md §8.9 assumes the first delivery reached a handler); fixing it means counting first deliveries or allowing one attempt more, a design choice"]
 async fn with_max_deliveries_one_a_handed_over_entry_is_still_handled() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start().unwrap();

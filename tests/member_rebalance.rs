@@ -1,4 +1,4 @@
-//! Membership changes under load (issue 5, tests 2 and 4, and graceful shutdown; DESIGN.md §6,
+//! Membership changes under load (with graceful shutdown; docs/design.md §6,
 //! §7, §8):
 //!
 //! - a 5th member joins 4 under a steady 200 msg/s: the target moves exactly the shards the sticky
@@ -10,9 +10,9 @@
 //! - a graceful shutdown acks the finished work, leaves (the members show LEFT) and its shards
 //!   are served by the remaining listener at once, not after a lease;
 //! - two member processes with different `[coordination]` timings stay STABLE under load
-//!   (issue 14, finding 2; passes once the coordinator answers each member with its own timings);
+//!   (docs/design.md §6.5; passes once the coordinator answers each member with its own timings);
 //! - a scale-in retires a shard only after every producer's routing lease to it has run out,
-//!   its slack included, and strands no entry (issue 14, finding 6).
+//!   its slack included, and strands no entry (docs/design.md §10.2).
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s (3 s for the static restart), rebalance timeout 3 s.
 
@@ -657,7 +657,7 @@ async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
     stayer.shutdown_and_wait().await;
 }
 
-/// Issue 14, finding 6: a producer whose metadata refreshes fail (its ACL user loses read access
+/// docs/design.md §10.2: a producer whose metadata refreshes fail (its ACL user loses read access
 /// to `sl:{orders}:stream`) keeps publishing with its cached routing (shard 1 ACTIVE) until its
 /// routing lease (2 s) runs out, while shard 1 is drained and retired with the same lease. Its
 /// last successful read was sent after the migration's `startedAt`: that time is Redis `TIME`
@@ -816,7 +816,7 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
     );
 }
 
-/// Issue 14, finding 6, the way out: an entry that landed in a shard after the first retirement
+/// docs/design.md §10.2, the way out: an entry that landed in a shard after the first retirement
 /// check, once the shard is RETIRING (members stopped reading it), is read by a member: the
 /// retirement puts the shard back to DRAINING, the group assigns it again, the entry is handled,
 /// and the next retirement call retires the shard. The RETIRING state is written as the first
@@ -880,7 +880,7 @@ async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires
     assert!(handled, "the late entry {id} of shard 1 was never handled");
 }
 
-/// Issue 14, finding 2, at run time: two member processes with different `[coordination]`
+/// docs/design.md §6.5, at run time: two member processes with different `[coordination]`
 /// timings in one group (300 ms / 1.5 s and 2 s / 6 s, rebalance 3 s), under a steady 200 msg/s.
 /// Every member's heartbeat responses must carry its own lease TTL and interval, on the full
 /// transition and on the fast path alike: a 1.5 s member told to heartbeat every 2 s expires

@@ -1,4 +1,4 @@
-//! The shard poller's scheduling (issue 5, test 7, and the idle cost; DESIGN.md §7, §8):
+//! The shard poller's scheduling (with the idle cost; docs/design.md §7, §8):
 //!
 //! - one member with one worker (`runtime_max_concurrency = 1`) owning 16 shards that all have
 //!   work serves them in strict rotation: every shard in every round;
@@ -322,7 +322,7 @@ async fn idle_members_send_a_bounded_number_of_commands_per_second() {
 }
 
 /// `fencing = "acks"` on a standalone server: a member's shards share one multi-stream
-/// `XREADGROUP` per round (design note 27). One member, 4 shards with 500 entries each, batch
+/// `XREADGROUP` per round (docs/design.md §8.7). One member, 4 shards with 500 entries each, batch
 /// 25, 4 workers and a handler that finishes at once. Read one shard at a time, the new entries
 /// alone take at least 4 × 500 / 25 = 80 `XREADGROUP` calls; in rounds, 20 when the four move
 /// in lockstep. `cmdstat_xreadgroup` also counts the reads the scripts make: the takeover's
@@ -392,9 +392,9 @@ async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
     }
 }
 
-/// The heartbeat reports the workers running a handler (`activeConsumerWorkers`, DESIGN.md §6):
-/// one member with 3 workers and 4 shards whose handlers wait on a gate shows 3 busy workers in
-/// `describe_group` (the fourth shard waits for a worker), and 0 once the gate opens and every
+/// The heartbeat reports the workers running a handler (`activeConsumerWorkers`, docs/design.md
+/// §6): one member with 3 workers and 4 shards whose handlers wait on a gate shows 3 busy workers
+/// in `describe_group` (the fourth shard waits for a worker), and 0 once the gate opens and every
 /// entry is handled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_heartbeat_reports_the_busy_workers() {

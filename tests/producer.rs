@@ -1,4 +1,4 @@
-//! The producer on a real standalone Redis (DESIGN.md §9, issue 7): entries land where the
+//! The producer on a real standalone Redis (docs/design.md §9): entries land where the
 //! routing says, resharding moves only the keys it must, a stale publisher refreshes after a
 //! scale-in, bad input is refused before any `XADD`, and publishing fails closed past the routing
 //! lease.

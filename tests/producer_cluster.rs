@@ -1,4 +1,4 @@
-//! The producer on a real 3-master Redis Cluster (DESIGN.md §9, issue 7): batches fan out as one
+//! The producer on a real 3-master Redis Cluster (docs/design.md §9): batches fan out as one
 //! pipeline per shard (a redis-rs cluster pipeline must stay in one slot), entries land where the
 //! routing says, and a stale publisher refreshes after a scale-in.
 

@@ -1,5 +1,5 @@
 //! `run_with` / `run_listeners` on real Redis: a `#[stream_listener]` function consumes what a
-//! publisher sends; startup errors are clear and bounded (DESIGN.md §11, BR-24).
+//! publisher sends; startup errors are clear and bounded (docs/design.md §11).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

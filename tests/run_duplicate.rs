@@ -1,5 +1,5 @@
 //! Two `#[stream_listener]` functions on the same (stream, group) in one program: `run_with`
-//! refuses to start, naming both (DESIGN.md §11).
+//! refuses to start, naming both (docs/design.md §11).
 
 use stream_listener::{Config, RunError, run_with, stream_listener};
 

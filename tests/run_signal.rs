@@ -1,5 +1,5 @@
 //! `RunningApp::run_until_signal` (what `run()` ends with) shuts down gracefully on SIGTERM:
-//! the members leave the group and it returns `Ok` (DESIGN.md §8, shutdown). One test per
+//! the members leave the group and it returns `Ok` (docs/design.md §8.13, shutdown). One test per
 //! binary: the signal goes to the whole test process.
 
 use std::time::{Duration, Instant};

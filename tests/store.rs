@@ -1,6 +1,6 @@
 //! The Redis-recorded coordinator on real Redis (standalone and a 3-master cluster): the heartbeat
 //! transaction, its fast path, concurrent drivers, and failing closed on missing or corrupt
-//! metadata (DESIGN.md §5).
+//! metadata (docs/design.md §5).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -401,7 +401,7 @@ fn store_with(
     GroupStore::new(conn.clone(), stream, keys, config)
 }
 
-/// Issue 14, finding 1: a group re-provisioned after a loss holds its shards for one lease, and
+/// docs/design.md §5.5: a group re-provisioned after a loss holds its shards for one lease, and
 /// once that instant has passed the fast path answers again within one more lease (the hold
 /// used to stay in the `steady` deadline, so every heartbeat fell back, for good).
 #[tokio::test]
@@ -533,7 +533,7 @@ async fn drive_with_own_timings(
     seen
 }
 
-/// Issue 14, finding 2: two members of one group run different `[coordination]` timings
+/// docs/design.md §6.5: two members of one group run different `[coordination]` timings
 /// (1.5 s / 0.3 s and 6 s / 1 s, each its own `GroupStore`). Every response either gets, from
 /// the full transition or the fast path, carries its own lease and interval (the fast path's
 /// `fast:<id>` entries were written with the timings of whichever member's transition wrote
@@ -594,7 +594,7 @@ async fn members_with_different_timings_are_each_answered_with_their_own() {
     }
 }
 
-/// Issue 14, finding 2: the fast path's outage check uses the requester's own lease. Two members
+/// docs/design.md §6.5: the fast path's outage check uses the requester's own lease. Two members
 /// with different TTLs (1.5 s and 6 s) and an outage, written into the leases as Redis would see
 /// it afterwards: neither renewed for over half its own TTL (1.3 s and 3.5 s ago). The full
 /// transition re-arms every lease by the gap; the fast path used to compare the newest lease (the
@@ -780,7 +780,7 @@ async fn rewrite_stream(conn: &mut RedisConnection, prefix: &str, count: u32, ve
     assert_eq!(written, StreamCas::Written);
 }
 
-/// Issue 14 follow-up A (design note 37): a heartbeat reads the stream view, then loads the
+/// docs/design.md §5.4: a heartbeat reads the stream view, then loads the
 /// group. When a scale-out and another member's transition land in between, the loaded group
 /// has the newer `metadataVersion`; applying the older view took the group's version and
 /// readable set back (two `groupEpoch` bumps, the new shards out of the target). The store now
@@ -900,7 +900,7 @@ async fn a_group_follows_stream_metadata_re_created_at_a_lower_version() {
     );
 }
 
-/// Issue 14 follow-up B (design note 38): a static member away after `-2` has no steady response,
+/// docs/design.md §5.3: a static member away after `-2` has no steady response,
 /// and `Writes::diff` left its `fast:<id>`/`fastseq:<id>` of the last steady write in place: a
 /// late request sent before the `-2` (its sequence above that `fastseq`, below the `-2`'s)
 /// matched the old fingerprint and renewed the lease on the fast path, where the full transition

@@ -1,10 +1,10 @@
-//! Malformed coordination data (issue 14, finding 8): garbage written into each key of DESIGN.md §2
-//! in turn, while a member reads. Every case ends in one of two ways: the store repairs the value
-//! (the fast path falls back to the full transition, which rewrites what it derives) and the member
-//! goes on, or the member stops with a typed error that names the key (and field) and says what to
-//! do; once an operator puts the key back, the member goes on. Never a panic, a wrapped counter or
-//! a group stuck without a word; and every entry published before, during and after is handled
-//! exactly once in the end.
+//! Malformed coordination data (docs/design.md §5.6): garbage written into each key of
+//! docs/design.md §2 in turn, while a member reads. Every case ends in one of two ways: the store
+//! repairs the value (the fast path falls back to the full transition, which rewrites what it
+//! derives) and the member goes on, or the member stops with a typed error that names the key (and
+//! field) and says what to do; once an operator puts the key back, the member goes on. Never a
+//! panic, a wrapped counter or a group stuck without a word; and every entry published before,
+//! during and after is handled exactly once in the end.
 //!
 //! One table of cases, one loop, one server; each case has its own stream prefix. The member is
 //! driven by hand (a [`GroupStore`] heartbeat, then the fenced reads and acks of a
@@ -40,7 +40,7 @@ const SHARDS: u32 = 2;
 /// Steps a phase may take before the test gives up (each step is a few Redis round trips).
 const MAX_STEPS: usize = 30;
 
-/// The keys of DESIGN.md §2 a case can corrupt (shard 0 for the per-shard ones).
+/// The keys of docs/design.md §2 a case can corrupt (shard 0 for the per-shard ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Key {
     Stream,

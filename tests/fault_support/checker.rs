@@ -1,5 +1,5 @@
 //! The checker of the fault-injection suite: reads the JSON lines that `workload consume`
-//! processes wrote (examples/workload.rs, issue 8) and verifies the three guarantees a fault must
+//! processes wrote (examples/workload.rs) and verifies the three guarantees a fault must
 //! not break.
 //!
 //! **(a) No message lost.** Every produced `(key, seq)` has at least one `handled` line with

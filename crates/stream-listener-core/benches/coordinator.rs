@@ -1,4 +1,4 @@
-//! Benchmarks of the pure coordinator (issue 3): the sticky assignor and one heartbeat transition,
+//! Benchmarks of the pure coordinator: the sticky assignor and one heartbeat transition,
 //! at 10,000 shards and 1,000 members.
 //!
 //! Cases (criterion group `coordinator`):

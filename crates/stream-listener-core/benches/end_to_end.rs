@@ -1,7 +1,7 @@
-//! End-to-end benchmarks of the listener runtime (issue 8, items 1, 2, 3 and 7), each against a
+//! End-to-end benchmarks of the listener runtime (BENCHMARKS.md items 1-3 and 7), each against a
 //! baseline measured in the same run, on a throwaway `redis-server` and a local 3-master cluster
 //! started through the test harness (hence the `testing` feature). A `harness = false` program
-//! that prints its tables; BENCHMARKS.md, "End to end (issue 8)", has the results.
+//! that prints its tables; BENCHMARKS.md, "End to end", has the results.
 //!
 //! ```sh
 //! cargo bench -p stream-listener-core --features testing --bench end_to_end -- <part>...

@@ -1,4 +1,4 @@
-//! Producer throughput (issue 7): `Publisher::publish_batch` (batches of 64 small JSON
+//! Producer throughput: `Publisher::publish_batch` (batches of 64 small JSON
 //! payloads) against a raw pipelined `XADD` loop, on the same throwaway Redis, in the same run.
 //!
 //! - `raw`: the yardstick. The same messages, the same batches of 64, the same shard keys and the
@@ -24,7 +24,7 @@
 //!
 //! Environment: `PRODUCER_BENCH_MESSAGES` (default 200000, per side), `PRODUCER_BENCH_ROUNDS`
 //! (default 10), `PRODUCER_BENCH_CLUSTER=0` skips the cluster part. Goal: `publish_batch` at
-//! least 0.8 of `raw` (BENCHMARKS.md, "Producer (issue 7)").
+//! least 0.8 of `raw` (BENCHMARKS.md, "Producer").
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

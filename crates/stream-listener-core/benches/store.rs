@@ -1,6 +1,6 @@
-//! Benchmark of the Redis-recorded coordinator (issue 4): heartbeats of one group against a
+//! Benchmark of the Redis-recorded coordinator: heartbeats of one group against a
 //! throwaway local `redis-server`, client-side latency, fast-path share, `RETRY` count and the
-//! Redis server's CPU (DESIGN.md §5).
+//! Redis server's CPU (docs/design.md §5).
 //!
 //! Scenarios (each on its own fresh server):
 //! - `a`: 100 members × 1,000 shards. Goal: Redis under 5% of one core, p99 under 10 ms, no
@@ -9,7 +9,7 @@
 //! - `c`: as `b`, but the group metadata is provisioned as after a loss
 //!   (`GroupStore::provision(true)`: no shard is handed out for one lease TTL), so convergence
 //!   waits out the hold; the steady state shows whether the fast path answers once it has
-//!   passed (issue 14, finding 1: it did not, and every heartbeat was a full transition).
+//!   passed (docs/design.md §5.5: it did not, and every heartbeat was a full transition).
 //!
 //! Each scenario, on its server, in this order:
 //! 1. idle: nothing sent for a few seconds (Redis's own background CPU);

@@ -1,4 +1,4 @@
-//! The sticky assignor (DESIGN.md §7).
+//! The sticky assignor (docs/design.md §7).
 //!
 //! [`assign`] is a pure, deterministic function from (readable shard set, live members, previous
 //! target) to a new target in which every readable shard has exactly one owner. It follows the idea
@@ -7,7 +7,7 @@
 //! of shards that change owner — each of which costs a revoke/drain/fence round (§6, §8) — is as
 //! small as the quotas permit.
 //!
-//! The rules, in order (DESIGN.md §7):
+//! The rules, in order (docs/design.md §7):
 //!
 //! 1. **Quotas.** Each member gets a quota proportional to its weight (its `runtimeMaxConcurrency`;
 //!    0 counts as 1), rounded by largest remainder: every member first gets
@@ -35,8 +35,8 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
-/// One live member as the assignor sees it (DESIGN.md §7: live members are `ACTIVE` members with a
-/// valid lease plus static members away within their lease).
+/// One live member as the assignor sees it (docs/design.md §7: live members are `ACTIVE` members
+/// with a valid lease plus static members away within their lease).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AssignorMember {
     /// The member id (`<base>-m0`...).
@@ -53,7 +53,7 @@ pub type Target = BTreeMap<u32, String>;
 /// `previous` is the previous target (shard → owner); owners not in `members` and shards not in
 /// `readable` are ignored. Returns an empty map when `members` is empty.
 ///
-/// Implements the sticky assignment of DESIGN.md §7 (the idea of KIP-848's uniform sticky
+/// Implements the sticky assignment of docs/design.md §7 (the idea of KIP-848's uniform sticky
 /// assignor), see the [module documentation](self) for the exact rules:
 /// quotas proportional to weights by largest remainder (extra slots on equal remainders to members
 /// that would otherwise give a shard up, then to members owning more previous shards, then by
@@ -160,7 +160,7 @@ pub fn assign(readable: &BTreeSet<u32>, members: &[AssignorMember], previous: &T
 /// differs from their owner in `prev`. Shards absent from `prev` (newly readable, or unowned
 /// before) do not count as moved, and neither do shards absent from `next` (no longer readable).
 ///
-/// This is the cost the sticky assignor of DESIGN.md §7 minimises: each moved shard needs a
+/// This is the cost the sticky assignor of docs/design.md §7 minimises: each moved shard needs a
 /// revoke/drain by its old owner before its new owner may read it (§6 `pendingShards`).
 #[must_use]
 pub fn moved_shards(prev: &Target, next: &Target) -> usize {

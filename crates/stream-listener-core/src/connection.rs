@@ -2,13 +2,13 @@
 //!
 //! Both kinds reconnect by themselves (redis-rs's `ConnectionManager` and cluster connection).
 //! Every command of the coordinator and the admin operations touches keys of one hash slot
-//! (DESIGN.md §2), so the same code runs on both.
+//! (docs/design.md §2), so the same code runs on both.
 //!
 //! Re-sent commands. redis-rs's cluster connection re-sends a request after a dropped
 //! connection, an I/O error, `READONLY`, `MOVED`/`ASK`, `TRYAGAIN` or `CLUSTERDOWN` (redis 1.8.1,
 //! `cluster_handling/async_connection/request.rs`); a read that ran but whose reply was lost is
 //! then sent again and returns the *next* batch, and the first one stays unseen in the
-//! consumer's pending list (issue 14, finding 3). The coordinator's and the admin's commands are
+//! consumer's pending list (docs/design.md §8.10). The coordinator's and the admin's commands are
 //! safe to re-send (request sequence numbers, compare-and-set); the data plane's are not, so it
 //! uses [`RedisConnection::for_data_plane`]: on a cluster a second connection that never
 //! re-sends (an error reaches the shard task, which re-reads its own pending entries). The
@@ -140,7 +140,7 @@ impl RedisConnection {
     /// The connection for data-plane commands (reads, acks, claims, dead letters): one that
     /// never re-sends a request on its own, so a read whose reply was lost fails (the shard task
     /// then re-reads its own pending entries from `0`) instead of running again and returning
-    /// the next batch (issue 14, finding 3). On a standalone server that is this connection (a
+    /// the next batch (docs/design.md §8.10). On a standalone server that is this connection (a
     /// `ConnectionManager` never re-sends); on a cluster a second cluster connection without
     /// retries, made on the first call and shared by every clone of this one (its nodes, its
     /// response timeout). `MOVED`, `ASK` and `TRYAGAIN` then reach the caller too (the slot map is

@@ -1,6 +1,6 @@
 //! Extractors: how a listener function's argument is made from a [`Delivery`], as web frameworks
-//! make handler arguments from a request (DESIGN.md §7), and how its return value becomes an
-//! outcome (DESIGN.md §8).
+//! make handler arguments from a request (docs/design.md §7), and how its return value becomes an
+//! outcome (docs/design.md §8).
 //!
 //! | argument | gets |
 //! | --- | --- |
@@ -10,7 +10,7 @@
 //! | [`Delivery`] | the delivery itself |
 //!
 //! A payload that does not decode is [`HandlerError::Decode`]: the entry is dead-lettered at
-//! once with reason `decode` and acked, and the function is not called (BR-13). Implement
+//! once with reason `decode` and acked, and the function is not called. Implement
 //! [`FromDelivery`] for other argument types.
 //!
 //! | return type | outcome |

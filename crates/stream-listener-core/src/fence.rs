@@ -1,4 +1,4 @@
-//! Per-shard fencing tokens (DESIGN.md §8).
+//! Per-shard fencing tokens (docs/design.md §8).
 //!
 //! Each shard has a fence hash `{<prefix>:<i>}:fence` with one field per consumer group holding the
 //! token of the member process allowed to read, ack and claim there. These are the comparison
@@ -25,7 +25,7 @@ pub struct FenceToken {
     pub process_id: String,
 }
 
-/// The answer of a fence script (DESIGN.md §8).
+/// The answer of a fence script (docs/design.md §8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FenceVerdict {
     /// The fence holds this token (after a raise: it was accepted): go on.

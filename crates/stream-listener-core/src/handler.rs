@@ -1,9 +1,9 @@
 //! What a listener runs for each entry: the [`Handler`] trait, the [`Delivery`] it receives and
-//! the [`HandlerError`] that decides between retry and dead letter (DESIGN.md §8, outcomes).
+//! the [`HandlerError`] that decides between retry and dead letter (docs/design.md §8.8, outcomes).
 //!
 //! A handler may run more than once for one entry (at-least-once delivery; a cancelled attempt is
 //! retried by the next owner), so it must be safe to run again: make its effects idempotent where
-//! duplicates matter (DESIGN.md §12).
+//! duplicates matter (docs/design.md §12).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,7 +33,7 @@ pub struct Delivery {
     pub fields: Arc<[(String, Vec<u8>)]>,
     /// How many times Redis delivered the entry (the PEL delivery count; 1 for a first read).
     /// Re-reads and handovers raise it without any handler attempt: `max_deliveries` counts
-    /// attempts, not this (design note 35).
+    /// attempts, not this (docs/design.md §8.9).
     pub delivery_count: u64,
     /// Attempt number of this call within the current delivery, from 1.
     pub attempt: u32,

@@ -1,4 +1,4 @@
-//! The key layout in Redis (DESIGN.md §2) and the names that build it.
+//! The key layout in Redis (docs/design.md §2) and the names that build it.
 //!
 //! Every multi-key command or script touches keys of one hash slot only: a shard stream
 //! `{<prefix>:<i>}` and its fence share the slot of their whole name; the stream metadata has the
@@ -117,7 +117,7 @@ pub fn validate_group_name(group: &str) -> Result<(), NameError> {
     )
 }
 
-/// The keys of one sharded stream (DESIGN.md §2).
+/// The keys of one sharded stream (docs/design.md §2).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct StreamKeys {
     prefix: String,
@@ -152,7 +152,7 @@ impl StreamKeys {
 
     /// The handler-attempt hash `{<prefix>:<i>}:attempts` of shard `i`: field
     /// `<group>|<entry id>`, the number of handler attempts started on a re-delivered entry
-    /// (delivery count above 1), removed once it is acked or dead-lettered (design note 35).
+    /// (delivery count above 1), removed once it is acked or dead-lettered (docs/design.md §8.9).
     pub fn attempts(&self, shard: ShardIndex) -> String {
         format!("{{{}:{shard}}}:attempts", self.prefix)
     }
@@ -180,7 +180,7 @@ impl StreamKeys {
     }
 }
 
-/// The coordinator keys of one consumer group (DESIGN.md §2), all in the slot of
+/// The coordinator keys of one consumer group (docs/design.md §2), all in the slot of
 /// `{<prefix>:<group>}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GroupKeys {

@@ -1,7 +1,7 @@
 //! The protocol's data: stream, group and member metadata, the heartbeat request and response.
 //!
-//! Every type serialises to JSON with exactly the camelCase field names of DESIGN.md §3 and §6;
-//! operators see them in `describe`, and members in other processes (or languages) read them.
+//! Every type serialises to JSON with exactly the camelCase field names of docs/design.md §3 and
+//! §6; operators see them in `describe`, and members in other processes (or languages) read them.
 //! Times are microseconds since the Unix epoch as read by Redis `TIME` on the node that owns the
 //! group key (never a process clock), except the `...At` strings, which are RFC 3339 for people.
 
@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-/// A shard index: shard `i` of prefix `p` is the stream `{p:i}` (DESIGN.md §2).
+/// A shard index: shard `i` of prefix `p` is the stream `{p:i}` (docs/design.md §2).
 pub type ShardIndex = u32;
 
 /// A member id: `<base>-m<k>`, where `<base>` is a per-process UUIDv7 or the static `instance_id`.
@@ -19,15 +19,15 @@ pub type MemberId = String;
 pub type Micros = u64;
 
 /// An epoch (group, assignment or member epoch). Signed because heartbeat requests use `0` (join),
-/// `-1` (leave) and `-2` (static leave) as member epochs (DESIGN.md §6).
+/// `-1` (leave) and `-2` (static leave) as member epochs (docs/design.md §6).
 pub type Epoch = i64;
 
 /// Exclusive upper bound of every counter the coordinator reads from Redis: incarnations and
 /// other µs times, epochs (by absolute value), `revision`, `leaseRevision`, `metadataVersion`,
 /// `requestSeq`, fence tokens. 2^62: no real history comes near it (epochs and revisions grow
 /// by a few per heartbeat), so a stored value at or above it is corrupt, and keeping below it
-/// leaves room for every `+ 1` the coordinator does, in `u64` and in `i64` (issue 14,
-/// finding 8). Fence scripts compare tokens exactly as decimal strings, so tokens beyond 2^53
+/// leaves room for every `+ 1` the coordinator does, in `u64` and in `i64` (docs/design.md
+/// §5.6). Fence scripts compare tokens exactly as decimal strings, so tokens beyond 2^53
 /// stay exact; only values Lua reads as numbers (the fast path's `fastseq`) fall back to the
 /// full transition from 2^53 on.
 pub const COUNTER_LIMIT: u64 = 1 << 62;
@@ -44,7 +44,7 @@ pub const LEAVE_EPOCH: Epoch = -1;
 /// while its lease runs.
 pub const STATIC_LEAVE_EPOCH: Epoch = -2;
 
-/// Lifecycle of a shard stream (DESIGN.md §3, §10).
+/// Lifecycle of a shard stream (docs/design.md §3, §10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ShardState {
@@ -60,8 +60,8 @@ pub enum ShardState {
 
 impl ShardState {
     /// Whether members read a shard in this state: `ACTIVE` and `DRAINING` shards form the
-    /// `readableShardSet` (DESIGN.md §3). A `RETIRING` shard has passed the emptiness check and is
-    /// about to be deleted, so nothing is left to read in it.
+    /// `readableShardSet` (docs/design.md §3). A `RETIRING` shard has passed the emptiness check
+    /// and is about to be deleted, so nothing is left to read in it.
     pub fn is_readable(self) -> bool {
         matches!(self, ShardState::Active | ShardState::Draining)
     }
@@ -88,7 +88,7 @@ pub enum StartFrom {
     Latest,
 }
 
-/// A consumer group registered in the stream metadata (DESIGN.md §8).
+/// A consumer group registered in the stream metadata (docs/design.md §8).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RegisteredGroup {
@@ -98,7 +98,7 @@ pub struct RegisteredGroup {
     pub start_from: StartFrom,
 }
 
-/// An active resharding of a stream (DESIGN.md §10).
+/// An active resharding of a stream (docs/design.md §10).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Migration {
@@ -110,7 +110,7 @@ pub struct Migration {
     pub started_at: String,
 }
 
-/// Stream metadata, one per prefix, in `sl:{<prefix>}:stream` (DESIGN.md §3).
+/// Stream metadata, one per prefix, in `sl:{<prefix>}:stream` (docs/design.md §3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StreamMetadata {
@@ -143,7 +143,7 @@ impl StreamMetadata {
     }
 }
 
-/// Group state (DESIGN.md §4).
+/// Group state (docs/design.md §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum GroupState {
@@ -157,7 +157,7 @@ pub enum GroupState {
     Stable,
 }
 
-/// The target assignment: which member should own which shards (DESIGN.md §3, §7).
+/// The target assignment: which member should own which shards (docs/design.md §3, §7).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetAssignment {
@@ -169,8 +169,8 @@ pub struct TargetAssignment {
     pub members: BTreeMap<MemberId, BTreeSet<ShardIndex>>,
 }
 
-/// An active lost-metadata correction round (DESIGN.md §6). Not named by DESIGN.md §3: it is
-/// stored in the group's `meta` only while a round runs.
+/// An active lost-metadata correction round (docs/design.md §6.6): `correctionRound` in the
+/// group's `meta` (docs/design.md §3.2), present only while a round runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CorrectionRound {
@@ -185,7 +185,7 @@ pub struct CorrectionRound {
     pub synced_members: BTreeSet<MemberId>,
 }
 
-/// Group-level metadata, the `meta` field of `sl:{<prefix>:<group>}:group` (DESIGN.md §3).
+/// Group-level metadata, the `meta` field of `sl:{<prefix>:<group>}:group` (docs/design.md §3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GroupMetadata {
@@ -196,7 +196,7 @@ pub struct GroupMetadata {
     /// Redis `TIME` (µs) when this group's metadata was created or last corrected; a re-created
     /// group gets a larger one. The first part of every fencing token.
     pub incarnation: Micros,
-    /// Increments on every change that needs a new target (DESIGN.md §3).
+    /// Increments on every change that needs a new target (docs/design.md §3).
     pub group_epoch: Epoch,
     /// The stream `metadataVersion` this group last applied.
     pub metadata_version: u64,
@@ -215,7 +215,7 @@ pub struct GroupMetadata {
     /// The target assignment.
     pub target_assignment: TargetAssignment,
     /// No shard is sent as assigned before this time (µs): set when metadata is re-provisioned,
-    /// because members of the lost incarnation may still be reading (DESIGN.md §5).
+    /// because members of the lost incarnation may still be reading (docs/design.md §5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hand_out_not_before: Option<Micros>,
     /// The running correction round, if any.
@@ -223,7 +223,7 @@ pub struct GroupMetadata {
     pub correction_round: Option<CorrectionRound>,
 }
 
-/// Member state (DESIGN.md §3).
+/// Member state (docs/design.md §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum MemberState {
@@ -239,7 +239,8 @@ pub enum MemberState {
     Left,
 }
 
-/// What a replaced process still holds (DESIGN.md §6, holdings): kept until its lease runs out.
+/// What a replaced process still holds (docs/design.md §6.3, holdings): kept until its lease runs
+/// out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OldProcessHolding {
@@ -251,7 +252,7 @@ pub struct OldProcessHolding {
     pub lease_expires_at: Micros,
 }
 
-/// Member metadata, one `member:<id>` field of the group hash (DESIGN.md §3).
+/// Member metadata, one `member:<id>` field of the group hash (docs/design.md §3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberMetadata {
@@ -336,7 +337,7 @@ pub struct RevokingShard {
     pub state: RevokeState,
 }
 
-/// A fence found holding a token other than the member's (DESIGN.md §8).
+/// A fence found holding a token other than the member's (docs/design.md §8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FenceConflict {
@@ -348,7 +349,7 @@ pub struct FenceConflict {
     pub epoch: Epoch,
 }
 
-/// A heartbeat request (DESIGN.md §6).
+/// A heartbeat request (docs/design.md §6).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatRequest {
@@ -381,7 +382,7 @@ pub struct HeartbeatRequest {
     pub protocol_version: u32,
 }
 
-/// Heartbeat response status (DESIGN.md §6).
+/// Heartbeat response status (docs/design.md §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum HeartbeatStatus {
@@ -412,7 +413,7 @@ impl HeartbeatStatus {
     }
 }
 
-/// A heartbeat response (DESIGN.md §6).
+/// A heartbeat response (docs/design.md §6).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatResponse {

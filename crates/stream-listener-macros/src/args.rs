@@ -56,7 +56,7 @@ fn string_value(meta: &ParseNestedMeta<'_>, key: &str, example: &str) -> syn::Re
     }
 }
 
-/// Checks a name against the key layout's rules (DESIGN.md §2), at compile time.
+/// Checks a name against the key layout's rules (docs/design.md §2), at compile time.
 fn check_name(lit: &LitStr, kind: &str, forbidden: &str, why: &str) -> syn::Result<()> {
     let value = lit.value();
     if value.is_empty() {

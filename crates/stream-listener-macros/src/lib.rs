@@ -1,6 +1,6 @@
-//! Procedural macros of stream-listener: the `#[stream_listener(...)]` attribute (DESIGN.md §1,
-//! §7, §11). Use it through the `stream-listener` crate, which re-exports it and holds the types
-//! its expansion names; its documentation is there (`stream_listener::stream_listener`).
+//! Procedural macros of stream-listener: the `#[stream_listener(...)]` attribute (docs/design.md
+//! §1, §7, §11). Use it through the `stream-listener` crate, which re-exports it and holds the
+//! types its expansion names; its documentation is there (`stream_listener::stream_listener`).
 
 mod args;
 mod listener;

@@ -185,7 +185,8 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
         #function
 
         // The registration `run()` collects: the listener's settings and a handler that extracts
-        // the argument, calls the function and maps its result (stream-listener, DESIGN.md §7).
+        // the argument, calls the function and maps its result (stream-listener, docs/design.md
+        // §7).
         #[doc(hidden)]
         const _: () = {
             fn __stream_listener_handler(

@@ -1,7 +1,7 @@
 //! stream-listener: Kafka-grade consumer groups for sharded Redis Streams.
 //!
 //! Annotate an `async fn` with [`#[stream_listener(...)]`](macro@stream_listener), call
-//! [`run()`] from `main`, and configure the rest in `stream-listener.toml` (DESIGN.md §11,
+//! [`run()`] from `main`, and configure the rest in `stream-listener.toml` (docs/design.md §11,
 //! [`config`]):
 //!
 //! ```no_run
@@ -33,20 +33,21 @@
 //! - [`run()`], [`run_with`] and [`run_listeners`] start the registered listeners
 //!   ([`RunningApp`], [`RunError`]);
 //! - [`Config`] is the configuration file;
-//! - [`Publisher`] appends to a sharded stream, routed by partition key (DESIGN.md §9);
+//! - [`Publisher`] appends to a sharded stream, routed by partition key (docs/design.md §9);
 //! - the `stream-listener` command-line tool (feature `cli`, on by default) creates, scales,
 //!   retires and describes streams and groups; [`core::admin`] is the same as a library;
 //! - [`testing`] (feature `testing`) starts throwaway Redis servers and clusters for tests.
 //!
 //! Delivery is at least once: a handler can run more than once for one entry (a retry, a
-//! rebalance, a crash), so make its effects idempotent where duplicates matter (DESIGN.md §12).
+//! rebalance, a crash), so make its effects idempotent where duplicates matter (docs/design.md
+//! §12).
 
 mod registry;
 mod run;
 
 pub use stream_listener_core::{assignor, coordinator, model};
 
-/// Registers an `async fn` as a listener of a sharded stream (DESIGN.md §7).
+/// Registers an `async fn` as a listener of a sharded stream (docs/design.md §7).
 ///
 /// ```no_run
 /// use stream_listener::{Message, stream_listener};
@@ -90,7 +91,7 @@ pub use run::{
     ListenerStatus, MINIMUM_REDIS_VERSION, RunError, RunningApp, run, run_listeners, run_with,
 };
 
-/// Extractors and handler return types (DESIGN.md §7, §8).
+/// Extractors and handler return types (docs/design.md §7, §8).
 pub use stream_listener_core::extract;
 pub use stream_listener_core::extract::{
     FromDelivery, IntoHandlerResult, Json, Message, Metadata, RawMessage,
@@ -98,11 +99,11 @@ pub use stream_listener_core::extract::{
 pub use stream_listener_core::handler::{BoxError, Delivery, Handler, HandlerError};
 pub use stream_listener_core::member::MemberStatus;
 
-/// The configuration file (DESIGN.md §11).
+/// The configuration file (docs/design.md §11).
 pub use stream_listener_core::config;
 pub use stream_listener_core::config::{Config, ConfigError};
 
-/// The producer (DESIGN.md §9): routed publishing to a sharded stream.
+/// The producer (docs/design.md §9): routed publishing to a sharded stream.
 pub use stream_listener_core::producer::{
     PublishError, Published, Publisher, PublisherOptions, RoutingSnapshot, shard_for_key,
 };

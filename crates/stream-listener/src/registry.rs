@@ -2,7 +2,7 @@
 
 use stream_listener_core::handler::{Delivery, HandlerFuture};
 
-/// One listener: its name, stream, group, default concurrency and handler (DESIGN.md §7).
+/// One listener: its name, stream, group, default concurrency and handler (docs/design.md §7).
 ///
 /// `#[stream_listener(...)]` builds one per annotated function and registers it with
 /// `inventory`; [`registered_listeners`] lists them. Build one with

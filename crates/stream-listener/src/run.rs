@@ -1,5 +1,5 @@
 //! `run()`: from the config file and the registered listeners to running group members
-//! (DESIGN.md §7, §8 shutdown, §11).
+//! (docs/design.md §7, §8.13 shutdown, §11).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::registry::{ListenerRegistration, registered_listeners};
 
-/// The oldest Redis `run()` accepts (DESIGN.md §1): `XAUTOCLAIM`'s reply and the purging of
+/// The oldest Redis `run()` accepts (docs/design.md §1): `XAUTOCLAIM`'s reply and the purging of
 /// trimmed entries by `XCLAIM` are from 7.0.
 pub const MINIMUM_REDIS_VERSION: (u32, u32, u32) = (7, 0, 0);
 
@@ -55,7 +55,7 @@ pub enum RunError {
         /// The second listener.
         second: String,
     },
-    /// Two listeners consume the same stream in the same consumer group (DESIGN.md §11): they
+    /// Two listeners consume the same stream in the same consumer group (docs/design.md §11): they
     /// would be members of one group with different handlers.
     #[error(
         "listeners {first} and {second} both consume stream {stream:?} in consumer group {group:?}; use one listener, or give one of them another group"
@@ -79,7 +79,7 @@ pub enum RunError {
         #[source]
         source: ListenerError,
     },
-    /// Redis did not answer within `startup_timeout` (BR-24a).
+    /// Redis did not answer within `startup_timeout`.
     #[error(
         "cannot reach Redis at {target} after {attempts} attempts in {} (startup_timeout): {last_error}; check that Redis is running and that [redis] url / cluster_nodes (or REDIS_URL) points at it",
         humantime::format_duration(*waited)
@@ -102,7 +102,7 @@ pub enum RunError {
         /// What failed.
         detail: String,
     },
-    /// The Redis server is older than 7.0 (BR-24b).
+    /// The Redis server is older than 7.0.
     #[error(
         "Redis {found} at {target} is too old: stream-listener needs Redis {}.{}.{} or newer; upgrade the server",
         MINIMUM_REDIS_VERSION.0, MINIMUM_REDIS_VERSION.1, MINIMUM_REDIS_VERSION.2
@@ -113,7 +113,7 @@ pub enum RunError {
         /// The URL or cluster nodes.
         target: String,
     },
-    /// A listener's stream does not exist and the config gives it no `shards` (BR-24c).
+    /// A listener's stream does not exist and the config gives it no `shards`.
     #[error(
         "stream {stream:?} of listener `{listener}` does not exist; create it with `stream-listener stream create {stream} --shards N`, or add\n\n    [streams.{stream}]\n    shards = N\n\nto the config file so that run() creates it at startup"
     )]
@@ -147,7 +147,7 @@ impl std::fmt::Debug for RunError {
 /// `stream-listener.toml`, then `REDIS_URL` and `STREAM_LISTENER_INSTANCE_ID`), starts every
 /// listener registered with `#[stream_listener(...)]`, logs the assignment as it settles, and
 /// shuts down gracefully on SIGINT or SIGTERM: in-flight handlers finish within
-/// `shutdown_timeout`, finished entries are acked, members leave the group (DESIGN.md §8).
+/// `shutdown_timeout`, finished entries are acked, members leave the group (docs/design.md §8).
 ///
 /// ```no_run
 /// #[tokio::main]
@@ -363,7 +363,7 @@ fn describe_target(target: &RedisTarget) -> String {
     }
 }
 
-/// Step 2: connect and `PING`, with capped retries until `startup_timeout` (BR-24a).
+/// Step 2: connect and `PING`, with capped retries until `startup_timeout`.
 async fn connect(
     target: &RedisTarget,
     startup_timeout: Duration,
@@ -418,7 +418,7 @@ async fn connect(
     }
 }
 
-/// Step 3: `INFO server` on every node; the oldest `redis_version` must be at least 7.0 (BR-24b).
+/// Step 3: `INFO server` on every node; the oldest `redis_version` must be at least 7.0.
 async fn check_version(conn: &mut RedisConnection, target: &RedisTarget) -> Result<(), RunError> {
     let reply: redis::Value = redis::cmd("INFO")
         .arg("server")

@@ -1,4 +1,4 @@
-//! What operators see: describe and list (DESIGN.md §3: field names are camelCase exactly as
+//! What operators see: describe and list (docs/design.md §3: field names are camelCase exactly as
 //! stored).
 
 use std::collections::BTreeSet;
@@ -19,7 +19,7 @@ use crate::model::{
 use crate::store::{GroupStore, StoreError, load_stream_metadata};
 
 /// Dead-letter streams up to this length are read whole to count dead letters per shard (field
-/// `shard` of each entry, DESIGN.md §8); longer ones only report the group total.
+/// `shard` of each entry, docs/design.md §8); longer ones only report the group total.
 pub const DEAD_LETTER_SCAN_LIMIT: usize = 1000;
 
 /// A consumer group's lag on a shard: entries added to the shard that the group has not been
@@ -64,7 +64,7 @@ impl Serialize for Lag {
 pub struct ConsumerGroupInfo {
     /// The consumer group name.
     pub name: String,
-    /// Its consumers (Redis consumer names are member ids, DESIGN.md §7).
+    /// Its consumers (Redis consumer names are member ids, docs/design.md §7).
     pub consumers: u64,
     /// Entries delivered and not acknowledged.
     pub pending: u64,
@@ -275,8 +275,8 @@ pub struct GroupDescription {
     /// Redis `TIME` of the load, µs: every lease and state here is judged at this time.
     pub now: Micros,
     /// No live member renewed its lease for over half the lease TTL: either every member is down
-    /// or Redis was unreachable. The next heartbeat re-arms the leases (DESIGN.md §5); until then
-    /// members are shown as stored, with negative `leaseRemainingMs`.
+    /// or Redis was unreachable. The next heartbeat re-arms the leases (docs/design.md §5); until
+    /// then members are shown as stored, with negative `leaseRemainingMs`.
     pub leases_stale: bool,
     /// The members (ACTIVE, LEAVING, and retired ones still holding shards).
     pub members: Vec<MemberDescription>,

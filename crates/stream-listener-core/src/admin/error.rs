@@ -15,7 +15,7 @@ pub enum AdminError {
     /// kept conflicting ([`StoreError::Contended`]).
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// A stream prefix or group name that cannot be used (DESIGN.md §2). Nothing was written.
+    /// A stream prefix or group name that cannot be used (docs/design.md §2). Nothing was written.
     #[error(transparent)]
     InvalidName(#[from] NameError),
     /// `create` with 0 shards. Nothing was written.
@@ -50,7 +50,8 @@ pub enum AdminError {
         /// The requested count.
         requested: u32,
     },
-    /// `scale` while another resharding runs (one at a time, DESIGN.md §10). Nothing was written.
+    /// `scale` while another resharding runs (one at a time, docs/design.md §10). Nothing was
+    /// written.
     #[error(
         "stream {prefix:?} is already resharding from {from} to {to} shards; wait until `stream-listener stream retire {prefix}` has retired the draining shards, or abandon it with `stream-listener stream scale {prefix} --cancel`"
     )]
@@ -69,7 +70,7 @@ pub enum AdminError {
         prefix: String,
     },
     /// `scale --cancel` after some shard reached RETIRING (no cancel after that point,
-    /// DESIGN.md §10). Nothing was written.
+    /// docs/design.md §10). Nothing was written.
     #[error(
         "the resharding of {prefix:?} can no longer be cancelled: shards {shards:?} are already RETIRING or RETIRED; finish it with `stream-listener stream retire {prefix}`, then scale out again if needed"
     )]

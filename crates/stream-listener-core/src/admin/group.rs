@@ -1,4 +1,4 @@
-//! Group-level admin operations: register and delete (DESIGN.md §2, §8).
+//! Group-level admin operations: register and delete (docs/design.md §2, §8).
 
 use std::collections::BTreeSet;
 
@@ -30,7 +30,7 @@ pub struct GroupRegistration {
     pub metadata_version: u64,
 }
 
-/// The start id of `XGROUP CREATE` for `start_from` (DESIGN.md §8).
+/// The start id of `XGROUP CREATE` for `start_from` (docs/design.md §8).
 fn start_id(start_from: StartFrom) -> &'static str {
     match start_from {
         StartFrom::Earliest => "0",
@@ -38,8 +38,8 @@ fn start_id(start_from: StartFrom) -> &'static str {
     }
 }
 
-/// Registers consumer group `group` on stream `prefix` (DESIGN.md §8): what a member does when it
-/// joins a group the stream metadata does not list.
+/// Registers consumer group `group` on stream `prefix` (docs/design.md §8): what a member does when
+/// it joins a group the stream metadata does not list.
 ///
 /// Under the stream metadata's compare-and-set, retried on conflicts (at most [`CAS_ATTEMPTS`]):
 /// the consumer group is created on every readable shard, from `0` (or `$` for
@@ -55,7 +55,7 @@ fn start_id(start_from: StartFrom) -> &'static str {
 ///
 /// Idempotent: an already registered group is left as it is (`registered: false`); in
 /// particular its group metadata is not re-created when missing: that is lost metadata, which
-/// fails closed (DESIGN.md §5).
+/// fails closed (docs/design.md §5).
 ///
 /// # Errors
 /// [`AdminError::InvalidName`] for a bad prefix or group name (nothing written);

@@ -1,5 +1,5 @@
-//! Admin operations on sharded streams and consumer groups, as a library (DESIGN.md §2, §3, §8,
-//! §10); the `stream-listener` command-line tool of the facade crate is a thin layer over them.
+//! Admin operations on sharded streams and consumer groups, as a library (docs/design.md §2, §3,
+//! §8, §10); the `stream-listener` command-line tool of the facade crate is a thin layer over them.
 //!
 //! Every operation is an `async fn` taking a [`RedisConnection`] (standalone or cluster: every
 //! command and script touches keys of one hash slot) and is idempotent: running it again after a
@@ -18,8 +18,8 @@
 //! Changes of the stream metadata are compare-and-sets on its `revision`
 //! ([`crate::store::write_stream_metadata`]); a conflict reloads and redoes the operation, up to
 //! [`CAS_ATTEMPTS`] times, then fails with [`StoreError::Contended`]. Every change bumps
-//! `metadataVersion`, so groups pick it up on their next heartbeat (DESIGN.md §5). Times are Redis
-//! `TIME` of the node that owns the stream metadata key, never a process clock.
+//! `metadataVersion`, so groups pick it up on their next heartbeat (docs/design.md §5). Times are
+//! Redis `TIME` of the node that owns the stream metadata key, never a process clock.
 
 mod describe;
 mod error;
@@ -50,7 +50,7 @@ use crate::store::load_stream_metadata;
 
 /// Largest shard count [`create_stream`] and [`scale`] accept. Each shard is a stream, a fence
 /// and, on a cluster, possibly another node to talk to; the heartbeat and assignor costs grow
-/// with it too (DESIGN.md §5's goal is 1,000 shards).
+/// with it too (docs/design.md §5's goal is 1,000 shards).
 pub const MAX_SHARDS: u32 = 1024;
 
 /// Compare-and-set attempts of one operation on the stream metadata before

@@ -1,5 +1,5 @@
 //! The Lua scripts of the admin operations, and typed calls of them. Each script touches keys of
-//! one hash slot only (DESIGN.md §2): a shard stream with its fence, or a group's keys.
+//! one hash slot only (docs/design.md §2): a shard stream with its fence, or a group's keys.
 //!
 //! Scripts read `XINFO GROUPS` in RESP2 form (arrays of name/value pairs) whatever protocol the
 //! client speaks, and answer with strings only, so the replies parse the same on every setup.
@@ -56,14 +56,14 @@ return {1, created}
     &SCRIPT
 }
 
-/// The retirement check of DESIGN.md §10, and the deletion when it passes.
+/// The retirement check of docs/design.md §10, and the deletion when it passes.
 /// KEYS[1] shard stream, KEYS[2] its fence. ARGV[1] `check` (read only) or `delete`.
 /// For every consumer group `XINFO GROUPS` lists: `pending` must be 0 and
 /// `XRANGE (<last-delivered-id> + COUNT 1` empty (lag is not trusted: after a trim or an `XDEL` of
 /// the tail the last delivered id may never equal the last generated one).
 /// Returns {'gone'} (no stream; with `delete` the fence is deleted too), {'clear'} (check passed),
 /// {'deleted'} (stream and fence deleted), {'pending', group, count} or {'unread', group, first
-/// unread id}. KEYS[3], the shard's handler-attempt hash (design note 35), is deleted with the
+/// unread id}. KEYS[3], the shard's handler-attempt hash (docs/design.md §8.9), is deleted with the
 /// fence: nothing is pending any more, so any count in it is stale.
 fn retire_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
@@ -118,7 +118,7 @@ return {1, redis.call('XLEN', KEYS[1]), out}
 }
 
 /// Removes one consumer group from a shard: `XGROUP DESTROY` when the stream exists, the
-/// group's field of the fence and its handler-attempt counts (design note 35: fields
+/// group's field of the fence and its handler-attempt counts (docs/design.md §8.9: fields
 /// `<group>|<entry id>`; a group registered again under the name reads the same entry ids and
 /// must not meet the old counts). KEYS[1] shard stream, KEYS[2] fence, KEYS[3] attempt hash.
 /// ARGV[1] group. Returns 1 when a consumer group was destroyed.
@@ -172,7 +172,7 @@ return {'deleted', tostring(redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]))}
 }
 
 /// Redis `TIME` (µs) of the node that owns the stream metadata key, so every admin decision about
-/// one stream reads the same clock (the routing lease of DESIGN.md §10 is measured with it).
+/// one stream reads the same clock (the routing lease of docs/design.md §10 is measured with it).
 pub(crate) async fn stream_time(
     conn: &mut RedisConnection,
     keys: &StreamKeys,

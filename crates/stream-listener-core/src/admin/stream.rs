@@ -1,4 +1,4 @@
-//! Stream-level admin operations: create, scale, cancel, retire (DESIGN.md §3, §10).
+//! Stream-level admin operations: create, scale, cancel, retire (docs/design.md §3, §10).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, UNIX_EPOCH};
@@ -42,10 +42,11 @@ fn check_shard_count(prefix: &str, count: u32, allow_zero: bool) -> Result<(), A
     Ok(())
 }
 
-/// Creates the sharded stream `prefix` with `shards` shards (DESIGN.md §2, §3): the shard streams
-/// `{prefix:0}`..`{prefix:shards-1}` (empty, so producers' `XADD ... NOMKSTREAM` finds them), then
-/// the stream metadata `sl:{prefix}:stream` with every shard ACTIVE, `metadataVersion` 1 and no
-/// registered group, by a compare-and-set that only creates (the prefix is added to `sl:streams`).
+/// Creates the sharded stream `prefix` with `shards` shards (docs/design.md §2, §3): the shard
+/// streams `{prefix:0}`..`{prefix:shards-1}` (empty, so producers' `XADD ... NOMKSTREAM` finds
+/// them), then the stream metadata `sl:{prefix}:stream` with every shard ACTIVE, `metadataVersion`
+/// 1 and no registered group, by a compare-and-set that only creates (the prefix is added to
+/// `sl:streams`).
 ///
 /// Idempotent: when the stream exists with `shards` shards, nothing is changed and
 /// [`CreatedStream::created`] is `false`. Shard streams left by an earlier attempt that crashed
@@ -187,7 +188,7 @@ fn indexes_in(meta: &StreamMetadata, state: ShardState) -> Vec<ShardIndex> {
         .collect()
 }
 
-/// Changes the shard count of stream `prefix` to `target` (DESIGN.md §10); one migration at a
+/// Changes the shard count of stream `prefix` to `target` (docs/design.md §10); one migration at a
 /// time.
 ///
 /// - **Scale-out** (`target` above `shardCount`): shards `shardCount..target` are provisioned
@@ -288,7 +289,7 @@ pub async fn scale(
     Err(contended("scaling the stream"))
 }
 
-/// Abandons the running migration of stream `prefix` (`scale --cancel`, DESIGN.md §10): its
+/// Abandons the running migration of stream `prefix` (`scale --cancel`, docs/design.md §10): its
 /// DRAINING shards become ACTIVE again, `shardCount` goes back to the migration's
 /// `fromShardCount`, the migration is cleared and `metadataVersion` bumped. Possible only while
 /// no shard of the migration has reached RETIRING.
@@ -466,7 +467,7 @@ fn parse_started_at(prefix: &str, migration: &Migration) -> Result<Micros, Admin
 }
 
 /// Retires the DRAINING shards of stream `prefix` that every consumer group has finished
-/// (DESIGN.md §10). For each DRAINING shard, once `routing_lease` and a slack of a fifth of it
+/// (docs/design.md §10). For each DRAINING shard, once `routing_lease` and a slack of a fifth of it
 /// have passed since draining started (Redis `TIME` against the migration's `startedAt`, which is
 /// read before the scale-in's compare-and-set; an `XADD` sent at the end of a producer's lease
 /// lands a moment later):

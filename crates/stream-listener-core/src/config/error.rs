@@ -21,7 +21,7 @@ impl fmt::Display for Location {
     }
 }
 
-/// Why a configuration cannot be used (DESIGN.md §11). Nothing was sent to Redis when one of
+/// Why a configuration cannot be used (docs/design.md §11). Nothing was sent to Redis when one of
 /// these is returned.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

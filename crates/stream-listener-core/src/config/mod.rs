@@ -1,12 +1,12 @@
-//! The configuration file (DESIGN.md §11): one TOML file, `stream-listener.toml` in the working
-//! directory or the path in `STREAM_LISTENER_CONFIG`, with `REDIS_URL` and
+//! The configuration file (docs/design.md §11): one TOML file, `stream-listener.toml` in the
+//! working directory or the path in `STREAM_LISTENER_CONFIG`, with `REDIS_URL` and
 //! `STREAM_LISTENER_INSTANCE_ID` overriding the Redis URL and the instance id.
 //!
 //! Every key is optional: an empty file, or no file at all, gives a working configuration (a
 //! standalone Redis on `redis://127.0.0.1:6379`, the protocol's default timings). Unknown keys,
 //! values of the wrong type and values out of range are errors that name the file, the line and
 //! the dotted key ([`ConfigError::Invalid`]): a misspelt setting never silently falls back to its
-//! default (BR-22).
+//! default.
 //!
 //! ```toml
 //! [redis]
@@ -75,7 +75,7 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// The largest shard count `[streams.<prefix>] shards` accepts (the admin limit).
 pub const MAX_SHARDS: u32 = crate::admin::MAX_SHARDS;
 
-/// The whole configuration (DESIGN.md §11). `Config::default()` is what an empty file gives.
+/// The whole configuration (docs/design.md §11). `Config::default()` is what an empty file gives.
 ///
 /// Read one with [`Config::load`] (file and environment), [`Config::from_file`] or
 /// [`Config::from_toml_str`]; or start from `Config::default()` and set fields, then
@@ -176,7 +176,7 @@ impl RedisConfig {
     }
 }
 
-/// `[coordination]`: protocol timings (DESIGN.md §5, §6). Defaults: heartbeat 3 s, lease 15 s,
+/// `[coordination]`: protocol timings (docs/design.md §5, §6). Defaults: heartbeat 3 s, lease 15 s,
 /// margin 20% of the lease, rebalance timeout 60 s.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -215,7 +215,7 @@ impl Default for CoordinationConfig {
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct MemberConfig {
-    /// `instance_id`: static membership (DESIGN.md §7): member ids become
+    /// `instance_id`: static membership (docs/design.md §7): member ids become
     /// `<instance_id>-m<k>` and a restarted process takes its shards back. One per process;
     /// `STREAM_LISTENER_INSTANCE_ID` overrides it.
     pub instance_id: Option<String>,
@@ -258,7 +258,7 @@ pub struct ListenerConfig {
     pub backoff: Option<Duration>,
     /// `max_deliveries`: handler attempts on an entry, in processes that did not finish them (it
     /// may crash the process), after which it is dead-lettered unhandled (≥ 1, default 10).
-    /// Re-reads without an attempt do not count (design note 35).
+    /// Re-reads without an attempt do not count (docs/design.md §8.9).
     pub max_deliveries: Option<u64>,
     /// `handler_timeout`: limit of one handler attempt (> 0, below `rebalance_timeout`, default
     /// 30 s).
@@ -269,7 +269,7 @@ pub struct ListenerConfig {
     pub shutdown_timeout: Option<Duration>,
     /// `start_from`: `"earliest"` (default) or `"latest"`, where a newly registered group starts.
     pub start_from: Option<StartFrom>,
-    /// `fencing`: `"strict"` (default) or `"acks"` (DESIGN.md §8).
+    /// `fencing`: `"strict"` (default) or `"acks"` (docs/design.md §8).
     pub fencing: Option<FencingMode>,
 }
 
@@ -441,8 +441,8 @@ impl Config {
 
     /// Checks every value: Redis URLs parse and `url` and `cluster_nodes` are not both given;
     /// timings are positive, `heartbeat_interval` ≤ `member_lease_ttl` / 3, `lease_margin` <
-    /// `member_lease_ttl`; the instance id is usable; stream prefixes are valid (no `{`, `}`,
-    /// BR-16) and `shards` is 1 to [`MAX_SHARDS`]; listener counts are at least 1 and
+    /// `member_lease_ttl`; the instance id is usable; stream prefixes are valid (no `{`
+    /// or `}`) and `shards` is 1 to [`MAX_SHARDS`]; listener counts are at least 1 and
     /// `handler_timeout` is positive and below `rebalance_timeout`.
     ///
     /// # Errors
@@ -605,7 +605,7 @@ impl Config {
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] when the timings are invalid, or when the listener's effective
-    /// `handler_timeout` is not below `rebalance_timeout` (DESIGN.md §8).
+    /// `handler_timeout` is not below `rebalance_timeout` (docs/design.md §8).
     pub fn listener_options(
         &self,
         name: &str,

@@ -1,4 +1,4 @@
-//! Every config error names the file, the line and the key (BR-22).
+//! Every config error names the file, the line and the key.
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -74,8 +74,8 @@ pub enum CoordinatorError {
         /// The last accepted one.
         last: u64,
     },
-    /// Lost metadata is suspected (DESIGN.md §6, correction round): read the group's fences of
-    /// every readable shard and run the transition again with them.
+    /// Lost metadata is suspected (docs/design.md §6.6, correction round): read the group's fences
+    /// of every readable shard and run the transition again with them.
     #[error(
         "lost group metadata suspected: read the fences of the readable shards and run the transition again"
     )]

@@ -1,4 +1,4 @@
-//! The invariants of DESIGN.md §4, checked on a [`Group`] after every transition by the tests.
+//! The invariants of docs/design.md §4, checked on a [`Group`] after every transition by the tests.
 
 use std::collections::BTreeSet;
 

@@ -1,16 +1,16 @@
-//! The coordinator: a pure, deterministic state machine (DESIGN.md §4–§7).
+//! The coordinator: a pure, deterministic state machine (docs/design.md §4–§7).
 //!
 //! There is no coordinator server. Every decision is one call of [`heartbeat`] (or [`advance`]) on
 //! a [`Group`] loaded from Redis, at the time `now` read by Redis `TIME` on the node that owns the
-//! group key; the store writes back what changed under a compare-and-set (DESIGN.md §5). This
+//! group key; the store writes back what changed under a compare-and-set (docs/design.md §5). This
 //! module knows nothing of Redis: it is tested as a state machine, with property tests and a
-//! deterministic simulation of many random histories that checks the invariants of DESIGN.md §4
-//! after every step.
+//! deterministic simulation of many random histories that checks the invariants of docs/design.md
+//! §4 after every step.
 //!
 //! The protocol follows Kafka's KIP-848 (group, assignment and member epochs; the coordinator
 //! computes the target; members revoke before new owners are assigned; fencing by epoch; static
 //! membership), adapted to a coordinator without a server: holdings and leases replace the
-//! broker's session, and per-shard fences in Redis stop zombies (DESIGN.md §8).
+//! broker's session, and per-shard fences in Redis stop zombies (docs/design.md §8).
 
 mod error;
 mod transition;
@@ -38,7 +38,7 @@ use crate::model::{
 /// overflow time arithmetic.
 pub const MAX_TIMING: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Timing settings of the protocol (config section `[coordination]`, DESIGN.md §11).
+/// Timing settings of the protocol (config section `[coordination]`, docs/design.md §11).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CoordinatorConfig {
@@ -54,8 +54,8 @@ pub struct CoordinatorConfig {
     pub(crate) variant: Variant,
 }
 
-/// Known-wrong rules, re-introduced one at a time to show the simulation catches them (they are
-/// the `--variant`s of `shared/models/protocol_model.py`).
+/// Known-wrong rules, re-introduced one at a time to show the simulation catches them (the founding
+/// design's executable model had the same ones).
 #[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Variant {
@@ -68,18 +68,18 @@ pub(crate) struct Variant {
     /// Only the last replaced process's holdings are remembered.
     pub(crate) single_ghost: bool,
     /// A hand-out hold stays in the group after it has passed, so [`next_deadline`] keeps an
-    /// instant in the past and the store's fast path falls back on every heartbeat (issue 14,
-    /// finding 1).
+    /// instant in the past and the store's fast path falls back on every heartbeat (docs/design.md
+    /// §5.5).
     pub(crate) hand_out_hold_forever: bool,
     /// A steady response ([`steady_response`], the store's `fast:<id>` entries) carries the
-    /// timings of the transition that wrote it, not the member's own (issue 14, finding 2).
+    /// timings of the transition that wrote it, not the member's own (docs/design.md §6.5).
     pub(crate) writer_timings: bool,
     /// The store's full transition applies the stream view its process read before the load even
-    /// when the loaded group has a newer `metadataVersion` (no fresh re-read; issue 14 follow-up
-    /// A, design note 37). Only the simulation's store model follows it.
+    /// when the loaded group has a newer `metadataVersion` (no fresh re-read;
+    /// docs/design.md §5.4). Only the simulation's store model follows it.
     pub(crate) stale_view_applied: bool,
     /// `Writes::diff` leaves `fast:<id>` / `fastseq:<id>` / `fastworkers:<id>` in place for a
-    /// member without a steady response (issue 14 follow-up B, design note 38). Only the
+    /// member without a steady response (docs/design.md §5.3). Only the
     /// simulation's store model follows it.
     pub(crate) outdated_fast_entries: bool,
 }
@@ -102,7 +102,7 @@ impl CoordinatorConfig {
     ///
     /// # Errors
     /// [`ConfigError::Zero`] when a duration is zero; [`ConfigError::HeartbeatTooSlow`] when
-    /// `heartbeat_interval` is above a third of `member_lease_ttl` (DESIGN.md §5).
+    /// `heartbeat_interval` is above a third of `member_lease_ttl` (docs/design.md §5).
     pub fn new(
         heartbeat_interval: Duration,
         member_lease_ttl: Duration,
@@ -162,7 +162,8 @@ fn duration_us(d: Duration) -> Micros {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// What the coordinator needs of the stream metadata: read with every heartbeat (DESIGN.md §5).
+/// What the coordinator needs of the stream metadata: read with every heartbeat (docs/design.md
+/// §5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamView {
     /// The stream's `metadataVersion`.
@@ -207,7 +208,7 @@ pub struct Context<'a> {
 }
 
 /// One consumer group's whole coordinator state: what the store loads from
-/// `sl:{<prefix>:<group>}:group`, `:leases` and `:history` (DESIGN.md §2).
+/// `sl:{<prefix>:<group>}:group`, `:leases` and `:history` (docs/design.md §2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Group {
     /// The `meta` field.

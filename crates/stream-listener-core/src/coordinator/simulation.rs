@@ -1,9 +1,9 @@
-//! Deterministic simulation of the heartbeat protocol (DESIGN.md §4–§8), through the store.
+//! Deterministic simulation of the heartbeat protocol (docs/design.md §4–§8), through the store.
 //!
 //! A seeded scheduler drives member processes that apply responses with the runtime's own
 //! reconciler (`member::reconciler`: one heartbeat in flight, lease from the send time of the
 //! first attempt, revoke before assign, rejoin after fencing, the interval and lease the response
-//! carries), exactly as DESIGN.md §6 says, through joins, leaves, static leaves and restarts,
+//! carries), exactly as docs/design.md §6 says, through joins, leaves, static leaves and restarts,
 //! crashes, pauses, lost / duplicated / delayed / reordered requests and replies, client retries
 //! of a request whose effect was applied, slow revokers and time. Each process has its own
 //! `[coordination]` timings (its store's [`CoordinatorConfig`]); rolling restarts change them.
@@ -57,8 +57,8 @@ const START: Micros = 1_000_000 * MS;
 const PROFILES: [(Micros, Micros, Micros); 3] = [
     (1_000 * MS, 3_000 * MS, 2_000 * MS),
     (500 * MS, 2_000 * MS, 1_500 * MS),
-    // The rolling change of issue 14 scaled down (15 s / 3 s → 60 s / 20 s): its interval is
-    // longer than the other profiles' leases.
+    // The rolling change of docs/design.md §6.5 scaled down (15 s / 3 s → 60 s / 20 s): its
+    // interval is longer than the other profiles' leases.
     (4_000 * MS, 12_000 * MS, 8_000 * MS),
 ];
 /// The longest interval, lease and rebalance timeout of [`PROFILES`].
@@ -101,8 +101,8 @@ struct InFlight {
     view: StreamView,
 }
 
-/// One member process: the runtime's own [`Reconciler`] (the member rules of DESIGN.md §6), its
-/// store's timings, and what the poller knows of each shard's fence.
+/// One member process: the runtime's own [`Reconciler`] (the member rules of docs/design.md §6),
+/// its store's timings, and what the poller knows of each shard's fence.
 #[derive(Debug, Clone)]
 struct Proc {
     reconciler: Reconciler,
@@ -212,8 +212,8 @@ impl Proc {
         self.reconciler.request(self.seq)
     }
 
-    /// DESIGN.md §6, member rules, as the runtime applies them: the lease margin is a fifth of
-    /// the response's TTL, and the next heartbeat is due after the response's interval.
+    /// docs/design.md §6.7, member rules, as the runtime applies them: the lease margin is a fifth
+    /// of the response's TTL, and the next heartbeat is due after the response's interval.
     fn apply(
         &mut self,
         response: &HeartbeatResponse,
@@ -275,7 +275,7 @@ pub(crate) struct Faults {
 
 impl Faults {
     /// Every fault that today's protocol survives: all of them since stale views no longer take
-    /// a group's `metadataVersion` back (design note 37). Kept apart from [`Faults::all`] so a
+    /// a group's `metadataVersion` back (docs/design.md §5.4). Kept apart from [`Faults::all`] so a
     /// fault found failing again can be left out here, with a `finds_*` test pinning it.
     pub(crate) fn survived() -> Self {
         Faults::all()
@@ -295,7 +295,7 @@ impl Faults {
     }
 }
 
-/// The stream metadata, as the admin operations change it (DESIGN.md §3, §10).
+/// The stream metadata, as the admin operations change it (docs/design.md §3, §10).
 #[derive(Debug, Clone)]
 struct SimStream {
     shards: BTreeMap<ShardIndex, ShardState>,
@@ -601,7 +601,7 @@ impl World {
         let expected =
             full.full_transition(request, config, view, &current, &self.fences, self.now);
         // A repeated request: the member acts on these fields only (the stored fast entry is
-        // rewritten with the group's later epochs; see design note on repeat answers).
+        // rewritten with the group's later epochs; see docs/design.md §4.4 on repeat answers).
         let acted_on = |r: &HeartbeatResponse| {
             (
                 r.status,
@@ -647,7 +647,7 @@ impl World {
             Ok(expected) => acted_on(expected) == acted_on(response) || fresh(),
             // Where the full transition says stale (or refuses), the fast path must not answer,
             // not even a repeat: a late duplicate used to match a fast entry a later write left
-            // in place (design note 38), which `outdated_fast_entries` brings back.
+            // in place (docs/design.md §5.3), which `outdated_fast_entries` brings back.
             Err(_) => false,
         };
         if !same {
@@ -772,7 +772,7 @@ impl World {
         self.log.push(format!("t={} GROUP LOST", self.now / MS));
     }
 
-    // ---- admin operations on the stream (DESIGN.md §10) ---------------------------------------
+    // ---- admin operations on the stream (docs/design.md §10) ------------------------------------
 
     fn admin_operation(&mut self) {
         let stream = &mut self.stream;
@@ -971,8 +971,8 @@ impl World {
         });
     }
 
-    /// One read attempt on a shard, as the poller makes it (DESIGN.md §8): raise the fence with
-    /// the current token first, then check it on every read; a refused token parks the shard
+    /// One read attempt on a shard, as the poller makes it (docs/design.md §8): raise the fence
+    /// with the current token first, then check it on every read; a refused token parks the shard
     /// until the coordinator gives another.
     fn read(&mut self, index: usize, shard: ShardIndex) {
         let now = self.now;
@@ -1457,7 +1457,7 @@ fn random_histories_with_lost_writes_keep_fences_exclusive() {
     run_all(Faults::survived(), 150, steps(400));
 }
 
-/// The long run of issue 14: `SIM_SEEDS` histories of `SIM_STEPS` steps with every fault
+/// The long run (docs/design.md §4.4): `SIM_SEEDS` histories of `SIM_STEPS` steps with every fault
 /// today's protocol survives, or those of `SIM_FAULTS` (defaults: 500 × 2,000 = 10⁶ steps). It
 /// runs every seed and lists
 /// the failing ones by their first line. In debug:
@@ -1492,7 +1492,7 @@ fn long_random_histories_keep_every_invariant() {
     assert!(failures.is_empty(), "failing seeds {failures:?}");
 }
 
-/// Each known-wrong rule of `protocol_model.py --variant` must be caught by some seed.
+/// Each known-wrong rule (`Variant`) must be caught by some seed.
 fn caught(variant: Variant) -> Option<String> {
     // Only the members' side: the mistake must let two processes read one shard.
     let faults = Faults::default();
@@ -1561,7 +1561,7 @@ fn assert_caught_as(report: Option<String>, what: &str, expected: &[&str]) {
     );
 }
 
-/// Issue 14, finding 1: a hand-out hold that is never cleared keeps the fast path off for good
+/// docs/design.md §5.5: a hand-out hold that is never cleared keeps the fast path off for good
 /// after a re-provisioning; the simulation sees the fast path fall back on requests whose full
 /// transition only renews the lease.
 #[test]
@@ -1601,7 +1601,7 @@ fn catches_the_effect_of_a_hand_out_hold_that_never_ends() {
     );
 }
 
-/// Issue 14, finding 2: steady responses written with the writing member's timings; the
+/// docs/design.md §6.5: steady responses written with the writing member's timings; the
 /// simulation sees a fast-path answer differ from the full transition's, with other timings.
 #[test]
 fn catches_steady_responses_with_the_writers_timings() {
@@ -1641,7 +1641,7 @@ fn catches_the_effects_of_steady_responses_with_the_writers_timings() {
     );
 }
 
-/// Issue 14 follow-up B (design note 38): `Writes::diff` left a member's `fast:<id>` and
+/// docs/design.md §5.3: `Writes::diff` left a member's `fast:<id>` and
 /// `fastseq:<id>` in place when the member had no steady response at a write (here a static
 /// member after `-2`), so a late duplicate of a request older than the member's last one matched
 /// the old entry, passed `seq > fastseq`, and renewed the lease of a member that had left, where
@@ -1671,7 +1671,7 @@ fn catches_a_late_request_renewing_a_lease_through_an_outdated_fast_entry() {
     );
 }
 
-/// Open protocol defect (reported, not fixed here; the known limit of design note 28): the
+/// Open protocol defect (reported, not fixed here; a known limit, docs/design.md §12.1): the
 /// hand-out hold after a re-provision lasts the provisioning process's lease TTL, so a member of
 /// the lost incarnation with a longer one still reads by its lease when the shard is handed out
 /// again (the fences still stop it). Seed 841: a 12 s member takes shard 0, the group is lost, a
@@ -1687,7 +1687,7 @@ fn finds_a_hand_out_hold_shorter_than_an_old_members_lease() {
     assert_caught_as(report, "short hand-out hold", &["readable by lease by"]);
 }
 
-/// Issue 14 follow-up A (design note 37): a transition applied the stream metadata its process
+/// docs/design.md §5.4: a transition applied the stream metadata its process
 /// read before loading the group, even when another process's transition had applied a newer one
 /// (a scale-out in between), so the group's `metadataVersion` and readable set went back. Seed 12,
 /// 50 steps, with stale views and admin operations. Fixed (the store reads the view again when

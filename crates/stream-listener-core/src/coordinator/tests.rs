@@ -1,5 +1,5 @@
-//! Scenario tests of the coordinator rules (DESIGN.md §4–§6), one rule at a time, with the exact
-//! expected responses. Random histories are in `simulation.rs`.
+//! Scenario tests of the coordinator rules (docs/design.md §4–§6), one rule at a time, with the
+//! exact expected responses. Random histories are in `simulation.rs`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -653,7 +653,7 @@ fn lost_metadata_starts_one_correction_round_above_every_fence() {
     );
 }
 
-/// Issue 14, finding 8: a fence at the top of the counters (built by hand: `FenceToken::decode`
+/// docs/design.md §5.6: a fence at the top of the counters (built by hand: `FenceToken::decode`
 /// refuses such values) must not overflow `highest + 1` (a panic in debug, a wrap in release and
 /// a correction round that never ends): the round is refused with a typed error and nothing
 /// changes; a request carrying such counters is refused before anything is read.
@@ -810,7 +810,7 @@ fn more_members_than_shards_reach_stable_and_stay() {
     );
 }
 
-// ---- issue 14: re-provisioned groups and members with different timings -------------------------
+// ---- re-provisioned groups and members with different timings -----------------------------------
 
 impl Fixture {
     /// A heartbeat run by a process whose `[coordination]` timings are `config`.
@@ -843,7 +843,7 @@ fn response_timings(r: &HeartbeatResponse) -> (u64, u64, u64) {
     )
 }
 
-/// Issue 14, finding 1: the hand-out hold of a group re-provisioned after a loss ends: once it
+/// docs/design.md §5.5: the hand-out hold of a group re-provisioned after a loss ends: once it
 /// has passed it is cleared, so `next_deadline` (the fast path's `steady` deadline) no longer
 /// carries an instant in the past.
 #[test]
@@ -871,7 +871,7 @@ fn a_passed_hand_out_hold_no_longer_counts_as_a_deadline() {
     }
 }
 
-/// Issue 14, finding 2: every response a member gets carries its own timings, whichever
+/// docs/design.md §6.5: every response a member gets carries its own timings, whichever
 /// member's transition computed it: the full answer, the steady answer the store's fast path
 /// replays (computed with another member's config), and its revoke deadline.
 #[test]
@@ -932,7 +932,7 @@ fn each_member_is_answered_with_its_own_timings() {
     assert_eq!(response_timings(&b_steady), (300, 1_500, 6_000));
 }
 
-/// Issue 14, finding 2: the outage re-arm judges each member by its own lease TTL. Redis was
+/// docs/design.md §6.5: the outage re-arm judges each member by its own lease TTL. Redis was
 /// unreachable for 3.4 s: the short-lease member's lease ran out, the long-lease member's did
 /// not. Judged by the short TTL of the first transition after it, the long-lease member looked
 /// renewed in the future, no outage was seen, and the short-lease member was expired.
@@ -1007,7 +1007,7 @@ fn a_stopped_short_lease_member_expires_while_a_slow_one_heartbeats() {
     );
 }
 
-/// Issue 14, finding 2: a correction round lasts the longest lease any known member runs with,
+/// docs/design.md §6.5: a correction round lasts the longest lease any known member runs with,
 /// not the TTL of the transition that saw the evidence.
 #[test]
 fn a_correction_round_lasts_the_longest_members_lease() {

@@ -1,4 +1,4 @@
-//! The transitions: the coordinator rules of DESIGN.md §6, in order.
+//! The transitions: the coordinator rules of docs/design.md §6, in order.
 
 use std::collections::BTreeSet;
 
@@ -11,7 +11,7 @@ use crate::model::{
     TargetAssignment,
 };
 
-/// Applies one heartbeat to `group` at `ctx.now` and returns the response (DESIGN.md §6).
+/// Applies one heartbeat to `group` at `ctx.now` and returns the response (docs/design.md §6).
 ///
 /// Rules, in order: time-based work for the whole group ([`advance`]); a retried request (same
 /// process, same `requestSeq`) gets the stored response and changes nothing else; lost-metadata evidence,
@@ -97,7 +97,7 @@ fn advance_time(group: &mut Group, ctx: &Context<'_>, config: &CoordinatorConfig
 /// and reports exactly its target as owned, with nothing revoking and no fence conflict: what
 /// [`heartbeat`] would answer when no time-based work is due. `None` when the group is not
 /// STABLE, a correction round runs, or the member is not converged. The store's fast path
-/// (DESIGN.md §5) answers with it without running the full transition.
+/// (docs/design.md §5) answers with it without running the full transition.
 pub fn steady_response(
     group: &Group,
     member_id: &str,
@@ -236,10 +236,10 @@ fn repeated_request(
 /// If every live member's last lease renewal is older than half its own lease TTL, Redis or
 /// every member was unreachable: extend leases and revoke deadlines by the time since the most
 /// recent renewal, as Kafka does on coordinator load, so an outage does not expire everyone
-/// (DESIGN.md §5). This only delays hand-offs: a member reads by its own lease deadline, which
+/// (docs/design.md §5). This only delays hand-offs: a member reads by its own lease deadline, which
 /// never passes later than the recorded one, so extending a record is always safe. Replaced
 /// processes are not extended. Each member is judged by its own TTL (members of one group may
-/// run different `[coordination]` timings, design note 28): one member renewing on its own
+/// run different `[coordination]` timings, docs/design.md §6.5): one member renewing on its own
 /// schedule is proof enough that there was no outage, and a renewal is its lease minus its TTL.
 fn rearm_leases_after_outage(group: &mut Group, now: Micros, config: &CoordinatorConfig) {
     let mut last_renewal: Option<Micros> = None;
@@ -365,10 +365,10 @@ fn holds_anything(member: &MemberMetadata, now: Micros) -> bool {
 
 // ---- lost metadata: the correction round (rule 2) -----------------------------------------------
 
-/// Evidence that stored metadata lost writes (DESIGN.md §6): the request carries a version or an
-/// epoch the coordinator never handed out as far as it remembers, or a fence conflict at or above
-/// the stored `(incarnation, groupEpoch)`, or a fence conflict on a shard the coordinator says
-/// the reporting member holds.
+/// Evidence that stored metadata lost writes (docs/design.md §6): the request carries a version or
+/// an epoch the coordinator never handed out as far as it remembers, or a fence conflict at or
+/// above the stored `(incarnation, groupEpoch)`, or a fence conflict on a shard the coordinator
+/// says the reporting member holds.
 fn is_lost_metadata_evidence(group: &Group, request: &HeartbeatRequest, now: Micros) -> bool {
     let meta = &group.meta;
     if request.metadata_version > meta.metadata_version || request.member_epoch > meta.group_epoch {
@@ -780,8 +780,8 @@ fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Records `config` (that of the requesting process) as the member's own timings (design
-/// note 28).
+/// Records `config` (that of the requesting process) as the member's own timings (docs/design.md
+/// §6.5).
 fn record_timings(member: &mut MemberMetadata, config: &CoordinatorConfig) {
     member.heartbeat_interval_ms = ms(config.heartbeat_interval);
     member.member_lease_ttl_ms = ms(config.member_lease_ttl);
@@ -825,7 +825,7 @@ fn with_own_timings(
 // ---- holdings ----------------------------------------------------------------------------------
 
 /// What a member holds, its lease aside: the shards last sent as assigned, last reported owned,
-/// and last reported draining (DESIGN.md §6, holdings).
+/// and last reported draining (docs/design.md §6.3, holdings).
 fn held_shards(member: &MemberMetadata) -> BTreeSet<ShardIndex> {
     member
         .assigned_shards
@@ -1052,7 +1052,7 @@ pub(crate) fn base_response(group: &Group, config: &CoordinatorConfig) -> Heartb
     }
 }
 
-/// Group state (DESIGN.md §4) and timestamps after a transition.
+/// Group state (docs/design.md §4) and timestamps after a transition.
 fn finish(group: &mut Group, now: Micros) {
     let state = group_state(group, now);
     let stamp = rfc3339(now);

@@ -10,11 +10,11 @@ use crate::model::ShardIndex;
 #[non_exhaustive]
 pub enum DataPlaneError {
     /// The shard stream or its consumer group does not exist (`NOGROUP`, or `no such key`).
-    /// Redis lost its data (restarted empty, FIELD-FAILURES BR-07) or the group was never
+    /// Redis lost its data (restarted empty) or the group was never
     /// provisioned on this shard. Retrying at once cannot help: back off, let the coordinator
-    /// provision stream and group again (DESIGN.md §5, §8), then raise the fence again.
+    /// provision stream and group again (docs/design.md §5, §8), then raise the fence again.
     #[error(
-        "shard {shard} ({stream}): the stream or its consumer group {group:?} does not exist ({detail}); Redis lost data or the group was never provisioned: back off, let the group be provisioned again (DESIGN.md §5), then raise the fence again"
+        "shard {shard} ({stream}): the stream or its consumer group {group:?} does not exist ({detail}); Redis lost data or the group was never provisioned: back off, let the group be provisioned again (docs/design.md §5), then raise the fence again"
     )]
     NoGroup {
         /// The shard index.

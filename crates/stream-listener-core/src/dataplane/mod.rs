@@ -1,4 +1,4 @@
-//! The data plane's fenced shard operations (DESIGN.md §8): raising a shard's fence, claiming
+//! The data plane's fenced shard operations (docs/design.md §8): raising a shard's fence, claiming
 //! other consumers' pending entries at takeover, reading own pending and new entries, acking,
 //! dead-lettering, and waiting for new entries without a group.
 //!
@@ -6,20 +6,20 @@
 //! that the shard's fence field (named after the consumer group) holds exactly the caller's
 //! [`FenceToken`], and does nothing otherwise: a member that lost the shard cannot read, ack or
 //! claim there, whatever its clock says. Each script touches only the shard stream `{<prefix>:<i>}`
-//! and its fence `{<prefix>:<i>}:fence`, which share a hash slot (DESIGN.md §2), so everything runs
-//! on Redis Cluster. The comparison rules are those of [`FenceToken::raise`] and
+//! and its fence `{<prefix>:<i>}:fence`, which share a hash slot (docs/design.md §2), so everything
+//! runs on Redis Cluster. The comparison rules are those of [`FenceToken::raise`] and
 //! [`FenceToken::check`].
 //!
 //! Reads never block (`BLOCK` is refused in scripts): when a `>` read finds nothing, the script
 //! returns the stream's last entry id, and the caller waits with [`Waiter::wait`] (a plain
 //! `XREAD BLOCK`, no group, on a dedicated connection) from that id.
 //!
-//! Takeover of a shard, in order (DESIGN.md §8): [`ShardClient::raise_fence`];
+//! Takeover of a shard, in order (docs/design.md §8): [`ShardClient::raise_fence`];
 //! [`ShardClient::claim_others`] until its report is [`ClaimReport::complete`];
 //! [`ShardClient::read_pending`] from `"0"`, moving the cursor to the last id returned, until it
 //! returns no entries; then [`ShardClient::read_new`]. Entries whose body was trimmed or deleted
-//! while pending come back as [`EntryStatus::Trimmed`]: ack and count them, never retry them
-//! (FIELD-FAILURES BR-04). No operation ever deletes a consumer (BR-06).
+//! while pending come back as [`EntryStatus::Trimmed`]: ack and count them, never retry them.
+//! No operation ever deletes a consumer (that would drop its pending entries).
 
 mod error;
 pub(crate) mod round;
@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::fence::{FenceToken, FenceVerdict};
 use crate::model::{Epoch, Micros};
 
-/// Which operations are fenced in Redis (DESIGN.md §8, config key `fencing`).
+/// Which operations are fenced in Redis (docs/design.md §8, config key `fencing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FencingMode {
@@ -71,7 +71,7 @@ pub enum Fenced {
 }
 
 impl Fenced {
-    /// The verdict of DESIGN.md §8 this refusal stands for (`LOWER` or `HIGHER`).
+    /// The verdict of docs/design.md §8 this refusal stands for (`LOWER` or `HIGHER`).
     pub fn verdict(&self) -> FenceVerdict {
         match self {
             Fenced::Lower => FenceVerdict::Lower,
@@ -79,8 +79,8 @@ impl Fenced {
         }
     }
 
-    /// For `fenceConflicts` (DESIGN.md §6): the `(incarnation, epoch)` the fence holds, when it is
-    /// higher and a readable token.
+    /// For `fenceConflicts` (docs/design.md §6): the `(incarnation, epoch)` the fence holds, when
+    /// it is higher and a readable token.
     pub fn conflict(&self) -> Option<(Micros, Epoch)> {
         match self {
             Fenced::Higher { found: Some(t) } => Some((t.incarnation, t.member_epoch)),
@@ -95,12 +95,11 @@ pub enum EntryStatus {
     /// The entry exists; its fields are in [`ShardEntry::fields`].
     Present,
     /// The entry was trimmed or deleted while pending (only from [`ShardClient::read_pending`]):
-    /// no fields. Ack it and count it (`trimmed_before_ack`); never hand it to a handler
-    /// (FIELD-FAILURES BR-04).
+    /// no fields. Ack it and count it (`trimmed_before_ack`); never hand it to a handler.
     Trimmed,
     /// Its fields and values together are larger than the client's limit
     /// ([`ShardClient::with_max_entry_bytes`]): the body was not sent. Dead-letter it by id with
-    /// [`DeadLetterReason::TooLarge`] and ack it (FIELD-FAILURES BR-15).
+    /// [`DeadLetterReason::TooLarge`] and ack it (a huge entry).
     TooLarge {
         /// Total bytes of its field names and values.
         bytes: u64,
@@ -163,7 +162,7 @@ pub struct ClaimReport {
     pub complete: bool,
 }
 
-/// The `reason` field of a dead letter (DESIGN.md §8). The strings are stable: operators and
+/// The `reason` field of a dead letter (docs/design.md §8). The strings are stable: operators and
 /// tools match on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeadLetterReason {
@@ -171,12 +170,12 @@ pub enum DeadLetterReason {
     Handler,
     /// `"non-retryable"`: the handler marked its error non-retryable.
     NonRetryable,
-    /// `"decode"`: the payload could not be decoded (FIELD-FAILURES BR-13).
+    /// `"decode"`: the payload could not be decoded.
     Decode,
     /// `"max-deliveries"`: `max_deliveries` handler attempts did not finish (the entry may crash
     /// the process).
     MaxDeliveries,
-    /// `"too-large"`: the entry is larger than the limit (FIELD-FAILURES BR-15).
+    /// `"too-large"`: the entry is larger than the limit (a huge entry).
     TooLarge,
 }
 

@@ -1,5 +1,5 @@
-//! The Lua scripts of the data plane (DESIGN.md §8). Every script gets the same two keys, both in
-//! the slot of the shard's hash tag (DESIGN.md §2), so each runs on Redis Cluster:
+//! The Lua scripts of the data plane (docs/design.md §8). Every script gets the same two keys, both
+//! in the slot of the shard's hash tag (docs/design.md §2), so each runs on Redis Cluster:
 //! `KEYS[1]` the shard stream `{<prefix>:<i>}`, `KEYS[2]` its fence hash `{<prefix>:<i>}:fence`.
 //! The first four arguments are the same too: `ARGV[1]` the consumer group (also the fence field),
 //! `ARGV[2]` our encoded token (`FenceToken::encode`), `ARGV[3]` our incarnation, `ARGV[4]` our
@@ -85,7 +85,7 @@ fn with_prelude(body: &str) -> Script {
 /// stored one, an empty field, or the same token again. No further arguments.
 /// Returns `{'EQUAL'}` (the fence holds our token now), `{'HIGHER', stored}` (unchanged), or
 /// `{'NOGROUP', ...}` when the shard stream does not exist: a fence is never written next to a
-/// missing stream, which may just have been retired (issue 14, finding 5).
+/// missing stream, which may just have been retired (docs/design.md §8.11).
 pub(crate) fn raise() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         with_prelude(
@@ -220,12 +220,12 @@ return out
 }
 
 /// Claims other consumers' pending entries without inflating delivery counts (takeover,
-/// DESIGN.md §8), always fenced. ARGV[5] our consumer; ARGV[6] the most ids to request in this
+/// docs/design.md §8), always fenced. ARGV[5] our consumer; ARGV[6] the most ids to request in this
 /// call. For each other consumer with a PEL (`XINFO CONSUMERS`): `XPENDING - + n consumer`, then
 /// `XCLAIM ... 0 ids JUSTID` (Redis >= 7 drops ids whose entry was trimmed or deleted from the
 /// PEL and does not return them). Never deletes a consumer. Breaks the two-key convention with
 /// `KEYS[3]`, the shard's attempt hash (same slot): the attempt counts of the ids dropped go
-/// with them (design note 35), since no shard task sees those ids again.
+/// with them (docs/design.md §8.9), since no shard task sees those ids again.
 /// Returns `{'OK', claimed, trimmed, more}`: more = 1 when the budget ran out before every other
 /// consumer's PEL was empty.
 pub(crate) fn claim_others() -> &'static Script {
@@ -276,9 +276,9 @@ return {'OK', claimed, trimmed, more}
     &SCRIPT
 }
 
-/// Counts one handler attempt on a re-delivered entry (DESIGN.md §8 `max_deliveries`, design
-/// note 35), always fenced. Breaks the two-key convention above with a third key in the same
-/// slot: `KEYS[3]` the shard's attempt hash `{<prefix>:<i>}:attempts`; `ARGV[5]` the field
+/// Counts one handler attempt on a re-delivered entry (docs/design.md §8 `max_deliveries`,
+/// docs/design.md §8.9), always fenced. Breaks the two-key convention above with a third key in the
+/// same slot: `KEYS[3]` the shard's attempt hash `{<prefix>:<i>}:attempts`; `ARGV[5]` the field
 /// `<group>|<entry id>`. Returns `{'OK', attempts, repaired}`: the attempts started on the entry
 /// so far, this one included (the first delivery's, which is never counted, not included), and
 /// 1 when a corrupt value was dropped first (the key not a hash: deleted; the field not a

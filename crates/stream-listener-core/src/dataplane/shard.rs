@@ -1,4 +1,4 @@
-//! [`ShardClient`]: the fenced operations on one group's shards (DESIGN.md §8).
+//! [`ShardClient`]: the fenced operations on one group's shards (docs/design.md §8).
 
 use std::sync::Arc;
 
@@ -51,8 +51,8 @@ enum Reply {
 
 impl ShardClient {
     /// A client for consumer group `group` of the stream `keys`, acting as Redis consumer
-    /// `consumer` (the member id, DESIGN.md §7). Entries of any size are returned in full until
-    /// [`ShardClient::with_max_entry_bytes`] sets a limit.
+    /// `consumer` (the member id, docs/design.md §7). Entries of any size are returned in full
+    /// until [`ShardClient::with_max_entry_bytes`] sets a limit.
     ///
     /// # Errors
     /// [`NameError`] when the group name is not valid ([`crate::keys::validate_group_name`]).
@@ -77,7 +77,7 @@ impl ShardClient {
 
     /// Withholds bodies larger than `limit` bytes (field names plus values) from reads: such
     /// entries come back as [`EntryStatus::TooLarge`] with no fields, so a huge entry never
-    /// reaches this process (FIELD-FAILURES BR-15). `None`: no limit.
+    /// reaches this process (a huge entry). `None`: no limit.
     pub fn with_max_entry_bytes(mut self, limit: Option<usize>) -> Self {
         self.max_entry_bytes = limit.map_or(0, |l| l.max(1) as u64);
         self
@@ -109,8 +109,8 @@ impl ShardClient {
         &self.dead_letters
     }
 
-    /// Raises shard `shard`'s fence to `token` (DESIGN.md §8): accepted when the fence field is
-    /// empty, holds a strictly lower `(incarnation, memberEpoch)`, or holds `token` itself.
+    /// Raises shard `shard`'s fence to `token` (docs/design.md §8): accepted when the fence field
+    /// is empty, holds a strictly lower `(incarnation, memberEpoch)`, or holds `token` itself.
     /// Call it before the first read of a newly assigned shard, and again after any
     /// [`Fenced::Lower`].
     ///
@@ -210,7 +210,7 @@ impl ShardClient {
     /// read); in [`FencingMode::Acks`] it is not, and `token` is unused.
     ///
     /// # Errors
-    /// [`DataPlaneError::NoGroup`] when the stream or group is missing (BR-07);
+    /// [`DataPlaneError::NoGroup`] when the stream or group is missing (Redis lost its data);
     /// [`DataPlaneError::Redis`] when Redis fails.
     pub async fn read_pending(
         &mut self,
@@ -258,7 +258,7 @@ impl ShardClient {
     /// body has passed through this process once.
     ///
     /// # Errors
-    /// [`DataPlaneError::NoGroup`] when the stream or group is missing (BR-07);
+    /// [`DataPlaneError::NoGroup`] when the stream or group is missing (Redis lost its data);
     /// [`DataPlaneError::Redis`] when Redis fails (entries may have been delivered: they are in
     /// this consumer's PEL and come back from [`ShardClient::read_pending`]).
     pub async fn read_new(
@@ -537,8 +537,8 @@ impl ShardClient {
         call
     }
 
-    /// Writes `entry` to the dead-letter stream `<prefix>:dlq:<group>` (DESIGN.md §8) and returns
-    /// the new entry's id. Fields, in this order: `sourceStream` (the shard key),
+    /// Writes `entry` to the dead-letter stream `<prefix>:dlq:<group>` (docs/design.md §8) and
+    /// returns the new entry's id. Fields, in this order: `sourceStream` (the shard key),
     /// `sourceId`, `shard` (the index), `group`, `reason` ([`DeadLetterReason::as_str`]), `error`,
     /// `attempts` (decimal), then the entry's own fields (none for a trimmed or too-large entry:
     /// it is dead-lettered by id). Not fenced (the key is in another slot): write the dead letter,
@@ -587,7 +587,7 @@ impl ShardClient {
     /// before the first handler attempt of such a delivery; a first delivery is never counted
     /// (no cost on the hot path). Re-reads and claims do not count: only attempts do, so
     /// `max_deliveries` stops an entry that keeps killing its process, not one that was handed
-    /// over unhandled (issue 14, finding 7). Remove the count with
+    /// over unhandled (docs/design.md §8.9). Remove the count with
     /// [`ShardClient::forget_attempts`] once the entry is acked or dead-lettered.
     ///
     /// Returns the attempts counted so far, this one included (at least 1), or the refusal. A

@@ -1,4 +1,4 @@
-//! [`Waiter`]: waiting for new entries without a group (DESIGN.md §8, FIELD-FAILURES BR-11).
+//! [`Waiter`]: waiting for new entries without a group (docs/design.md §8.4).
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use crate::connection::{RedisConnection, RedisTarget};
 /// Waits for new entries on shard streams with a plain `XREAD BLOCK` (no group, no PEL: nothing is
 /// delivered, only the wake-up matters), on a connection of its own whose response timeout is
 /// `2 × max_block + 1 s`, so an idle wait ends in an empty reply and never in a client timeout
-/// (FIELD-FAILURES BR-11: redis-rs's default response timeout is shorter than a typical block).
+/// (redis-rs's default response timeout is shorter than a typical block).
 /// The connection reconnects by itself and is kept for the waiter's life (no connection per wait).
 ///
 /// One wait at a time per waiter (`&mut self`): a blocked command holds the connection. On a

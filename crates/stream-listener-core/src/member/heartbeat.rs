@@ -1,4 +1,4 @@
-//! One member's heartbeat loop: sends the report, applies the response (DESIGN.md §6 member
+//! One member's heartbeat loop: sends the report, applies the response (docs/design.md §6 member
 //! rules) and starts, revokes and stops the shard tasks of the [`crate::poller`].
 
 use std::collections::BTreeMap;
@@ -139,7 +139,7 @@ impl Member {
     }
 
     /// Missing metadata: provision it again from the configured shard count (operator intent),
-    /// or keep failing closed without one (DESIGN.md §5).
+    /// or keep failing closed without one (docs/design.md §5).
     async fn reprovision(&self, store: &mut GroupStore, error: &StoreError) {
         let Some(shards) = self.options.auto_create_shards else {
             return;
@@ -258,8 +258,8 @@ impl Member {
     }
 
     /// Waits for the shard tasks a fencing status stopped, before the rejoin: a rejoin from the
-    /// same process releases its holdings at once (DESIGN.md §6 coordinator rule 4), so the next
-    /// owner could read while an old handler still runs (a handler that ignores cancellation:
+    /// same process releases its holdings at once (docs/design.md §6.4 coordinator rule 4), so the
+    /// next owner could read while an old handler still runs (a handler that ignores cancellation:
     /// blocks its thread, or does not return promptly when dropped). Until the join the
     /// coordinator keeps the holdings of the fenced member (until its lease runs out).
     ///

@@ -1,4 +1,4 @@
-//! The member runtime (DESIGN.md §6 member rules, §7 concurrency, §8 shutdown).
+//! The member runtime (docs/design.md §6.7 member rules, §7.3 concurrency, §8.13 shutdown).
 //!
 //! A [`Listener`] runs `concurrency` logical group members `<base>-m0 … <base>-m{N-1}` for one
 //! handler. `<base>` is a UUIDv7 made at process start, or the configured `instance_id` (static
@@ -25,7 +25,7 @@ use crate::model::{Epoch, ShardIndex, StartFrom};
 use crate::store::StoreError;
 use reconciler::{Identity, Reconciler};
 
-/// Settings of one listener (config section `[listeners.<name>]`, DESIGN.md §11).
+/// Settings of one listener (config section `[listeners.<name>]`, docs/design.md §11).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ListenerOptions {
@@ -46,7 +46,7 @@ pub struct ListenerOptions {
     /// Handler attempts on an entry that did not finish (processes that died in its handler, or
     /// lost the shard during it; the first delivery counts as one) after which the next delivery
     /// dead-letters it unhandled (default 10). Re-reads and handovers without an attempt do not
-    /// count (design note 35).
+    /// count (docs/design.md §8.9).
     pub max_deliveries: u64,
     /// Limit of one handler attempt (default 30 s); below `rebalance_timeout`.
     pub handler_timeout: Duration,
@@ -54,10 +54,10 @@ pub struct ListenerOptions {
     pub shutdown_timeout: Duration,
     /// Where a newly registered group starts (default earliest).
     pub start_from: StartFrom,
-    /// `strict` (default) or `acks` fencing (DESIGN.md §8): in acks mode new entries are read
+    /// `strict` (default) or `acks` fencing (docs/design.md §8): in acks mode new entries are read
     /// with a plain `XREADGROUP` (no fence check, no script), acks and claims stay fenced. On a
     /// standalone server the member's shards then share their reads: one multi-stream
-    /// `XREADGROUP` and their acks per round trip (docs/design-notes.md, note 27).
+    /// `XREADGROUP` and their acks per round trip (docs/design.md §8.7).
     pub fencing: FencingMode,
     /// Static membership: member ids become `<instance_id>-m<k>` and leaving uses `-2`.
     pub instance_id: Option<String>,
@@ -70,10 +70,10 @@ pub struct ListenerOptions {
     /// The stream's configured shard count (config `[streams.<prefix>] shards`), when it is
     /// auto-created. Then lost stream or group metadata (Redis restarted empty) is provisioned
     /// again from it — a new incarnation, consumer groups from `0`, no shard handed out for one
-    /// lease TTL (DESIGN.md §5). Without it, missing metadata fails closed.
+    /// lease TTL (docs/design.md §5). Without it, missing metadata fails closed.
     pub auto_create_shards: Option<u32>,
     /// Entries larger than this (field names plus values, bytes) are never read into the
-    /// process: they are dead-lettered by id with reason `too-large` (FIELD-FAILURES BR-15).
+    /// process: they are dead-lettered by id with reason `too-large`.
     /// Default 16 MiB; `None` reads entries of any size. With [`FencingMode::Acks`] new entries
     /// are read with a plain `XREADGROUP` and the limit applies after the read: the entry is
     /// still dead-lettered by id and never handled, but its body passes through the process once.
@@ -374,8 +374,8 @@ impl Listener {
         })
     }
 
-    /// Connects, registers the group on the stream if needed (DESIGN.md §8, groups), and starts
-    /// the members.
+    /// Connects, registers the group on the stream if needed (docs/design.md §8, groups), and
+    /// starts the members.
     ///
     /// # Errors
     /// [`ListenerError::Connect`] when Redis does not answer; [`ListenerError::Store`] when the
@@ -471,7 +471,7 @@ impl MemberShared {
     }
 
     /// How many of the member's `max` workers run a handler attempt now (the heartbeat's
-    /// `activeConsumerWorkers`, DESIGN.md §6): `0` before its first shard task starts.
+    /// `activeConsumerWorkers`, docs/design.md §6): `0` before its first shard task starts.
     pub(crate) fn active_workers(&self, max: u32) -> u32 {
         self.workers.get().map_or(0, |workers| {
             let free = u32::try_from(workers.available_permits()).unwrap_or(u32::MAX);

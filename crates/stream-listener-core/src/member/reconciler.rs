@@ -1,5 +1,5 @@
-//! A member's assignment state and the member rules of DESIGN.md §6, as pure code: what the member
-//! reports in its next heartbeat, and what it must do when a response arrives.
+//! A member's assignment state and the member rules of docs/design.md §6, as pure code: what the
+//! member reports in its next heartbeat, and what it must do when a response arrives.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -35,7 +35,7 @@ pub(crate) struct Changes {
     pub(crate) fatal: bool,
 }
 
-/// The member's view of its assignment (DESIGN.md §6, member rules).
+/// The member's view of its assignment (docs/design.md §6.7, member rules).
 #[derive(Debug, Clone)]
 pub(crate) struct Reconciler {
     identity: Identity,
@@ -199,7 +199,7 @@ impl Reconciler {
     }
 
     /// Applies the response to `request`, whose first attempt was sent at `sent_at`, with lease
-    /// `ttl − margin` (DESIGN.md §6, member rules).
+    /// `ttl − margin` (docs/design.md §6.7, member rules).
     pub(crate) fn apply(
         &mut self,
         response: &HeartbeatResponse,

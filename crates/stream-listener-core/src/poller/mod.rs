@@ -1,7 +1,7 @@
-//! The shard poller (DESIGN.md §7, §8): one task per owned shard, so at most one read or handler
-//! runs per shard at a time and entries of a shard are handled in order. Handlers of all the
-//! member's shards share `runtime_max_concurrency` workers through a fair (FIFO) semaphore, so a
-//! member owning more shards than workers serves them round-robin and none starves.
+//! The shard poller (docs/design.md §7, §8): one task per owned shard, so at most one read or
+//! handler runs per shard at a time and entries of a shard are handled in order. Handlers of all
+//! the member's shards share `runtime_max_concurrency` workers through a fair (FIFO) semaphore, so
+//! a member owning more shards than workers serves them round-robin and none starves.
 //!
 //! A shard task takes the shard over (raise the fence, claim other consumers' pending entries,
 //! handle its own pending entries from `0`), then reads new entries with `>`. When a read finds
@@ -41,7 +41,7 @@ use rounds::{Request, RoundResult, Turn};
 
 /// Longest backoff between handler attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// Pause after a Redis error in a shard task (no hot loop, FIELD-FAILURES BR-07).
+/// Pause after a Redis error in a shard task (no hot loop even when Redis restarted empty).
 const ERROR_PAUSE: Duration = Duration::from_millis(500);
 /// Ids claimed per claim call.
 const CLAIM_BATCH: usize = 256;
@@ -197,7 +197,7 @@ impl ShardTask {
     }
 
     /// Switches the shard client to the data plane's connection, which never re-sends a
-    /// request (a read whose reply was lost must fail, not run twice: issue 14, finding 3).
+    /// request (a read whose reply was lost must fail, not run twice: docs/design.md §8.10).
     /// Tries again after a pause until it is made or the task ends; returns whether it was.
     async fn use_data_plane_connection(&mut self) -> bool {
         while !self.done() {
@@ -311,20 +311,20 @@ impl ShardTask {
     }
 
     /// The shard lost its consumer group (or its stream): with `auto_create_shards` (operator
-    /// intent) create the group again from `0` — nothing written in the gap is skipped (BR-07);
+    /// intent) create the group again from `0` — nothing written in the gap is skipped;
     /// without it, keep failing closed.
     ///
     /// Only while the stream metadata lists the shard as readable: a member holds a retired
     /// shard until its next heartbeat, and re-creating it then would bring back a stream no one
-    /// reads, into which a producer's late `XADD ... NOMKSTREAM` would succeed (issue 14,
-    /// finding 5). A missing stream is created (`MKSTREAM`) only while the shard is ACTIVE, the
+    /// reads, into which a producer's late `XADD ... NOMKSTREAM` would succeed (docs/design.md
+    /// §8.11). A missing stream is created (`MKSTREAM`) only while the shard is ACTIVE, the
     /// rule of `register_group`: a master restarted without persistence loses the shard streams
     /// of its slots while the stream metadata, elsewhere, still lists them, and no admin
     /// operation provisions them again for a registered group. An ACTIVE shard reaches RETIRED
     /// only after DRAINING for the routing lease and more, so the check and the creation are
     /// that far apart at least. When the shard stopped being readable while the group was
     /// created (a retirement started), the group is destroyed again (created from `0`, it would
-    /// block the shard's deletion, as in design note 12), and a stream created here with it
+    /// block the shard's deletion, as in docs/design.md §8.1), and a stream created here with it
     /// when it is still empty.
     async fn recreate_consumer_group(&self) {
         if self.ctx.options.auto_create_shards.is_none() {
@@ -510,7 +510,7 @@ impl ShardTask {
 
     /// In `acks` mode a zombie can still read (reads are fenced by the lease only), so entries it
     /// read after the takeover sit in its pending list: claim other consumers' entries again once
-    /// per lease TTL (DESIGN.md §8, the periodic sweep).
+    /// per lease TTL (docs/design.md §8, the periodic sweep).
     fn sweep_if_due(&mut self) {
         let acks_mode = self.ctx.options.fencing == crate::dataplane::FencingMode::Acks;
         if acks_mode && self.last_sweep.elapsed() >= self.ctx.options.coordination.member_lease_ttl
@@ -781,7 +781,7 @@ impl ShardTask {
         }
     }
 
-    /// DESIGN.md §8, outcomes: retries in place with backoff, dead letters, cancellation.
+    /// docs/design.md §8.8, outcomes: retries in place with backoff, dead letters, cancellation.
     ///
     /// Every attempt shares the entry's fields (`Arc`): the entry may be trimmed from the stream
     /// while it is retried, and its retries and dead letter must still have its body.
@@ -823,7 +823,7 @@ impl ShardTask {
             }
         }
         // `max_deliveries` counts handler attempts, not deliveries: re-reads and handovers of
-        // read-ahead raise the PEL count without any attempt (issue 14, finding 7). A first
+        // read-ahead raise the PEL count without any attempt (docs/design.md §8.9). A first
         // delivery costs nothing; a re-delivered entry's attempts are counted in Redis just
         // before its first attempt here, and the first delivery is assumed to have reached a
         // handler (it may have killed its process uncounted).

@@ -10,7 +10,7 @@ use crate::store::StoreError;
 /// Errors found before anything is sent (bad options, payload that does not serialize or is too
 /// large, a field named `key`) write nothing. A [`PublishError::Redis`] or
 /// [`PublishError::ShardMissing`] of a batch can come after some of its entries were appended:
-/// retrying the batch may then append those again (at-least-once, DESIGN.md §12).
+/// retrying the batch may then append those again (at-least-once, docs/design.md §12).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
@@ -88,7 +88,8 @@ pub enum PublishError {
         detail: String,
     },
     /// The routing metadata could not be refreshed and its lease has run out: publishing with it
-    /// could append to a shard that is being retired, so publish fails closed (DESIGN.md §9, §10).
+    /// could append to a shard that is being retired, so publish fails closed (docs/design.md §9,
+    /// §10).
     #[error(
         "routing of stream {prefix:?} is {age:?} old, past its lease of {lease:?} (routing_lease), and refreshing it failed: {reason}; check that Redis is reachable, then retry"
     )]

@@ -1,4 +1,4 @@
-//! The producer (DESIGN.md §9): a [`Publisher`] appends messages to the shard streams of one
+//! The producer (docs/design.md §9): a [`Publisher`] appends messages to the shard streams of one
 //! stream prefix, routed by partition key.
 //!
 //! - Routing ([`shard_for_key`]): jump consistent hash (Lamping & Veach 2014,

@@ -1,4 +1,4 @@
-//! The [`Publisher`]: routed `XADD`s with a leased routing cache (DESIGN.md §9).
+//! The [`Publisher`]: routed `XADD`s with a leased routing cache (docs/design.md §9).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,8 +35,8 @@ pub struct PublisherOptions {
     /// entries (at least `n`, trimming whole macro nodes). **Trimming drops the oldest entries
     /// whether or not every consumer group has read them**: a slow or stopped group loses
     /// messages, and entries pending in a group are lost for it (its members ack and count them,
-    /// DESIGN.md §8). Off by default (`None`): streams grow until consumers' retention trims them.
-    /// `Some(0)` is refused.
+    /// docs/design.md §8). Off by default (`None`): streams grow until consumers' retention trims
+    /// them. `Some(0)` is refused.
     pub maxlen: Option<usize>,
     /// How often the routing metadata is checked (default 5 s, [`DEFAULT_REFRESH_INTERVAL`]).
     /// Checked lazily at publish time: one `HGET metadataVersion` once this long has passed since
@@ -47,7 +47,7 @@ pub struct PublisherOptions {
     /// [`DEFAULT_ROUTING_LEASE`]). When a refresh fails, the cached routing is used until this
     /// lease runs out; past it, publish fails closed with [`PublishError::RoutingLeaseExpired`].
     /// Admin retirement of a drained shard waits at least this long after the scale-in
-    /// (DESIGN.md §10), so it must not exceed the admin's routing lease. Must be positive.
+    /// (docs/design.md §10), so it must not exceed the admin's routing lease. Must be positive.
     pub routing_lease: Duration,
 }
 
@@ -179,7 +179,7 @@ struct Inner {
     refresh_lock: tokio::sync::Mutex<()>,
 }
 
-/// Publishes messages to one sharded stream (DESIGN.md §9).
+/// Publishes messages to one sharded stream (docs/design.md §9).
 ///
 /// Each message goes to shard [`super::shard_for_key`]`(partition_key, shardCount)` as
 /// `XADD {<prefix>:<shard>} NOMKSTREAM [MAXLEN ~ n] * key <partition_key> payload <json>`.

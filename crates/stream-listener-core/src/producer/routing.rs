@@ -1,4 +1,4 @@
-//! Key → shard routing (DESIGN.md §9): jump consistent hash (Lamping & Veach 2014) of XXH64
+//! Key → shard routing (docs/design.md §9): jump consistent hash (Lamping & Veach 2014) of XXH64
 //! (seed 0) of the partition key's UTF-8 bytes, over `shardCount`.
 //!
 //! The algorithm is written out, with test vectors, in the README's "Routing" section so that
@@ -57,7 +57,7 @@ pub fn jump_consistent_hash(key: u64, num_buckets: u32) -> u32 {
 }
 
 /// The shard of `partition_key` when a stream has `shard_count` ACTIVE shards `0..shard_count`
-/// (DESIGN.md §9): `jump_consistent_hash(key_hash(partition_key), shard_count)`.
+/// (docs/design.md §9): `jump_consistent_hash(key_hash(partition_key), shard_count)`.
 ///
 /// Any string is a valid key, including the empty string (it hashes like any other).
 /// `shard_count == 0` (a fully drained stream) returns `0`, which is not a shard: the

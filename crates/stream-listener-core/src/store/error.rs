@@ -68,7 +68,7 @@ pub enum StoreError {
         /// What is wrong.
         detail: String,
     },
-    /// A key of DESIGN.md §2 holds another Redis type than the store keeps there (it was
+    /// A key of docs/design.md §2 holds another Redis type than the store keeps there (it was
     /// overwritten by hand or by another program). Nothing was written.
     #[error(
         "{key} is a {found}, not a {expected}: it was overwritten by something else than stream-listener; restore it from a backup, or delete it (a missing key fails closed with its own error)"

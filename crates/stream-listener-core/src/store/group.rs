@@ -1,4 +1,4 @@
-//! Group metadata in Redis and the heartbeat transaction (DESIGN.md §2, §5).
+//! Group metadata in Redis and the heartbeat transaction (docs/design.md §2, §5).
 //!
 //! `sl:{<prefix>:<group>}:group` is a hash: `schema`, `revision`, `leaseRevision`, `meta` (the
 //! group-level JSON), one `member:<id>` JSON per member, and the fast-path fields `steady`
@@ -104,7 +104,8 @@ impl GroupStore {
 
     /// Creates the group metadata if it does not exist, at Redis `TIME` (its `incarnation`).
     /// With `after_loss`, no shard is handed out until one lease TTL later, because members of
-    /// the lost incarnation may still be reading (DESIGN.md §5). Returns whether it was created.
+    /// the lost incarnation may still be reading (docs/design.md §5). Returns whether it was
+    /// created.
     ///
     /// # Errors
     /// [`StoreError::Redis`] when Redis fails; [`StoreError::MissingStream`] without stream metadata.
@@ -199,7 +200,7 @@ impl GroupStore {
                 // scale-out in between): applying ours would take the group's metadataVersion
                 // and readable set back. Read it again, after the load: a version still lower
                 // than the group's is a stream metadata re-created from config (a restart, not
-                // staleness), which the group must follow (design note 37).
+                // staleness), which the group must follow (docs/design.md §5.4).
                 stream = self.read_stream_view(None).await?;
             }
             let (group, response) = self.transition(&loaded, request, &stream).await?;
@@ -258,7 +259,7 @@ impl GroupStore {
         }
     }
 
-    /// The steady-state fast path (DESIGN.md §5); `None` when the full transition must run.
+    /// The steady-state fast path (docs/design.md §5); `None` when the full transition must run.
     async fn fast_path(
         &mut self,
         request: &HeartbeatRequest,
@@ -368,7 +369,7 @@ impl GroupStore {
         }
     }
 
-    /// This group's fence of each shard (DESIGN.md §8), for a correction round. One `HGET` per
+    /// This group's fence of each shard (docs/design.md §8), for a correction round. One `HGET` per
     /// shard, pipelined (fences of different shards live in different slots on a cluster).
     async fn read_fences(
         &mut self,
@@ -769,7 +770,7 @@ impl Writes {
                 // A member with no steady answer now (away after `-2`, not converged): an entry
                 // of an earlier steady write would let a late duplicate of an older request,
                 // above that old `fastseq`, renew its lease where the full transition says
-                // stale (design note 38). Its JSON, written above, holds what the entry
+                // stale (docs/design.md §5.3). Its JSON, written above, holds what the entry
                 // counted (`lastRequestSeq`, `lastResponse`, `activeConsumerWorkers`: the load
                 // applied them), so nothing is lost.
                 outdated.push(id);

@@ -1,5 +1,5 @@
-//! The Redis-recorded coordinator (DESIGN.md §2, §3, §5): stream metadata and group metadata in
-//! Redis hashes, each change a compare-and-set on a `revision` field, and the heartbeat
+//! The Redis-recorded coordinator (docs/design.md §2, §3, §5): stream metadata and group metadata
+//! in Redis hashes, each change a compare-and-set on a `revision` field, and the heartbeat
 //! transaction that runs the pure [`crate::coordinator`] on what it loads.
 //!
 //! Missing metadata, invalid JSON or an unknown `schema` fail closed with a typed error: metadata

@@ -1,4 +1,4 @@
-//! The Lua scripts of the store. Each touches keys of one hash slot only (DESIGN.md §2).
+//! The Lua scripts of the store. Each touches keys of one hash slot only (docs/design.md §2).
 
 use std::sync::LazyLock;
 
@@ -92,14 +92,14 @@ return 1
     &SCRIPT
 }
 
-/// The steady-state heartbeat (DESIGN.md §5). KEYS[1] group hash, KEYS[2] leases.
+/// The steady-state heartbeat (docs/design.md §5). KEYS[1] group hash, KEYS[2] leases.
 /// ARGV: member id, request fingerprint, requestSeq, lease TTL (µs), the stream's metadataVersion,
 /// activeConsumerWorkers (stored with the sequence: the only report a steady heartbeat changes).
 /// Returns {'1', response JSON} when answered, {'2', last seq} for a stale request, {'0'} when
 /// the full transition must run: the group is not STABLE, the stream changed, a deadline or the
 /// earliest lease has passed, the requester's own lease is older than half its TTL (the full
 /// transition then decides whether there was an outage to re-arm: members may run different
-/// TTLs, and only the requester's is known here, design note 28), or the request differs from
+/// TTLs, and only the requester's is known here, docs/design.md §6.5), or the request differs from
 /// the member's steady fingerprint. A malformed `steady`, `fast:<id>`, `fastseq:<id>` or
 /// `leaseRevision` (no separator, not a number, negative, NaN, too large for Lua's doubles or
 /// `HINCRBY`) also answers {'0'}, before anything is written: the full transition rewrites the

@@ -1,4 +1,4 @@
-//! Stream metadata in `sl:{<prefix>}:stream` (DESIGN.md §3): fields `schema`, `revision`,
+//! Stream metadata in `sl:{<prefix>}:stream` (docs/design.md §3): fields `schema`, `revision`,
 //! `metadataVersion` (readable with one `HGET` by every heartbeat) and `meta` (the JSON).
 
 use std::collections::HashMap;
@@ -142,7 +142,7 @@ pub async fn load_stream_metadata(
     Ok(Some(meta))
 }
 
-/// Reads only the stream's `metadataVersion` (one `HGET`, DESIGN.md §5); `Ok(None)` when the
+/// Reads only the stream's `metadataVersion` (one `HGET`, docs/design.md §5); `Ok(None)` when the
 /// stream metadata does not exist.
 ///
 /// # Errors

@@ -139,7 +139,7 @@ impl Store {
         group.history.clear();
         for (id, member) in group.members.iter_mut() {
             if let Some(lease) = self.leases.get(id) {
-                // The member's own TTL (design note 28).
+                // The member's own TTL (docs/design.md §6.5).
                 let ttl = member_lease_ttl_us(member, config);
                 member.member_lease_expires_at = *lease;
                 member.last_heartbeat_at = member.last_heartbeat_at.max(lease.saturating_sub(ttl));
@@ -356,7 +356,8 @@ impl Store {
                 self.fast.insert(id.clone(), (print, response));
                 self.fast_seq.insert(id.clone(), member.last_request_seq);
             } else if !config.variant.outdated_fast_entries {
-                // No steady answer: the entry of an earlier steady write goes (design note 38).
+                // No steady answer: the entry of an earlier steady write goes (docs/design.md
+                // §5.3).
                 self.fast.remove(id);
                 self.fast_seq.remove(id);
                 self.fast_workers.remove(id);

@@ -1,5 +1,5 @@
-//! `stream-listener`: the admin command-line tool of stream-listener (DESIGN.md §1, §10), a thin
-//! layer over `stream_listener::core::admin`.
+//! `stream-listener`: the admin command-line tool of stream-listener (docs/design.md §1, §10), a
+//! thin layer over `stream_listener::core::admin`.
 //!
 //! Exit codes: 0 success; 1 the operation failed (unknown stream, bad count, group still live,
 //! corrupt metadata...); 2 usage error (bad arguments, invalid URL); 3 Redis unreachable. Errors
