@@ -146,6 +146,25 @@ pub fn next_deadline(group: &Group) -> Option<Micros> {
         .min()
 }
 
+/// What identifies a steady heartbeat (the store's fast path, docs/design.md §5.3): the member's
+/// process, epoch, adopted metadata version, weight and owned shards (ascending), as
+/// `<process>|<epoch>|<metadataVersion>|<weight>|<shard>,<shard>,…`. The fast path answers only a
+/// request with exactly the fingerprint stored for the member when the group became STABLE; the
+/// store writes it and the simulation's model of the store uses the same function.
+pub fn steady_fingerprint<'a>(
+    process_id: &str,
+    epoch: Epoch,
+    metadata_version: u64,
+    weight: u32,
+    owned: impl Iterator<Item = &'a ShardIndex>,
+) -> String {
+    let owned: Vec<String> = owned.map(ToString::to_string).collect();
+    format!(
+        "{process_id}|{epoch}|{metadata_version}|{weight}|{}",
+        owned.join(",")
+    )
+}
+
 enum Answer {
     Accepted(HeartbeatStatus),
     Fencing(HeartbeatStatus),

@@ -275,7 +275,7 @@ impl GroupStore {
         }
         let mut owned = request.owned_shards.clone();
         owned.sort_unstable();
-        let print = fingerprint(
+        let print = coordinator::steady_fingerprint(
             &request.process_id,
             request.member_epoch,
             request.metadata_version,
@@ -491,23 +491,6 @@ fn retry_response(group: &Group, config: &CoordinatorConfig) -> HeartbeatRespons
         status: HeartbeatStatus::Retry,
         ..coordinator::base_response(group, config)
     }
-}
-
-/// What identifies a steady heartbeat: the member's process, epoch, adopted metadata version,
-/// weight and owned shards (ascending). The fast path answers only a request with exactly the
-/// fingerprint stored for the member when the group became STABLE.
-fn fingerprint<'a>(
-    process_id: &str,
-    epoch: i64,
-    metadata_version: u64,
-    weight: u32,
-    owned: impl Iterator<Item = &'a ShardIndex>,
-) -> String {
-    let owned: Vec<String> = owned.map(ToString::to_string).collect();
-    format!(
-        "{process_id}|{epoch}|{metadata_version}|{weight}|{}",
-        owned.join(",")
-    )
 }
 
 /// The `:leases` scores as expiries in µs. A score is a double: one later than
@@ -753,7 +736,7 @@ impl Writes {
                 continue;
             }
             if let Some(response) = coordinator::steady_response(group, id, config) {
-                let print = fingerprint(
+                let print = coordinator::steady_fingerprint(
                     &member.process_id,
                     member.member_epoch,
                     group.meta.metadata_version,

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use crate::coordinator::{
     Context, CoordinatorConfig, CoordinatorError, Group, StreamView, heartbeat,
-    member_lease_ttl_us, next_deadline, steady_response,
+    member_lease_ttl_us, next_deadline, steady_fingerprint, steady_response,
 };
 use crate::fence::FenceToken;
 use crate::model::{
@@ -65,21 +65,6 @@ pub(super) struct Store {
     pub(super) lease_revision: u64,
 }
 
-/// `fingerprint` of `store/group.rs`.
-pub(super) fn fingerprint<'a>(
-    process_id: &str,
-    epoch: i64,
-    metadata_version: u64,
-    weight: u32,
-    owned: impl Iterator<Item = &'a ShardIndex>,
-) -> String {
-    let owned: Vec<String> = owned.map(ToString::to_string).collect();
-    format!(
-        "{process_id}|{epoch}|{metadata_version}|{weight}|{}",
-        owned.join(",")
-    )
-}
-
 /// The fingerprint of a request, and whether the fast path looks at it at all (`fast_path`'s
 /// `eligible`).
 pub(super) fn request_fingerprint(request: &HeartbeatRequest) -> Option<String> {
@@ -93,7 +78,7 @@ pub(super) fn request_fingerprint(request: &HeartbeatRequest) -> Option<String> 
     }
     let mut owned = request.owned_shards.clone();
     owned.sort_unstable();
-    Some(fingerprint(
+    Some(steady_fingerprint(
         &request.process_id,
         request.member_epoch,
         request.metadata_version,
@@ -346,7 +331,7 @@ impl Store {
                 continue;
             }
             if let Some(response) = steady_response(&group, id, config) {
-                let print = fingerprint(
+                let print = steady_fingerprint(
                     &member.process_id,
                     member.member_epoch,
                     group.meta.metadata_version,
