@@ -432,6 +432,17 @@ async fn twelve_handovers_of_an_unhandled_entry_do_not_dead_letter_it() {
 /// the shard then goes on in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_that_crashes_its_handler_is_dead_lettered_after_max_deliveries_attempts() {
+    crashing_entry_is_dead_lettered_after(3).await;
+}
+
+/// The same with `max_deliveries = 1`, where first deliveries are counted too (docs/design.md
+/// §8.9): one attempt, then the dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_max_deliveries_one_a_crashing_entry_is_dead_lettered_after_one_attempt() {
+    crashing_entry_is_dead_lettered_after(1).await;
+}
+
+async fn crashing_entry_is_dead_lettered_after(max_deliveries: u64) {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start().unwrap();
     let target = RedisTarget::Standalone(server.url());
@@ -442,7 +453,6 @@ async fn an_entry_that_crashes_its_handler_is_dead_lettered_after_max_deliveries
         .unwrap();
     let poison = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
     let after = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
-    const MAX_DELIVERIES: u64 = 3;
     let recorder = Arc::new(Recorder::default());
     let attempts_on = |recorder: &Recorder| {
         recorder
@@ -453,9 +463,9 @@ async fn an_entry_that_crashes_its_handler_is_dead_lettered_after_max_deliveries
     };
     // Each process starts the poison entry's handler, which never returns (it would crash the
     // process), and dies in it.
-    for attempt in 1..=MAX_DELIVERIES as usize {
+    for attempt in 1..=max_deliveries as usize {
         let mut opts = options(1);
-        opts.max_deliveries = MAX_DELIVERIES;
+        opts.max_deliveries = max_deliveries;
         opts.events = Some(recorder.callback());
         let inner = recording_handler(recorder.clone(), Duration::ZERO, None);
         let handler = move |delivery: stream_listener::core::handler::Delivery| {
@@ -486,7 +496,7 @@ async fn an_entry_that_crashes_its_handler_is_dead_lettered_after_max_deliveries
     }
     // The next process dead-letters it without running the handler, then handles the next one.
     let mut opts = options(1);
-    opts.max_deliveries = MAX_DELIVERIES;
+    opts.max_deliveries = max_deliveries;
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
     let done = wait_until(Duration::from_secs(15), || {
         recorder.handled().contains(&(0, after.clone()))
@@ -501,7 +511,7 @@ async fn an_entry_that_crashes_its_handler_is_dead_lettered_after_max_deliveries
     );
     assert_eq!(
         attempts_on(&recorder),
-        MAX_DELIVERIES as usize,
+        max_deliveries as usize,
         "{:?}",
         recorder.calls()
     );
@@ -1174,13 +1184,12 @@ async fn an_entry_dead_lettered_as_too_large_leaves_no_attempt_count() {
     listener.shutdown_and_wait().await;
 }
 
-/// docs/design.md §8.9, left open: the first delivery of a re-delivered entry
-/// is assumed to have reached a handler (it is never counted, to keep first deliveries free),
-/// so with `max_deliveries = 1` every re-delivered entry is dead-lettered without an attempt:
-/// one handover of read-ahead (any rebalance) or one read error whose command ran is enough,
-/// which is finding 7 again for that setting.
+/// docs/design.md §8.9: the first delivery of a re-delivered entry is assumed to have reached a
+/// handler (it is not counted, to keep first deliveries free), so with `max_deliveries = 1`
+/// every re-delivered entry was dead-lettered without an attempt: one handover of read-ahead
+/// (any rebalance) or one read error whose command ran was enough. With that setting first
+/// deliveries are counted too, and an entry handed over unhandled still gets its attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: with max_deliveries = 1 a handover dead-letters unhandled entries (docs/design.md §8.9 assumes the first delivery reached a handler); fixing it means counting first deliveries or allowing one attempt more, a design choice"]
 async fn with_max_deliveries_one_a_handed_over_entry_is_still_handled() {
     let _serial = SERIAL.lock().await;
     let server = RedisServer::start().unwrap();

@@ -826,8 +826,13 @@ impl ShardTask {
         // read-ahead raise the PEL count without any attempt (docs/design.md §8.9). A first
         // delivery costs nothing; a re-delivered entry's attempts are counted in Redis just
         // before its first attempt here, and the first delivery is assumed to have reached a
-        // handler (it may have killed its process uncounted).
-        let counted = entry.delivery_count > 1;
+        // handler (it may have killed its process uncounted). With `max_deliveries = 1` that
+        // assumption would use up the one attempt, and an entry handed over unhandled would be
+        // dead-lettered without any: there every delivery is counted, first ones included (two
+        // round trips more per entry, the price of the strictest setting), and the count is then
+        // exact.
+        let counts_first = max_deliveries <= 1;
+        let counted = counts_first || entry.delivery_count > 1;
         if counted {
             let attempts = match self
                 .client
@@ -840,7 +845,12 @@ impl ShardTask {
                     return Ok(Outcome::Abandon);
                 }
             };
-            if attempts.saturating_add(1) > max_deliveries {
+            let attempt_number = if counts_first {
+                attempts
+            } else {
+                attempts.saturating_add(1)
+            };
+            if attempt_number > max_deliveries {
                 self.dead_letter(
                     entry,
                     DeadLetterReason::MaxDeliveries,
