@@ -29,6 +29,7 @@ mod slot;
 mod waiter;
 
 pub use error::DataPlaneError;
+pub(crate) use shard::GroupRecreated;
 pub use shard::{MAX_CLAIM_BATCH, ShardClient};
 pub use slot::key_slot;
 pub use waiter::Waiter;

@@ -280,7 +280,7 @@ return {'OK', claimed, trimmed, more}
 /// docs/design.md §8.9), always fenced. Breaks the two-key convention above with a third key in the
 /// same slot: `KEYS[3]` the shard's attempt hash `{<prefix>:<i>}:attempts`; `ARGV[5]` the field
 /// `<group>|<entry id>`. Returns `{'OK', attempts, repaired}`: the attempts started on the entry
-/// so far, this one included (the first delivery's, which is never counted, not included), and
+/// so far, this one included (a first delivery's is counted only with `max_deliveries = 1`), and
 /// 1 when a corrupt value was dropped first (the key not a hash: deleted; the field not a
 /// decimal count below 10^15: removed), so the count starts again; `NOGROUP` when the shard
 /// stream does not exist (nothing is written next to a retired shard).
@@ -305,6 +305,48 @@ if stored and (not string.match(stored, '^%d+$') or #stored > 15) then
   repaired = 1
 end
 return {'OK', redis.call('HINCRBY', KEYS[3], ARGV[5], 1), repaired}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Creates consumer group ARGV[1] on shard stream KEYS[1] from `0`; the stream too
+/// (`MKSTREAM`) only when ARGV[2] is `1`. Returns `{stream created (0/1), group created}`:
+/// group created is `1`, `0` when it exists (`BUSYGROUP`), `-1` when the stream is missing and
+/// not to be created.
+pub(crate) fn recreate_group() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local existed = redis.call('EXISTS', KEYS[1]) == 1
+if not existed and ARGV[2] ~= '1' then return {0, -1} end
+local r = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+if type(r) == 'table' and r.err then
+  if string.find(r.err, '^BUSYGROUP') then return {0, 0} end
+  return r
+end
+return {existed and 0 or 1, 1}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Undoes [`recreate_group_script`] on a shard that stopped being readable meanwhile: destroys
+/// consumer group ARGV[1] of KEYS[1], and when ARGV[2] is `1` (the stream was created with it)
+/// deletes the stream if it is still empty and has no group. Returns 1 when it deleted it.
+pub(crate) fn undo_recreate_group() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.pcall('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
+if ARGV[2] == '1' and redis.call('XLEN', KEYS[1]) == 0
+  and #redis.call('XINFO', 'GROUPS', KEYS[1]) == 0 then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
 ",
         )
     });

@@ -19,6 +19,20 @@ use crate::model::ShardIndex;
 /// that one script call stays short: Redis runs nothing else while a script runs.
 pub const MAX_CLAIM_BATCH: usize = 1000;
 
+/// What [`ShardClient::recreate_group`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupRecreated {
+    /// The consumer group was created from `0`; `stream_created` when the stream was too.
+    Created {
+        /// Whether the shard stream was created with it (`MKSTREAM`).
+        stream_created: bool,
+    },
+    /// The group exists already (`BUSYGROUP`): created meanwhile.
+    Exists,
+    /// The stream is missing and was not to be created.
+    StreamMissing,
+}
+
 /// The fenced operations of one member (Redis consumer) of one consumer group on the shards of one
 /// stream. Every method is one round trip: one script on the shard's slot, or one `XADD` for
 /// [`ShardClient::dead_letter`]. Cheap to clone (clones share the multiplexed connection); never
@@ -581,11 +595,13 @@ impl ShardClient {
     }
 
     /// Counts one handler attempt on entry `entry_id` of `shard`, which was delivered before
-    /// (its delivery count is above 1), in the shard's attempt hash
+    /// (its delivery count is above 1; any delivery with `max_deliveries = 1`), in the shard's
+    /// attempt hash
     /// `{<prefix>:<i>}:attempts`, field `<group>|<entry id>` (`HINCRBY`, fenced like an ack,
     /// whatever the [`FencingMode`]: a member that lost the shard counts nothing). Call it just
-    /// before the first handler attempt of such a delivery; a first delivery is never counted
-    /// (no cost on the hot path). Re-reads and claims do not count: only attempts do, so
+    /// before the first handler attempt of such a delivery; a first delivery is not counted
+    /// (no cost on the hot path) unless `max_deliveries = 1`, where the assumed first attempt
+    /// would use up the limit. Re-reads and claims do not count: only attempts do, so
     /// `max_deliveries` stops an entry that keeps killing its process, not one that was handed
     /// over unhandled (docs/design.md §8.9). Remove the count with
     /// [`ShardClient::forget_attempts`] once the entry is acked or dead-lettered.
@@ -671,6 +687,61 @@ impl ShardClient {
         cmd.query_async::<()>(&mut self.conn)
             .await
             .map_err(DataPlaneError::redis("forget_attempts", Some(shard)))
+    }
+
+    /// Creates this group's consumer group on `shard` again from `0` (nothing written in the gap
+    /// is skipped), and the shard stream with it (`MKSTREAM`) only when `create_stream`: the
+    /// caller decides from the stream metadata (a member creates a stream only for an ACTIVE
+    /// shard, docs/design.md §8.11). One script, so the check and the creation cannot be split.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] when Redis fails or the key holds another type;
+    /// [`DataPlaneError::UnexpectedReply`] for a reply of another shape.
+    pub(crate) async fn recreate_group(
+        &mut self,
+        shard: ShardIndex,
+        create_stream: bool,
+    ) -> Result<GroupRecreated, DataPlaneError> {
+        let (stream_created, group): (i64, i64) = scripts::recreate_group()
+            .key(self.keys.shard(shard))
+            .arg(&self.group)
+            .arg(if create_stream { "1" } else { "0" })
+            .invoke_async(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis("recreate_group", Some(shard)))?;
+        match group {
+            1 => Ok(GroupRecreated::Created {
+                stream_created: stream_created == 1,
+            }),
+            0 => Ok(GroupRecreated::Exists),
+            -1 => Ok(GroupRecreated::StreamMissing),
+            other => Err(DataPlaneError::unexpected(
+                "recreate_group",
+                Some(shard),
+                format!("group status {other}"),
+            )),
+        }
+    }
+
+    /// Undoes [`ShardClient::recreate_group`] when the shard stopped being readable meanwhile:
+    /// destroys the consumer group, and deletes the stream when this call's creation made it and
+    /// it is still empty with no group.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] when Redis fails.
+    pub(crate) async fn undo_recreate_group(
+        &mut self,
+        shard: ShardIndex,
+        stream_created: bool,
+    ) -> Result<(), DataPlaneError> {
+        scripts::undo_recreate_group()
+            .key(self.keys.shard(shard))
+            .arg(&self.group)
+            .arg(if stream_created { "1" } else { "0" })
+            .invoke_async::<i64>(&mut self.conn)
+            .await
+            .map(|_| ())
+            .map_err(DataPlaneError::redis("undo_recreate_group", Some(shard)))
     }
 
     /// The attempt hash field of `entry_id`: `<group>|<entry id>`.

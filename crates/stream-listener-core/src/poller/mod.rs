@@ -29,8 +29,8 @@ use tracing::Instrument;
 use crate::connection::{RedisConnection, RedisTarget};
 use crate::dataplane::round::{PartRead, RoundPart};
 use crate::dataplane::{
-    DataPlaneError, DeadLetterReason, EntryStatus, Fenced, FencingMode, ReadOutcome, ShardClient,
-    ShardEntry, Waiter,
+    DataPlaneError, DeadLetterReason, EntryStatus, Fenced, FencingMode, GroupRecreated,
+    ReadOutcome, ShardClient, ShardEntry, Waiter,
 };
 use crate::fence::FenceToken;
 use crate::handler::{Delivery, Handler, HandlerError};
@@ -340,35 +340,25 @@ impl ShardTask {
             );
             return;
         }
-        let mkstream = state == Some(crate::model::ShardState::Active);
-        let created: redis::RedisResult<(i64, i64)> = recreate_group_script()
-            .key(&key)
-            .arg(&self.ctx.group)
-            .arg(if mkstream { "1" } else { "0" })
-            .invoke_async(&mut conn)
-            .await;
-        match created {
-            Ok((_, 1)) if self.readable_in_metadata(&mut conn).await => {
+        let create_stream = state == Some(crate::model::ShardState::Active);
+        let mut client = self.client.clone();
+        match client.recreate_group(self.shard, create_stream).await {
+            Ok(GroupRecreated::Created { .. }) if self.readable_in_metadata(&mut conn).await => {
                 tracing::warn!("consumer group was missing on this shard: created again from 0")
             }
-            Ok((stream_created, 1)) => {
-                let undone: redis::RedisResult<i64> = undo_recreate_script()
-                    .key(&key)
-                    .arg(&self.ctx.group)
-                    .arg(stream_created)
-                    .invoke_async(&mut conn)
-                    .await;
+            Ok(GroupRecreated::Created { stream_created }) => {
+                let undone = client.undo_recreate_group(self.shard, stream_created).await;
                 tracing::warn!(
                     stream = %key,
                     undone = undone.is_ok(),
                     "the shard stopped being readable while its consumer group was created again: destroyed it"
                 );
             }
-            Ok((_, -1)) => tracing::warn!(
+            Ok(GroupRecreated::StreamMissing) => tracing::warn!(
                 stream = %key,
                 "consumer group missing on a DRAINING shard whose stream is gone: not created (a member creates a stream only for an ACTIVE shard)"
             ),
-            Ok(_) => {} // BUSYGROUP: created meanwhile
+            Ok(GroupRecreated::Exists) => {} // created meanwhile
             Err(error) => tracing::warn!(%error, "re-creating the consumer group failed"),
         }
     }
@@ -1022,48 +1012,6 @@ impl ShardTask {
             (callback.0)(event);
         }
     }
-}
-
-/// Creates consumer group ARGV[1] on shard stream KEYS[1] from `0`; the stream too
-/// (`MKSTREAM`) only when ARGV[2] is `1`. Returns `{stream created (0/1), group created}`:
-/// group created is `1`, `0` when it exists (`BUSYGROUP`), `-1` when the stream is missing and
-/// not to be created.
-fn recreate_group_script() -> &'static redis::Script {
-    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-        redis::Script::new(
-            r"
-local existed = redis.call('EXISTS', KEYS[1]) == 1
-if not existed and ARGV[2] ~= '1' then return {0, -1} end
-local r = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
-if type(r) == 'table' and r.err then
-  if string.find(r.err, '^BUSYGROUP') then return {0, 0} end
-  return r
-end
-return {existed and 0 or 1, 1}
-",
-        )
-    });
-    &SCRIPT
-}
-
-/// Undoes [`recreate_group_script`] on a shard that stopped being readable meanwhile: destroys
-/// consumer group ARGV[1] of KEYS[1], and when ARGV[2] is `1` (the stream was created with it)
-/// deletes the stream if it is still empty and has no group. Returns 1 when it deleted it.
-fn undo_recreate_script() -> &'static redis::Script {
-    static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-        redis::Script::new(
-            r"
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.pcall('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
-if ARGV[2] == '1' and redis.call('XLEN', KEYS[1]) == 0
-  and #redis.call('XINFO', 'GROUPS', KEYS[1]) == 0 then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-",
-        )
-    });
-    &SCRIPT
 }
 
 enum Attempt {
