@@ -56,6 +56,22 @@ pub(super) async fn setup(shards: u32, entries: usize) -> (RedisServer, RedisCon
     (server, conn)
 }
 
+/// [`setup`], and the member's read rounds on it, `count` entries per shard per round.
+async fn setup_rounds(
+    shards: u32,
+    entries: usize,
+    count: usize,
+) -> (RedisServer, RedisConnection, Arc<ReadRounds>) {
+    let (server, conn) = setup(shards, entries).await;
+    let rounds = rounds_of(&conn, count);
+    (server, conn, rounds)
+}
+
+/// The member's read rounds on `conn`, `count` entries per shard per round.
+pub(super) fn rounds_of(conn: &RedisConnection, count: usize) -> Arc<ReadRounds> {
+    ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), count)
+}
+
 /// The member's client for the shards `{s:<i>}` (to build fenced acks).
 fn shard_client(conn: &RedisConnection) -> crate::dataplane::ShardClient {
     let keys = crate::keys::StreamKeys::new("s").unwrap();
@@ -114,6 +130,22 @@ fn turn(result: RoundResult) -> Option<Turn> {
         RoundResult::Done(_, turn) => turn,
         _ => panic!("round not done"),
     }
+}
+
+/// Submits `request` from a task of its own (a sibling shard task), always held.
+fn spawn_submit(
+    rounds: &Arc<ReadRounds>,
+    request: Request,
+) -> tokio::task::JoinHandle<RoundResult> {
+    let rounds = rounds.clone();
+    tokio::spawn(async move { rounds.submit(request, None, &always).await })
+}
+
+/// `waiting`'s request is queued and stays unsent, however long it waits.
+async fn assert_held_up(rounds: &ReadRounds, waiting: &tokio::task::JoinHandle<RoundResult>) {
+    wait_queued(rounds, 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
 }
 
 /// Waits until `n` requests are queued (spawned tasks have reached the queue); fails after
@@ -193,21 +225,15 @@ async fn xreadgroup_calls(conn: &mut RedisConnection) -> u64 {
 /// share one `XREADGROUP`) or drops its turn.
 #[tokio::test]
 async fn a_round_waits_for_the_shards_that_got_entries() {
-    let (_server, mut conn) = setup(3, 5).await;
-    let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 2);
+    let (_server, mut conn, rounds) = setup_rounds(3, 5, 2).await;
     let first = rounds.submit(request(0), None, &always).await;
     assert_eq!(entries(&first), 2);
     let turn0 = turn(first).expect("shard 0 got entries: it has a turn");
 
     let before = xreadgroup_calls(&mut conn).await;
-    let waiting = tokio::spawn({
-        let rounds = rounds.clone();
-        async move { rounds.submit(request(1), None, &always).await }
-    });
+    let waiting = spawn_submit(&rounds, request(1));
     // Shard 0 holds the round: shard 1's request is not sent, however long it waits.
-    wait_queued(&rounds, 1).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished());
+    assert_held_up(&rounds, &waiting).await;
     assert_eq!(xreadgroup_calls(&mut conn).await, before);
 
     // Shard 0 asks again: one round, one XREADGROUP, for both.
@@ -220,13 +246,8 @@ async fn a_round_waits_for_the_shards_that_got_entries() {
     // request waits for shard 0 only.
     drop(turn(other));
     let turn0 = turn(again).unwrap();
-    let waiting = tokio::spawn({
-        let rounds = rounds.clone();
-        async move { rounds.submit(request(2), None, &always).await }
-    });
-    wait_queued(&rounds, 1).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished());
+    let waiting = spawn_submit(&rounds, request(2));
+    assert_held_up(&rounds, &waiting).await;
     drop(turn0);
     let third = waiting.await.unwrap();
     assert_eq!(entries(&third), 2);
@@ -235,8 +256,7 @@ async fn a_round_waits_for_the_shards_that_got_entries() {
 /// A shard with nothing new gets no turn: it does not hold the next round up.
 #[tokio::test]
 async fn a_shard_with_nothing_new_holds_nothing_up() {
-    let (_server, conn) = setup(2, 0).await;
-    let rounds = ReadRounds::new(conn, GROUP.into(), CONSUMER.into(), 2);
+    let (_server, _, rounds) = setup_rounds(2, 0, 2).await;
     let empty = rounds.submit(request(0), None, &always).await;
     assert_eq!(entries(&empty), 0);
     assert!(turn(empty).is_none());
@@ -247,8 +267,7 @@ async fn a_shard_with_nothing_new_holds_nothing_up() {
 /// A request whose shard the member no longer holds is not sent: nothing is read for it.
 #[tokio::test]
 async fn a_request_the_member_no_longer_holds_is_not_sent() {
-    let (_server, mut conn) = setup(2, 3).await;
-    let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 10);
+    let (_server, mut conn, rounds) = setup_rounds(2, 3, 10).await;
     let only_shard_1 = |shard: ShardIndex, _: &FenceToken| shard == 1;
     let refused = rounds.submit(request(0), None, &only_shard_1).await;
     assert!(matches!(refused, RoundResult::NotSent));
@@ -265,8 +284,7 @@ async fn a_request_the_member_no_longer_holds_is_not_sent() {
 /// the next queued request is sent.
 #[tokio::test]
 async fn a_cancelled_leader_lets_the_next_round_go() {
-    let (_server, mut conn) = setup(2, 3).await;
-    let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 10);
+    let (_server, mut conn, rounds) = setup_rounds(2, 3, 10).await;
     // Writes (XREADGROUP is one) wait while clients are paused: the leader's round hangs.
     let () = redis::cmd("CLIENT")
         .arg("PAUSE")
@@ -275,15 +293,9 @@ async fn a_cancelled_leader_lets_the_next_round_go() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let leader = tokio::spawn({
-        let rounds = rounds.clone();
-        async move { rounds.submit(request(0), None, &always).await }
-    });
+    let leader = spawn_submit(&rounds, request(0));
     wait_for("the round to start", || rounds.lock().in_flight).await;
-    let queued = tokio::spawn({
-        let rounds = rounds.clone();
-        async move { rounds.submit(request(1), None, &always).await }
-    });
+    let queued = spawn_submit(&rounds, request(1));
     wait_queued(&rounds, 1).await;
     assert!(!leader.is_finished() && !queued.is_finished());
     leader.abort();
@@ -302,7 +314,7 @@ async fn a_failed_read_is_reported_to_every_shard_and_the_acks_are_fenced_per_sh
     let (_server, mut conn) = setup(2, 2).await;
     // As after an earlier round (the first round on a fresh server finds NOSCRIPT).
     let mut client = fenced_client(&mut conn, 2).await;
-    let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 10);
+    let rounds = rounds_of(&conn, 10);
     let first = rounds.submit(request(0), None, &always).await;
     assert_eq!(entries(&first), 2);
     let turn0 = turn(first);
@@ -318,10 +330,7 @@ async fn a_failed_read_is_reported_to_every_shard_and_the_acks_are_fenced_per_sh
     // Shard 1 loses its consumer group (the stream stays).
     client.undo_recreate_group(1, false).await.unwrap();
     // Shard 1 waits for shard 0, which asks with its ack: one round for both.
-    let one = tokio::spawn({
-        let rounds = rounds.clone();
-        async move { rounds.submit(one, None, &always).await }
-    });
+    let one = spawn_submit(&rounds, one);
     wait_queued(&rounds, 1).await;
     let zero = rounds.submit(zero, turn0, &always).await;
     let mut acks = Vec::new();
@@ -351,7 +360,7 @@ async fn a_lost_script_is_loaded_again_for_the_next_round() {
     let (_server, mut conn) = setup(1, 4).await;
     let mut client = shard_client(&conn);
     assert_eq!(client.raise_fence(0, &token()).await.unwrap(), Ok(()));
-    let rounds = ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), 2);
+    let rounds = rounds_of(&conn, 2);
     drop(turn(rounds.submit(request(0), None, &always).await));
     let () = redis::cmd("SCRIPT")
         .arg("FLUSH")
