@@ -10,6 +10,7 @@
 //! - [`store`]: the Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction (docs/design.md §5);
 //! - [`handler`]: the `Handler` trait, the `Delivery` it receives, retry or dead-letter errors;
 //! - [`member`]: the member runtime: `Listener`, heartbeat loop, reconciler (docs/design.md §6, §7);
+//! - `runtime`: what a member's heartbeat loop and its shard tasks share: options, events, assignment state (docs/design.md §7.3);
 //! - `poller`: one task per owned shard: takeover, fenced reads, handlers, acks (docs/design.md §7, §8);
 //! - [`dataplane`]: fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (docs/design.md §8);
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (docs/design.md §9);
@@ -32,6 +33,7 @@ pub mod member;
 pub mod model;
 pub(crate) mod poller;
 pub mod producer;
+pub(crate) mod runtime;
 pub mod store;
 
 #[cfg(feature = "testing")]

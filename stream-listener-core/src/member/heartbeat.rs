@@ -8,13 +8,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::reconciler::Changes;
-use super::{ListenerEvent, ListenerOptions, MemberShared};
-use crate::connection::{RedisConnection, RedisTarget};
-use crate::handler::Handler;
-use crate::keys::StreamKeys;
 use crate::model::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, ShardIndex};
 use crate::poller::{ShardTask, ShardTaskContext};
+use crate::runtime::ListenerEvent;
+use crate::runtime::reconciler::Changes;
 use crate::store::{GroupStore, StoreError};
 
 /// Longest time one heartbeat may take before it counts as lost.
@@ -22,14 +19,11 @@ const MAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest pause between heartbeats while the store fails (missing metadata, Redis down).
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
 
+/// One member: its heartbeat loop and the shard tasks it runs.
 pub(super) struct Member {
-    pub(super) target: RedisTarget,
-    pub(super) conn: RedisConnection,
-    pub(super) stream: StreamKeys,
-    pub(super) group: String,
-    pub(super) handler: Arc<dyn Handler>,
-    pub(super) options: Arc<ListenerOptions>,
-    pub(super) shared: Arc<MemberShared>,
+    /// What the member's shard tasks share (and what the loop reads: connection, stream, group,
+    /// options, assignment state).
+    pub(super) ctx: Arc<ShardTaskContext>,
     pub(super) shutdown: CancellationToken,
     /// Parent of every shard task's stop token: cancelled when this member's task ends or is
     /// aborted, so no shard task outlives its member.
@@ -49,19 +43,19 @@ struct Running {
 
 impl Member {
     pub(super) async fn run(self) {
-        let member_id = self.shared.lock().identity().member_id.clone();
+        let member_id = self.member_id();
         let _stop_shards_on_exit = self.member_stop.clone().drop_guard();
         let span = tracing::info_span!(
             "member",
-            stream = %self.stream.prefix(),
-            group = %self.group,
+            stream = %self.ctx.stream.prefix(),
+            group = %self.ctx.group,
             member = %member_id,
         );
         self.run_loop().instrument(span).await;
     }
 
     async fn run_loop(self) {
-        let group_keys = match self.stream.group(&self.group) {
+        let group_keys = match self.ctx.stream.group(&self.ctx.group) {
             Ok(keys) => keys,
             Err(error) => {
                 tracing::error!(%error, "invalid group name");
@@ -69,20 +63,19 @@ impl Member {
             }
         };
         let mut store = GroupStore::new(
-            self.conn.clone(),
-            self.stream.clone(),
+            self.ctx.conn.clone(),
+            self.ctx.stream.clone(),
             group_keys,
-            self.options.coordination.clone(),
+            self.ctx.options.coordination.clone(),
         );
         let mut shards: BTreeMap<ShardIndex, Running> = BTreeMap::new();
         let mut seq = 0u64;
-        let mut interval = self.options.coordination.heartbeat_interval;
+        let mut interval = self.ctx.options.coordination.heartbeat_interval;
         let mut failures = 0u32;
         loop {
             seq += 1;
-            let mut request = self.shared.lock().request(seq);
-            request.active_consumer_workers =
-                self.shared.active_workers(request.runtime_max_concurrency);
+            let mut request = self.ctx.shared.lock().request(seq);
+            request.active_consumer_workers = self.ctx.active_workers();
             let sent_at = Instant::now();
             match self.send(&mut store, &request).await {
                 Ok(response) => {
@@ -129,7 +122,7 @@ impl Member {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = self.shared.wake_heartbeat.notified() => {}
+                _ = self.ctx.shared.wake_heartbeat.notified() => {}
                 _ = self.shutdown.cancelled() => {
                     self.leave(&mut store, &mut shards, seq + 1).await;
                     return;
@@ -141,12 +134,12 @@ impl Member {
     /// Missing metadata: provision it again from the configured shard count (operator intent),
     /// or keep failing closed without one (docs/design.md §5).
     async fn reprovision(&self, store: &mut GroupStore, error: &StoreError) {
-        let Some(shards) = self.options.auto_create_shards else {
+        let Some(shards) = self.ctx.options.auto_create_shards else {
             return;
         };
         tracing::warn!(%error, shards, "metadata lost: provisioning stream and group again from the configuration");
-        let mut conn = self.conn.clone();
-        let prefix = self.stream.prefix();
+        let mut conn = self.ctx.conn.clone();
+        let prefix = self.ctx.stream.prefix();
         if matches!(error, StoreError::MissingStream { .. })
             && let Err(error) = crate::admin::create_stream(&mut conn, prefix, shards).await
         {
@@ -162,7 +155,7 @@ impl Member {
         if let Err(error) = crate::admin::register_group(
             &mut conn,
             prefix,
-            &self.group,
+            &self.ctx.group,
             crate::model::StartFrom::Earliest,
         )
         .await
@@ -177,7 +170,7 @@ impl Member {
         request: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, StoreError> {
         // A third of the lease: a stuck heartbeat must not outlive the lease it tries to renew.
-        let timeout = (self.options.coordination.member_lease_ttl / 3)
+        let timeout = (self.ctx.options.coordination.member_lease_ttl / 3)
             .clamp(Duration::from_millis(100), MAX_HEARTBEAT_TIMEOUT);
         match tokio::time::timeout(timeout, store.heartbeat(request)).await {
             Ok(outcome) => Ok(outcome?.response),
@@ -193,11 +186,16 @@ impl Member {
         sent_at: Instant,
     ) -> Changes {
         let margin = self
+            .ctx
             .options
             .lease_margin
             .unwrap_or_else(|| Duration::from_millis(response.member_lease_ttl_ms) / 5);
-        let changes = self.shared.lock().apply(response, request, sent_at, margin);
-        self.shared.assignment_changed.notify_waiters();
+        let changes = self
+            .ctx
+            .shared
+            .lock()
+            .apply(response, request, sent_at, margin);
+        self.ctx.shared.assignment_changed.notify_waiters();
         if response.status != HeartbeatStatus::Ok {
             tracing::info!(status = ?response.status, member_epoch = response.member_epoch, "heartbeat status");
         }
@@ -268,14 +266,14 @@ impl Member {
     /// runs (its lease would release them soon as well). Returns `false` when the member was
     /// shut down meanwhile (no leave: nothing is owned, the lease runs out).
     async fn await_stopped(&self, stopped: Vec<(ShardIndex, tokio::task::JoinHandle<()>)>) -> bool {
-        let deadline = tokio::time::Instant::now() + self.options.handler_timeout;
+        let deadline = tokio::time::Instant::now() + self.ctx.options.handler_timeout;
         for (shard, mut task) in stopped {
             tokio::select! {
                 outcome = tokio::time::timeout_at(deadline, &mut task) => {
                     if outcome.is_err() {
                         tracing::error!(
                             shard,
-                            handler_timeout = ?self.options.handler_timeout,
+                            handler_timeout = ?self.ctx.options.handler_timeout,
                             "a handler stopped by a fencing status still runs after handler_timeout \
                              (it ignores cancellation): rejoining anyway; the next owner may handle \
                              entries of this shard while it runs"
@@ -291,16 +289,7 @@ impl Member {
     fn spawn_shard(&self, shard: ShardIndex) -> Running {
         let revoke = CancellationToken::new();
         let stop = self.member_stop.child_token();
-        let context = ShardTaskContext {
-            target: self.target.clone(),
-            conn: self.conn.clone(),
-            stream: self.stream.clone(),
-            group: self.group.clone(),
-            handler: self.handler.clone(),
-            options: self.options.clone(),
-            shared: self.shared.clone(),
-        };
-        let task = match ShardTask::new(context, shard, revoke.clone(), stop.clone()) {
+        let task = match ShardTask::new(self.ctx.clone(), shard, revoke.clone(), stop.clone()) {
             Ok(task) => tokio::spawn(task.run()),
             Err(error) => {
                 tracing::error!(%error, shard, "shard not polled");
@@ -317,10 +306,10 @@ impl Member {
             .filter(|(_, r)| r.task.is_finished())
             .map(|(s, _)| *s)
             .collect();
-        let epoch = self.shared.lock().epoch();
+        let epoch = self.ctx.shared.lock().epoch();
         for shard in finished {
             shards.remove(&shard);
-            self.shared.lock().drained(shard);
+            self.ctx.shared.lock().drained(shard);
             tracing::info!(shard, member_epoch = epoch, "shard released");
             self.event(ListenerEvent::Revoked {
                 member: self.member_id(),
@@ -337,11 +326,11 @@ impl Member {
         shards: &mut BTreeMap<ShardIndex, Running>,
         seq: u64,
     ) {
-        self.shared.lock().begin_leave();
+        self.ctx.shared.lock().begin_leave();
         for running in shards.values() {
             running.revoke.cancel();
         }
-        let deadline = tokio::time::Instant::now() + self.options.shutdown_timeout;
+        let deadline = tokio::time::Instant::now() + self.ctx.options.shutdown_timeout;
         for (shard, running) in std::mem::take(shards) {
             let stop = running.stop.clone();
             let mut task = running.task;
@@ -353,9 +342,9 @@ impl Member {
                 stop.cancel();
                 let _ = task.await;
             }
-            self.shared.lock().drained(shard);
+            self.ctx.shared.lock().drained(shard);
         }
-        let request = self.shared.lock().leave_request(seq);
+        let request = self.ctx.shared.lock().leave_request(seq);
         match self.send(store, &request).await {
             Ok(_) => tracing::info!("left the group"),
             Err(error) => {
@@ -365,13 +354,11 @@ impl Member {
     }
 
     fn member_id(&self) -> String {
-        self.shared.lock().identity().member_id.clone()
+        self.ctx.shared.member_id()
     }
 
     fn event(&self, event: ListenerEvent) {
-        if let Some(callback) = &self.options.events {
-            (callback.0)(event);
-        }
+        self.ctx.options.emit(event);
     }
 }
 

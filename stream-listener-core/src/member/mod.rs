@@ -7,157 +7,24 @@
 //! shard poller, `crate::poller`).
 
 mod heartbeat;
-pub(crate) mod reconciler;
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::connection::{RedisConnection, RedisTarget};
-use crate::coordinator::CoordinatorConfig;
-use crate::dataplane::FencingMode;
 use crate::handler::Handler;
 use crate::keys::{NameError, StreamKeys};
-use crate::model::{Epoch, ShardIndex, StartFrom};
+use crate::model::{Epoch, ShardIndex};
+use crate::poller::ShardTaskContext;
+// The simulation (`coordinator::simulation`) drives the reconciler through this path.
+use crate::runtime::MemberShared;
+#[cfg(test)]
+pub(crate) use crate::runtime::reconciler;
+use crate::runtime::reconciler::{Identity, Reconciler};
+pub use crate::runtime::{EventCallback, ListenerEvent, ListenerOptions};
 use crate::store::StoreError;
-use reconciler::{Identity, Reconciler};
-
-/// Settings of one listener (config section `[listeners.<name>]`, docs/design.md §11).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ListenerOptions {
-    /// The listener's name (member name in `describe`); default `listener`.
-    pub name: String,
-    /// Logical members in this process (default 1).
-    pub concurrency: u32,
-    /// Local workers per member (default 1); the assignor's weight. Never caps shards owned.
-    pub runtime_max_concurrency: u32,
-    /// Entries per read (default 32).
-    pub batch_size: usize,
-    /// Longest wait for new entries in one `XREAD BLOCK` (default 2 s), capped by the lease.
-    pub block: Duration,
-    /// Handler attempts per delivery before dead-lettering (default 3).
-    pub max_attempts: u32,
-    /// First retry backoff, doubled per attempt up to 30 s (default 200 ms).
-    pub backoff: Duration,
-    /// Handler attempts on an entry that did not finish (processes that died in its handler, or
-    /// lost the shard during it; the first delivery counts as one) after which the next delivery
-    /// dead-letters it unhandled (default 10). Re-reads and handovers without an attempt do not
-    /// count (docs/design.md §8.9).
-    pub max_deliveries: u64,
-    /// Limit of one handler attempt (default 30 s); below `rebalance_timeout`.
-    pub handler_timeout: Duration,
-    /// Time in-flight handlers get at shutdown before they are cancelled (default 30 s).
-    pub shutdown_timeout: Duration,
-    /// Where a newly registered group starts (default earliest).
-    pub start_from: StartFrom,
-    /// `strict` (default) or `acks` fencing (docs/design.md §8): in acks mode new entries are read
-    /// with a plain `XREADGROUP` (no fence check, no script), acks and claims stay fenced. On a
-    /// standalone server the member's shards then share their reads: one multi-stream
-    /// `XREADGROUP` and their acks per round trip (docs/design.md §8.7).
-    pub fencing: FencingMode,
-    /// Static membership: member ids become `<instance_id>-m<k>` and leaving uses `-2`.
-    pub instance_id: Option<String>,
-    /// Protocol timings.
-    pub coordination: CoordinatorConfig,
-    /// Safety margin taken off the lease on the member's side (default 20% of the lease TTL).
-    pub lease_margin: Option<Duration>,
-    /// Called on assignment changes, reads and fence rejections (for logs and tests).
-    pub events: Option<EventCallback>,
-    /// The stream's configured shard count (config `[streams.<prefix>] shards`), when it is
-    /// auto-created. Then lost stream or group metadata (Redis restarted empty) is provisioned
-    /// again from it — a new incarnation, consumer groups from `0`, no shard handed out for one
-    /// lease TTL (docs/design.md §5). Without it, missing metadata fails closed.
-    pub auto_create_shards: Option<u32>,
-    /// Entries larger than this (field names plus values, bytes) are never read into the
-    /// process: they are dead-lettered by id with reason `too-large`.
-    /// Default 16 MiB; `None` reads entries of any size. With [`FencingMode::Acks`] new entries
-    /// are read with a plain `XREADGROUP` and the limit applies after the read: the entry is
-    /// still dead-lettered by id and never handled, but its body passes through the process once.
-    pub max_entry_bytes: Option<usize>,
-}
-
-impl Default for ListenerOptions {
-    fn default() -> Self {
-        ListenerOptions {
-            name: "listener".into(),
-            concurrency: 1,
-            runtime_max_concurrency: 1,
-            batch_size: 32,
-            block: Duration::from_secs(2),
-            max_attempts: 3,
-            backoff: Duration::from_millis(200),
-            max_deliveries: 10,
-            handler_timeout: Duration::from_secs(30),
-            shutdown_timeout: Duration::from_secs(30),
-            start_from: StartFrom::Earliest,
-            fencing: FencingMode::Strict,
-            instance_id: None,
-            coordination: CoordinatorConfig::default(),
-            lease_margin: None,
-            events: None,
-            auto_create_shards: None,
-            max_entry_bytes: Some(16 * 1024 * 1024),
-        }
-    }
-}
-
-/// A callback for [`ListenerEvent`]s. It runs on the member's tasks: keep it quick.
-#[derive(Clone)]
-pub struct EventCallback(pub Arc<dyn Fn(ListenerEvent) + Send + Sync>);
-
-impl std::fmt::Debug for EventCallback {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("EventCallback")
-    }
-}
-
-/// Something a member did, reported to [`ListenerOptions::events`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ListenerEvent {
-    /// The member started reading a shard.
-    Assigned {
-        /// Member id.
-        member: String,
-        /// Shard.
-        shard: ShardIndex,
-        /// Member epoch of the assignment.
-        member_epoch: Epoch,
-    },
-    /// The member gave a shard up (drained and released, or stopped by fencing).
-    Revoked {
-        /// Member id.
-        member: String,
-        /// Shard.
-        shard: ShardIndex,
-        /// Member epoch at that time.
-        member_epoch: Epoch,
-    },
-    /// A fenced read returned entries.
-    Read {
-        /// Member id.
-        member: String,
-        /// Shard.
-        shard: ShardIndex,
-        /// Entries returned.
-        count: usize,
-        /// First entry id.
-        first_id: String,
-    },
-    /// The fence refused a read, ack or claim.
-    FenceRejected {
-        /// `read`, `ack` or `claim`.
-        op: &'static str,
-        /// Member id.
-        member: String,
-        /// Shard.
-        shard: ShardIndex,
-    },
-}
 
 /// Why a listener could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -419,14 +286,18 @@ impl Listener {
                 runtime_max_concurrency: shared_options.runtime_max_concurrency,
             };
             let shared = Arc::new(MemberShared::new(Reconciler::new(identity)));
+            // The worker pool and the read rounds are the member's, made before any shard task.
+            let ctx = ShardTaskContext::new(
+                self.target.clone(),
+                conn.clone(),
+                self.stream.clone(),
+                self.group.clone(),
+                self.handler.clone(),
+                shared_options.clone(),
+                shared.clone(),
+            );
             let member = heartbeat::Member {
-                target: self.target.clone(),
-                conn: conn.clone(),
-                stream: self.stream.clone(),
-                group: self.group.clone(),
-                handler: self.handler.clone(),
-                options: shared_options.clone(),
-                shared: shared.clone(),
+                ctx: Arc::new(ctx),
                 shutdown: shutdown.clone(),
                 member_stop: CancellationToken::new(),
                 stopped: stopped_tx.clone(),
@@ -439,51 +310,5 @@ impl Listener {
             members,
             stopped,
         })
-    }
-}
-
-/// State one member's heartbeat loop and shard tasks share.
-#[derive(Debug)]
-pub(crate) struct MemberShared {
-    reconciler: Mutex<Reconciler>,
-    /// Wakes the heartbeat loop early (a shard drained: report it now).
-    pub(crate) wake_heartbeat: Notify,
-    /// Signals shard tasks that the assignment or lease changed.
-    pub(crate) assignment_changed: Notify,
-    pub(crate) handled: std::sync::atomic::AtomicU64,
-    /// The member's `runtime_max_concurrency` workers, shared by its shard tasks.
-    pub(crate) workers: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
-    /// The member's read rounds (`fencing = "acks"` on a standalone server), shared by its shard
-    /// tasks; `None` inside where shards read one at a time.
-    pub(crate) rounds: std::sync::OnceLock<Option<Arc<crate::poller::ReadRounds>>>,
-}
-
-impl MemberShared {
-    fn new(reconciler: Reconciler) -> Self {
-        MemberShared {
-            reconciler: Mutex::new(reconciler),
-            wake_heartbeat: Notify::new(),
-            assignment_changed: Notify::new(),
-            handled: std::sync::atomic::AtomicU64::new(0),
-            workers: std::sync::OnceLock::new(),
-            rounds: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// How many of the member's `max` workers run a handler attempt now (the heartbeat's
-    /// `activeConsumerWorkers`, docs/design.md §6): `0` before its first shard task starts.
-    pub(crate) fn active_workers(&self, max: u32) -> u32 {
-        self.workers.get().map_or(0, |workers| {
-            let free = u32::try_from(workers.available_permits()).unwrap_or(u32::MAX);
-            max.saturating_sub(free)
-        })
-    }
-
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Reconciler> {
-        // A panic while holding this lock cannot leave the reconciler half-updated in a way that
-        // matters more than stopping: recover the guard rather than poisoning every member task.
-        self.reconciler
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

@@ -339,6 +339,21 @@ mod tests {
 
     const MARGIN: Duration = Duration::from_secs(3);
 
+    /// A member (`identity`) that joined and was assigned `shards` at epoch 5, with the time its
+    /// join was sent (the lease runs from it).
+    fn joined(identity: Identity, shards: &[ShardIndex]) -> (Reconciler, Instant) {
+        let mut r = Reconciler::new(identity);
+        let sent = Instant::now();
+        let join = r.request(1);
+        r.apply(
+            &response(HeartbeatStatus::Ok, 5, shards),
+            &join,
+            sent,
+            MARGIN,
+        );
+        (r, sent)
+    }
+
     #[test]
     fn ok_starts_assigned_shards_with_the_responses_token_and_sets_the_lease() {
         let mut r = Reconciler::new(identity());
@@ -367,15 +382,7 @@ mod tests {
     #[test]
     fn a_shard_no_longer_assigned_is_revoked_and_never_resumed_before_its_release_is_acknowledged()
     {
-        let mut r = Reconciler::new(identity());
-        let sent = Instant::now();
-        let req = r.request(1);
-        r.apply(
-            &response(HeartbeatStatus::Ok, 5, &[0, 1]),
-            &req,
-            sent,
-            MARGIN,
-        );
+        let (mut r, sent) = joined(identity(), &[0, 1]);
         let req = r.request(2);
         let changes = r.apply(&response(HeartbeatStatus::Ok, 6, &[0]), &req, sent, MARGIN);
         assert_eq!(changes.revoke, vec![1]);
@@ -416,10 +423,7 @@ mod tests {
 
     #[test]
     fn fencing_statuses_stop_everything_and_rejoin() {
-        let mut r = Reconciler::new(identity());
-        let sent = Instant::now();
-        let req = r.request(1);
-        r.apply(&response(HeartbeatStatus::Ok, 5, &[0]), &req, sent, MARGIN);
+        let (mut r, sent) = joined(identity(), &[0]);
         let req = r.request(2);
         let changes = r.apply(
             &response(HeartbeatStatus::FencedMemberEpoch, 0, &[]),
@@ -442,15 +446,7 @@ mod tests {
 
     #[test]
     fn sync_metadata_keeps_assigned_owned_shards_and_starts_nothing_new() {
-        let mut r = Reconciler::new(identity());
-        let sent = Instant::now();
-        let req = r.request(1);
-        r.apply(
-            &response(HeartbeatStatus::Ok, 5, &[0, 1]),
-            &req,
-            sent,
-            MARGIN,
-        );
+        let (mut r, sent) = joined(identity(), &[0, 1]);
         let req = r.request(2);
         let mut sync = response(HeartbeatStatus::SyncMetadata, 9, &[0, 2]);
         sync.incarnation = 200;
@@ -477,10 +473,7 @@ mod tests {
 
     #[test]
     fn a_fence_conflict_is_reported_until_a_response_acknowledges_it() {
-        let mut r = Reconciler::new(identity());
-        let sent = Instant::now();
-        let req = r.request(1);
-        r.apply(&response(HeartbeatStatus::Ok, 5, &[0]), &req, sent, MARGIN);
+        let (mut r, sent) = joined(identity(), &[0]);
         let conflict = FenceConflict {
             shard_index: 0,
             incarnation: 100,
@@ -504,18 +497,11 @@ mod tests {
 
     #[test]
     fn leaving_reports_everything_revoked() {
-        let mut r = Reconciler::new(Identity {
+        let static_member = Identity {
             instance_id: Some("pod-1".into()),
             ..identity()
-        });
-        let sent = Instant::now();
-        let req = r.request(1);
-        r.apply(
-            &response(HeartbeatStatus::Ok, 5, &[0, 1]),
-            &req,
-            sent,
-            MARGIN,
-        );
+        };
+        let (mut r, _) = joined(static_member, &[0, 1]);
         assert_eq!(r.begin_leave(), vec![0, 1]);
         let leave = r.leave_request(2);
         assert_eq!(leave.member_epoch, crate::model::STATIC_LEAVE_EPOCH);

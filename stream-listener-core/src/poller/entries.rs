@@ -1,0 +1,210 @@
+//! Handling entries (docs/design.md §8.8 outcomes, §8.9 poison entries): a batch in order, each
+//! entry by its status (present, trimmed, too large), its attempts counted across deliveries
+//! when the policy says so ([`super::attempt`]), retried in place, dead-lettered or left pending.
+
+use super::ShardTask;
+use super::attempt::{Limits, Verdict};
+use super::handler_run::Attempt;
+use crate::dataplane::{DataPlaneError, DeadLetterReason, EntryStatus, ShardEntry};
+use crate::fence::FenceToken;
+use crate::handler::Delivery;
+use crate::runtime::ListenerEvent;
+
+/// The `error` field of a `max-deliveries` dead letter.
+const MAX_DELIVERIES_ERROR: &str = "max_deliveries handler attempts did not finish";
+
+/// What became of one entry.
+enum Outcome {
+    /// Handled, dead-lettered or trimmed: ack it.
+    Ack,
+    /// Not finished (drain, stop, lease end): leave it pending for the next owner.
+    Abandon,
+}
+
+impl ShardTask {
+    /// Handles `entries` in order. When every entry finished, their ids wait in the ack buffer for the
+    /// next read's round trip; otherwise (revoked, stopped, lease ended) what finished is acked
+    /// now, in one fenced `XACK`. Returns whether every entry finished.
+    pub(super) async fn handle_batch(
+        &mut self,
+        token: &FenceToken,
+        entries: Vec<ShardEntry>,
+    ) -> Result<bool, DataPlaneError> {
+        if let Some(first) = entries.first() {
+            self.ctx.options.emit(ListenerEvent::Read {
+                member: self.ctx.member_id.to_string(),
+                shard: self.shard,
+                count: entries.len(),
+                first_id: first.id.clone(),
+            });
+        }
+        let mut finished = Vec::with_capacity(entries.len());
+        let mut complete = true;
+        for mut entry in entries {
+            if self.done() || !self.still_holds(token) {
+                complete = false;
+                break;
+            }
+            match self.handle_entry(token, &mut entry).await? {
+                Outcome::Ack => finished.push(entry.id),
+                Outcome::Abandon => {
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        if complete {
+            // Acked with the next read (or on its own if something else comes first).
+            self.hold_acks(token, finished).await;
+            return Ok(true);
+        }
+        self.ack(token, &finished).await?;
+        Ok(false)
+    }
+
+    /// docs/design.md §8.8, outcomes: retries in place with backoff, dead letters, cancellation.
+    ///
+    /// Every attempt shares the entry's fields (`Arc`): the entry may be trimmed from the stream
+    /// while it is retried, and its retries and dead letter must still have its body.
+    async fn handle_entry(
+        &mut self,
+        token: &FenceToken,
+        entry: &mut ShardEntry,
+    ) -> Result<Outcome, DataPlaneError> {
+        let limits = Limits::of(&self.ctx.options);
+        match entry.status {
+            EntryStatus::Present => {}
+            EntryStatus::Trimmed => {
+                tracing::warn!(entry = %entry.id, "entry trimmed while pending: acked without handling");
+                // It may have been counted by a process that died in its handler (only ever a
+                // re-delivered entry: a first delivery is never counted).
+                if entry.delivery_count > 1 {
+                    self.forget_attempts(entry).await;
+                }
+                return Ok(Outcome::Ack);
+            }
+            EntryStatus::TooLarge { bytes } => {
+                let error = format!("entry of {bytes} bytes is over the read limit");
+                self.dead_letter(entry, DeadLetterReason::TooLarge, &error, 0)
+                    .await?;
+                // Counted by a process with a larger limit (a rolling change of it), maybe.
+                if entry.delivery_count > 1 {
+                    self.forget_attempts(entry).await;
+                }
+                return Ok(Outcome::Ack);
+            }
+        }
+        // Counted in Redis just before the first attempt of this delivery
+        // ([`Limits::counts_first_deliveries`] says when).
+        let counted = limits.counts_attempts(entry.delivery_count);
+        if counted {
+            let attempts = match self
+                .client
+                .count_attempt(self.shard, token, &entry.id)
+                .await?
+            {
+                Ok(attempts) => attempts,
+                Err(fenced) => {
+                    self.conflict("attempt", fenced, token).await;
+                    return Ok(Outcome::Abandon);
+                }
+            };
+            if limits.over_max_deliveries(attempts) {
+                self.dead_letter(
+                    entry,
+                    DeadLetterReason::MaxDeliveries,
+                    MAX_DELIVERIES_ERROR,
+                    0,
+                )
+                .await?;
+                self.forget_attempts(entry).await;
+                return Ok(Outcome::Ack);
+            }
+        }
+        let outcome = self.attempts(token, entry, limits).await?;
+        if counted && matches!(outcome, Outcome::Ack) {
+            self.forget_attempts(entry).await;
+        }
+        Ok(outcome)
+    }
+
+    /// The handler attempts of one delivery of `entry`: up to `max_attempts`, in place, with
+    /// growing backoff; a dead letter when they are used up or the error says so.
+    async fn attempts(
+        &mut self,
+        token: &FenceToken,
+        entry: &ShardEntry,
+        limits: Limits,
+    ) -> Result<Outcome, DataPlaneError> {
+        for attempt in 1..=limits.max_attempts {
+            let delivery = Delivery {
+                stream_key: self.shard_key.clone(),
+                shard: self.shard,
+                entry_id: entry.id.clone(),
+                fields: entry.fields.clone(),
+                delivery_count: entry.delivery_count,
+                attempt,
+                member_id: self.ctx.member_id.clone(),
+                member_epoch: token.member_epoch,
+            };
+            let error = match self.run_handler(delivery).await {
+                Attempt::Ok => return Ok(Outcome::Ack),
+                Attempt::Cancelled => return Ok(Outcome::Abandon),
+                Attempt::Failed(error) => error,
+            };
+            // Draining: no further retries; the entry stays pending for the next owner.
+            let draining = self.revoke.is_cancelled();
+            let backoff = match limits.after_failure(&error, attempt, draining) {
+                Verdict::DeadLetter { reason } => {
+                    self.dead_letter(entry, reason, &error.to_string(), attempt)
+                        .await?;
+                    return Ok(Outcome::Ack);
+                }
+                Verdict::Abandon => return Ok(Outcome::Abandon),
+                Verdict::Retry { backoff } => backoff,
+            };
+            tracing::debug!(entry = %entry.id, attempt, %error, "handler failed; retrying in place");
+            self.pause(backoff).await;
+            // The lease may have lapsed during the backoff (heartbeats failing): no attempt
+            // without it, or the shard's next owner and this one could run the entry at once.
+            if self.done() || !self.may_finish() {
+                return Ok(Outcome::Abandon);
+            }
+        }
+        Ok(Outcome::Abandon)
+    }
+
+    /// Removes `entry`'s attempt count once it is finished (handled or dead-lettered), before
+    /// its ack: if the ack is then lost, the entry comes back with a fresh count, which is right
+    /// (its handler did not kill the process). A failure leaves a stale field, logged.
+    ///
+    /// Only while the task may still finish (the `HDEL` is not fenced): a stopped task whose
+    /// handler returned late (it ignored cancellation) acks nothing, and the shard's next tenure
+    /// may have counted its own attempt meanwhile; the count stays, this attempt in it.
+    async fn forget_attempts(&mut self, entry: &ShardEntry) {
+        if !self.may_finish() {
+            return;
+        }
+        if let Err(error) = self
+            .client
+            .forget_attempts(self.shard, &[entry.id.as_str()])
+            .await
+        {
+            tracing::warn!(entry = %entry.id, %error, "removing the attempt count failed");
+        }
+    }
+
+    async fn dead_letter(
+        &mut self,
+        entry: &ShardEntry,
+        reason: DeadLetterReason,
+        error: &str,
+        attempts: u32,
+    ) -> Result<(), DataPlaneError> {
+        tracing::warn!(entry = %entry.id, ?reason, attempts, error, "dead-lettering entry");
+        self.client
+            .dead_letter(self.shard, entry, reason, error, attempts)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,101 @@
+//! One handler attempt (docs/design.md §7.3, §8.8): on one of the member's workers (FIFO), under
+//! `handler_timeout`, with a panic caught as a failed attempt, cancelled by a stop or the end of
+//! the lease.
+
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
+
+use super::ShardTask;
+use crate::handler::{Delivery, HandlerError};
+
+/// What became of one handler attempt.
+pub(super) enum Attempt {
+    /// The handler returned `Ok`.
+    Ok,
+    /// The handler returned an error, panicked or timed out.
+    Failed(HandlerError),
+    /// Stopped (a fencing status, the member's end) or the lease ended: the entry is left
+    /// pending.
+    Cancelled,
+}
+
+/// The attempt a finished handler future (panics caught) stands for.
+fn attempt_outcome(
+    outcome: Result<Result<(), HandlerError>, Box<dyn std::any::Any + Send>>,
+) -> Attempt {
+    match outcome {
+        Ok(Ok(())) => Attempt::Ok,
+        Ok(Err(error)) => Attempt::Failed(error),
+        Err(panic) => Attempt::Failed(HandlerError::retryable(format!(
+            "handler panicked: {}",
+            panic_message(panic.as_ref())
+        ))),
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+impl ShardTask {
+    /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
+    /// ends (fail closed); a drain lets it finish.
+    pub(super) async fn run_handler(&self, delivery: Delivery) -> Attempt {
+        // One of the member's workers per attempt, FIFO: shards waiting for a worker are served
+        // in turn, and no worker is held through a backoff or an ack. A free worker is taken
+        // at once (`try_acquire` never jumps the queue: released permits go to waiters first).
+        // The permit borrows the member's pool (no reference count touched per entry). Waiting
+        // for a worker gives up the shard's turn in the read round (as every wait does).
+        let workers = &self.ctx.workers;
+        let _permit = match workers.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let permit = tokio::select! {
+                    permit = workers.acquire() => permit.ok(),
+                    _ = self.stop.cancelled() => None,
+                };
+                // The wait for a worker may have outlived the lease (or the process was paused
+                // in it).
+                match permit {
+                    Some(permit) if self.may_finish() => permit,
+                    _ => return Attempt::Cancelled,
+                }
+            }
+        };
+        // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a
+        // failed attempt; dropping the future cancels the handler.
+        let handler = AssertUnwindSafe(self.ctx.handler.handle(delivery)).catch_unwind();
+        tokio::pin!(handler);
+        // Most handlers finish in their first poll: no timer is armed for them. A pending one is
+        // polled again below with the task's waker (and the task, waiting, gives up its turn).
+        if let Some(outcome) = handler.as_mut().now_or_never() {
+            return attempt_outcome(outcome);
+        }
+        // The timeout runs from the end of the first poll (no clock read for handlers that are
+        // done by then; a first poll that blocks the thread cannot be timed out anyway).
+        let timeout = tokio::time::sleep(self.ctx.options.handler_timeout);
+        tokio::pin!(timeout);
+        loop {
+            let lease_end = tokio::time::sleep(self.lease_remaining());
+            tokio::select! {
+                outcome = &mut handler => return attempt_outcome(outcome),
+                _ = &mut timeout => {
+                    return Attempt::Failed(HandlerError::retryable(format!(
+                        "handler timed out after {:?}", self.ctx.options.handler_timeout
+                    )));
+                }
+                _ = self.stop.cancelled() => return Attempt::Cancelled,
+                _ = lease_end => {
+                    if !self.may_finish() {
+                        return Attempt::Cancelled;
+                    }
+                }
+            }
+        }
+    }
+}

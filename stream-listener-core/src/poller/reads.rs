@@ -1,0 +1,159 @@
+//! Reading new entries (`>`, docs/design.md §8.7): the ack of the previous batch and the next
+//! read in one round trip, on the shard's own or in the member's read round ([`super::rounds`]),
+//! and the blocking wait for new entries when a read found none.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::rounds::{ReadRounds, Request, RoundResult};
+use super::{Phase, ShardTask, holds};
+use crate::dataplane::round::{PartRead, RoundPart};
+use crate::dataplane::{DataPlaneError, Fenced, FencingMode, ReadOutcome, Waiter};
+use crate::fence::FenceToken;
+use crate::model::ShardIndex;
+
+impl ShardTask {
+    /// Acks the previous batch and reads the next one in the same round trip (one pipeline, the
+    /// ack first). A refused or failed ack wins over what the read returned: those entries stay
+    /// in this consumer's pending list.
+    pub(super) async fn read_new(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {
+        let batch = self.ctx.options.batch_size;
+        let mode = self.ctx.options.fencing;
+        let ids = self.take_acks_for(token).await;
+        let result = match self.ctx.rounds.clone() {
+            Some(rounds) => self.round(&rounds, token, ids.as_slice()).await,
+            None => self
+                .client
+                .ack_and_read_new(self.shard, token, &ids, batch, mode)
+                .await
+                .map(Some),
+        };
+        let (acked, read) = match result {
+            Ok(Some(replies)) => replies,
+            // Not sent (lease or assignment changed while queued), or failed (nothing is known
+            // of what ran): the handled ids are held again, and acked (again: harmless) before
+            // the shard re-reads its own pending entries — not handled a second time.
+            other => {
+                self.acks.hold(token, ids);
+                return other.map(|_| ());
+            }
+        };
+        match acked {
+            Ok(_) => self.count_handled(ids.len()),
+            Err(fenced) => {
+                self.conflict("ack", fenced, token).await;
+                return Ok(());
+            }
+        }
+        match read {
+            ReadOutcome::Entries(entries) => {
+                self.behind = entries.len() >= batch;
+                if !self.handle_batch(token, entries).await? {
+                    // Entries left unfinished (lease lapse, failed attempt while draining) stay
+                    // in this consumer's pending list: go back to it before reading new ones.
+                    self.phase = Phase::Pending("0".into());
+                }
+                self.sweep_if_due();
+                Ok(())
+            }
+            ReadOutcome::Empty { last_id } => {
+                self.behind = false;
+                self.sweep_if_due();
+                if self.phase == Phase::New {
+                    self.wait_for_entries(&last_id).await?;
+                }
+                Ok(())
+            }
+            ReadOutcome::Fenced(fenced) => {
+                self.conflict("read", fenced, token).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// [`crate::dataplane::ShardClient::ack_and_read_new`] in the member's next read round
+    /// ([`super::rounds`]): the ack of `ids` and the read of this shard share the round trip with
+    /// the member's other shards. `None` when nothing was sent for this shard.
+    async fn round(
+        &mut self,
+        rounds: &Arc<ReadRounds>,
+        token: &FenceToken,
+        ids: &[String],
+    ) -> Result<Option<(Result<usize, Fenced>, ReadOutcome)>, DataPlaneError> {
+        let batch = self.ctx.options.batch_size;
+        let ack = (!ids.is_empty()).then(|| self.client.ack_part(self.shard, token, ids));
+        let request = Request {
+            shard: self.shard,
+            token: token.clone(),
+            part: RoundPart {
+                key: self.shard_key.to_string(),
+                ack,
+            },
+        };
+        let shared = &self.ctx.shared;
+        let still_held = |shard: ShardIndex, token: &FenceToken| holds(shared, shard, token);
+        let (reply, turn) = match rounds.submit(request, self.turn.take(), &still_held).await {
+            RoundResult::Done(reply, turn) => (reply, turn),
+            RoundResult::NotSent => return Ok(None),
+            RoundResult::Failed(source) => {
+                return Err(DataPlaneError::Redis {
+                    op: "read_round",
+                    shard: Some(self.shard),
+                    source,
+                });
+            }
+        };
+        // Held while this task does not wait: a script missing on the server makes this shard
+        // ack on its own, and that round trip gives the turn up.
+        self.turn.hold(turn);
+        let acked = match reply.ack {
+            Some(ack) => self.client.ack_reply(self.shard, token, ids, ack).await?,
+            None => Ok(0),
+        };
+        let read = match reply.read {
+            PartRead::Entries(read) => {
+                self.client
+                    .read_new_reply(self.shard, token, batch, Ok(read))
+                    .await?
+            }
+            // The multi-stream read failed as a whole and delivered nothing (another shard's
+            // group missing?): read this shard on its own, which reports its own error if any.
+            PartRead::ReadAlone => {
+                self.client
+                    .read_new(self.shard, token, batch, FencingMode::Acks)
+                    .await?
+            }
+            // Entries may have been delivered: back to this consumer's pending entries.
+            PartRead::Unexpected(what) => {
+                return Err(DataPlaneError::unexpected(
+                    "read_round",
+                    Some(self.shard),
+                    what,
+                ));
+            }
+        };
+        Ok(Some((acked, read)))
+    }
+
+    /// Blocks until a new entry arrives, the block time or the lease runs out, or the shard is
+    /// revoked (`XREAD BLOCK` without a group, on a dedicated connection).
+    async fn wait_for_entries(&mut self, last_id: &str) -> Result<(), DataPlaneError> {
+        let block = self.ctx.options.block.min(self.lease_remaining());
+        if block < Duration::from_millis(1) {
+            return Ok(());
+        }
+        if self.waiter.is_none() {
+            self.waiter = Some(Waiter::connect(&self.ctx.target, self.ctx.options.block).await?);
+        }
+        let shards = [(self.ctx.stream.shard(self.shard), last_id.to_owned())];
+        let Some(waiter) = self.waiter.as_mut() else {
+            return Ok(());
+        };
+        tokio::select! {
+            result = waiter.wait(&shards, block) => { result?; }
+            _ = self.revoke.cancelled() => {}
+            _ = self.stop.cancelled() => {}
+        }
+        Ok(())
+    }
+}

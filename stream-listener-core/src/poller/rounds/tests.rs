@@ -1,0 +1,466 @@
+//! The round rules against a real standalone server.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::*;
+use crate::connection::RedisTarget;
+use crate::dataplane::GroupRecreated;
+use crate::dataplane::round::PartRead;
+use crate::testing::RedisServer;
+
+const GROUP: &str = "g";
+const CONSUMER: &str = "m-m0";
+
+fn token() -> FenceToken {
+    FenceToken {
+        incarnation: 1,
+        member_epoch: 1,
+        member_id: CONSUMER.into(),
+        process_id: "p".into(),
+    }
+}
+
+fn key(shard: ShardIndex) -> String {
+    format!("{{s:{shard}}}")
+}
+
+/// A server with shards 0..`shards`, each with group `g` and `entries` entries.
+pub(super) async fn setup(shards: u32, entries: usize) -> (RedisServer, RedisConnection) {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::Standalone(server.url());
+    let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut client = shard_client(&conn);
+    for shard in 0..shards {
+        let created = client.recreate_group(shard, true).await.unwrap();
+        assert_eq!(
+            created,
+            GroupRecreated::Created {
+                stream_created: true
+            }
+        );
+        for n in 0..entries {
+            let _: String = redis::cmd("XADD")
+                .arg(key(shard))
+                .arg("*")
+                .arg("n")
+                .arg(n)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+    (server, conn)
+}
+
+/// [`setup`], and the member's read rounds on it, `count` entries per shard per round.
+async fn setup_rounds(
+    shards: u32,
+    entries: usize,
+    count: usize,
+) -> (RedisServer, RedisConnection, Arc<ReadRounds>) {
+    let (server, conn) = setup(shards, entries).await;
+    let rounds = rounds_of(&conn, count);
+    (server, conn, rounds)
+}
+
+/// The member's read rounds on `conn`, `count` entries per shard per round.
+pub(super) fn rounds_of(conn: &RedisConnection, count: usize) -> Arc<ReadRounds> {
+    ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), count)
+}
+
+/// The member's client for the shards `{s:<i>}` (to build fenced acks).
+fn shard_client(conn: &RedisConnection) -> crate::dataplane::ShardClient {
+    let keys = crate::keys::StreamKeys::new("s").unwrap();
+    crate::dataplane::ShardClient::new(conn.clone(), keys, GROUP, CONSUMER).unwrap()
+}
+
+/// The member's client with the fences of shards 0..`shards` raised with [`token`], and the
+/// `ack_shards` script loaded (as after an earlier round).
+async fn fenced_client(conn: &mut RedisConnection, shards: u32) -> crate::dataplane::ShardClient {
+    let mut client = shard_client(conn);
+    for shard in 0..shards {
+        assert_eq!(client.raise_fence(shard, &token()).await.unwrap(), Ok(()));
+    }
+    let _: String = crate::dataplane::scripts::ack_shards()
+        .load_async(conn)
+        .await
+        .unwrap();
+    client
+}
+
+fn request(shard: ShardIndex) -> Request {
+    Request {
+        shard,
+        token: token(),
+        part: RoundPart {
+            key: key(shard),
+            ack: None,
+        },
+    }
+}
+
+fn always(_: ShardIndex, _: &FenceToken) -> bool {
+    true
+}
+
+/// How many entries a round's reply holds for its shard.
+fn entries(result: &RoundResult) -> usize {
+    let RoundResult::Done(reply, _) = result else {
+        panic!("round not done");
+    };
+    match &reply.read {
+        PartRead::Entries(Value::Array(streams)) => match &streams[0] {
+            Value::Array(pair) => match &pair[1] {
+                Value::Array(list) => list.len(),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        },
+        PartRead::Entries(Value::Nil) => 0,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn turn(result: RoundResult) -> Option<Turn> {
+    match result {
+        RoundResult::Done(_, turn) => turn,
+        _ => panic!("round not done"),
+    }
+}
+
+/// Submits `request` from a task of its own (a sibling shard task), always held.
+fn spawn_submit(
+    rounds: &Arc<ReadRounds>,
+    request: Request,
+) -> tokio::task::JoinHandle<RoundResult> {
+    let rounds = rounds.clone();
+    tokio::spawn(async move { rounds.submit(request, None, &always).await })
+}
+
+/// `waiting`'s request is queued and stays unsent, however long it waits.
+async fn assert_held_up(rounds: &ReadRounds, waiting: &tokio::task::JoinHandle<RoundResult>) {
+    wait_queued(rounds, 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+}
+
+/// Waits until `n` requests are queued (spawned tasks have reached the queue); fails after
+/// 10 s (a request that was sent at once instead).
+async fn wait_queued(rounds: &ReadRounds, n: usize) {
+    wait_for("requests to queue", || rounds.lock().queued.len() >= n).await;
+}
+
+async fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 10 s for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The ids of every entry of `shard`, in order.
+async fn entry_ids(conn: &mut RedisConnection, shard: ShardIndex) -> Vec<String> {
+    redis::cmd("XRANGE")
+        .arg(key(shard))
+        .arg("-")
+        .arg("+")
+        .query_async::<Vec<(String, Vec<(String, String)>)>>(conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// How many entries of `shard` are pending in the group.
+async fn pending(conn: &mut RedisConnection, shard: ShardIndex) -> i64 {
+    let summary: Vec<Value> = redis::cmd("XPENDING")
+        .arg(key(shard))
+        .arg(GROUP)
+        .query_async(conn)
+        .await
+        .unwrap();
+    match &summary[0] {
+        Value::Int(n) => *n,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A script reply as text: its elements joined by spaces (`OK 3`, `HIGHER <stored>`).
+fn reply_text(reply: &Value) -> String {
+    match reply {
+        Value::Array(items) => items
+            .iter()
+            .map(|item| match item {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::Int(n) => n.to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => format!("{other:?}"),
+    }
+}
+
+async fn xreadgroup_calls(conn: &mut RedisConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xreadgroup:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// A shard that got entries holds the next round up until it asks again (then both shards
+/// share one `XREADGROUP`) or drops its turn.
+#[tokio::test]
+async fn a_round_waits_for_the_shards_that_got_entries() {
+    let (_server, mut conn, rounds) = setup_rounds(3, 5, 2).await;
+    let first = rounds.submit(request(0), None, &always).await;
+    assert_eq!(entries(&first), 2);
+    let turn0 = turn(first).expect("shard 0 got entries: it has a turn");
+
+    let before = xreadgroup_calls(&mut conn).await;
+    let waiting = spawn_submit(&rounds, request(1));
+    // Shard 0 holds the round: shard 1's request is not sent, however long it waits.
+    assert_held_up(&rounds, &waiting).await;
+    assert_eq!(xreadgroup_calls(&mut conn).await, before);
+
+    // Shard 0 asks again: one round, one XREADGROUP, for both.
+    let again = rounds.submit(request(0), Some(turn0), &always).await;
+    let other = waiting.await.unwrap();
+    assert_eq!((entries(&again), entries(&other)), (2, 2));
+    assert_eq!(xreadgroup_calls(&mut conn).await, before + 1);
+
+    // Shard 1 drops its turn without asking: shard 0 alone still has one; then shard 2's
+    // request waits for shard 0 only.
+    drop(turn(other));
+    let turn0 = turn(again).unwrap();
+    let waiting = spawn_submit(&rounds, request(2));
+    assert_held_up(&rounds, &waiting).await;
+    drop(turn0);
+    let third = waiting.await.unwrap();
+    assert_eq!(entries(&third), 2);
+}
+
+/// A shard with nothing new gets no turn: it does not hold the next round up.
+#[tokio::test]
+async fn a_shard_with_nothing_new_holds_nothing_up() {
+    let (_server, _, rounds) = setup_rounds(2, 0, 2).await;
+    let empty = rounds.submit(request(0), None, &always).await;
+    assert_eq!(entries(&empty), 0);
+    assert!(turn(empty).is_none());
+    let next = rounds.submit(request(1), None, &always).await;
+    assert_eq!(entries(&next), 0);
+}
+
+/// A request whose shard the member no longer holds is not sent: nothing is read for it.
+#[tokio::test]
+async fn a_request_the_member_no_longer_holds_is_not_sent() {
+    let (_server, mut conn, rounds) = setup_rounds(2, 3, 10).await;
+    let only_shard_1 = |shard: ShardIndex, _: &FenceToken| shard == 1;
+    let refused = rounds.submit(request(0), None, &only_shard_1).await;
+    assert!(matches!(refused, RoundResult::NotSent));
+    assert_eq!(
+        pending(&mut conn, 0).await,
+        0,
+        "nothing was read for shard 0"
+    );
+    let sent = rounds.submit(request(1), None, &only_shard_1).await;
+    assert_eq!(entries(&sent), 3);
+}
+
+/// A task cancelled while sending a round (its member stopped) does not stall the member:
+/// the next queued request is sent.
+#[tokio::test]
+async fn a_cancelled_leader_lets_the_next_round_go() {
+    let (_server, mut conn, rounds) = setup_rounds(2, 3, 10).await;
+    // Writes (XREADGROUP is one) wait while clients are paused: the leader's round hangs.
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let leader = spawn_submit(&rounds, request(0));
+    wait_for("the round to start", || rounds.lock().in_flight).await;
+    let queued = spawn_submit(&rounds, request(1));
+    wait_queued(&rounds, 1).await;
+    assert!(!leader.is_finished() && !queued.is_finished());
+    leader.abort();
+    let next = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the queued request is sent once the leader is gone")
+        .unwrap();
+    assert_eq!(entries(&next), 3);
+}
+
+/// One shard's missing group fails the multi-stream read for every shard of the round: each
+/// is told to read on its own. The round's acks still ran, in one script call, each shard
+/// fenced with its own token: shard 0's (its token) acked, shard 1's (a stale token) refused.
+#[tokio::test]
+async fn a_failed_read_is_reported_to_every_shard_and_the_acks_are_fenced_per_shard() {
+    let (_server, mut conn) = setup(2, 2).await;
+    // As after an earlier round (the first round on a fresh server finds NOSCRIPT).
+    let mut client = fenced_client(&mut conn, 2).await;
+    let rounds = rounds_of(&conn, 10);
+    let first = rounds.submit(request(0), None, &always).await;
+    assert_eq!(entries(&first), 2);
+    let turn0 = turn(first);
+    let ids = entry_ids(&mut conn, 0).await;
+    let stale = FenceToken {
+        member_epoch: 0,
+        ..token()
+    };
+    let mut one = request(1);
+    one.part.ack = Some(client.ack_part(1, &stale, &["1-0".to_owned()]));
+    let mut zero = request(0);
+    zero.part.ack = Some(client.ack_part(0, &token(), &ids));
+    // Shard 1 loses its consumer group (the stream stays).
+    client.undo_recreate_group(1, false).await.unwrap();
+    // Shard 1 waits for shard 0, which asks with its ack: one round for both.
+    let one = spawn_submit(&rounds, one);
+    wait_queued(&rounds, 1).await;
+    let zero = rounds.submit(zero, turn0, &always).await;
+    let mut acks = Vec::new();
+    for result in [zero, one.await.unwrap()] {
+        let RoundResult::Done(reply, turn) = result else {
+            panic!("round not done");
+        };
+        assert!(
+            matches!(reply.read, PartRead::ReadAlone),
+            "read on your own"
+        );
+        assert!(turn.is_none());
+        acks.push(reply.ack.expect("an ack reply").unwrap());
+    }
+    assert_eq!(reply_text(&acks[0]), "OK 2");
+    assert!(
+        reply_text(&acks[1]).starts_with("HIGHER "),
+        "a stale token's ack is refused"
+    );
+    assert_eq!(pending(&mut conn, 0).await, 0, "shard 0's entries acked");
+}
+
+/// A server that lost its scripts (restarted): the round's acks come back `NOSCRIPT` for
+/// each shard (which then acks on its own), and the next round's acks run again.
+#[tokio::test]
+async fn a_lost_script_is_loaded_again_for_the_next_round() {
+    let (_server, mut conn) = setup(1, 4).await;
+    let mut client = shard_client(&conn);
+    assert_eq!(client.raise_fence(0, &token()).await.unwrap(), Ok(()));
+    let rounds = rounds_of(&conn, 2);
+    drop(turn(rounds.submit(request(0), None, &always).await));
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut again = request(0);
+    again.part.ack = Some(client.ack_part(0, &token(), &["0-1".to_owned()]));
+    let RoundResult::Done(reply, turn) = rounds.submit(again, None, &always).await else {
+        panic!("round not done");
+    };
+    drop(turn);
+    let error = reply.ack.unwrap().unwrap_err();
+    assert_eq!(error.code(), Some("NOSCRIPT"));
+    let mut next = request(0);
+    next.part.ack = Some(client.ack_part(0, &token(), &["0-1".to_owned()]));
+    let RoundResult::Done(reply, _) = rounds.submit(next, None, &always).await else {
+        panic!("round not done");
+    };
+    assert!(reply.ack.unwrap().is_ok(), "the script was loaded again");
+}
+
+/// One `ack_shards` call over six shards, each with its own token and ids (3, 2, 1200, 0, 1,
+/// 1): each shard's reply lands in its own slot; a refusal (stale token, missing fence, not a
+/// token) leaves its own shard's pending list alone and the others' acks go through; more than
+/// 500 ids (the script's chunk) are all acked. (From the review of the read rounds.)
+#[tokio::test]
+async fn one_ack_call_fences_each_shard_with_its_own_token() {
+    let (_server, mut conn) = setup(6, 1200).await;
+    let mut client = fenced_client(&mut conn, 6).await;
+    // Deliver everything to CONSUMER.
+    let mut delivered: Vec<Vec<String>> = Vec::new();
+    for shard in 0..6 {
+        let _: Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(CONSUMER)
+            .arg("COUNT")
+            .arg(5000)
+            .arg("STREAMS")
+            .arg(key(shard))
+            .arg(">")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        delivered.push(entry_ids(&mut conn, shard).await);
+    }
+    // shard 4: fence field deleted (LOWER); shard 5: not a token (HIGHER).
+    let fence = |s: u32| format!("{{s:{s}}}:fence");
+    let () = redis::cmd("HDEL")
+        .arg(fence(4))
+        .arg(GROUP)
+        .query_async::<i64>(&mut conn)
+        .await
+        .map(drop)
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg(fence(5))
+        .arg(GROUP)
+        .arg("garbage")
+        .query_async::<i64>(&mut conn)
+        .await
+        .map(drop)
+        .unwrap();
+    let stale = FenceToken {
+        member_epoch: 0,
+        ..token()
+    };
+    let plan: Vec<(u32, FenceToken, Vec<String>)> = vec![
+        (0, token(), delivered[0][..3].to_vec()),
+        (1, stale, delivered[1][..2].to_vec()),
+        (2, token(), delivered[2].clone()),
+        (3, token(), Vec::new()),
+        (4, token(), delivered[4][..1].to_vec()),
+        (5, token(), delivered[5][..1].to_vec()),
+    ];
+    let parts: Vec<RoundPart> = plan
+        .iter()
+        .map(|(s, t, ids)| RoundPart {
+            key: key(*s),
+            ack: Some(client.ack_part(*s, t, ids)),
+        })
+        .collect();
+    let replies = crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, parts)
+        .await
+        .unwrap();
+    let got: Vec<String> = replies
+        .iter()
+        .map(|r| reply_text(r.ack.as_ref().unwrap().as_ref().unwrap()))
+        .collect();
+    assert_eq!(got[0], "OK 3");
+    assert!(got[1].starts_with("HIGHER"), "{}", got[1]);
+    assert_eq!(got[2], "OK 1200");
+    assert_eq!(got[3], "OK 0");
+    assert_eq!(got[4], "LOWER");
+    assert_eq!(got[5], "HIGHER garbage");
+    assert_eq!(pending(&mut conn, 0).await, 1197);
+    assert_eq!(pending(&mut conn, 1).await, 1200);
+    assert_eq!(pending(&mut conn, 2).await, 0);
+    assert_eq!(pending(&mut conn, 3).await, 1200);
+    assert_eq!(pending(&mut conn, 4).await, 1200);
+    assert_eq!(pending(&mut conn, 5).await, 1200);
+}

@@ -1,0 +1,225 @@
+//! Taking a shard over (docs/design.md §8.2): raise the fence with the member's token, claim
+//! other consumers' pending entries, then handle this consumer's own pending entries from `0`;
+//! what a fence refusal means; and a consumer group lost on the shard, created again.
+
+use std::time::Instant;
+
+use super::{ERROR_PAUSE, Phase, ShardTask};
+use crate::connection::RedisConnection;
+use crate::dataplane::{DataPlaneError, Fenced, FencingMode, GroupRecreated, ReadOutcome};
+use crate::fence::FenceToken;
+use crate::model::{FenceConflict, ShardState};
+use crate::runtime::ListenerEvent;
+
+/// Ids claimed per claim call.
+const CLAIM_BATCH: usize = 256;
+
+impl ShardTask {
+    pub(super) async fn raise(&mut self, token: &FenceToken) {
+        match self.client.raise_fence(self.shard, token).await {
+            Ok(Ok(())) => {
+                self.raised = Some(token.clone());
+                self.phase = Phase::Claim;
+            }
+            Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
+            Err(error) => {
+                tracing::warn!(%error, "raising the fence failed; retrying");
+                // No fence next to a missing stream: the stream must come back first (or the
+                // shard be revoked), or this raise fails for good.
+                if error.is_no_group() {
+                    self.recreate_consumer_group().await;
+                }
+                self.pause(ERROR_PAUSE).await;
+            }
+        }
+    }
+
+    /// The fence holds another token than `token`: stop using the shard. `Lower` (a raise lost
+    /// in a failover): raise again after re-checking lease and assignment. `Higher`: report the
+    /// conflict and park until the coordinator decides (a new token, a revoke, a fencing status).
+    pub(super) async fn conflict(&mut self, op: &'static str, fenced: Fenced, token: &FenceToken) {
+        self.ctx.options.emit(ListenerEvent::FenceRejected {
+            op,
+            member: self.ctx.member_id.to_string(),
+            shard: self.shard,
+        });
+        self.raised = None;
+        if fenced == Fenced::Lower {
+            return;
+        }
+        let Some((incarnation, epoch)) = fenced.conflict() else {
+            // Not a token at all (written by hand?): fail closed, say what to do, and try the
+            // raise again now and then, so the shard resumes once someone fixes the field.
+            tracing::error!(
+                op,
+                fence = %self.ctx.stream.fence(self.shard),
+                group = %self.ctx.group,
+                "the fence field of this group holds a value that is not a fencing token: the shard is not read until it is deleted (HDEL <fence> <group>)"
+            );
+            self.pause(self.ctx.options.coordination.member_lease_ttl)
+                .await;
+            return;
+        };
+        self.ctx.shared.lock().fence_conflict(FenceConflict {
+            shard_index: self.shard,
+            incarnation,
+            epoch,
+        });
+        tracing::warn!(
+            op,
+            "the shard's fence holds a higher token: not reading it; reported"
+        );
+        while !self.done() && self.usable_token().as_ref() == Some(token) {
+            self.wait_for_assignment().await;
+        }
+    }
+
+    pub(super) async fn claim(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {
+        match self
+            .client
+            .claim_others(self.shard, token, CLAIM_BATCH)
+            .await?
+        {
+            Ok(report) => {
+                if report.trimmed > 0 {
+                    tracing::warn!(
+                        trimmed = report.trimmed,
+                        "pending entries of other consumers were trimmed before they were acked"
+                    );
+                }
+                if report.complete {
+                    self.phase = Phase::Pending("0".into());
+                }
+                Ok(())
+            }
+            Err(fenced) => {
+                self.conflict("claim", fenced, token).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// In `acks` mode a zombie can still read (reads are fenced by the lease only), so entries it
+    /// read after the takeover sit in its pending list: claim other consumers' entries again once
+    /// per lease TTL (docs/design.md §8, the periodic sweep).
+    pub(super) fn sweep_if_due(&mut self) {
+        let acks_mode = self.ctx.options.fencing == FencingMode::Acks;
+        if acks_mode && self.last_sweep.elapsed() >= self.ctx.options.coordination.member_lease_ttl
+        {
+            self.last_sweep = Instant::now();
+            self.phase = Phase::Claim;
+        }
+    }
+
+    pub(super) async fn read_pending(
+        &mut self,
+        token: &FenceToken,
+        after: &str,
+    ) -> Result<(), DataPlaneError> {
+        let batch = self.ctx.options.batch_size;
+        let mode = self.ctx.options.fencing;
+        match self
+            .client
+            .read_pending(self.shard, token, after, batch, mode)
+            .await?
+        {
+            ReadOutcome::Entries(entries) => {
+                // An empty page means the own pending entries are done.
+                let last = entries.last().map(|e| e.id.clone());
+                let complete = self.handle_batch(token, entries).await?;
+                match (complete, last) {
+                    (true, Some(last)) => self.phase = Phase::Pending(last),
+                    (true, None) => self.phase = Phase::New,
+                    (false, _) => {}
+                }
+                Ok(())
+            }
+            ReadOutcome::Empty { .. } => {
+                self.phase = Phase::New;
+                Ok(())
+            }
+            ReadOutcome::Fenced(fenced) => {
+                self.conflict("read", fenced, token).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// The shard lost its consumer group (or its stream): with `auto_create_shards` (operator
+    /// intent) create the group again from `0` — nothing written in the gap is skipped;
+    /// without it, keep failing closed.
+    ///
+    /// Only while the stream metadata lists the shard as readable: a member holds a retired
+    /// shard until its next heartbeat, and re-creating it then would bring back a stream no one
+    /// reads, into which a producer's late `XADD ... NOMKSTREAM` would succeed (docs/design.md
+    /// §8.11). A missing stream is created (`MKSTREAM`) only while the shard is ACTIVE, the
+    /// rule of `register_group`: a master restarted without persistence loses the shard streams
+    /// of its slots while the stream metadata, elsewhere, still lists them, and no admin
+    /// operation provisions them again for a registered group. An ACTIVE shard reaches RETIRED
+    /// only after DRAINING for the routing lease and more, so the check and the creation are
+    /// that far apart at least. When the shard stopped being readable while the group was
+    /// created (a retirement started), the group is destroyed again (created from `0`, it would
+    /// block the shard's deletion, as in docs/design.md §8.1), and a stream created here with it
+    /// when it is still empty.
+    pub(super) async fn recreate_consumer_group(&self) {
+        if self.ctx.options.auto_create_shards.is_none() {
+            return;
+        }
+        let mut conn = self.ctx.conn.clone();
+        let key = self.ctx.stream.shard(self.shard);
+        let state = self.state_in_metadata(&mut conn).await;
+        if !state.is_some_and(|s| s.is_readable()) {
+            tracing::warn!(
+                stream = %key,
+                "consumer group missing on a shard that is no longer readable (retiring or retired): not created again"
+            );
+            return;
+        }
+        let create_stream = state == Some(ShardState::Active);
+        let mut client = self.client.clone();
+        match client.recreate_group(self.shard, create_stream).await {
+            Ok(GroupRecreated::Created { .. }) if self.readable_in_metadata(&mut conn).await => {
+                tracing::warn!("consumer group was missing on this shard: created again from 0")
+            }
+            Ok(GroupRecreated::Created { stream_created }) => {
+                let undone = client.undo_recreate_group(self.shard, stream_created).await;
+                tracing::warn!(
+                    stream = %key,
+                    undone = undone.is_ok(),
+                    "the shard stopped being readable while its consumer group was created again: destroyed it"
+                );
+            }
+            Ok(GroupRecreated::StreamMissing) => tracing::warn!(
+                stream = %key,
+                "consumer group missing on a DRAINING shard whose stream is gone: not created (a member creates a stream only for an ACTIVE shard)"
+            ),
+            Ok(GroupRecreated::Exists) => {} // created meanwhile
+            Err(error) => tracing::warn!(%error, "re-creating the consumer group failed"),
+        }
+    }
+
+    /// Whether the stream metadata lists this shard as readable (ACTIVE or DRAINING), read now.
+    /// Missing or unreadable metadata, or a failed read: no (fail closed).
+    async fn readable_in_metadata(&self, conn: &mut RedisConnection) -> bool {
+        self.state_in_metadata(conn)
+            .await
+            .is_some_and(|s| s.is_readable())
+    }
+
+    /// This shard's state in the stream metadata, read now; `None` when it is not listed, the
+    /// metadata is missing or unreadable, or the read failed.
+    async fn state_in_metadata(&self, conn: &mut RedisConnection) -> Option<ShardState> {
+        match crate::store::load_stream_metadata(conn, &self.ctx.stream).await {
+            Ok(Some(meta)) => meta
+                .shards
+                .iter()
+                .find(|s| s.shard_index == self.shard)
+                .map(|s| s.state),
+            Ok(None) => None,
+            Err(error) => {
+                tracing::warn!(%error, "reading the stream metadata failed");
+                None
+            }
+        }
+    }
+}

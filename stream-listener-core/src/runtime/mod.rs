@@ -1,0 +1,56 @@
+//! What a member's heartbeat loop (`crate::member`) and its shard tasks (`crate::poller`) share
+//! (docs/design.md §7.3): the listener's options and events, and the member's assignment state.
+//!
+//! The heartbeat loop writes the assignment state (the reconciler: owned shards, tokens, lease)
+//! and the shard tasks read it before every operation. This module imports neither side, so
+//! `member` depends on `poller` (it spawns shard tasks) and both on `runtime`, with no cycle.
+
+mod events;
+mod options;
+pub(crate) mod reconciler;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::Notify;
+
+pub use events::{EventCallback, ListenerEvent};
+pub use options::ListenerOptions;
+use reconciler::Reconciler;
+
+/// State one member's heartbeat loop and shard tasks share.
+#[derive(Debug)]
+pub(crate) struct MemberShared {
+    reconciler: Mutex<Reconciler>,
+    /// Wakes the heartbeat loop early (a shard drained: report it now).
+    pub(crate) wake_heartbeat: Notify,
+    /// Signals shard tasks that the assignment or lease changed.
+    pub(crate) assignment_changed: Notify,
+    /// Entries handled and acked so far (the `handled` of a member's status).
+    pub(crate) handled: AtomicU64,
+}
+
+impl MemberShared {
+    pub(crate) fn new(reconciler: Reconciler) -> Self {
+        MemberShared {
+            reconciler: Mutex::new(reconciler),
+            wake_heartbeat: Notify::new(),
+            assignment_changed: Notify::new(),
+            handled: AtomicU64::new(0),
+        }
+    }
+
+    /// The member's assignment state, locked. Never held across an await.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Reconciler> {
+        // A panic while holding this lock cannot leave the reconciler half-updated in a way that
+        // matters more than stopping: recover the guard rather than poisoning every member task.
+        self.reconciler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The member id (fixed for the member's life).
+    pub(crate) fn member_id(&self) -> String {
+        self.lock().identity().member_id.clone()
+    }
+}

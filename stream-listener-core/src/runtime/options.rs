@@ -1,0 +1,97 @@
+//! The settings of one listener (config section `[listeners.<name>]`, docs/design.md §11).
+
+use std::time::Duration;
+
+use super::EventCallback;
+use crate::coordinator::CoordinatorConfig;
+use crate::dataplane::FencingMode;
+use crate::model::StartFrom;
+
+/// Settings of one listener (config section `[listeners.<name>]`, docs/design.md §11).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ListenerOptions {
+    /// The listener's name (member name in `describe`); default `listener`.
+    pub name: String,
+    /// Logical members in this process (default 1).
+    pub concurrency: u32,
+    /// Local workers per member (default 1); the assignor's weight. Never caps shards owned.
+    pub runtime_max_concurrency: u32,
+    /// Entries per read (default 32).
+    pub batch_size: usize,
+    /// Longest wait for new entries in one `XREAD BLOCK` (default 2 s), capped by the lease.
+    pub block: Duration,
+    /// Handler attempts per delivery before dead-lettering (default 3).
+    pub max_attempts: u32,
+    /// First retry backoff, doubled per attempt up to 30 s (default 200 ms).
+    pub backoff: Duration,
+    /// Handler attempts on an entry that did not finish (processes that died in its handler, or
+    /// lost the shard during it; the first delivery counts as one) after which the next delivery
+    /// dead-letters it unhandled (default 10). Re-reads and handovers without an attempt do not
+    /// count (docs/design.md §8.9).
+    pub max_deliveries: u64,
+    /// Limit of one handler attempt (default 30 s); below `rebalance_timeout`.
+    pub handler_timeout: Duration,
+    /// Time in-flight handlers get at shutdown before they are cancelled (default 30 s).
+    pub shutdown_timeout: Duration,
+    /// Where a newly registered group starts (default earliest).
+    pub start_from: StartFrom,
+    /// `strict` (default) or `acks` fencing (docs/design.md §8): in acks mode new entries are read
+    /// with a plain `XREADGROUP` (no fence check, no script), acks and claims stay fenced. On a
+    /// standalone server the member's shards then share their reads: one multi-stream
+    /// `XREADGROUP` and their acks per round trip (docs/design.md §8.7).
+    pub fencing: FencingMode,
+    /// Static membership: member ids become `<instance_id>-m<k>` and leaving uses `-2`.
+    pub instance_id: Option<String>,
+    /// Protocol timings.
+    pub coordination: CoordinatorConfig,
+    /// Safety margin taken off the lease on the member's side (default 20% of the lease TTL).
+    pub lease_margin: Option<Duration>,
+    /// Called on assignment changes, reads and fence rejections (for logs and tests).
+    pub events: Option<EventCallback>,
+    /// The stream's configured shard count (config `[streams.<prefix>] shards`), when it is
+    /// auto-created. Then lost stream or group metadata (Redis restarted empty) is provisioned
+    /// again from it — a new incarnation, consumer groups from `0`, no shard handed out for one
+    /// lease TTL (docs/design.md §5). Without it, missing metadata fails closed.
+    pub auto_create_shards: Option<u32>,
+    /// Entries larger than this (field names plus values, bytes) are never read into the
+    /// process: they are dead-lettered by id with reason `too-large`.
+    /// Default 16 MiB; `None` reads entries of any size. With [`FencingMode::Acks`] new entries
+    /// are read with a plain `XREADGROUP` and the limit applies after the read: the entry is
+    /// still dead-lettered by id and never handled, but its body passes through the process once.
+    pub max_entry_bytes: Option<usize>,
+}
+
+impl Default for ListenerOptions {
+    fn default() -> Self {
+        ListenerOptions {
+            name: "listener".into(),
+            concurrency: 1,
+            runtime_max_concurrency: 1,
+            batch_size: 32,
+            block: Duration::from_secs(2),
+            max_attempts: 3,
+            backoff: Duration::from_millis(200),
+            max_deliveries: 10,
+            handler_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(30),
+            start_from: StartFrom::Earliest,
+            fencing: FencingMode::Strict,
+            instance_id: None,
+            coordination: CoordinatorConfig::default(),
+            lease_margin: None,
+            events: None,
+            auto_create_shards: None,
+            max_entry_bytes: Some(16 * 1024 * 1024),
+        }
+    }
+}
+
+impl ListenerOptions {
+    /// Reports `event` to the [`ListenerOptions::events`] callback, if any.
+    pub(crate) fn emit(&self, event: super::ListenerEvent) {
+        if let Some(callback) = &self.events {
+            (callback.0)(event);
+        }
+    }
+}
