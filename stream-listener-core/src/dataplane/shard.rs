@@ -10,7 +10,7 @@ use super::scripts;
 use super::{
     ClaimReport, DeadLetterReason, EntryStatus, Fenced, FencingMode, ReadOutcome, ShardEntry,
 };
-use crate::connection::RedisConnection;
+use crate::connection::{RedisConnection, RedisFailure};
 use crate::fence::FenceToken;
 use crate::keys::{NameError, StreamKeys};
 use crate::model::ShardIndex;
@@ -420,8 +420,8 @@ impl ShardClient {
         shard: ShardIndex,
         reply: redis::RedisResult<Value>,
     ) -> Result<Vec<ShardEntry>, DataPlaneError> {
-        let reply = reply.map_err(|source| match source.code() {
-            Some("NOGROUP") => self.no_group(
+        let reply = reply.map_err(|source| match RedisFailure::of(&source) {
+            RedisFailure::NoGroup => self.no_group(
                 shard,
                 format!("NOGROUP {}", source.detail().unwrap_or_default()),
             ),
@@ -851,7 +851,7 @@ const READ_NEW: &str = "read_new";
 const ACK: &str = "ack";
 
 fn is_noscript(error: &redis::RedisError) -> bool {
-    error.code() == Some("NOSCRIPT")
+    RedisFailure::of(error) == RedisFailure::NoScript
 }
 
 /// What the read script's reply means.

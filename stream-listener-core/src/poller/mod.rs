@@ -207,7 +207,7 @@ impl ShardTask {
                     return true;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "connecting the data plane failed; retrying");
+                    tracing::warn!(error = %crate::report::Chain(&error), "connecting the data plane failed; retrying");
                     self.pause(ERROR_PAUSE).await;
                 }
             }
@@ -251,7 +251,7 @@ impl ShardTask {
                 Phase::New => self.read_new(&token).await,
             };
             if let Err(error) = step {
-                tracing::warn!(%error, "shard operation failed; retrying");
+                tracing::warn!(error = %crate::report::Chain(&error), "shard operation failed; retrying");
                 if error.is_no_group() {
                     self.recreate_consumer_group().await;
                 }
@@ -282,7 +282,7 @@ impl ShardTask {
         let acked = match self.ack(&token, &ids).await {
             Ok(acked) => acked,
             Err(error) => {
-                tracing::warn!(%error, "acking handled entries failed; retrying");
+                tracing::warn!(error = %crate::report::Chain(&error), "acking handled entries failed; retrying");
                 self.unacked = Some((token, ids));
                 self.pause(ERROR_PAUSE).await;
                 false
@@ -359,7 +359,9 @@ impl ShardTask {
                 "consumer group missing on a DRAINING shard whose stream is gone: not created (a member creates a stream only for an ACTIVE shard)"
             ),
             Ok(GroupRecreated::Exists) => {} // created meanwhile
-            Err(error) => tracing::warn!(%error, "re-creating the consumer group failed"),
+            Err(error) => {
+                tracing::warn!(error = %crate::report::Chain(&error), "re-creating the consumer group failed")
+            }
         }
     }
 
@@ -385,7 +387,7 @@ impl ShardTask {
                 .map(|s| s.state),
             Ok(None) => None,
             Err(error) => {
-                tracing::warn!(%error, "reading the stream metadata failed");
+                tracing::warn!(error = %crate::report::Chain(&error), "reading the stream metadata failed");
                 None
             }
         }
@@ -420,7 +422,7 @@ impl ShardTask {
             }
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
             Err(error) => {
-                tracing::warn!(%error, "raising the fence failed; retrying");
+                tracing::warn!(error = %crate::report::Chain(&error), "raising the fence failed; retrying");
                 // No fence next to a missing stream: the stream must come back first (or the
                 // shard be revoked), or this raise fails for good.
                 if error.is_no_group() {
@@ -639,7 +641,7 @@ impl ShardTask {
         };
         // A script missing on the server makes this shard ack on its own (round trips): the
         // member's next round must not wait for that.
-        let noscript = matches!(&reply.ack, Some(Err(e)) if e.code() == Some("NOSCRIPT"));
+        let noscript = matches!(&reply.ack, Some(Err(e)) if crate::connection::RedisFailure::of(e) == crate::connection::RedisFailure::NoScript);
         let turn = turn.filter(|_| !noscript);
         let acked = match reply.ack {
             Some(ack) => self.client.ack_reply(self.shard, token, ids, ack).await?,

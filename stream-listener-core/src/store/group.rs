@@ -443,11 +443,10 @@ impl GroupStore {
 
     /// The compare-and-set refused to write because a key has another type: which one.
     async fn wrong_type_now(&mut self) -> StoreError {
-        let error = redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "WRONGTYPE",
-            "a group key holds another type".to_owned(),
-        ));
+        let error = redis::make_extension_error(
+            "WRONGTYPE".to_owned(),
+            Some("a group key holds another type".to_owned()),
+        );
         self.wrong_type(error).await
     }
 
