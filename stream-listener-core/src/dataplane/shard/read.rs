@@ -47,7 +47,10 @@ impl ShardClient {
                     .await;
                 self.read_new_reply(shard, token, count, reply).await
             }
-            FencingMode::Strict => self.read_new_script(shard, token, count, mode).await,
+            FencingMode::Strict => {
+                let call = self.read_script_call(shard, token, count, mode);
+                self.read_new_script(shard, call).await
+            }
         }
     }
 
@@ -67,23 +70,21 @@ impl ShardClient {
     ) -> Result<ReadOutcome, DataPlaneError> {
         let entries = self.plain_read_reply(shard, reply)?;
         if entries.is_empty() {
-            self.read_new_script(shard, token, count, FencingMode::Acks)
-                .await
+            let call = self.read_script_call(shard, token, count, FencingMode::Acks);
+            self.read_new_script(shard, call).await
         } else {
             Ok(ReadOutcome::Entries(entries))
         }
     }
 
-    /// The read script of [`ShardClient::read_new`]: the fence check in strict mode, and an
-    /// `EMPTY` reply with the last id when nothing is new.
-    pub(super) async fn read_new_script(
+    /// Runs the read script of [`ShardClient::read_new`] (`call`, from
+    /// [`ShardClient::read_script_call`]): the fence check in strict mode, and an `EMPTY` reply
+    /// with the last id when nothing is new.
+    async fn read_new_script(
         &mut self,
         shard: ShardIndex,
-        token: &FenceToken,
-        count: usize,
-        mode: FencingMode,
+        call: ScriptCall,
     ) -> Result<ReadOutcome, DataPlaneError> {
-        let call = self.read_script_call(shard, token, count, mode);
         let reply = self.run(READ_NEW, shard, call).await?;
         read_new_outcome(shard, reply)
     }
@@ -134,7 +135,8 @@ impl ShardClient {
             (FencingMode::Strict, Err(error))
                 if RedisFailure::of(&error) == RedisFailure::NoScript =>
             {
-                self.read_new_script(shard, token, count, mode).await?
+                let call = self.read_script_call(shard, token, count, mode);
+                self.read_new_script(shard, call).await?
             }
             (FencingMode::Strict, reply) => {
                 read_new_outcome(shard, self.classify(READ_NEW, shard, reply)?)?
