@@ -314,4 +314,58 @@ mod tests {
         let cluster = RedisTarget::Cluster(vec!["redis://:pw@10.0.0.1:7000".into()]);
         assert!(!format!("{cluster:?}").contains("pw@"));
     }
+
+    #[test]
+    fn each_error_code_has_its_failure() {
+        let failure = |code: &str| {
+            RedisFailure::of(&redis::make_extension_error(
+                code.to_owned(),
+                Some("detail".to_owned()),
+            ))
+        };
+        for (code, expected) in [
+            ("NOSCRIPT", RedisFailure::NoScript),
+            ("NOGROUP", RedisFailure::NoGroup),
+            ("BUSYGROUP", RedisFailure::BusyGroup),
+            ("OOM", RedisFailure::OutOfMemory),
+            ("READONLY", RedisFailure::ReadOnly),
+            ("MOVED", RedisFailure::ClusterRedirect),
+            ("ASK", RedisFailure::ClusterRedirect),
+            ("TRYAGAIN", RedisFailure::ClusterRedirect),
+            ("WRONGTYPE", RedisFailure::WrongType),
+            ("LOADING", RedisFailure::Unavailable),
+            ("CLUSTERDOWN", RedisFailure::Unavailable),
+            ("MASTERDOWN", RedisFailure::Unavailable),
+            ("ERR", RedisFailure::Other),
+        ] {
+            assert_eq!(failure(code), expected, "{code}");
+            assert_eq!(
+                expected.is_unreachable(),
+                matches!(expected, RedisFailure::Unavailable),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn io_errors_are_lost_connections_or_timeouts() {
+        use std::io::{Error, ErrorKind};
+        let of = |kind| RedisFailure::of(&redis::RedisError::from(Error::from(kind)));
+        assert_eq!(
+            of(ErrorKind::ConnectionRefused),
+            RedisFailure::ConnectionLost
+        );
+        assert_eq!(of(ErrorKind::BrokenPipe), RedisFailure::ConnectionLost);
+        assert_eq!(of(ErrorKind::TimedOut), RedisFailure::Timeout);
+        assert!(of(ErrorKind::ConnectionReset).is_unreachable());
+        let config = redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad URL"));
+        assert_eq!(RedisFailure::of(&config), RedisFailure::Other);
+        assert!(!RedisFailure::of(&config).is_unreachable());
+    }
+
+    #[test]
+    fn only_error_replies_have_a_failure() {
+        assert_eq!(RedisFailure::of_reply(&Value::Okay), None);
+        assert_eq!(RedisFailure::of_reply(&Value::Nil), None);
+    }
 }
