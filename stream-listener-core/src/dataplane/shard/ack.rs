@@ -13,7 +13,7 @@ use crate::fence::FenceToken;
 use crate::model::ShardIndex;
 
 impl ShardClient {
-    /// Acknowledges `ids` on `shard` (`XACK`), always fenced, whatever the [`FencingMode`].
+    /// Acknowledges `ids` on `shard` (`XACK`), always fenced, whatever the [`FencingMode`](crate::dataplane::FencingMode).
     /// Returns how many of them were pending in the group (ids acked before, or never delivered,
     /// count 0). With no ids only the fence is checked. Ack trimmed entries like any other.
     ///

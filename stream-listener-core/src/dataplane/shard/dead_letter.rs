@@ -56,7 +56,7 @@ impl ShardClient {
     /// (its delivery count is above 1; any delivery with `max_deliveries = 1`), in the shard's
     /// attempt hash
     /// `{<prefix>:<i>}:attempts`, field `<group>|<entry id>` (`HINCRBY`, fenced like an ack,
-    /// whatever the [`FencingMode`]: a member that lost the shard counts nothing). Call it just
+    /// whatever the [`FencingMode`](crate::dataplane::FencingMode): a member that lost the shard counts nothing). Call it just
     /// before the first handler attempt of such a delivery; a first delivery is not counted
     /// (no cost on the hot path) unless `max_deliveries = 1`, where the assumed first attempt
     /// would use up the limit. Re-reads and claims do not count: only attempts do, so

@@ -114,7 +114,7 @@ impl ShardClient {
     }
 
     /// Withholds bodies larger than `limit` bytes (field names plus values) from reads: such
-    /// entries come back as [`EntryStatus::TooLarge`] with no fields, so a huge entry never
+    /// entries come back as [`EntryStatus::TooLarge`](crate::dataplane::EntryStatus::TooLarge) with no fields, so a huge entry never
     /// reaches this process (a huge entry). `None`: no limit.
     pub fn with_max_entry_bytes(mut self, limit: Option<usize>) -> Self {
         self.max_entry_bytes = limit.map_or(0, |l| l.max(1) as u64);

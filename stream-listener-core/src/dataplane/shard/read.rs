@@ -25,7 +25,7 @@ impl ShardClient {
     /// itself to convert the entries to Lua and back (BENCHMARKS.md, item 1). Only when that
     /// finds nothing does the script run, to return the last id atomically with an empty read.
     /// The body limit ([`ShardClient::with_max_entry_bytes`]) then applies after the read: a
-    /// too-large entry still comes back as [`EntryStatus::TooLarge`] without its fields, but its
+    /// too-large entry still comes back as [`EntryStatus::TooLarge`](crate::dataplane::EntryStatus::TooLarge) without its fields, but its
     /// body has passed through this process once.
     ///
     /// # Errors

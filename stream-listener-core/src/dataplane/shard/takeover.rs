@@ -98,7 +98,7 @@ impl ShardClient {
     /// strictly after `after_id` (`"0"` to start; then the id of the last entry returned), with
     /// their delivery counts — this read included: each read of an entry that still exists adds
     /// one (`XREADGROUP ... STREAMS <shard> <after_id>`, then `XPENDING` over the same range).
-    /// Entries trimmed or deleted while pending come back as [`EntryStatus::Trimmed`] (their count
+    /// Entries trimmed or deleted while pending come back as [`EntryStatus::Trimmed`](crate::dataplane::EntryStatus::Trimmed) (their count
     /// is not increased). An empty [`ReadOutcome::Entries`] means nothing is pending after
     /// `after_id`; this method never returns [`ReadOutcome::Empty`].
     ///
