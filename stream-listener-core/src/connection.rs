@@ -323,21 +323,24 @@ mod tests {
                 Some("detail".to_owned()),
             ))
         };
-        for (code, expected) in [
-            ("NOSCRIPT", RedisFailure::NoScript),
-            ("NOGROUP", RedisFailure::NoGroup),
-            ("BUSYGROUP", RedisFailure::BusyGroup),
-            ("OOM", RedisFailure::OutOfMemory),
-            ("READONLY", RedisFailure::ReadOnly),
-            ("MOVED", RedisFailure::ClusterRedirect),
-            ("ASK", RedisFailure::ClusterRedirect),
-            ("TRYAGAIN", RedisFailure::ClusterRedirect),
-            ("WRONGTYPE", RedisFailure::WrongType),
-            ("LOADING", RedisFailure::Unavailable),
-            ("CLUSTERDOWN", RedisFailure::Unavailable),
-            ("MASTERDOWN", RedisFailure::Unavailable),
-            ("ERR", RedisFailure::Other),
-        ] {
+        let table: [(&[&str], RedisFailure); 9] = [
+            (&["NOSCRIPT"], RedisFailure::NoScript),
+            (&["NOGROUP"], RedisFailure::NoGroup),
+            (&["BUSYGROUP"], RedisFailure::BusyGroup),
+            (&["OOM"], RedisFailure::OutOfMemory),
+            (&["READONLY"], RedisFailure::ReadOnly),
+            (&["MOVED", "ASK", "TRYAGAIN"], RedisFailure::ClusterRedirect),
+            (&["WRONGTYPE"], RedisFailure::WrongType),
+            (
+                &["LOADING", "CLUSTERDOWN", "MASTERDOWN"],
+                RedisFailure::Unavailable,
+            ),
+            (&["ERR", "NOPERM"], RedisFailure::Other),
+        ];
+        for (code, expected) in table
+            .iter()
+            .flat_map(|(codes, expected)| codes.iter().map(move |code| (*code, *expected)))
+        {
             assert_eq!(failure(code), expected, "{code}");
             assert_eq!(
                 expected.is_unreachable(),
