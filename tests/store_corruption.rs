@@ -30,6 +30,7 @@ use stream_listener::core::model::{
     FenceConflict, HeartbeatRequest, HeartbeatStatus, PROTOCOL_VERSION, RevokeState, RevokingShard,
     StartFrom,
 };
+use stream_listener::core::report::Chain;
 use stream_listener::core::store::{GroupStore, StoreError};
 use stream_listener::testing::RedisServer;
 
@@ -665,13 +666,13 @@ impl Member {
             {
                 self.seq = last;
             }
-            Err(error) => problems.push(format!("heartbeat: {error}")),
+            Err(error) => problems.push(format!("heartbeat: {}", Chain(&error))),
         }
         if let Err(error) = store.load().await {
-            problems.push(format!("load: {error}"));
+            problems.push(format!("load: {}", Chain(&error)));
         }
         if let Err(error) = store.history().await {
-            problems.push(format!("history: {error}"));
+            problems.push(format!("history: {}", Chain(&error)));
         }
         for shard in self.owned.clone() {
             if let Err(problem) = self.poll(shard).await {
@@ -690,7 +691,7 @@ impl Member {
                     self.raised.insert(shard, token.clone());
                 }
                 Ok(Err(fenced)) => return Err(self.refused(shard, &fence, fenced)),
-                Err(error) => return Err(format!("raise: {error}")),
+                Err(error) => return Err(format!("raise: {}", Chain(&error))),
             }
         }
         for pending in [true, false] {
@@ -707,7 +708,7 @@ impl Member {
                 Ok(ReadOutcome::Entries(entries)) => self.handle(shard, &token, entries).await?,
                 Ok(ReadOutcome::Empty { .. }) => {}
                 Ok(ReadOutcome::Fenced(fenced)) => return Err(self.refused(shard, &fence, fenced)),
-                Err(error) => return Err(format!("read: {error}")),
+                Err(error) => return Err(format!("read: {}", Chain(&error))),
             }
         }
         Ok(())
@@ -751,7 +752,7 @@ impl Member {
                     .dead_letter(shard, &entry, DeadLetterReason::Handler, "poison", 1)
                     .await
             {
-                problem = Some(format!("dead letter: {error}"));
+                problem = Some(format!("dead letter: {}", Chain(&error)));
                 continue;
             }
             done.push(entry.id);
@@ -766,7 +767,7 @@ impl Member {
                 let fence = StreamKeys::new(&self.prefix).unwrap().fence(shard);
                 return Err(self.refused(shard, &fence, fenced));
             }
-            Err(error) => return Err(format!("ack: {error}")),
+            Err(error) => return Err(format!("ack: {}", Chain(&error))),
         }
         problem.map_or(Ok(()), Err)
     }

@@ -197,6 +197,101 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
+/// What a failed Redis command means to the caller: the one place that reads redis-rs's error
+/// kinds and Redis's error codes (docs/design.md §8.14). Modelled on redis-rs's `ErrorKind` and
+/// `RedisError::is_timeout`, narrowed to the cases stream-listener acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RedisFailure {
+    /// The connection failed, was refused or dropped, or no cluster node could be reached: an
+    /// I/O error. Back off and retry; the connection reconnects by itself.
+    ConnectionLost,
+    /// No answer within the response or connection timeout (the command may have run).
+    Timeout,
+    /// The server answers but cannot serve now: `LOADING` (reading its dump at startup),
+    /// `CLUSTERDOWN`, `MASTERDOWN`. Back off and retry.
+    Unavailable,
+    /// `NOSCRIPT`: the script is not in the server's cache (restarted, failed over); the command
+    /// did not run. Load the script and send it again.
+    NoScript,
+    /// `NOGROUP`: the stream or its consumer group does not exist.
+    NoGroup,
+    /// `BUSYGROUP`: the consumer group exists already.
+    BusyGroup,
+    /// `OOM`: the server is at `maxmemory` and refuses writes.
+    OutOfMemory,
+    /// `READONLY`: a write reached a replica (a failover demoted the node).
+    ReadOnly,
+    /// `MOVED`, `ASK` or `TRYAGAIN`: on a cluster the slot is served elsewhere or is moving.
+    ClusterRedirect,
+    /// `WRONGTYPE`: a key holds another Redis type than the command needs.
+    WrongType,
+    /// Anything else: a command Redis refused for another reason, a reply of an unexpected type,
+    /// an invalid URL.
+    Other,
+}
+
+impl RedisFailure {
+    /// What `error` means. For a pipeline's error, what its first failed command's means.
+    pub fn of(error: &redis::RedisError) -> Self {
+        use redis::ErrorKind;
+        if error.is_timeout() {
+            return RedisFailure::Timeout;
+        }
+        if error.is_io_error()
+            || error.is_connection_refusal()
+            || error.is_connection_dropped()
+            || error.kind() == ErrorKind::ClusterConnectionNotFound
+        {
+            return RedisFailure::ConnectionLost;
+        }
+        match error.code() {
+            Some(code) => RedisFailure::of_code(code),
+            // A pipeline's error (`ignore_errors` off) carries the failed commands' errors.
+            None => error
+                .clone()
+                .into_server_errors()
+                .and_then(|errors| errors.first().map(|(_, e)| RedisFailure::of_code(e.code())))
+                .unwrap_or(RedisFailure::Other),
+        }
+    }
+
+    /// What a reply means: `None` unless it is an error reply (in a pipeline sent with
+    /// `ignore_errors`, or a script's element), else as [`RedisFailure::of`].
+    pub fn of_reply(reply: &Value) -> Option<Self> {
+        match reply {
+            Value::ServerError(error) => Some(RedisFailure::of_code(error.code())),
+            _ => None,
+        }
+    }
+
+    /// The failure of an error reply whose code (its first word) is `code`.
+    fn of_code(code: &str) -> Self {
+        match code {
+            "NOSCRIPT" => RedisFailure::NoScript,
+            "NOGROUP" => RedisFailure::NoGroup,
+            "BUSYGROUP" => RedisFailure::BusyGroup,
+            "OOM" => RedisFailure::OutOfMemory,
+            "READONLY" => RedisFailure::ReadOnly,
+            "MOVED" | "ASK" | "TRYAGAIN" => RedisFailure::ClusterRedirect,
+            "WRONGTYPE" => RedisFailure::WrongType,
+            "LOADING" | "CLUSTERDOWN" | "MASTERDOWN" => RedisFailure::Unavailable,
+            _ => RedisFailure::Other,
+        }
+    }
+
+    /// Whether the server (or cluster) could not be reached or could not serve, as opposed to a
+    /// command it refused: [`RedisFailure::ConnectionLost`], [`RedisFailure::Timeout`],
+    /// [`RedisFailure::Unavailable`]. The admin tool exits with code 3 then, and startup keeps
+    /// retrying until `startup_timeout`.
+    pub fn is_unreachable(self) -> bool {
+        matches!(
+            self,
+            RedisFailure::ConnectionLost | RedisFailure::Timeout | RedisFailure::Unavailable
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,5 +313,62 @@ mod tests {
         );
         let cluster = RedisTarget::Cluster(vec!["redis://:pw@10.0.0.1:7000".into()]);
         assert!(!format!("{cluster:?}").contains("pw@"));
+    }
+
+    #[test]
+    fn each_error_code_has_its_failure() {
+        let failure = |code: &str| {
+            RedisFailure::of(&redis::make_extension_error(
+                code.to_owned(),
+                Some("detail".to_owned()),
+            ))
+        };
+        let table: [(&[&str], RedisFailure); 9] = [
+            (&["NOSCRIPT"], RedisFailure::NoScript),
+            (&["NOGROUP"], RedisFailure::NoGroup),
+            (&["BUSYGROUP"], RedisFailure::BusyGroup),
+            (&["OOM"], RedisFailure::OutOfMemory),
+            (&["READONLY"], RedisFailure::ReadOnly),
+            (&["MOVED", "ASK", "TRYAGAIN"], RedisFailure::ClusterRedirect),
+            (&["WRONGTYPE"], RedisFailure::WrongType),
+            (
+                &["LOADING", "CLUSTERDOWN", "MASTERDOWN"],
+                RedisFailure::Unavailable,
+            ),
+            (&["ERR", "NOPERM"], RedisFailure::Other),
+        ];
+        for (code, expected) in table
+            .iter()
+            .flat_map(|(codes, expected)| codes.iter().map(move |code| (*code, *expected)))
+        {
+            assert_eq!(failure(code), expected, "{code}");
+            assert_eq!(
+                expected.is_unreachable(),
+                matches!(expected, RedisFailure::Unavailable),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn io_errors_are_lost_connections_or_timeouts() {
+        use std::io::{Error, ErrorKind};
+        let of = |kind| RedisFailure::of(&redis::RedisError::from(Error::from(kind)));
+        assert_eq!(
+            of(ErrorKind::ConnectionRefused),
+            RedisFailure::ConnectionLost
+        );
+        assert_eq!(of(ErrorKind::BrokenPipe), RedisFailure::ConnectionLost);
+        assert_eq!(of(ErrorKind::TimedOut), RedisFailure::Timeout);
+        assert!(of(ErrorKind::ConnectionReset).is_unreachable());
+        let config = redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad URL"));
+        assert_eq!(RedisFailure::of(&config), RedisFailure::Other);
+        assert!(!RedisFailure::of(&config).is_unreachable());
+    }
+
+    #[test]
+    fn only_error_replies_have_a_failure() {
+        assert_eq!(RedisFailure::of_reply(&Value::Okay), None);
+        assert_eq!(RedisFailure::of_reply(&Value::Nil), None);
     }
 }

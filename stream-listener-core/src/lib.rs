@@ -33,6 +33,7 @@ pub mod member;
 pub mod model;
 pub(crate) mod poller;
 pub mod producer;
+pub mod report;
 pub(crate) mod runtime;
 pub mod store;
 

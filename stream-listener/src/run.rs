@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use stream_listener_core::admin::{self, AdminError};
 use stream_listener_core::config::{Config, ConfigError, redact_url};
-use stream_listener_core::connection::{DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget};
+use stream_listener_core::connection::{
+    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisFailure, RedisTarget,
+};
 use stream_listener_core::keys::StreamKeys;
 use stream_listener_core::member::{
     EventCallback, Listener, ListenerError, ListenerEvent, ListenerHandle, ListenerOptions,
@@ -387,7 +389,7 @@ async fn connect(
                 }
                 return Ok(conn);
             }
-            Ok(Err(error)) if !admin::redis_unreachable(&error) => {
+            Ok(Err(error)) if !RedisFailure::of(&error).is_unreachable() => {
                 return Err(RunError::Redis {
                     target: describe_target(target),
                     detail: error.to_string(),

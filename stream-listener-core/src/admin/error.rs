@@ -1,5 +1,6 @@
 //! Errors of the admin operations: each says what went wrong and what to do.
 
+use crate::connection::RedisFailure;
 use crate::keys::NameError;
 use crate::model::ShardIndex;
 use crate::store::StoreError;
@@ -109,28 +110,12 @@ pub enum AdminError {
 
 impl AdminError {
     /// Whether Redis could not be reached (connection refused, timeout, dropped connection,
-    /// cluster down): the command-line tool exits with code 3 then.
+    /// cluster down: [`RedisFailure::is_unreachable`]): the command-line tool exits with code 3
+    /// then.
     pub fn is_redis_unreachable(&self) -> bool {
         match self {
-            AdminError::Store(StoreError::Redis(err)) => redis_unreachable(err),
+            AdminError::Store(StoreError::Redis(err)) => RedisFailure::of(err).is_unreachable(),
             _ => false,
         }
     }
-}
-
-/// Whether a Redis error means the server (or cluster) could not be reached, as opposed to a
-/// command it refused.
-pub fn redis_unreachable(err: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    err.is_io_error()
-        || err.is_connection_refusal()
-        || err.is_timeout()
-        || err.is_connection_dropped()
-        || matches!(
-            err.kind(),
-            ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::Server(ServerErrorKind::ClusterDown)
-                | ErrorKind::Server(ServerErrorKind::MasterDown)
-                | ErrorKind::Server(ServerErrorKind::BusyLoading)
-        )
 }

@@ -36,7 +36,7 @@ pub use describe::{
     GroupSummary, Lag, MemberDescription, PastMember, StreamDescription, StreamShardDescription,
     StreamSummary, describe_group, describe_stream, list_groups, list_streams,
 };
-pub use error::{AdminError, redis_unreachable};
+pub use error::AdminError;
 pub use group::{DeletedGroup, GroupRegistration, delete_group, register_group};
 pub use stream::{
     CreatedStream, RetireReport, ScaleAction, ScaleOutcome, ShardRetirement, WaitReason,

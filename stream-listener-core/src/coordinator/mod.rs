@@ -26,7 +26,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 pub use error::{ConfigError, CoordinatorError};
-pub use transition::{advance, heartbeat, next_deadline, steady_fingerprint, steady_response};
+pub use transition::{
+    advance, heartbeat, next_deadline, steady_fingerprint, steady_request_fingerprint,
+    steady_response,
+};
 pub(crate) use transition::{base_response, member_lease_ttl_us};
 
 use crate::fence::FenceToken;

@@ -165,6 +165,30 @@ pub fn steady_fingerprint<'a>(
     )
 }
 
+/// The [`steady_fingerprint`] of `request`, or `None` when the fast path does not look at it
+/// at all: a member that has not joined (epoch 0 or below, no id), another protocol version, or
+/// shards being revoked or fence conflicts to report (those need the full transition). Used by
+/// the store's fast path and by the simulation's model of it.
+pub fn steady_request_fingerprint(request: &HeartbeatRequest) -> Option<String> {
+    let eligible = request.member_epoch > 0
+        && request.protocol_version == PROTOCOL_VERSION
+        && request.revoking_shards.is_empty()
+        && request.fence_conflicts.is_empty()
+        && !request.member_id.is_empty();
+    if !eligible {
+        return None;
+    }
+    let mut owned = request.owned_shards.clone();
+    owned.sort_unstable();
+    Some(steady_fingerprint(
+        &request.process_id,
+        request.member_epoch,
+        request.metadata_version,
+        request.runtime_max_concurrency.max(1),
+        owned.iter(),
+    ))
+}
+
 enum Answer {
     Accepted(HeartbeatStatus),
     Fencing(HeartbeatStatus),

@@ -26,10 +26,11 @@ pub enum DataPlaneError {
         /// Redis's message.
         detail: String,
     },
-    /// Redis did not answer in time, the connection failed, or Redis refused the command.
+    /// Redis did not answer in time, the connection failed, or Redis refused the command (the
+    /// cause is the error's source; [`crate::connection::RedisFailure::of`] says which).
     /// Usually transient: back off, re-check the lease and the assignment, and retry.
     #[error(
-        "Redis {op} failed{}: {source}; back off, re-check the lease, and retry (check that Redis is up and reachable)",
+        "Redis {op} failed{}; back off, re-check the lease, and retry (check that Redis is up and reachable)",
         shard.map(|s| format!(" on shard {s}")).unwrap_or_default()
     )]
     Redis {

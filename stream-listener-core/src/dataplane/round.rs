@@ -13,7 +13,7 @@
 use redis::Value;
 
 use super::scripts;
-use crate::connection::RedisConnection;
+use crate::connection::{RedisConnection, RedisFailure};
 
 /// One shard's part of a round's multi-shard ack ([`super::ShardClient::ack_part`]).
 pub(crate) struct AckPart {
@@ -127,7 +127,7 @@ pub(crate) async fn read_round(
     let mut replies: Vec<Value> = pipe.query_async(conn).await?;
     let read_reply = replies.pop();
     let mut acks = split_acks(replies.pop(), acking);
-    if acks.first().is_some_and(is_noscript) {
+    if acks.first().and_then(RedisFailure::of_reply) == Some(RedisFailure::NoScript) {
         // Best effort: if this fails, the next round finds NOSCRIPT again and tries again.
         let _ = scripts::ack_shards().load_async(conn).await;
     }
@@ -168,10 +168,6 @@ fn split_acks(reply: Option<Value>, n: usize) -> Vec<Value> {
         Some(error @ Value::ServerError(_)) => vec![error; n],
         _ => vec![Value::Nil; n],
     }
-}
-
-fn is_noscript(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(error) if error.code() == "NOSCRIPT")
 }
 
 /// The entry list of each of `keys` in a multi-stream `XREADGROUP` reply (RESP2

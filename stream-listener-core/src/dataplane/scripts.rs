@@ -64,6 +64,14 @@ local function failed(r)
   return r
 end
 
+-- The NOGROUP reply when the shard stream KEYS[1] does not exist, else nil: nothing is written
+-- next to a missing stream, which may just have been retired.
+local function no_stream()
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    return {'NOGROUP', 'ERR no such key: the shard stream does not exist'}
+  end
+end
+
 -- An entry's body as returned: its field/value list; false when the entry was trimmed or
 -- deleted while pending; its size in bytes (fields and values) when above max (0 = no limit).
 local function body(fields, max)
@@ -81,6 +89,22 @@ fn with_prelude(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}{body}"))
 }
 
+/// A read script that checks the fence first when `ARGV[5]` is `'1'` (strict mode); in acks
+/// mode `body` runs unchecked.
+fn fenced_if_strict(body: &str) -> Script {
+    with_prelude(&format!(
+        "if ARGV[5] == '1' then\n  local refused = refusal()\n  if refused then return refused end\nend\n{body}"
+    ))
+}
+
+/// A script that checks the fence first, whatever the fencing mode: `body` runs only when the
+/// fence holds our token, else the refusal is the reply.
+fn always_fenced(body: &str) -> Script {
+    with_prelude(&format!(
+        "local refused = refusal()\nif refused then return refused end\n{body}"
+    ))
+}
+
 /// Raises the fence to our token: accepts a strictly higher `(incarnation, memberEpoch)` than the
 /// stored one, an empty field, or the same token again. No further arguments.
 /// Returns `{'EQUAL'}` (the fence holds our token now), `{'HIGHER', stored}` (unchanged), or
@@ -90,9 +114,8 @@ pub(crate) fn raise() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         with_prelude(
             r"
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {'NOGROUP', 'ERR no such key: the shard stream does not exist'}
-end
+local missing = no_stream()
+if missing then return missing end
 local stored = redis.call('HGET', KEYS[2], ARGV[1])
 if stored == ARGV[2] then return {'EQUAL'} end
 if stored then
@@ -114,12 +137,8 @@ return {'EQUAL'}
 /// Returns `{'OK', {{id, body, deliveryCount}, ...}}` (empty list: nothing pending after the id).
 pub(crate) fn read_pending() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        with_prelude(
+        fenced_if_strict(
             r"
-if ARGV[5] == '1' then
-  local refused = refusal()
-  if refused then return refused end
-end
 local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[6], 'COUNT', ARGV[7], 'STREAMS', KEYS[1], ARGV[8])
 if type(r) == 'table' and r.err then return failed(r) end
 local entries = (r and r[1] and r[1][2]) or {}
@@ -144,12 +163,8 @@ return {'OK', out}
 /// stream's last entry ('0-0' when it has none), to wait from with `XREAD BLOCK`.
 pub(crate) fn read_new() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        with_prelude(
+        fenced_if_strict(
             r"
-if ARGV[5] == '1' then
-  local refused = refusal()
-  if refused then return refused end
-end
 local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[6], 'COUNT', ARGV[7], 'STREAMS', KEYS[1], '>')
 if type(r) == 'table' and r.err then return failed(r) end
 if not r or not r[1] or #r[1][2] == 0 then
@@ -170,10 +185,8 @@ return {'OK', out}
 /// Returns `{'OK', acked}` (ids that were pending).
 pub(crate) fn ack() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        with_prelude(
+        always_fenced(
             r"
-local refused = refusal()
-if refused then return refused end
 local acked = 0
 -- In chunks: unpack has a stack limit.
 for i = 5, #ARGV, 500 do
@@ -230,10 +243,8 @@ return out
 /// consumer's PEL was empty.
 pub(crate) fn claim_others() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        with_prelude(
+        always_fenced(
             r"
-local refused = refusal()
-if refused then return refused end
 local consumers = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
 if consumers.err then return failed(consumers) end
 local budget = tonumber(ARGV[6])
@@ -286,13 +297,10 @@ return {'OK', claimed, trimmed, more}
 /// stream does not exist (nothing is written next to a retired shard).
 pub(crate) fn count_attempt() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        with_prelude(
+        always_fenced(
             r"
-local refused = refusal()
-if refused then return refused end
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {'NOGROUP', 'ERR no such key: the shard stream does not exist'}
-end
+local missing = no_stream()
+if missing then return missing end
 local repaired = 0
 local kind = redis.call('TYPE', KEYS[3]).ok
 if kind ~= 'hash' and kind ~= 'none' then

@@ -58,7 +58,7 @@ impl Member {
         let group_keys = match self.ctx.stream.group(&self.ctx.group) {
             Ok(keys) => keys,
             Err(error) => {
-                tracing::error!(%error, "invalid group name");
+                tracing::error!(error = %crate::report::Chain(&error), "invalid group name");
                 return;
             }
         };
@@ -110,7 +110,7 @@ impl Member {
                     }
                     // Rate-limited: the first failure and then every tenth.
                     if failures == 1 || failures.is_multiple_of(10) {
-                        tracing::warn!(%error, failures, "heartbeat failed; reads stop when the lease ends");
+                        tracing::warn!(error = %crate::report::Chain(&error), failures, "heartbeat failed; reads stop when the lease ends");
                     }
                 }
             }
@@ -137,19 +137,19 @@ impl Member {
         let Some(shards) = self.ctx.options.auto_create_shards else {
             return;
         };
-        tracing::warn!(%error, shards, "metadata lost: provisioning stream and group again from the configuration");
+        tracing::warn!(error = %crate::report::Chain(error), shards, "metadata lost: provisioning stream and group again from the configuration");
         let mut conn = self.ctx.conn.clone();
         let prefix = self.ctx.stream.prefix();
         if matches!(error, StoreError::MissingStream { .. })
             && let Err(error) = crate::admin::create_stream(&mut conn, prefix, shards).await
         {
-            tracing::warn!(%error, "re-creating the stream failed");
+            tracing::warn!(error = %crate::report::Chain(&error), "re-creating the stream failed");
             return;
         }
         // The group first, with its hand-out hold: members of the lost incarnation may still
         // read until their leases end. Consumer groups from 0, whatever start_from says.
         if let Err(error) = store.provision(true).await {
-            tracing::warn!(%error, "re-creating the group failed");
+            tracing::warn!(error = %crate::report::Chain(&error), "re-creating the group failed");
             return;
         }
         if let Err(error) = crate::admin::register_group(
@@ -160,7 +160,7 @@ impl Member {
         )
         .await
         {
-            tracing::warn!(%error, "registering the group again failed");
+            tracing::warn!(error = %crate::report::Chain(&error), "registering the group again failed");
         }
     }
 
@@ -292,7 +292,7 @@ impl Member {
         let task = match ShardTask::new(self.ctx.clone(), shard, revoke.clone(), stop.clone()) {
             Ok(task) => tokio::spawn(task.run()),
             Err(error) => {
-                tracing::error!(%error, shard, "shard not polled");
+                tracing::error!(error = %crate::report::Chain(&error), shard, "shard not polled");
                 tokio::spawn(async {})
             }
         };
@@ -348,7 +348,7 @@ impl Member {
         match self.send(store, &request).await {
             Ok(_) => tracing::info!("left the group"),
             Err(error) => {
-                tracing::warn!(%error, "leave not delivered; the lease will expire instead")
+                tracing::warn!(error = %crate::report::Chain(&error), "leave not delivered; the lease will expire instead")
             }
         }
     }

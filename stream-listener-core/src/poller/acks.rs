@@ -65,7 +65,7 @@ impl ShardTask {
         let acked = match self.ack(&token, &ids).await {
             Ok(acked) => acked,
             Err(error) => {
-                tracing::warn!(%error, "acking handled entries failed; retrying");
+                tracing::warn!(error = %crate::report::Chain(&error), "acking handled entries failed; retrying");
                 self.acks.hold(&token, ids);
                 self.pause(ERROR_PAUSE).await;
                 false

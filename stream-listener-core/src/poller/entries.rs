@@ -190,7 +190,7 @@ impl ShardTask {
             .forget_attempts(self.shard, &[entry.id.as_str()])
             .await
         {
-            tracing::warn!(entry = %entry.id, %error, "removing the attempt count failed");
+            tracing::warn!(entry = %entry.id, error = %crate::report::Chain(&error), "removing the attempt count failed");
         }
     }
 

@@ -232,7 +232,7 @@ impl ShardTask {
                     return true;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "connecting the data plane failed; retrying");
+                    tracing::warn!(error = %crate::report::Chain(&error), "connecting the data plane failed; retrying");
                     self.pause(ERROR_PAUSE).await;
                 }
             }
@@ -274,7 +274,7 @@ impl ShardTask {
                 Phase::New => self.read_new(&token).await,
             };
             if let Err(error) = step {
-                tracing::warn!(%error, "shard operation failed; retrying");
+                tracing::warn!(error = %crate::report::Chain(&error), "shard operation failed; retrying");
                 if error.is_no_group() {
                     self.recreate_consumer_group().await;
                 }

@@ -23,7 +23,7 @@ impl ShardTask {
             }
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
             Err(error) => {
-                tracing::warn!(%error, "raising the fence failed; retrying");
+                tracing::warn!(error = %crate::report::Chain(&error), "raising the fence failed; retrying");
                 // No fence next to a missing stream: the stream must come back first (or the
                 // shard be revoked), or this raise fails for good.
                 if error.is_no_group() {
@@ -194,7 +194,9 @@ impl ShardTask {
                 "consumer group missing on a DRAINING shard whose stream is gone: not created (a member creates a stream only for an ACTIVE shard)"
             ),
             Ok(GroupRecreated::Exists) => {} // created meanwhile
-            Err(error) => tracing::warn!(%error, "re-creating the consumer group failed"),
+            Err(error) => {
+                tracing::warn!(error = %crate::report::Chain(&error), "re-creating the consumer group failed")
+            }
         }
     }
 
@@ -217,7 +219,7 @@ impl ShardTask {
                 .map(|s| s.state),
             Ok(None) => None,
             Err(error) => {
-                tracing::warn!(%error, "reading the stream metadata failed");
+                tracing::warn!(error = %crate::report::Chain(&error), "reading the stream metadata failed");
                 None
             }
         }

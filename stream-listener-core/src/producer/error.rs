@@ -15,7 +15,7 @@ use crate::store::StoreError;
 #[non_exhaustive]
 pub enum PublishError {
     /// The stream prefix is empty, too long or contains characters the key layout cannot carry.
-    #[error("invalid stream prefix: {0}")]
+    #[error("invalid stream prefix")]
     InvalidPrefix(#[from] NameError),
     /// A [`super::PublisherOptions`] value that cannot work.
     #[error("invalid publisher options: {detail}")]
@@ -35,7 +35,7 @@ pub enum PublishError {
     },
     /// The payload could not be serialized to JSON (for example a map with non-string keys).
     #[error(
-        "payload{} failed to serialize to JSON: {source}; make its Serialize implementation succeed, or publish bytes with publish_raw",
+        "payload{} failed to serialize to JSON; make its Serialize implementation succeed, or publish bytes with publish_raw",
         at_index(*.index)
     )]
     Serialize {
@@ -91,7 +91,8 @@ pub enum PublishError {
     /// could append to a shard that is being retired, so publish fails closed (docs/design.md §9,
     /// §10).
     #[error(
-        "routing of stream {prefix:?} is {age:?} old, past its lease of {lease:?} (routing_lease), and refreshing it failed: {reason}; check that Redis is reachable, then retry"
+        "routing of stream {prefix:?} is {age:?} old, past its lease of {lease:?} (routing_lease), and refreshing it {}; check that Redis is reachable, then retry",
+        if source.is_some() { "failed" } else { "answered only after the lease had run out (Redis too slow)" }
     )]
     RoutingLeaseExpired {
         /// The stream prefix.
@@ -100,8 +101,9 @@ pub enum PublishError {
         age: Duration,
         /// `routing_lease`.
         lease: Duration,
-        /// Why the refresh failed (the Redis error, or a read that answered too late).
-        reason: String,
+        /// The Redis error of the refresh; `None` when the read answered, but too late.
+        #[source]
+        source: Option<redis::RedisError>,
     },
     /// `XADD ... NOMKSTREAM` found no stream for a shard the freshly refreshed metadata still
     /// routes to: the shard stream was deleted although its shard is ACTIVE.
@@ -119,9 +121,9 @@ pub enum PublishError {
     /// The stream metadata exists but cannot be read (corrupt JSON, another schema version).
     #[error(transparent)]
     Metadata(StoreError),
-    /// Redis did not answer or refused a command.
+    /// Redis did not answer or refused a command (the cause is the error's source).
     #[error(
-        "Redis command failed: {0}; check that Redis is up and reachable, then retry (a retried batch may append some entries twice)"
+        "Redis command failed; check that Redis is up and reachable, then retry (a retried batch may append some entries twice)"
     )]
     Redis(#[from] redis::RedisError),
 }

@@ -557,13 +557,13 @@ impl Publisher {
                 *lock(&inner.cache) = fresh.clone();
                 self.within_lease(fresh)
             }
-            Err(error @ PublishError::Redis(_)) => {
+            Err(PublishError::Redis(error)) => {
                 let age = cached.read_sent_at.elapsed();
                 if age >= inner.options.routing_lease {
-                    Err(self.lease_expired(age, error.to_string()))
+                    Err(self.lease_expired(age, Some(error)))
                 } else if nil_at.is_some() {
                     // The shard routed to is gone: the cache cannot be used for this message.
-                    Err(error)
+                    Err(PublishError::Redis(error))
                 } else {
                     tracing::warn!(
                         prefix = inner.keys.prefix(),
@@ -584,21 +584,18 @@ impl Publisher {
     fn within_lease(&self, cached: Cached) -> Result<Arc<Routing>, PublishError> {
         let age = cached.read_sent_at.elapsed();
         if age >= self.inner.options.routing_lease {
-            return Err(self.lease_expired(
-                age,
-                "the metadata read answered only after the lease had run out (Redis too slow)"
-                    .into(),
-            ));
+            // The metadata read answered only after the lease had run out (Redis too slow).
+            return Err(self.lease_expired(age, None));
         }
         Ok(cached.routing)
     }
 
-    fn lease_expired(&self, age: Duration, reason: String) -> PublishError {
+    fn lease_expired(&self, age: Duration, source: Option<redis::RedisError>) -> PublishError {
         PublishError::RoutingLeaseExpired {
             prefix: self.inner.keys.prefix().to_owned(),
             age,
             lease: self.inner.options.routing_lease,
-            reason,
+            source,
         }
     }
 

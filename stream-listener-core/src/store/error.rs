@@ -8,10 +8,9 @@ use crate::keys::NameError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// Redis did not answer or refused a command.
-    #[error(
-        "Redis command failed: {0}; check that Redis is up and reachable at the configured URL"
-    )]
+    /// Redis did not answer or refused a command ([`crate::connection::RedisFailure::of`] says
+    /// which); the cause is the error's source.
+    #[error("Redis command failed; check that Redis is up and reachable at the configured URL")]
     Redis(#[from] redis::RedisError),
     /// A stream prefix or group name that cannot be used.
     #[error(transparent)]
@@ -50,7 +49,7 @@ pub enum StoreError {
     },
     /// A stored field is not valid JSON of the expected shape.
     #[error(
-        "corrupt metadata in {key} field {field}: {source}; fix or delete the key by hand (it is not rebuilt automatically)"
+        "corrupt metadata in {key} field {field} (not JSON of the expected shape); fix or delete the key by hand (it is not rebuilt automatically)"
     )]
     CorruptMetadata {
         /// The key.
@@ -96,14 +95,6 @@ pub enum StoreError {
     /// The coordinator refused the request.
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),
-    /// Redis is older than 7.0.
-    #[error(
-        "Redis {found} is too old: stream-listener needs Redis 7.0 or newer (XAUTOCLAIM/XCLAIM semantics, scripts); upgrade the server"
-    )]
-    RedisTooOld {
-        /// The version `INFO server` reported.
-        found: String,
-    },
     /// Redis did not answer a heartbeat in time (the member keeps its work until its lease ends).
     #[error("heartbeat got no answer within {0:?}; Redis is slow or unreachable")]
     Timeout(std::time::Duration),

@@ -7,7 +7,7 @@ use redis::AsyncCommands;
 
 use super::StoreError;
 use super::scripts;
-use crate::connection::RedisConnection;
+use crate::connection::{RedisConnection, RedisFailure};
 use crate::keys::{STREAMS_INDEX_KEY, StreamKeys};
 use crate::model::{COUNTER_LIMIT, StreamMetadata};
 
@@ -69,17 +69,15 @@ pub(crate) fn check_counter(
     ))
 }
 
-/// `error`, or [`StoreError::WrongType`] when it is `WRONGTYPE` and one of `keys` (key, Redis
-/// type, name of the type) holds another type: which key a script tripped over is not in the
-/// message, so each is asked with `TYPE`.
+/// `error`, or [`StoreError::WrongType`] when it is `WRONGTYPE` ([`RedisFailure::WrongType`])
+/// and one of `keys` (key, Redis type, name of the type) holds another type: which key a script
+/// tripped over is not in the message, so each is asked with `TYPE`.
 pub(crate) async fn wrong_type(
     conn: &mut RedisConnection,
     error: redis::RedisError,
     keys: &[(&str, &str, &'static str)],
 ) -> StoreError {
-    let is_wrong_type =
-        error.code() == Some("WRONGTYPE") || error.to_string().contains("WRONGTYPE");
-    if !is_wrong_type {
+    if RedisFailure::of(&error) != RedisFailure::WrongType {
         return error.into();
     }
     for (key, redis_type, expected) in keys {

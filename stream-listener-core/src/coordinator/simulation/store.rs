@@ -15,8 +15,7 @@ use crate::coordinator::{
 };
 use crate::fence::FenceToken;
 use crate::model::{
-    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, Micros, PROTOCOL_VERSION,
-    ShardIndex,
+    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, Micros, ShardIndex,
 };
 
 /// A heartbeat the store did not answer with a response.
@@ -68,23 +67,7 @@ pub(super) struct Store {
 /// The fingerprint of a request, and whether the fast path looks at it at all (`fast_path`'s
 /// `eligible`).
 pub(super) fn request_fingerprint(request: &HeartbeatRequest) -> Option<String> {
-    let eligible = request.member_epoch > 0
-        && request.protocol_version == PROTOCOL_VERSION
-        && request.revoking_shards.is_empty()
-        && request.fence_conflicts.is_empty()
-        && !request.member_id.is_empty();
-    if !eligible {
-        return None;
-    }
-    let mut owned = request.owned_shards.clone();
-    owned.sort_unstable();
-    Some(steady_fingerprint(
-        &request.process_id,
-        request.member_epoch,
-        request.metadata_version,
-        request.runtime_max_concurrency.max(1),
-        owned.iter(),
-    ))
+    crate::coordinator::steady_request_fingerprint(request)
 }
 
 impl Store {

@@ -14,11 +14,14 @@ use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use stream_listener::core::admin::{
     self, AdminError, DeletedGroup, GroupDescription, GroupSummary, Lag, RetireReport, ScaleAction,
-    ScaleOutcome, StreamDescription, StreamSummary, redis_unreachable,
+    ScaleOutcome, StreamDescription, StreamSummary,
 };
-use stream_listener::core::connection::{DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget};
+use stream_listener::core::connection::{
+    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisFailure, RedisTarget,
+};
 use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::model::StartFrom;
+use stream_listener::core::report::Chain;
 
 use table::{Table, shards};
 
@@ -206,7 +209,7 @@ impl Failure {
 
 impl From<AdminError> for Failure {
     fn from(err: AdminError) -> Self {
-        let text = one_line(&err.to_string());
+        let text = one_line(&Chain(&err).to_string());
         if err.is_redis_unreachable() {
             Failure::Unreachable(format!(
                 "lost the connection to Redis: {text}; check that Redis is up, then retry"
@@ -276,7 +279,7 @@ async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
                 Failure::Usage(format!(
                     "invalid Redis address {shown}: {text}; write it as redis://[user:password@]host:port[/db]"
                 ))
-            } else if redis_unreachable(&err) {
+            } else if RedisFailure::of(&err).is_unreachable() {
                 Failure::Unreachable(format!(
                     "cannot reach Redis at {shown}: {text}; check that Redis is running and that --redis-url (or REDIS_URL, or --cluster-node) points at it"
                 ))

@@ -1,0 +1,152 @@
+//! Acknowledging entries (docs/design.md §8.5, §8.7): one shard's fenced ack, its part of a
+//! read round's multi-shard ack, and the reply of an ack sent elsewhere.
+
+use redis::Value;
+
+use super::reply::int;
+use super::{Reply, ScriptCall, ShardClient};
+use crate::connection::RedisFailure;
+use crate::dataplane::error::DataPlaneError;
+use crate::dataplane::round::AckPart;
+use crate::dataplane::{Fenced, scripts};
+use crate::fence::FenceToken;
+use crate::model::ShardIndex;
+
+impl ShardClient {
+    /// Acknowledges `ids` on `shard` (`XACK`), always fenced, whatever the [`FencingMode`](crate::dataplane::FencingMode).
+    /// Returns how many of them were pending in the group (ids acked before, or never delivered,
+    /// count 0). With no ids only the fence is checked. Ack trimmed entries like any other.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] when Redis fails (acking again is harmless). A missing group is
+    /// not an error here: nothing is pending, the result is 0 (a missing fence answers
+    /// [`Fenced::Lower`] first).
+    pub async fn ack(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+    ) -> Result<Result<usize, Fenced>, DataPlaneError> {
+        let call = self.ack_call(shard, token, ids);
+        let reply = self.run(ACK, shard, call).await?;
+        ack_outcome(shard, reply)
+    }
+
+    /// The fenced ack of `ids` on `shard` as one shard's part of a read round's multi-shard ack
+    /// ([`crate::dataplane::round`]): its fence key and its arguments. Read the part's reply with
+    /// [`ShardClient::ack_reply`].
+    pub(crate) fn ack_part(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+    ) -> AckPart {
+        let mut args = redis::Cmd::new();
+        args.arg(self.encoded(token))
+            .arg(token.incarnation)
+            .arg(token.member_epoch)
+            .arg(ids.len());
+        for id in ids {
+            args.arg(id);
+        }
+        AckPart {
+            fence: self.keys.fence(shard),
+            args,
+        }
+    }
+
+    /// The listener's acks-mode read round as one raw call, for the benchmarks' diagnostic
+    /// loops (`testing` feature): one pipeline with one `ack_shards` script call acking each
+    /// `(shard, token, ids)` part fenced with its own token, and one multi-stream `XREADGROUP`
+    /// of up to `count` new entries per shard, as this client's consumer. Standalone servers
+    /// only. Returns, per part in order, its ack reply (`None` without ids) and its read reply
+    /// shaped as a one-stream `XREADGROUP` reply (`[[key, entries]]`, nil when nothing was new).
+    ///
+    /// # Errors
+    /// The pipeline's [`redis::RedisError`] (connection lost, timeout), or a read reply of an
+    /// unexpected shape.
+    #[cfg(feature = "testing")]
+    pub async fn read_round(
+        &mut self,
+        parts: &[(ShardIndex, &FenceToken, &[String])],
+        count: usize,
+    ) -> redis::RedisResult<Vec<(Option<redis::RedisResult<Value>>, Value)>> {
+        let round: Vec<crate::dataplane::round::RoundPart> = parts
+            .iter()
+            .map(|&(shard, token, ids)| crate::dataplane::round::RoundPart {
+                key: self.keys.shard(shard),
+                ack: (!ids.is_empty()).then(|| self.ack_part(shard, token, ids)),
+            })
+            .collect();
+        let mut conn = self.conn.clone();
+        let replies = crate::dataplane::round::read_round(
+            &mut conn,
+            &self.group,
+            &self.consumer,
+            count,
+            round,
+        )
+        .await?;
+        replies
+            .into_iter()
+            .map(|reply| match reply.read {
+                crate::dataplane::round::PartRead::Entries(read) => Ok((reply.ack, read)),
+                other => Err(redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "read round",
+                    format!("{other:?}"),
+                ))),
+            })
+            .collect()
+    }
+
+    /// What an [`ShardClient::ack_cmd`] sent elsewhere returned, as [`ShardClient::ack`] reports
+    /// it. A script missing on the server (restarted, failed over) did not run: the ack is sent
+    /// again on its own, which loads it.
+    ///
+    /// # Errors
+    /// As [`ShardClient::ack`].
+    pub(crate) async fn ack_reply(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+        reply: redis::RedisResult<Value>,
+    ) -> Result<Result<usize, Fenced>, DataPlaneError> {
+        match reply {
+            Err(error) if RedisFailure::of(&error) == RedisFailure::NoScript => {
+                self.ack(shard, token, ids).await
+            }
+            reply => ack_outcome(shard, self.classify(ACK, shard, reply)?),
+        }
+    }
+
+    pub(super) fn ack_call(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+    ) -> ScriptCall {
+        let mut call = self.script_call(scripts::ack(), shard, token);
+        for id in ids {
+            call.cmd.arg(id);
+        }
+        call
+    }
+}
+
+pub(super) const ACK: &str = "ack";
+
+/// What the ack script's reply means.
+pub(super) fn ack_outcome(
+    shard: ShardIndex,
+    reply: Reply,
+) -> Result<Result<usize, Fenced>, DataPlaneError> {
+    match reply.ok(ACK, shard, 1)? {
+        Ok(rest) => int(&rest[0])
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Ok)
+            .ok_or_else(|| DataPlaneError::unexpected(ACK, Some(shard), "acked count")),
+        Err(fenced) => Ok(Err(fenced)),
+    }
+}

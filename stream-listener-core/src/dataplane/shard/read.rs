@@ -1,0 +1,227 @@
+//! Reading new entries (docs/design.md §8.4 to §8.6): the fenced read script, the plain
+//! `XREADGROUP` of acks mode, and the ack of a batch sent with the next read.
+
+use redis::Value;
+
+use super::reply::{parse_entries, single_stream_entries, text, withhold_if_larger};
+use super::{Reply, ScriptCall, ShardClient, fenced_flag, unexpected_status};
+use crate::connection::RedisFailure;
+use crate::dataplane::error::DataPlaneError;
+use crate::dataplane::round::into_result;
+use crate::dataplane::{Fenced, FencingMode, ReadOutcome, ShardEntry, scripts};
+use crate::fence::FenceToken;
+use crate::model::ShardIndex;
+
+impl ShardClient {
+    /// Reads up to `count` (at least 1) new entries on `shard` for the group
+    /// (`XREADGROUP ... STREAMS <shard> >`, never blocking); they enter this consumer's PEL with
+    /// delivery count 1. When nothing is new, returns [`ReadOutcome::Empty`] with the id of the
+    /// stream's last entry (`"0-0"` when it has none): wait with [`crate::dataplane::Waiter::wait`] from it,
+    /// then read again (an entry added between the two calls wakes the wait at once).
+    ///
+    /// In [`FencingMode::Strict`] the read is a script that checks the fence first
+    /// ([`ReadOutcome::Fenced`]: nothing read). In [`FencingMode::Acks`] it is a plain
+    /// `XREADGROUP` (no fence, `token` unused): a script costs Redis about 1.5 times the read
+    /// itself to convert the entries to Lua and back (BENCHMARKS.md, item 1). Only when that
+    /// finds nothing does the script run, to return the last id atomically with an empty read.
+    /// The body limit ([`ShardClient::with_max_entry_bytes`]) then applies after the read: a
+    /// too-large entry still comes back as [`EntryStatus::TooLarge`](crate::dataplane::EntryStatus::TooLarge) without its fields, but its
+    /// body has passed through this process once.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::NoGroup`] when the stream or group is missing (Redis lost its data);
+    /// [`DataPlaneError::Redis`] when Redis fails (entries may have been delivered: they are in
+    /// this consumer's PEL and come back from [`ShardClient::read_pending`]).
+    pub async fn read_new(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        count: usize,
+        mode: FencingMode,
+    ) -> Result<ReadOutcome, DataPlaneError> {
+        match mode {
+            FencingMode::Acks => {
+                let reply = self
+                    .plain_read_cmd(shard, count)
+                    .query_async(&mut self.conn)
+                    .await;
+                self.read_new_reply(shard, token, count, reply).await
+            }
+            FencingMode::Strict => {
+                let call = self.read_script_call(shard, token, count, mode);
+                self.read_new_script(shard, call).await
+            }
+        }
+    }
+
+    /// What a plain `XREADGROUP ... STREAMS <shard> >` (acks mode) returned, as
+    /// [`ShardClient::read_new`] reports it; when nothing was new, the read script runs for the
+    /// last id to wait from (atomically with an empty read). For a read sent in a pipeline or a
+    /// read round ([`crate::dataplane::round`]).
+    ///
+    /// # Errors
+    /// As [`ShardClient::read_new`].
+    pub(crate) async fn read_new_reply(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        count: usize,
+        reply: redis::RedisResult<Value>,
+    ) -> Result<ReadOutcome, DataPlaneError> {
+        let entries = self.plain_read_reply(shard, reply)?;
+        if entries.is_empty() {
+            let call = self.read_script_call(shard, token, count, FencingMode::Acks);
+            self.read_new_script(shard, call).await
+        } else {
+            Ok(ReadOutcome::Entries(entries))
+        }
+    }
+
+    /// Runs the read script of [`ShardClient::read_new`] (`call`, from
+    /// [`ShardClient::read_script_call`]): the fence check in strict mode, and an `EMPTY` reply
+    /// with the last id when nothing is new.
+    async fn read_new_script(
+        &mut self,
+        shard: ShardIndex,
+        call: ScriptCall,
+    ) -> Result<ReadOutcome, DataPlaneError> {
+        let reply = self.run(READ_NEW, shard, call).await?;
+        read_new_outcome(shard, reply)
+    }
+
+    /// [`ShardClient::ack`] of `ids` and [`ShardClient::read_new`] in one round trip: one
+    /// pipeline, the ack first. Returns both results; when the ack is refused by the fence, what
+    /// the read returned is still returned (in strict mode the same fence refused it too; in
+    /// acks mode those entries are in this consumer's pending list: drop them, the shard's next
+    /// owner claims them). With no ids it is [`ShardClient::read_new`] alone.
+    ///
+    /// # Errors
+    /// As [`ShardClient::ack`] and [`ShardClient::read_new`]; an error of either fails the
+    /// whole call (acking again and reading own pending entries from `"0"` recovers).
+    pub async fn ack_and_read_new(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+        count: usize,
+        mode: FencingMode,
+    ) -> Result<(Result<usize, Fenced>, ReadOutcome), DataPlaneError> {
+        if ids.is_empty() {
+            return Ok((Ok(0), self.read_new(shard, token, count, mode).await?));
+        }
+        let ack = self.ack_call(shard, token, ids).cmd;
+        let read = match mode {
+            FencingMode::Acks => self.plain_read_cmd(shard, count),
+            FencingMode::Strict => self.read_script_call(shard, token, count, mode).cmd,
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(ack).add_command(read).ignore_errors();
+        let replies: Vec<Value> = pipe
+            .query_async(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis("ack_and_read_new", Some(shard)))?;
+        let Ok([ack_reply, read_reply]) = <[Value; 2]>::try_from(replies) else {
+            return Err(DataPlaneError::unexpected(
+                "ack_and_read_new",
+                Some(shard),
+                "not two replies",
+            ));
+        };
+        let acked = self
+            .ack_reply(shard, token, ids, into_result(ack_reply))
+            .await?;
+        let read = match (mode, into_result(read_reply)) {
+            (FencingMode::Acks, reply) => self.read_new_reply(shard, token, count, reply).await?,
+            (FencingMode::Strict, Err(error))
+                if RedisFailure::of(&error) == RedisFailure::NoScript =>
+            {
+                let call = self.read_script_call(shard, token, count, mode);
+                self.read_new_script(shard, call).await?
+            }
+            (FencingMode::Strict, reply) => {
+                read_new_outcome(shard, self.classify(READ_NEW, shard, reply)?)?
+            }
+        };
+        Ok((acked, read))
+    }
+
+    pub(super) fn read_script_call(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        count: usize,
+        mode: FencingMode,
+    ) -> ScriptCall {
+        let mut call = self.script_call(scripts::read_new(), shard, token);
+        call.cmd
+            .arg(fenced_flag(mode))
+            .arg(&self.consumer)
+            .arg(count.max(1))
+            .arg(self.max_entry_bytes);
+        call
+    }
+
+    /// `XREADGROUP ... COUNT <count> STREAMS <shard> >`, without a script (acks mode).
+    pub(super) fn plain_read_cmd(&self, shard: ShardIndex, count: usize) -> redis::Cmd {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(count.max(1))
+            .arg("STREAMS")
+            .arg(self.keys.shard(shard))
+            .arg(">");
+        cmd
+    }
+
+    /// The entries of a plain read, bodies over the limit withheld; empty when nothing is new.
+    pub(super) fn plain_read_reply(
+        &self,
+        shard: ShardIndex,
+        reply: redis::RedisResult<Value>,
+    ) -> Result<Vec<ShardEntry>, DataPlaneError> {
+        let reply = reply.map_err(|source| match RedisFailure::of(&source) {
+            RedisFailure::NoGroup => self.no_group(
+                shard,
+                format!("NOGROUP {}", source.detail().unwrap_or_default()),
+            ),
+            _ => DataPlaneError::Redis {
+                op: READ_NEW,
+                shard: Some(shard),
+                source,
+            },
+        })?;
+        let Some(list) = single_stream_entries(reply) else {
+            return Ok(Vec::new());
+        };
+        let mut entries = parse_entries(READ_NEW, shard, list, false)?;
+        if self.max_entry_bytes > 0 {
+            for entry in &mut entries {
+                withhold_if_larger(entry, self.max_entry_bytes);
+            }
+        }
+        Ok(entries)
+    }
+}
+
+pub(super) const READ_NEW: &str = "read_new";
+
+/// What the read script's reply means.
+pub(super) fn read_new_outcome(
+    shard: ShardIndex,
+    reply: Reply,
+) -> Result<ReadOutcome, DataPlaneError> {
+    match reply {
+        Reply::Refused(fenced) => Ok(ReadOutcome::Fenced(fenced)),
+        Reply::Done(status, mut rest) if status == "OK" && rest.len() == 1 => Ok(
+            ReadOutcome::Entries(parse_entries(READ_NEW, shard, rest.remove(0), false)?),
+        ),
+        Reply::Done(status, rest) if status == "EMPTY" && rest.len() == 1 => {
+            let last_id = text(&rest[0])
+                .ok_or_else(|| DataPlaneError::unexpected(READ_NEW, Some(shard), "last id"))?;
+            Ok(ReadOutcome::Empty { last_id })
+        }
+        Reply::Done(status, rest) => Err(unexpected_status(READ_NEW, shard, &status, &rest)),
+    }
+}

@@ -1,0 +1,48 @@
+//! Printing an error with its causes. Every error of this crate keeps its cause as its
+//! `source()`, not in its message (docs/design.md §8.14), so a log line or a command-line message
+//! that shows only `to_string()` loses it: [`Chain`] prints the whole chain.
+
+use std::error::Error;
+use std::fmt;
+
+/// Displays an error and its sources, `: `-separated (`Redis command failed; ...: Connection
+/// refused (os error 111)`). A source whose text the message before it already holds is left
+/// out (redis-rs's errors repeat their own server error as their source).
+#[derive(Debug, Clone, Copy)]
+pub struct Chain<'a>(pub &'a (dyn Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            if !last.contains(&text) {
+                write!(f, ": {text}")?;
+                last = text;
+            }
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer failed; retry")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn prints_each_cause_once() {
+        let error = Outer(std::io::Error::other("disk full"));
+        assert_eq!(Chain(&error).to_string(), "outer failed; retry: disk full");
+        let redis =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let text = Chain(&redis).to_string();
+        assert_eq!(text, redis.to_string(), "{text}");
+    }
+}
