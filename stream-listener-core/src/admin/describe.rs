@@ -301,11 +301,7 @@ fn view_group(
 ) -> (Group, bool) {
     let view = StreamView::from(stream);
     let mut group = stored.clone();
-    let ctx = Context {
-        now,
-        stream: &view,
-        fences: None,
-    };
+    let ctx = Context { now, stream: &view };
     coordinator::advance(&mut group, &ctx, config);
     let rearmed = group.members.iter().any(|(id, member)| {
         stored

@@ -25,11 +25,13 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-pub use error::{ConfigError, CoordinatorError};
-pub use transition::{advance, heartbeat, next_deadline, steady_fingerprint, steady_response};
+pub use error::{CoordinatorError, TimingsError};
+pub use transition::{
+    Transition, advance, heartbeat, heartbeat_with_fences, next_deadline, steady_fingerprint,
+    steady_response,
+};
 pub(crate) use transition::{base_response, member_lease_ttl_us};
 
-use crate::fence::FenceToken;
 use crate::model::{
     GroupMetadata, GroupState, MemberMetadata, Micros, ShardIndex, StreamMetadata, TargetAssignment,
 };
@@ -101,13 +103,13 @@ impl CoordinatorConfig {
     /// Builds a configuration from the three timings; `history_capacity` keeps its default.
     ///
     /// # Errors
-    /// [`ConfigError::Zero`] when a duration is zero; [`ConfigError::HeartbeatTooSlow`] when
+    /// [`TimingsError::Zero`] when a duration is zero; [`TimingsError::HeartbeatTooSlow`] when
     /// `heartbeat_interval` is above a third of `member_lease_ttl` (docs/design.md §5).
     pub fn new(
         heartbeat_interval: Duration,
         member_lease_ttl: Duration,
         rebalance_timeout: Duration,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, TimingsError> {
         let config = CoordinatorConfig {
             heartbeat_interval,
             member_lease_ttl,
@@ -122,14 +124,14 @@ impl CoordinatorConfig {
     ///
     /// # Errors
     /// As [`CoordinatorConfig::new`].
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), TimingsError> {
         for (name, value) in [
             ("heartbeat_interval", self.heartbeat_interval),
             ("member_lease_ttl", self.member_lease_ttl),
             ("rebalance_timeout", self.rebalance_timeout),
         ] {
             if value.is_zero() {
-                return Err(ConfigError::Zero { name });
+                return Err(TimingsError::Zero { name });
             }
         }
         for (name, value) in [
@@ -138,14 +140,14 @@ impl CoordinatorConfig {
             ("rebalance_timeout", self.rebalance_timeout),
         ] {
             if value > MAX_TIMING {
-                return Err(ConfigError::TooLong {
+                return Err(TimingsError::TooLong {
                     name,
                     max_secs: MAX_TIMING.as_secs(),
                 });
             }
         }
         if self.heartbeat_interval.saturating_mul(3) > self.member_lease_ttl {
-            return Err(ConfigError::HeartbeatTooSlow {
+            return Err(TimingsError::HeartbeatTooSlow {
                 heartbeat_ms: self.heartbeat_interval.as_millis(),
                 lease_ms: self.member_lease_ttl.as_millis(),
             });
@@ -202,9 +204,6 @@ pub struct Context<'a> {
     pub now: Micros,
     /// The stream metadata as read with this heartbeat.
     pub stream: &'a StreamView,
-    /// This group's fence of every readable shard (shard → token), read only when a transition
-    /// answered [`CoordinatorError::FencesRequired`]; `None` otherwise.
-    pub fences: Option<&'a BTreeMap<ShardIndex, FenceToken>>,
 }
 
 /// One consumer group's whole coordinator state: what the store loads from

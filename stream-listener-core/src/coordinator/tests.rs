@@ -77,18 +77,26 @@ impl Fixture {
         self.send_raw(&request).expect("well-formed request")
     }
 
+    /// Sends `request` as it is, without fences, and checks the invariants when it answered.
+    fn transition(&mut self, request: &HeartbeatRequest) -> Result<Transition, CoordinatorError> {
+        let ctx = Context {
+            now: self.now,
+            stream: &self.stream,
+        };
+        let transition = heartbeat(&mut self.group, request, &ctx, &self.config)?;
+        if let Transition::Done(_) = transition {
+            check_group(&self.group, self.now, true).expect("invariants hold");
+        }
+        Ok(transition)
+    }
+
+    /// As [`Fixture::transition`], for a request that is no lost-metadata evidence.
     fn send_raw(
         &mut self,
         request: &HeartbeatRequest,
     ) -> Result<HeartbeatResponse, CoordinatorError> {
-        let ctx = Context {
-            now: self.now,
-            stream: &self.stream,
-            fences: None,
-        };
-        let response = heartbeat(&mut self.group, request, &ctx, &self.config)?;
-        check_group(&self.group, self.now, true).expect("invariants hold");
-        Ok(response)
+        let transition = self.transition(request)?;
+        Ok(transition.response().expect("no lost-metadata evidence"))
     }
 
     fn join(&mut self, member: &str) -> HeartbeatResponse {
@@ -180,7 +188,7 @@ fn heartbeat_interval_above_a_third_of_the_lease_is_refused() {
     );
     assert_eq!(
         err,
-        Err(ConfigError::HeartbeatTooSlow {
+        Err(TimingsError::HeartbeatTooSlow {
             heartbeat_ms: 6000,
             lease_ms: 15000
         })
@@ -191,7 +199,7 @@ fn heartbeat_interval_above_a_third_of_the_lease_is_refused() {
             Duration::from_secs(15),
             Duration::from_secs(60)
         ),
-        Err(ConfigError::Zero {
+        Err(TimingsError::Zero {
             name: "heartbeat_interval"
         })
     );
@@ -210,7 +218,7 @@ fn heartbeat_interval_above_a_third_of_the_lease_is_refused() {
             Duration::from_secs(600_000 * 365 * 86_400),
             Duration::from_secs(60)
         ),
-        Err(ConfigError::TooLong {
+        Err(TimingsError::TooLong {
             name: "member_lease_ttl",
             max_secs: 86_400
         })
@@ -606,15 +614,14 @@ fn lost_metadata_starts_one_correction_round_above_every_fence() {
         request_seq: 99,
         ..request("a", "p-a", 5, &[0, 1])
     };
-    assert_eq!(f.send_raw(&evidence), Err(CoordinatorError::FencesRequired));
+    assert_eq!(f.transition(&evidence), Ok(Transition::NeedsFences));
     let fences: BTreeMap<ShardIndex, crate::fence::FenceToken> =
         [(0, stale_fence.clone()), (1, stale_fence)].into();
     let ctx = Context {
         now: f.now,
         stream: &f.stream,
-        fences: Some(&fences),
     };
-    let r = heartbeat(&mut f.group, &evidence, &ctx, &f.config).unwrap();
+    let r = heartbeat_with_fences(&mut f.group, &evidence, &ctx, &fences, &f.config).unwrap();
     f.seqs.insert("p-a".into(), evidence.request_seq);
     assert_eq!(r.status, HeartbeatStatus::SyncMetadata);
     assert!(r.incarnation > T0);
@@ -682,10 +689,9 @@ fn counters_at_the_limit_are_refused_not_overflowed() {
         let ctx = Context {
             now: f.now,
             stream: &f.stream,
-            fences: Some(&fences),
         };
         let mut group = before.clone();
-        let result = heartbeat(&mut group, &evidence, &ctx, &f.config);
+        let result = heartbeat_with_fences(&mut group, &evidence, &ctx, &fences, &f.config);
         assert!(
             matches!(&result, Err(CoordinatorError::CounterAtLimit { field: got, .. }) if *got == field),
             "{incarnation}:{epoch}: {result:?}"
@@ -1027,9 +1033,8 @@ fn a_correction_round_lasts_the_longest_members_lease() {
     let ctx = Context {
         now: f.now,
         stream: &f.stream,
-        fences: Some(&fences),
     };
-    let r = heartbeat(&mut f.group, &evidence, &ctx, &short).unwrap();
+    let r = heartbeat_with_fences(&mut f.group, &evidence, &ctx, &fences, &short).unwrap();
     assert_eq!(r.status, HeartbeatStatus::SyncMetadata);
     let round = f.group.meta.correction_round.as_ref().unwrap();
     assert_eq!(round.not_before_end, f.now + 6_000 * MS);

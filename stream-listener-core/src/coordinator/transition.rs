@@ -1,15 +1,38 @@
 //! The transitions: the coordinator rules of docs/design.md §6, in order.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Context, CoordinatorConfig, CoordinatorError, Group, rfc3339};
 use crate::assignor::{self, AssignorMember};
+use crate::fence::FenceToken;
 use crate::model::{
     COUNTER_LIMIT, CorrectionRound, Epoch, GroupState, HeartbeatRequest, HeartbeatResponse,
     HeartbeatStatus, JOIN_EPOCH, LEAVE_EPOCH, MemberMetadata, MemberState, Micros,
     OldProcessHolding, PROTOCOL_VERSION, RevokeState, STATIC_LEAVE_EPOCH, ShardIndex,
     TargetAssignment,
 };
+
+/// What one [`heartbeat`] came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Transition {
+    /// The transition ran: the group holds the new state, and this is the response to send.
+    Done(HeartbeatResponse),
+    /// Lost metadata is suspected (docs/design.md §6.6, correction round): read this group's
+    /// fence of every readable shard and run [`heartbeat_with_fences`] with them on the group as
+    /// loaded (the one given to [`heartbeat`] may be partly advanced and must be dropped).
+    NeedsFences,
+}
+
+impl Transition {
+    /// The response, `None` when the transition needs the fences.
+    pub fn response(self) -> Option<HeartbeatResponse> {
+        match self {
+            Transition::Done(response) => Some(response),
+            Transition::NeedsFences => None,
+        }
+    }
+}
 
 /// Applies one heartbeat to `group` at `ctx.now` and returns the response (docs/design.md §6).
 ///
@@ -19,31 +42,88 @@ use crate::model::{
 /// leave (`-2`) or a normal heartbeat with report validation; lease renewal; a new target with the
 /// sticky assignor when `groupEpoch > assignmentEpoch`; the response, whose `assignedShards` are
 /// the member's target shards held by no other member or process. Fencing statuses
-/// (`UNKNOWN_MEMBER_ID`, `FENCED_MEMBER_EPOCH`, `FENCED_INSTANCE_ID`) are answers, not errors.
+/// (`UNKNOWN_MEMBER_ID`, `FENCED_MEMBER_EPOCH`, `FENCED_INSTANCE_ID`) are answers, not errors;
+/// so is [`Transition::NeedsFences`], when lost metadata is suspected: a correction round needs
+/// the fences, which only the caller can read.
 ///
 /// # Errors
 /// A malformed request (protocol version, empty ids, epoch below `-2`, duplicate or out-of-range
 /// shards) is refused before anything changes. [`CoordinatorError::StaleRequestSeq`] for a request
-/// older than the last accepted one of its process. [`CoordinatorError::FencesRequired`] when lost
-/// metadata is suspected and `ctx.fences` is `None`: the caller reads the fences and calls again
-/// (with the group as loaded: on any error the group may be partly advanced and must be dropped).
+/// older than the last accepted one of its process. On any error the group may be partly advanced
+/// and must be dropped.
 pub fn heartbeat(
     group: &mut Group,
     request: &HeartbeatRequest,
     ctx: &Context<'_>,
     config: &CoordinatorConfig,
+) -> Result<Transition, CoordinatorError> {
+    Ok(match prepare(group, request, ctx, config)? {
+        Prepared::Answered(response) => Transition::Done(response),
+        Prepared::LostMetadata => Transition::NeedsFences,
+        Prepared::Proceed => Transition::Done(apply_request(group, request, ctx.now, config)),
+    })
+}
+
+/// [`heartbeat`] given `fences`, this group's fence of every readable shard (shard → token): a
+/// correction round starts when lost metadata is suspected, so it always answers.
+///
+/// # Errors
+/// As [`heartbeat`], and [`CoordinatorError::CounterAtLimit`] when a fence is so high that the
+/// round's incarnation or epoch could not be above it.
+pub fn heartbeat_with_fences(
+    group: &mut Group,
+    request: &HeartbeatRequest,
+    ctx: &Context<'_>,
+    fences: &BTreeMap<ShardIndex, FenceToken>,
+    config: &CoordinatorConfig,
 ) -> Result<HeartbeatResponse, CoordinatorError> {
+    match prepare(group, request, ctx, config)? {
+        Prepared::Answered(response) => return Ok(response),
+        Prepared::LostMetadata => start_correction_round(group, request, fences, ctx.now, config)?,
+        Prepared::Proceed => {}
+    }
+    Ok(apply_request(group, request, ctx.now, config))
+}
+
+/// Where a heartbeat stands after validation, the time-based work and the `requestSeq` check.
+enum Prepared {
+    /// A retried request, answered with its stored response.
+    Answered(HeartbeatResponse),
+    /// Lost-metadata evidence outside a correction round: one must start first.
+    LostMetadata,
+    /// The request is to be applied.
+    Proceed,
+}
+
+/// The rules before the request itself: validation, time-based work, a retried request, and the
+/// lost-metadata check.
+fn prepare(
+    group: &mut Group,
+    request: &HeartbeatRequest,
+    ctx: &Context<'_>,
+    config: &CoordinatorConfig,
+) -> Result<Prepared, CoordinatorError> {
     validate(request, ctx)?;
     advance_time(group, ctx, config);
     if let Some(stored) = repeated_request(group, request)? {
         recompute_target(group, ctx.now, config);
         finish(group, ctx.now);
-        return Ok(stored);
+        return Ok(Prepared::Answered(stored));
     }
-    let now = ctx.now;
-    if group.meta.correction_round.is_none() && is_lost_metadata_evidence(group, request, now) {
-        start_correction_round(group, request, ctx, config)?;
+    if group.meta.correction_round.is_none() && is_lost_metadata_evidence(group, request, ctx.now) {
+        return Ok(Prepared::LostMetadata);
     }
+    Ok(Prepared::Proceed)
+}
+
+/// The rules of the request itself: join, leave or a normal heartbeat, the new target and the
+/// response; then members that hold nothing retire.
+fn apply_request(
+    group: &mut Group,
+    request: &HeartbeatRequest,
+    now: Micros,
+    config: &CoordinatorConfig,
+) -> HeartbeatResponse {
     let status = match request.member_epoch {
         JOIN_EPOCH => join(group, request, now, config),
         LEAVE_EPOCH => leave(group, request, now, config, false),
@@ -68,7 +148,7 @@ pub fn heartbeat(
     };
     retire_finished_members(group, now, config);
     finish(group, now);
-    Ok(response)
+    response
 }
 
 /// Applies the time-based work for the whole group at `ctx.now` without a heartbeat: re-arms
@@ -419,10 +499,10 @@ fn is_lost_metadata_evidence(group: &Group, request: &HeartbeatRequest, now: Mic
 fn start_correction_round(
     group: &mut Group,
     request: &HeartbeatRequest,
-    ctx: &Context<'_>,
+    fences: &BTreeMap<ShardIndex, FenceToken>,
+    now: Micros,
     config: &CoordinatorConfig,
 ) -> Result<(), CoordinatorError> {
-    let fences = ctx.fences.ok_or(CoordinatorError::FencesRequired)?;
     let meta = &group.meta;
     let conflicts = request.fence_conflicts.iter();
     let highest_incarnation = fences
@@ -437,7 +517,6 @@ fn start_correction_round(
         .chain(group.members.values().map(|m| m.member_epoch))
         .chain([request.member_epoch, meta.assignment_epoch])
         .fold(meta.group_epoch, Epoch::max);
-    let now = ctx.now;
     let longest_ttl = group
         .members
         .values()

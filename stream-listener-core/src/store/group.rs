@@ -24,7 +24,7 @@ use super::stream::{
 use super::{StoreError, scripts};
 use crate::connection::RedisConnection;
 use crate::coordinator::{
-    self, Context, CoordinatorConfig, CoordinatorError, Group, MAX_TIMING, StreamView,
+    self, Context, CoordinatorConfig, CoordinatorError, Group, MAX_TIMING, StreamView, Transition,
 };
 use crate::fence::FenceToken;
 use crate::keys::{GroupKeys, StreamKeys};
@@ -239,23 +239,23 @@ impl GroupStore {
         let ctx = Context {
             now: loaded.now,
             stream,
-            fences: None,
         };
-        match coordinator::heartbeat(&mut group, request, &ctx, &self.config) {
-            Ok(response) => Ok((group, response)),
-            Err(CoordinatorError::FencesRequired) => {
+        match coordinator::heartbeat(&mut group, request, &ctx, &self.config)? {
+            Transition::Done(response) => Ok((group, response)),
+            Transition::NeedsFences => {
                 let fences = self
                     .read_fences(&stream.readable.iter().copied().collect::<Vec<_>>())
                     .await?;
                 let mut group = loaded.group.clone();
-                let ctx = Context {
-                    fences: Some(&fences),
-                    ..ctx
-                };
-                let response = coordinator::heartbeat(&mut group, request, &ctx, &self.config)?;
+                let response = coordinator::heartbeat_with_fences(
+                    &mut group,
+                    request,
+                    &ctx,
+                    &fences,
+                    &self.config,
+                )?;
                 Ok((group, response))
             }
-            Err(other) => Err(other.into()),
         }
     }
 

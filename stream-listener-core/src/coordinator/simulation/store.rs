@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 
 use crate::coordinator::{
-    Context, CoordinatorConfig, CoordinatorError, Group, StreamView, heartbeat,
-    member_lease_ttl_us, next_deadline, steady_fingerprint, steady_response,
+    Context, CoordinatorConfig, CoordinatorError, Group, StreamView, Transition, heartbeat,
+    heartbeat_with_fences, member_lease_ttl_us, next_deadline, steady_fingerprint, steady_response,
 };
 use crate::fence::FenceToken;
 use crate::model::{
@@ -277,25 +277,20 @@ impl Store {
             stream
         };
         let mut group = loaded.clone();
-        let ctx = Context {
-            now,
-            stream,
-            fences: None,
+        let ctx = Context { now, stream };
+        let result = match heartbeat(&mut group, request, &ctx, config) {
+            Ok(Transition::Done(response)) => Ok(response),
+            Ok(Transition::NeedsFences) => {
+                let readable: BTreeMap<ShardIndex, FenceToken> = fences
+                    .iter()
+                    .filter(|(s, _)| stream.readable.contains(s))
+                    .map(|(s, t)| (*s, t.clone()))
+                    .collect();
+                group = loaded.clone();
+                heartbeat_with_fences(&mut group, request, &ctx, &readable, config)
+            }
+            Err(error) => Err(error),
         };
-        let mut result = heartbeat(&mut group, request, &ctx, config);
-        if result == Err(CoordinatorError::FencesRequired) {
-            let readable: BTreeMap<ShardIndex, FenceToken> = fences
-                .iter()
-                .filter(|(s, _)| stream.readable.contains(s))
-                .map(|(s, t)| (*s, t.clone()))
-                .collect();
-            group = loaded.clone();
-            let ctx = Context {
-                fences: Some(&readable),
-                ..ctx
-            };
-            result = heartbeat(&mut group, request, &ctx, config);
-        }
         match result {
             Ok(response) => {
                 self.write(&loaded, group, config);
