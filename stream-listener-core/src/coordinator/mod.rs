@@ -12,6 +12,10 @@
 //! membership), adapted to a coordinator without a server: holdings and leases replace the
 //! broker's session, and per-shard fences in Redis stop zombies (docs/design.md §8).
 
+#[cfg(test)]
+#[macro_use]
+mod flags;
+
 mod error;
 mod transition;
 
@@ -56,34 +60,35 @@ pub struct CoordinatorConfig {
     pub(crate) variant: Variant,
 }
 
-/// Known-wrong rules, re-introduced one at a time to show the simulation catches them (the founding
-/// design's executable model had the same ones).
 #[cfg(test)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Variant {
-    /// A shard sent as assigned but not yet reported does not block other members.
-    pub(crate) ignore_sent: bool,
-    /// A fenced member's shards are handed out before its lease ends.
-    pub(crate) no_lease_wait: bool,
-    /// A new process of a member gets the old process's shards at once.
-    pub(crate) release_on_foreign_join: bool,
-    /// Only the last replaced process's holdings are remembered.
-    pub(crate) single_ghost: bool,
-    /// A hand-out hold stays in the group after it has passed, so [`next_deadline`] keeps an
-    /// instant in the past and the store's fast path falls back on every heartbeat (docs/design.md
-    /// §5.5).
-    pub(crate) hand_out_hold_forever: bool,
-    /// A steady response ([`steady_response`], the store's `fast:<id>` entries) carries the
-    /// timings of the transition that wrote it, not the member's own (docs/design.md §6.5).
-    pub(crate) writer_timings: bool,
-    /// The store's full transition applies the stream view its process read before the load even
-    /// when the loaded group has a newer `metadataVersion` (no fresh re-read;
-    /// docs/design.md §5.4). Only the simulation's store model follows it.
-    pub(crate) stale_view_applied: bool,
-    /// `Writes::diff` leaves `fast:<id>` / `fastseq:<id>` / `fastworkers:<id>` in place for a
-    /// member without a steady response (docs/design.md §5.3). Only the
-    /// simulation's store model follows it.
-    pub(crate) outdated_fast_entries: bool,
+flags! {
+    /// Known-wrong rules, re-introduced one at a time to show the simulation catches them (the
+    /// founding design's executable model had the same ones).
+    pub(crate) struct Variant {
+        /// A shard sent as assigned but not yet reported does not block other members.
+        ignore_sent,
+        /// A fenced member's shards are handed out before its lease ends.
+        no_lease_wait,
+        /// A new process of a member gets the old process's shards at once.
+        release_on_foreign_join,
+        /// Only the last replaced process's holdings are remembered.
+        single_ghost,
+        /// A hand-out hold stays in the group after it has passed, so [`next_deadline`] keeps an
+        /// instant in the past and the store's fast path falls back on every heartbeat
+        /// (docs/design.md §5.5).
+        hand_out_hold_forever,
+        /// A steady response ([`steady_response`], the store's `fast:<id>` entries) carries the
+        /// timings of the transition that wrote it, not the member's own (docs/design.md §6.5).
+        writer_timings,
+        /// The store's full transition applies the stream view its process read before the load
+        /// even when the loaded group has a newer `metadataVersion` (no fresh re-read;
+        /// docs/design.md §5.4). Only the simulation's store model follows it.
+        stale_view_applied,
+        /// `Writes::diff` leaves `fast:<id>` / `fastseq:<id>` / `fastworkers:<id>` in place for a
+        /// member without a steady response (docs/design.md §5.3). Only the simulation's store
+        /// model follows it.
+        outdated_fast_entries,
+    }
 }
 
 impl Default for CoordinatorConfig {

@@ -88,26 +88,31 @@ fn us(d: Duration) -> Micros {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// Which faults a history may contain.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Faults {
-    pub(crate) lost_writes: bool,
-    /// Admin operations on the stream: scale out, scale in, retirement, cancel, registrations.
-    pub(crate) stream_changes: bool,
-    /// Check the coordinator's own holdings (one holder per shard) too, not only what members read.
-    pub(crate) check_holdings: bool,
-    /// Processes with different `[coordination]` timings in one group, changed by rolling restarts.
-    pub(crate) mixed_timings: bool,
-    /// The group hash and its leases lost; the next member re-provisions it with a hand-out hold.
-    pub(crate) group_loss: bool,
-    /// A request's stream metadata is the one its process read when it sent it, which a later
-    /// transition of another process may already have passed.
-    pub(crate) stale_views: bool,
-    /// Skip the checks that compare a fast-path answer with the full transition's, a fallback
-    /// with its full transition, and a response's timings with the requester's: a defect must
-    /// then show through what it breaks (two readers, a punctual member expired, no convergence,
-    /// a settled group off the fast path).
-    pub(crate) effects_only: bool,
+flags! {
+    /// Which faults a history may contain.
+    pub(crate) struct Faults {
+        /// Writes of the group lost: it reverts to an earlier snapshot (the fences do not).
+        lost_writes,
+        /// Admin operations on the stream: scale out, scale in, retirement, cancel, registrations.
+        stream_changes,
+        /// Check the coordinator's own holdings (one holder per shard) too, not only what members
+        /// read.
+        check_holdings,
+        /// Processes with different `[coordination]` timings in one group, changed by rolling
+        /// restarts.
+        mixed_timings,
+        /// The group hash and its leases lost; the next member re-provisions it with a hand-out
+        /// hold.
+        group_loss,
+        /// A request's stream metadata is the one its process read when it sent it, which a later
+        /// transition of another process may already have passed.
+        stale_views,
+        /// Skip the checks that compare a fast-path answer with the full transition's, a fallback
+        /// with its full transition, and a response's timings with the requester's: a defect must
+        /// then show through what it breaks (two readers, a punctual member expired, no
+        /// convergence, a settled group off the fast path).
+        effects_only,
+    }
 }
 
 impl Faults {
@@ -118,17 +123,16 @@ impl Faults {
         Faults::all()
     }
 
-    /// Every fault.
+    /// Every fault (`effects_only` is a way of checking, not a fault).
     pub(crate) fn all() -> Self {
-        Faults {
-            lost_writes: true,
-            stream_changes: true,
-            check_holdings: true,
-            mixed_timings: true,
-            group_loss: true,
-            stale_views: true,
-            effects_only: false,
-        }
+        Faults::with(&[
+            "lost_writes",
+            "stream_changes",
+            "check_holdings",
+            "mixed_timings",
+            "group_loss",
+            "stale_views",
+        ])
     }
 }
 
@@ -167,6 +171,17 @@ pub(crate) struct Stats {
     pub(crate) full_transitions: u64,
     pub(crate) admin_ops: u64,
     pub(crate) group_losses: u64,
+}
+
+impl Stats {
+    /// Adds the counts of another history.
+    pub(crate) fn add(&mut self, other: Stats) {
+        self.steps += other.steps;
+        self.fast_answers += other.fast_answers;
+        self.full_transitions += other.full_transitions;
+        self.admin_ops += other.admin_ops;
+        self.group_losses += other.group_losses;
+    }
 }
 
 struct World {

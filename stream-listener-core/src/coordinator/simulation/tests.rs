@@ -26,13 +26,7 @@ fn run_all(faults: Faults, seed_count: u64, steps_per_history: usize) -> Stats {
     let mut total = Stats::default();
     for seed in seeds(seed_count) {
         match run_history(seed, steps_per_history, Variant::default(), faults) {
-            Ok(stats) => {
-                total.steps += stats.steps;
-                total.fast_answers += stats.fast_answers;
-                total.full_transitions += stats.full_transitions;
-                total.admin_ops += stats.admin_ops;
-                total.group_losses += stats.group_losses;
-            }
+            Ok(stats) => total.add(stats),
             Err(report) => panic!("simulation failed; replay with SIM_SEED={seed}\n{report}"),
         }
     }
@@ -70,13 +64,7 @@ fn long_random_histories_keep_every_invariant() {
     for seed in seeds(500) {
         let faults = faults_from_env(Faults::survived());
         match run_history(seed, steps(2_000), Variant::default(), faults) {
-            Ok(stats) => {
-                total.steps += stats.steps;
-                total.fast_answers += stats.fast_answers;
-                total.full_transitions += stats.full_transitions;
-                total.admin_ops += stats.admin_ops;
-                total.group_losses += stats.group_losses;
-            }
+            Ok(stats) => total.add(stats),
             Err(report) => {
                 let first = report.lines().take(2).collect::<Vec<_>>().join(" / ");
                 eprintln!("FAILED {first}");
@@ -111,38 +99,25 @@ fn assert_two_readers(report: Option<String>, variant: &str) {
 
 #[test]
 fn catches_a_sent_shard_that_does_not_block_others() {
-    let report = caught(Variant {
-        ignore_sent: true,
-        ..Variant::default()
-    });
-    assert_two_readers(report, "ignore-sent");
+    assert_two_readers(caught(Variant::with(&["ignore_sent"])), "ignore-sent");
 }
 
 #[test]
 fn catches_a_fenced_members_shards_handed_out_before_its_lease_ends() {
-    let report = caught(Variant {
-        no_lease_wait: true,
-        ..Variant::default()
-    });
-    assert_two_readers(report, "no-lease-wait");
+    assert_two_readers(caught(Variant::with(&["no_lease_wait"])), "no-lease-wait");
 }
 
 #[test]
 fn catches_a_replaced_process_shards_handed_out_at_once() {
-    let report = caught(Variant {
-        release_on_foreign_join: true,
-        ..Variant::default()
-    });
-    assert_two_readers(report, "release-on-foreign-join");
+    assert_two_readers(
+        caught(Variant::with(&["release_on_foreign_join"])),
+        "release-on-foreign-join",
+    );
 }
 
 #[test]
 fn catches_only_the_last_replaced_process_remembered() {
-    let report = caught(Variant {
-        single_ghost: true,
-        ..Variant::default()
-    });
-    assert_two_readers(report, "single-ghost");
+    assert_two_readers(caught(Variant::with(&["single_ghost"])), "single-ghost");
 }
 
 /// The first failing history of `seeds` seeds of `steps` steps, with its seed.
@@ -165,14 +140,8 @@ fn assert_caught_as(report: Option<String>, what: &str, expected: &[&str]) {
 /// transition only renews the lease.
 #[test]
 fn catches_a_hand_out_hold_that_never_ends() {
-    let variant = Variant {
-        hand_out_hold_forever: true,
-        ..Variant::default()
-    };
-    let faults = Faults {
-        group_loss: true,
-        ..Faults::default()
-    };
+    let variant = Variant::with(&["hand_out_hold_forever"]);
+    let faults = Faults::with(&["group_loss"]);
     assert_caught_as(
         first_failure(variant, faults, 100, 400),
         "hand-out-hold-forever",
@@ -184,15 +153,8 @@ fn catches_a_hand_out_hold_that_never_ends() {
 /// settled group keeps running full transitions for steady heartbeats.
 #[test]
 fn catches_the_effect_of_a_hand_out_hold_that_never_ends() {
-    let variant = Variant {
-        hand_out_hold_forever: true,
-        ..Variant::default()
-    };
-    let faults = Faults {
-        group_loss: true,
-        effects_only: true,
-        ..Faults::default()
-    };
+    let variant = Variant::with(&["hand_out_hold_forever"]);
+    let faults = Faults::with(&["group_loss", "effects_only"]);
     assert_caught_as(
         first_failure(variant, faults, 100, 400),
         "hand-out-hold-forever (effects)",
@@ -204,14 +166,8 @@ fn catches_the_effect_of_a_hand_out_hold_that_never_ends() {
 /// simulation sees a fast-path answer differ from the full transition's, with other timings.
 #[test]
 fn catches_steady_responses_with_the_writers_timings() {
-    let variant = Variant {
-        writer_timings: true,
-        ..Variant::default()
-    };
-    let faults = Faults {
-        mixed_timings: true,
-        ..Faults::default()
-    };
+    let variant = Variant::with(&["writer_timings"]);
+    let faults = Faults::with(&["mixed_timings"]);
     assert_caught_as(
         first_failure(variant, faults, 100, 400),
         "writer-timings",
@@ -224,15 +180,8 @@ fn catches_steady_responses_with_the_writers_timings() {
 /// (two readers) or expires while it heartbeats as told.
 #[test]
 fn catches_the_effects_of_steady_responses_with_the_writers_timings() {
-    let variant = Variant {
-        writer_timings: true,
-        ..Variant::default()
-    };
-    let faults = Faults {
-        mixed_timings: true,
-        effects_only: true,
-        ..Faults::default()
-    };
+    let variant = Variant::with(&["writer_timings"]);
+    let faults = Faults::with(&["mixed_timings", "effects_only"]);
     assert_caught_as(
         first_failure(variant, faults, 200, 400),
         "writer-timings (effects)",
@@ -259,10 +208,7 @@ fn catches_a_late_request_renewing_a_lease_through_an_outdated_fast_entry() {
         "seed 1048 fails again: {}",
         fixed.unwrap_err()
     );
-    let variant = Variant {
-        outdated_fast_entries: true,
-        ..Variant::default()
-    };
+    let variant = Variant::with(&["outdated_fast_entries"]);
     assert_caught_as(
         run_history(1048, 433, variant, faults).err(),
         "outdated fast entry",
@@ -277,11 +223,7 @@ fn catches_a_late_request_renewing_a_lease_through_an_outdated_fast_entry() {
 /// 2 s member re-provisions it, a 3 s member gets shard 0 after 2 s.
 #[test]
 fn finds_a_hand_out_hold_shorter_than_an_old_members_lease() {
-    let faults = Faults {
-        group_loss: true,
-        mixed_timings: true,
-        ..Faults::default()
-    };
+    let faults = Faults::with(&["group_loss", "mixed_timings"]);
     let report = run_history(841, 45, Variant::default(), faults).err();
     assert_caught_as(report, "short hand-out hold", &["readable by lease by"]);
 }
@@ -293,17 +235,10 @@ fn finds_a_hand_out_hold_shorter_than_an_old_members_lease() {
 /// the loaded group is newer): the history passes, and the old rule is caught as what it did.
 #[test]
 fn catches_a_group_metadata_version_going_back_on_a_stale_view() {
-    let faults = Faults {
-        stale_views: true,
-        stream_changes: true,
-        ..Faults::default()
-    };
+    let faults = Faults::with(&["stale_views", "stream_changes"]);
     let fixed = run_history(12, 50, Variant::default(), faults);
     assert!(fixed.is_ok(), "seed 12 fails again: {}", fixed.unwrap_err());
-    let variant = Variant {
-        stale_view_applied: true,
-        ..Variant::default()
-    };
+    let variant = Variant::with(&["stale_view_applied"]);
     assert_caught_as(
         run_history(12, 50, variant, faults).err(),
         "stale stream view",
@@ -344,14 +279,8 @@ fn faults_from_env(default: Faults) -> Faults {
         match field {
             "all" => faults = Faults::all(),
             "survived" => faults = Faults::survived(),
-            "lost_writes" => faults.lost_writes = on,
-            "stream_changes" => faults.stream_changes = on,
-            "check_holdings" => faults.check_holdings = on,
-            "mixed_timings" => faults.mixed_timings = on,
-            "group_loss" => faults.group_loss = on,
-            "stale_views" => faults.stale_views = on,
-            "effects_only" => faults.effects_only = on,
-            _ => {}
+            // An unknown name is passed over, as before.
+            field => _ = faults.set(field, on),
         }
     }
     faults
