@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::process::{Message, Reply};
 use super::store::{FastAnswer, Store, StoreFailure};
 use super::{MS, World, us};
+use super::{Message, Reply};
 use crate::coordinator::invariants::check_group;
 use crate::coordinator::{CoordinatorConfig, Group, StreamView};
 use crate::model::{HeartbeatRequest, HeartbeatResponse};

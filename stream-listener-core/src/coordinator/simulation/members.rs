@@ -1,9 +1,10 @@
 //! What the members do: send, retry, receive, leave, read and drain, and the check that no shard
 //! is readable by two processes at once (docs/design.md §8).
 
-use super::process::{InFlight, Message, Reply};
+use super::process::InFlight;
 use super::store::StoreFailure;
 use super::{MS, World, profile_config, us};
+use super::{Message, Reply};
 use crate::fence::FenceVerdict;
 use crate::model::{FenceConflict, HeartbeatStatus, LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ShardIndex};
 

@@ -48,9 +48,9 @@ use rand_chacha::ChaCha8Rng;
 
 use super::{CoordinatorConfig, StreamView, Variant};
 use crate::fence::FenceToken;
-use crate::model::{Epoch, Micros, ShardIndex, ShardState};
-use process::{Message, Proc, Reply};
-use store::Store;
+use crate::model::{Epoch, HeartbeatRequest, HeartbeatResponse, Micros, ShardIndex, ShardState};
+use process::Proc;
+use store::{Store, StoreFailure};
 
 const MS: Micros = 1_000;
 /// Sim time at the start of every history (µs).
@@ -86,6 +86,22 @@ fn profile_config(profile: usize, variant: Variant) -> CoordinatorConfig {
 
 fn us(d: Duration) -> Micros {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A heartbeat on its way to the store, with the stream metadata its process read.
+#[derive(Debug, Clone)]
+struct Message {
+    proc: usize,
+    request: HeartbeatRequest,
+    view: StreamView,
+}
+
+/// The store's answer on its way back to the process.
+#[derive(Debug, Clone)]
+struct Reply {
+    proc: usize,
+    seq: u64,
+    outcome: Result<HeartbeatResponse, StoreFailure>,
 }
 
 flags! {

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::store::StoreFailure;
 use super::{MS, START, us};
 use crate::coordinator::{CoordinatorConfig, StreamView};
 use crate::fence::{FenceToken, FenceVerdict};
@@ -166,18 +165,4 @@ impl Proc {
             self.punctual = false;
         }
     }
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct Message {
-    pub(super) proc: usize,
-    pub(super) request: HeartbeatRequest,
-    pub(super) view: StreamView,
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct Reply {
-    pub(super) proc: usize,
-    pub(super) seq: u64,
-    pub(super) outcome: Result<HeartbeatResponse, StoreFailure>,
 }

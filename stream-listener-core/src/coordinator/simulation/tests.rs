@@ -125,6 +125,13 @@ fn first_failure(variant: Variant, faults: Faults, seeds: u64, steps: usize) -> 
     (0..seeds).find_map(|seed| run_history(seed, steps, variant, faults).err())
 }
 
+/// The known-wrong `rule` (a [`Variant`] field) is caught within `seeds` histories of 400 steps
+/// with `faults`, for one of the `expected` reasons.
+fn assert_rule_caught(rule: &str, faults: &[&str], seeds: u64, expected: &[&str]) {
+    let report = first_failure(Variant::with(&[rule]), Faults::with(faults), seeds, 400);
+    assert_caught_as(report, &format!("{rule} with {faults:?}"), expected);
+}
+
 fn assert_caught_as(report: Option<String>, what: &str, expected: &[&str]) {
     let report = report.unwrap_or_else(|| panic!("{what} not caught"));
     let first = report.lines().next().unwrap_or_default();
@@ -140,25 +147,20 @@ fn assert_caught_as(report: Option<String>, what: &str, expected: &[&str]) {
 /// transition only renews the lease.
 #[test]
 fn catches_a_hand_out_hold_that_never_ends() {
-    let variant = Variant::with(&["hand_out_hold_forever"]);
-    let faults = Faults::with(&["group_loss"]);
-    assert_caught_as(
-        first_failure(variant, faults, 100, 400),
-        "hand-out-hold-forever",
-        &["fast path fell back (deadline passed"],
-    );
+    let expected = ["fast path fell back (deadline passed"];
+    assert_rule_caught("hand_out_hold_forever", &["group_loss"], 100, &expected);
 }
 
 /// Finding 1 through what it breaks, without the fallback check: after a re-provisioning, a
 /// settled group keeps running full transitions for steady heartbeats.
 #[test]
 fn catches_the_effect_of_a_hand_out_hold_that_never_ends() {
-    let variant = Variant::with(&["hand_out_hold_forever"]);
-    let faults = Faults::with(&["group_loss", "effects_only"]);
-    assert_caught_as(
-        first_failure(variant, faults, 100, 400),
-        "hand-out-hold-forever (effects)",
-        &["a settled group ran"],
+    let expected = ["a settled group ran"];
+    assert_rule_caught(
+        "hand_out_hold_forever",
+        &["group_loss", "effects_only"],
+        100,
+        &expected,
     );
 }
 
@@ -166,13 +168,8 @@ fn catches_the_effect_of_a_hand_out_hold_that_never_ends() {
 /// simulation sees a fast-path answer differ from the full transition's, with other timings.
 #[test]
 fn catches_steady_responses_with_the_writers_timings() {
-    let variant = Variant::with(&["writer_timings"]);
-    let faults = Faults::with(&["mixed_timings"]);
-    assert_caught_as(
-        first_failure(variant, faults, 100, 400),
-        "writer-timings",
-        &["fast path answered", "carries timings"],
-    );
+    let expected = ["fast path answered", "carries timings"];
+    assert_rule_caught("writer_timings", &["mixed_timings"], 100, &expected);
 }
 
 /// Finding 2 through what it breaks, without the direct checks: members adopt a lease and an
@@ -180,12 +177,12 @@ fn catches_steady_responses_with_the_writers_timings() {
 /// (two readers) or expires while it heartbeats as told.
 #[test]
 fn catches_the_effects_of_steady_responses_with_the_writers_timings() {
-    let variant = Variant::with(&["writer_timings"]);
-    let faults = Faults::with(&["mixed_timings", "effects_only"]);
-    assert_caught_as(
-        first_failure(variant, faults, 200, 400),
-        "writer-timings (effects)",
-        &["readable by lease by", "yet it got"],
+    let expected = ["readable by lease by", "yet it got"];
+    assert_rule_caught(
+        "writer_timings",
+        &["mixed_timings", "effects_only"],
+        200,
+        &expected,
     );
 }
 

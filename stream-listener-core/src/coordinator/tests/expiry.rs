@@ -4,9 +4,7 @@ use super::*;
 
 #[test]
 fn an_expired_member_is_replaced_and_its_shards_move() {
-    let mut f = Fixture::new(2);
-    f.join("a");
-    f.beat("a", 1, &[0, 1]);
+    let mut f = Fixture::owned_by_a(2);
     f.join("b");
     let a = f.beat("a", 1, &[0, 1]);
     assert_eq!(a.assigned_shards, vec![0]);
@@ -60,9 +58,7 @@ fn a_late_revoker_is_fenced_and_its_shards_wait_for_its_lease() {
 
 #[test]
 fn reporting_a_shard_not_held_fences_the_member() {
-    let mut f = Fixture::new(2);
-    f.join("a");
-    f.beat("a", 1, &[0, 1]);
+    let mut f = Fixture::owned_by_a(2);
     f.join("b");
     let b = f.beat("b", 2, &[1]);
     assert_eq!(b.status, HeartbeatStatus::FencedMemberEpoch);
@@ -75,9 +71,7 @@ fn reporting_a_shard_not_held_fences_the_member() {
 
 #[test]
 fn an_outage_longer_than_the_lease_expires_no_one() {
-    let mut f = Fixture::new(2);
-    f.join("a");
-    f.beat("a", 1, &[0, 1]);
+    let mut f = Fixture::owned_by_a(2);
     f.join("b");
     f.beat("a", 1, &[0, 1]);
     f.send(HeartbeatRequest {
@@ -101,9 +95,7 @@ fn an_outage_longer_than_the_lease_expires_no_one() {
 
 #[test]
 fn a_new_readable_shard_bumps_the_group_epoch_and_is_assigned() {
-    let mut f = Fixture::new(2);
-    f.join("a");
-    f.beat("a", 1, &[0, 1]);
+    let mut f = Fixture::owned_by_a(2);
     f.stream = StreamView {
         metadata_version: 2,
         shard_count: 3,

@@ -4,9 +4,7 @@ use super::*;
 
 #[test]
 fn lost_metadata_starts_one_correction_round_above_every_fence() {
-    let mut f = Fixture::new(2);
-    f.join("a");
-    f.beat("a", 1, &[0, 1]);
+    let mut f = Fixture::owned_by_a(2);
     let lost = f.group.clone();
     // Writes after this snapshot are lost: a moved on to epoch 5 and raised fences with it.
     let stale_fence = crate::fence::FenceToken {
@@ -73,9 +71,7 @@ fn lost_metadata_starts_one_correction_round_above_every_fence() {
 /// changes; a request carrying such counters is refused before anything is read.
 #[test]
 fn counters_at_the_limit_are_refused_not_overflowed() {
-    let mut f = Fixture::new(2);
-    f.join("a");
-    f.beat("a", 1, &[0, 1]);
+    let mut f = Fixture::owned_by_a(2);
     let before = f.group.clone();
     let evidence = HeartbeatRequest {
         request_seq: 99,

@@ -36,9 +36,7 @@ fn first_member_gets_every_shard_and_the_group_becomes_stable() {
 
 #[test]
 fn revoke_before_assign_moves_a_shard_only_after_it_is_released() {
-    let mut f = Fixture::new(4);
-    f.join("a");
-    f.beat("a", 1, &[0, 1, 2, 3]);
+    let mut f = Fixture::owned_by_a(4);
     let b = f.join("b");
     assert_eq!(b.member_epoch, 2);
     assert_eq!(b.assigned_shards, Vec::<ShardIndex>::new());
@@ -92,9 +90,7 @@ fn revoke_before_assign_moves_a_shard_only_after_it_is_released() {
 
 #[test]
 fn a_lost_response_does_not_fence_a_healthy_member() {
-    let mut f = Fixture::new(4);
-    f.join("a");
-    f.beat("a", 1, &[0, 1, 2, 3]);
+    let mut f = Fixture::owned_by_a(4);
     f.join("b");
     let lost = f.beat("a", 1, &[0, 1, 2, 3]);
     assert_eq!(lost.member_epoch, 2);
@@ -131,9 +127,7 @@ fn a_retried_request_gets_the_stored_response_and_a_delayed_one_is_ignored() {
 
 #[test]
 fn leave_moves_shards_as_they_are_revoked_then_the_member_is_history() {
-    let mut f = Fixture::new(4);
-    f.join("a");
-    f.beat("a", 1, &[0, 1, 2, 3]);
+    let mut f = Fixture::owned_by_a(4);
     f.join("b");
     f.beat("a", 1, &[0, 1, 2, 3]);
     f.send(HeartbeatRequest {

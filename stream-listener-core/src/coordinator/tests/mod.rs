@@ -76,6 +76,14 @@ impl Fixture {
         }
     }
 
+    /// A group of `shards` shards whose member `a` joined and reported every shard owned.
+    fn owned_by_a(shards: u32) -> Self {
+        let mut f = Fixture::new(shards);
+        f.join("a");
+        f.beat("a", 1, &(0..shards).collect::<Vec<_>>());
+        f
+    }
+
     /// Sends `request` with the next `requestSeq` of its process and checks the invariants.
     fn send(&mut self, mut request: HeartbeatRequest) -> HeartbeatResponse {
         let seq = self.seqs.entry(request.process_id.clone()).or_default();

@@ -14,6 +14,18 @@ impl Fixture {
         self.config = own;
         response
     }
+
+    /// `member` (process `p-<member>`) joins with `config` and reports the shards it was given
+    /// as owned: the answer to that report.
+    fn join_and_own(&mut self, config: &CoordinatorConfig, member: &str) -> HeartbeatResponse {
+        let process = format!("p-{member}");
+        let joined = self.send_with(config, request(member, &process, JOIN_EPOCH, &[]));
+        let owned = joined.assigned_shards;
+        self.send_with(
+            config,
+            request(member, &process, joined.member_epoch, &owned),
+        )
+    }
 }
 
 fn timings(heartbeat_ms: u64, lease_ms: u64, rebalance_ms: u64) -> CoordinatorConfig {
@@ -131,8 +143,7 @@ fn an_outage_is_judged_by_each_members_own_lease() {
     let short = timings(300, 1_500, 6_000);
     let long = timings(1_000, 6_000, 20_000);
     let mut f = Fixture::new(2);
-    let a = f.send_with(&short, request("a", "p-a", JOIN_EPOCH, &[]));
-    let a = f.send_with(&short, request("a", "p-a", a.member_epoch, &[0, 1]));
+    let a = f.join_and_own(&short, "a");
     let b = f.send_with(&long, request("b", "p-b", JOIN_EPOCH, &[]));
     let a = f.send_with(
         &short,
@@ -169,10 +180,7 @@ fn a_stopped_short_lease_member_expires_while_a_slow_one_heartbeats() {
     let short = timings(300, 1_500, 6_000);
     let long = timings(1_000, 6_000, 20_000);
     let mut f = Fixture::new(2);
-    let a = f.send_with(&long, request("a", "p-a", JOIN_EPOCH, &[]));
-    let mut a_epoch = f
-        .send_with(&long, request("a", "p-a", a.member_epoch, &[0, 1]))
-        .member_epoch;
+    let mut a_epoch = f.join_and_own(&long, "a").member_epoch;
     let b = f.send_with(&short, request("b", "p-b", JOIN_EPOCH, &[]));
     assert_eq!(b.status, HeartbeatStatus::Ok);
     let stopped_at = f.now;
@@ -204,8 +212,7 @@ fn a_correction_round_lasts_the_longest_members_lease() {
     let short = timings(300, 1_500, 6_000);
     let long = timings(1_000, 6_000, 20_000);
     let mut f = Fixture::new(2);
-    let a = f.send_with(&long, request("a", "p-a", JOIN_EPOCH, &[]));
-    f.send_with(&long, request("a", "p-a", a.member_epoch, &[0, 1]));
+    f.join_and_own(&long, "a");
     let b = f.send_with(&short, request("b", "p-b", JOIN_EPOCH, &[]));
     f.advance_ms(100);
     let evidence = HeartbeatRequest {
