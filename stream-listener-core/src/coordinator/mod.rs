@@ -31,8 +31,8 @@ use std::time::Duration;
 
 pub use error::{CoordinatorError, TimingsError};
 pub use transition::{
-    Transition, advance, heartbeat, heartbeat_with_fences, next_deadline, steady_fingerprint,
-    steady_response,
+    Transition, advance, heartbeat, heartbeat_with_fences, next_deadline, request_fingerprint,
+    steady_fingerprint, steady_response,
 };
 pub(crate) use transition::{base_response, member_lease_ttl_us};
 

@@ -30,7 +30,7 @@ use crate::fence::FenceToken;
 use crate::keys::{GroupKeys, StreamKeys};
 use crate::model::{
     GroupMetadata, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberMetadata, Micros,
-    PROTOCOL_VERSION, ShardIndex,
+    ShardIndex,
 };
 
 /// `TIME` seconds and µs, the group hash, the leases (member, score).
@@ -265,23 +265,9 @@ impl GroupStore {
         request: &HeartbeatRequest,
         stream_version: u64,
     ) -> Result<Option<HeartbeatResponse>, StoreError> {
-        let eligible = request.member_epoch > 0
-            && request.protocol_version == PROTOCOL_VERSION
-            && request.revoking_shards.is_empty()
-            && request.fence_conflicts.is_empty()
-            && !request.member_id.is_empty();
-        if !eligible {
+        let Some(print) = coordinator::request_fingerprint(request) else {
             return Ok(None);
-        }
-        let mut owned = request.owned_shards.clone();
-        owned.sort_unstable();
-        let print = coordinator::steady_fingerprint(
-            &request.process_id,
-            request.member_epoch,
-            request.metadata_version,
-            request.runtime_max_concurrency.max(1),
-            owned.iter(),
-        );
+        };
         let reply: redis::RedisResult<Vec<String>> = scripts::group_fast_path()
             .key(self.keys.metadata())
             .key(self.keys.leases())

@@ -182,11 +182,11 @@ impl SimStream {
 /// Counts for the report of a long run.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Stats {
-    pub(crate) steps: u64,
-    pub(crate) fast_answers: u64,
-    pub(crate) full_transitions: u64,
-    pub(crate) admin_ops: u64,
-    pub(crate) group_losses: u64,
+    steps: u64,
+    fast_answers: u64,
+    full_transitions: u64,
+    admin_ops: u64,
+    group_losses: u64,
 }
 
 impl Stats {

@@ -11,12 +11,12 @@ use std::collections::BTreeMap;
 
 use crate::coordinator::{
     Context, CoordinatorConfig, CoordinatorError, Group, StreamView, Transition, heartbeat,
-    heartbeat_with_fences, member_lease_ttl_us, next_deadline, steady_fingerprint, steady_response,
+    heartbeat_with_fences, member_lease_ttl_us, next_deadline, request_fingerprint,
+    steady_fingerprint, steady_response,
 };
 use crate::fence::FenceToken;
 use crate::model::{
-    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, Micros, PROTOCOL_VERSION,
-    ShardIndex,
+    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, Micros, ShardIndex,
 };
 
 /// A heartbeat the store did not answer with a response.
@@ -63,28 +63,6 @@ pub(super) struct Store {
     pub(super) fast_workers: BTreeMap<String, u32>,
     pub(super) revision: u64,
     pub(super) lease_revision: u64,
-}
-
-/// The fingerprint of a request, and whether the fast path looks at it at all (`fast_path`'s
-/// `eligible`).
-pub(super) fn request_fingerprint(request: &HeartbeatRequest) -> Option<String> {
-    let eligible = request.member_epoch > 0
-        && request.protocol_version == PROTOCOL_VERSION
-        && request.revoking_shards.is_empty()
-        && request.fence_conflicts.is_empty()
-        && !request.member_id.is_empty();
-    if !eligible {
-        return None;
-    }
-    let mut owned = request.owned_shards.clone();
-    owned.sort_unstable();
-    Some(steady_fingerprint(
-        &request.process_id,
-        request.member_epoch,
-        request.metadata_version,
-        request.runtime_max_concurrency.max(1),
-        owned.iter(),
-    ))
 }
 
 impl Store {

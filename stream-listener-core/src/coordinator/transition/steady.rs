@@ -6,7 +6,8 @@ use super::correction::in_correction_round;
 use super::timings::with_own_timings;
 use crate::coordinator::{CoordinatorConfig, Group};
 use crate::model::{
-    Epoch, GroupState, HeartbeatResponse, HeartbeatStatus, MemberState, Micros, ShardIndex,
+    Epoch, GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberState, Micros,
+    PROTOCOL_VERSION, ShardIndex,
 };
 
 /// The response a converged member of a STABLE group gets for a heartbeat that repeats its epoch
@@ -79,4 +80,28 @@ pub fn steady_fingerprint<'a>(
         "{process_id}|{epoch}|{metadata_version}|{weight}|{}",
         owned.join(",")
     )
+}
+
+/// The [`steady_fingerprint`] of a heartbeat request, `None` when the fast path does not look at
+/// it at all: not a normal heartbeat of this protocol version, or one reporting a revoke or a
+/// fence conflict (docs/design.md §5.3). The store's fast path and the simulation's model of it
+/// both use it.
+pub fn request_fingerprint(request: &HeartbeatRequest) -> Option<String> {
+    let eligible = request.member_epoch > 0
+        && request.protocol_version == PROTOCOL_VERSION
+        && request.revoking_shards.is_empty()
+        && request.fence_conflicts.is_empty()
+        && !request.member_id.is_empty();
+    if !eligible {
+        return None;
+    }
+    let mut owned = request.owned_shards.clone();
+    owned.sort_unstable();
+    Some(steady_fingerprint(
+        &request.process_id,
+        request.member_epoch,
+        request.metadata_version,
+        request.runtime_max_concurrency.max(1),
+        owned.iter(),
+    ))
 }
