@@ -4,6 +4,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::*;
+use crate::connection::RedisTarget;
+use crate::coordinator::CoordinatorConfig;
+use crate::dataplane::FencingMode;
+use crate::member::ListenerOptions;
+use crate::model::StartFrom;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::from_toml_str(text, "app.toml")
