@@ -44,9 +44,10 @@ pub use stream::{
 };
 
 use crate::connection::RedisConnection;
-use crate::keys::StreamKeys;
+use crate::coordinator::CoordinatorConfig;
+use crate::keys::{GroupKeys, StreamKeys};
 use crate::model::StreamMetadata;
-use crate::store::load_stream_metadata;
+use crate::store::{GroupStore, load_stream_metadata};
 
 /// Largest shard count [`create_stream`] and [`scale`] accept. Each shard is a stream, a fence
 /// and, on a cluster, possibly another node to talk to; the heartbeat and assignor costs grow
@@ -72,6 +73,38 @@ async fn load_required(
             prefix: keys.prefix().to_owned(),
             key: keys.metadata(),
         })
+    })
+}
+
+/// What an operation on one consumer group starts from: the validated keys, the stream metadata
+/// (which must exist) and a store of the group.
+struct OpenedGroup {
+    keys: StreamKeys,
+    group_keys: GroupKeys,
+    meta: StreamMetadata,
+    store: GroupStore,
+}
+
+/// Validates the names, loads the stream metadata of `prefix` and opens a store of `group` with
+/// `config` (no group data is read yet).
+///
+/// # Errors
+/// [`AdminError::InvalidName`]; [`StoreError::MissingStream`]; Redis failure.
+async fn open_group(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    group: &str,
+    config: CoordinatorConfig,
+) -> Result<OpenedGroup, AdminError> {
+    let keys = stream_keys(prefix)?;
+    let group_keys = keys.group(group)?;
+    let meta = load_required(conn, &keys).await?;
+    let store = GroupStore::new(conn.clone(), keys.clone(), group_keys.clone(), config);
+    Ok(OpenedGroup {
+        keys,
+        group_keys,
+        meta,
+        store,
     })
 }
 

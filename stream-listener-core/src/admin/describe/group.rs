@@ -6,7 +6,7 @@ use redis::streams::StreamRangeReply;
 use serde::Serialize;
 
 use super::{DEAD_LETTER_SCAN_LIMIT, Lag};
-use crate::admin::{AdminError, load_required, scripts, stream_keys};
+use crate::admin::{AdminError, OpenedGroup, open_group, scripts};
 use crate::connection::RedisConnection;
 use crate::coordinator;
 use crate::coordinator::{Context, CoordinatorConfig, Group, StreamView};
@@ -14,7 +14,7 @@ use crate::model::{
     Epoch, GroupState, MemberState, Micros, RegisteredGroup, ShardIndex, ShardState, StartFrom,
     StreamMetadata,
 };
-use crate::store::{GroupStore, StoreError};
+use crate::store::StoreError;
 
 /// One member in [`GroupDescription`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -202,16 +202,13 @@ pub async fn describe_group(
     group: &str,
     config: &CoordinatorConfig,
 ) -> Result<GroupDescription, AdminError> {
-    let keys = stream_keys(prefix)?;
-    let group_keys = keys.group(group)?;
-    let meta = load_required(conn, &keys).await?;
+    let OpenedGroup {
+        keys,
+        group_keys,
+        meta,
+        mut store,
+    } = open_group(conn, prefix, group, config.clone()).await?;
     let start_from = registered(&meta, group)?.start_from;
-    let mut store = GroupStore::new(
-        conn.clone(),
-        keys.clone(),
-        group_keys.clone(),
-        config.clone(),
-    );
     let loaded = store.load().await?;
     let history = store.history().await?;
     let now = loaded.now;
