@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::scripts::{self, GroupKeysDeletion};
 use super::{
     AdminError, CAS_ATTEMPTS, OpenedGroup, backoff, ceil_ms, contended, load_required, open_group,
-    stream_keys,
+    stream_keys, write_next_version,
 };
 use crate::connection::RedisConnection;
 use crate::coordinator::{CoordinatorConfig, rfc3339};
@@ -242,9 +242,8 @@ pub async fn delete_group(
             }
             let mut next = current.clone();
             next.groups.retain(|g| g.consumer_group != group);
-            next.metadata_version += 1;
-            next.updated_at = rfc3339(scripts::stream_time(conn, &keys).await?);
-            match write_stream_metadata(conn, &keys, Some(current.revision), &mut next).await? {
+            let now = scripts::stream_time(conn, &keys).await?;
+            match write_next_version(conn, &keys, &current, &mut next, now).await? {
                 StreamCas::Written => {
                     meta = next;
                     unregistered = true;

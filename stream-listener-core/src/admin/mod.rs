@@ -44,10 +44,10 @@ pub use stream::{
 };
 
 use crate::connection::RedisConnection;
-use crate::coordinator::CoordinatorConfig;
+use crate::coordinator::{CoordinatorConfig, rfc3339};
 use crate::keys::{GroupKeys, StreamKeys};
-use crate::model::StreamMetadata;
-use crate::store::{GroupStore, load_stream_metadata};
+use crate::model::{Micros, StreamMetadata};
+use crate::store::{GroupStore, StreamCas, load_stream_metadata, write_stream_metadata};
 
 /// Largest shard count [`create_stream`] and [`scale`] accept. Each shard is a stream, a fence
 /// and, on a cluster, possibly another node to talk to; the heartbeat and assignor costs grow
@@ -106,6 +106,20 @@ async fn open_group(
         meta,
         store,
     })
+}
+
+/// Writes `next`, a change of `current`, as the next `metadataVersion` stamped `now` (Redis
+/// `TIME`, µs), with a compare-and-set on `current`'s revision.
+async fn write_next_version(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+    current: &StreamMetadata,
+    next: &mut StreamMetadata,
+    now: Micros,
+) -> Result<StreamCas, AdminError> {
+    next.metadata_version += 1;
+    next.updated_at = rfc3339(now);
+    Ok(write_stream_metadata(conn, keys, Some(current.revision), next).await?)
 }
 
 /// The error after [`CAS_ATTEMPTS`] conflicts.

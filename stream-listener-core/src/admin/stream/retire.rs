@@ -9,12 +9,12 @@ use super::scale::{indexes_in, set_state};
 use crate::admin::scripts::RetireCheck;
 use crate::admin::{
     AdminError, CAS_ATTEMPTS, backoff, ceil_ms, contended, load_required, scripts, stream_keys,
+    write_next_version,
 };
 use crate::connection::RedisConnection;
-use crate::coordinator::rfc3339;
 use crate::keys::StreamKeys;
 use crate::model::{Micros, Migration, ShardIndex, ShardState, StreamMetadata};
-use crate::store::{StreamCas, write_stream_metadata};
+use crate::store::StreamCas;
 
 /// Why a shard is not retired yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -204,9 +204,7 @@ pub async fn retire_drained(
                 for shard in &clear {
                     set_state(&mut next.shards, *shard, ShardState::Retiring);
                 }
-                next.metadata_version += 1;
-                next.updated_at = rfc3339(now);
-                match write_stream_metadata(conn, &keys, Some(meta.revision), &mut next).await? {
+                match write_next_version(conn, &keys, &meta, &mut next, now).await? {
                     StreamCas::Written => meta = next,
                     StreamCas::Conflict => {
                         backoff(attempt).await;
@@ -308,9 +306,8 @@ async fn finish_retiring(
         if next == meta {
             return Ok(meta);
         }
-        next.metadata_version += 1;
-        next.updated_at = rfc3339(scripts::stream_time(conn, keys).await?);
-        match write_stream_metadata(conn, keys, Some(meta.revision), &mut next).await? {
+        let now = scripts::stream_time(conn, keys).await?;
+        match write_next_version(conn, keys, &meta, &mut next, now).await? {
             StreamCas::Written => return Ok(next),
             StreamCas::Conflict => backoff(attempt).await,
         }

@@ -5,11 +5,12 @@ use serde::Serialize;
 use super::check_shard_count;
 use crate::admin::{
     AdminError, CAS_ATTEMPTS, backoff, contended, load_required, scripts, stream_keys,
+    write_next_version,
 };
 use crate::connection::RedisConnection;
 use crate::coordinator::rfc3339;
 use crate::model::{Migration, ShardIndex, ShardInfo, ShardState, StreamMetadata};
-use crate::store::{StreamCas, write_stream_metadata};
+use crate::store::StreamCas;
 
 /// What [`scale`] or [`cancel_scale`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -50,18 +51,29 @@ pub struct ScaleOutcome {
 }
 
 impl ScaleOutcome {
-    fn unchanged(meta: &StreamMetadata) -> Self {
+    /// `action` of stream `prefix` took its metadata from `before` to `after`; the shard lists
+    /// are empty.
+    fn new(
+        prefix: &str,
+        action: ScaleAction,
+        before: &StreamMetadata,
+        after: &StreamMetadata,
+    ) -> Self {
         ScaleOutcome {
-            stream_prefix: meta.stream_prefix.clone(),
-            action: ScaleAction::Unchanged,
-            from_shard_count: meta.shard_count,
-            to_shard_count: meta.shard_count,
+            stream_prefix: prefix.to_owned(),
+            action,
+            from_shard_count: before.shard_count,
+            to_shard_count: after.shard_count,
             provisioned: Vec::new(),
             draining: Vec::new(),
             reactivated: Vec::new(),
-            metadata_version: meta.metadata_version,
-            migration: meta.migration.clone(),
+            metadata_version: after.metadata_version,
+            migration: after.migration.clone(),
         }
+    }
+
+    fn unchanged(meta: &StreamMetadata) -> Self {
+        ScaleOutcome::new(&meta.stream_prefix, ScaleAction::Unchanged, meta, meta)
     }
 }
 
@@ -162,24 +174,17 @@ pub async fn scale(
             });
         }
         next.shard_count = target;
-        next.metadata_version += 1;
-        next.updated_at = rfc3339(now);
-        match write_stream_metadata(conn, &keys, Some(meta.revision), &mut next).await? {
+        match write_next_version(conn, &keys, &meta, &mut next, now).await? {
             StreamCas::Written => {
+                let action = if target > from {
+                    ScaleAction::ScaleOut
+                } else {
+                    ScaleAction::ScaleIn
+                };
                 return Ok(ScaleOutcome {
-                    stream_prefix: prefix.to_owned(),
-                    action: if target > from {
-                        ScaleAction::ScaleOut
-                    } else {
-                        ScaleAction::ScaleIn
-                    },
-                    from_shard_count: from,
-                    to_shard_count: target,
                     provisioned,
                     draining,
-                    reactivated: Vec::new(),
-                    metadata_version: next.metadata_version,
-                    migration: next.migration,
+                    ..ScaleOutcome::new(prefix, action, &meta, &next)
                 });
             }
             StreamCas::Conflict => backoff(attempt).await,
@@ -233,20 +238,11 @@ pub async fn cancel_scale(
         }
         next.shard_count = migration.from_shard_count;
         next.migration = None;
-        next.metadata_version += 1;
-        next.updated_at = rfc3339(now);
-        match write_stream_metadata(conn, &keys, Some(meta.revision), &mut next).await? {
+        match write_next_version(conn, &keys, &meta, &mut next, now).await? {
             StreamCas::Written => {
                 return Ok(ScaleOutcome {
-                    stream_prefix: prefix.to_owned(),
-                    action: ScaleAction::Cancelled,
-                    from_shard_count: meta.shard_count,
-                    to_shard_count: next.shard_count,
-                    provisioned: Vec::new(),
-                    draining: Vec::new(),
                     reactivated,
-                    metadata_version: next.metadata_version,
-                    migration: None,
+                    ..ScaleOutcome::new(prefix, ScaleAction::Cancelled, &meta, &next)
                 });
             }
             StreamCas::Conflict => backoff(attempt).await,
