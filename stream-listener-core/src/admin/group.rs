@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use super::scripts::{self, GroupKeysDeletion};
 use super::{
-    AdminError, CAS_ATTEMPTS, OpenedGroup, backoff, ceil_ms, contended, load_required, open_group,
-    stream_keys, write_next_version,
+    AdminError, CAS_ATTEMPTS, backoff, ceil_ms, contended, load_required, open_group, stream_keys,
+    write_next_version,
 };
 use crate::connection::RedisConnection;
 use crate::coordinator::{CoordinatorConfig, rfc3339};
@@ -198,12 +198,8 @@ pub async fn delete_group(
     prefix: &str,
     group: &str,
 ) -> Result<DeletedGroup, AdminError> {
-    let OpenedGroup {
-        keys,
-        group_keys,
-        meta,
-        mut store,
-    } = open_group(conn, prefix, group, CoordinatorConfig::default()).await?;
+    let (keys, group_keys, meta, mut store) =
+        open_group(conn, prefix, group, CoordinatorConfig::default()).await?;
     let registered = meta.groups.iter().any(|g| g.consumer_group == group);
     match store.load().await {
         Ok(loaded) => {

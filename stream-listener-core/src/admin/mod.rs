@@ -76,17 +76,9 @@ async fn load_required(
     })
 }
 
-/// What an operation on one consumer group starts from: the validated keys, the stream metadata
-/// (which must exist) and a store of the group.
-struct OpenedGroup {
-    keys: StreamKeys,
-    group_keys: GroupKeys,
-    meta: StreamMetadata,
-    store: GroupStore,
-}
-
 /// Validates the names, loads the stream metadata of `prefix` and opens a store of `group` with
-/// `config` (no group data is read yet).
+/// `config` (no group data is read yet): what an operation on one consumer group starts from, as
+/// (stream keys, group keys, stream metadata, group store).
 ///
 /// # Errors
 /// [`AdminError::InvalidName`]; [`StoreError::MissingStream`]; Redis failure.
@@ -95,17 +87,12 @@ async fn open_group(
     prefix: &str,
     group: &str,
     config: CoordinatorConfig,
-) -> Result<OpenedGroup, AdminError> {
+) -> Result<(StreamKeys, GroupKeys, StreamMetadata, GroupStore), AdminError> {
     let keys = stream_keys(prefix)?;
     let group_keys = keys.group(group)?;
     let meta = load_required(conn, &keys).await?;
     let store = GroupStore::new(conn.clone(), keys.clone(), group_keys.clone(), config);
-    Ok(OpenedGroup {
-        keys,
-        group_keys,
-        meta,
-        store,
-    })
+    Ok((keys, group_keys, meta, store))
 }
 
 /// Writes `next`, a change of `current`, as the next `metadataVersion` stamped `now` (Redis

@@ -6,7 +6,7 @@ use redis::streams::StreamRangeReply;
 use serde::Serialize;
 
 use super::{DEAD_LETTER_SCAN_LIMIT, Lag};
-use crate::admin::{AdminError, OpenedGroup, open_group, scripts};
+use crate::admin::{AdminError, open_group, scripts};
 use crate::connection::RedisConnection;
 use crate::coordinator;
 use crate::coordinator::{Context, CoordinatorConfig, Group, StreamView};
@@ -202,12 +202,8 @@ pub async fn describe_group(
     group: &str,
     config: &CoordinatorConfig,
 ) -> Result<GroupDescription, AdminError> {
-    let OpenedGroup {
-        keys,
-        group_keys,
-        meta,
-        mut store,
-    } = open_group(conn, prefix, group, config.clone()).await?;
+    let (keys, group_keys, meta, mut store) =
+        open_group(conn, prefix, group, config.clone()).await?;
     let start_from = registered(&meta, group)?.start_from;
     let loaded = store.load().await?;
     let history = store.history().await?;
