@@ -19,7 +19,6 @@ macro_rules! flags {
         impl $name {
             /// Turns the flag named `name` (its field name) on or off; `false` when there is
             /// no such flag.
-            #[allow(dead_code)]
             pub(crate) fn set(&mut self, name: &str, on: bool) -> bool {
                 match name {
                     $(stringify!($field) => self.$field = on,)*
@@ -32,7 +31,6 @@ macro_rules! flags {
             ///
             /// # Panics
             /// On a name that is no flag: a misspelt test must not pass by testing nothing.
-            #[allow(dead_code)]
             pub(crate) fn with(names: &[&str]) -> Self {
                 let mut flags = Self::default();
                 for name in names {

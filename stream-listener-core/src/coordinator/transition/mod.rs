@@ -195,6 +195,8 @@ fn advance_time(group: &mut Group, ctx: &Context<'_>, config: &CoordinatorConfig
     retire_finished_members(group, now, config);
     end_correction_round_if_done(group, now);
 }
+/// What the request rules decided: accepted with a status (a new target and response follow), or
+/// a fencing status answered as it is.
 enum Answer {
     Accepted(HeartbeatStatus),
     Fencing(HeartbeatStatus),
