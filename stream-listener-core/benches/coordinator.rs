@@ -128,10 +128,11 @@ impl Sim {
         let ctx = Context {
             now: self.now,
             stream: &self.stream,
-            fences: None,
         };
         let response = heartbeat(&mut self.group, &request, &ctx, &self.config)
-            .unwrap_or_else(|e| panic!("heartbeat of {}: {e}", request.member_id));
+            .unwrap_or_else(|e| panic!("heartbeat of {}: {e}", request.member_id))
+            .response()
+            .expect("no lost-metadata evidence");
         assert_eq!(
             response.status,
             HeartbeatStatus::Ok,
@@ -227,11 +228,13 @@ fn bench_heartbeat(c: &mut Criterion) {
     let ctx = Context {
         now,
         stream: &sim.stream,
-        fences: None,
     };
     {
         let mut check = sim.group.clone();
-        let response = heartbeat(&mut check, &request, &ctx, &sim.config).expect("steady");
+        let response = heartbeat(&mut check, &request, &ctx, &sim.config)
+            .expect("steady")
+            .response()
+            .unwrap();
         assert_eq!(response.status, HeartbeatStatus::Ok);
         assert_eq!(response.member_epoch, steady.epoch);
         assert_eq!(response.assigned_shards, steady.owned);
@@ -266,7 +269,6 @@ fn bench_heartbeat(c: &mut Criterion) {
             let ctx = Context {
                 now,
                 stream: &sim.stream,
-                fences: None,
             };
             let response = heartbeat(&mut g, request, &ctx, &sim.config);
             request.request_seq += 1;
@@ -281,7 +283,10 @@ fn bench_heartbeat(c: &mut Criterion) {
     let join = joiner.next_request();
     {
         let mut check = sim.group.clone();
-        let response = heartbeat(&mut check, &join, &ctx, &sim.config).expect("join");
+        let response = heartbeat(&mut check, &join, &ctx, &sim.config)
+            .expect("join")
+            .response()
+            .unwrap();
         assert_eq!(response.status, HeartbeatStatus::Ok);
         assert_eq!(check.meta.assignment_epoch, sim.group.meta.group_epoch + 1);
         assert_eq!(check.target_of(&joiner.id).len(), 9);

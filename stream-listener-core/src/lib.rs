@@ -9,7 +9,8 @@
 //! - [`connection`]: standalone or cluster connections behind one type;
 //! - [`store`]: the Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction (docs/design.md §5);
 //! - [`handler`]: the `Handler` trait, the `Delivery` it receives, retry or dead-letter errors;
-//! - [`member`]: the member runtime: `Listener`, heartbeat loop, reconciler (docs/design.md §6, §7);
+//! - [`member`]: the member runtime: `Listener`, heartbeat loop (docs/design.md §6, §7);
+//! - `reconciler`: the member side of the protocol as pure code: assignment state, what the next heartbeat reports, what a response asks (docs/design.md §6); the simulation drives it too;
 //! - `runtime`: what a member's heartbeat loop and its shard tasks share: options, events, assignment state (docs/design.md §7.3);
 //! - `poller`: one task per owned shard: takeover, fenced reads, handlers, acks (docs/design.md §7, §8);
 //! - [`dataplane`]: fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (docs/design.md §8);
@@ -33,6 +34,7 @@ pub mod member;
 pub mod model;
 pub(crate) mod poller;
 pub mod producer;
+pub(crate) mod reconciler;
 pub mod report;
 pub(crate) mod runtime;
 pub mod store;

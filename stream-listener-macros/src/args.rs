@@ -9,6 +9,14 @@ use syn::{Lit, LitStr, Path};
 /// The keys `#[stream_listener(...)]` accepts, in the order the error message lists them.
 const KEYS: [&str; 5] = ["stream", "group", "concurrency", "name", "crate"];
 
+/// The keys whose value names something in Redis (docs/design.md §2): the key, an example value,
+/// what it names, the characters it must not contain, and why.
+#[rustfmt::skip]
+const NAME_KEYS: [(&str, &str, &str, &str, &str); 2] = [
+    ("stream", "\"orders\"", "stream prefix", "{}", "braces would change the Redis Cluster hash slot of its keys"),
+    ("group", "\"billing\"", "consumer group", "{}:", "braces would change hash slots and ':' would let two groups share keys"),
+];
+
 /// The parsed arguments; `None` for keys not given.
 #[derive(Default)]
 pub(crate) struct Args {
@@ -116,24 +124,16 @@ fn unknown_key(meta: &ParseNestedMeta<'_>) -> syn::Error {
 pub(crate) fn parse(tokens: TokenStream) -> syn::Result<Args> {
     let mut args = Args::default();
     let parser = syn::meta::parser(|meta| {
-        if meta.path.is_ident("stream") {
-            let lit = string_value(&meta, "stream", "\"orders\"")?;
-            check_name(
-                &lit,
-                "stream prefix",
-                "{}",
-                "braces would change the Redis Cluster hash slot of its keys",
-            )?;
-            set_once(&mut args.stream, lit, &meta)
-        } else if meta.path.is_ident("group") {
-            let lit = string_value(&meta, "group", "\"billing\"")?;
-            check_name(
-                &lit,
-                "consumer group",
-                "{}:",
-                "braces would change hash slots and ':' would let two groups share keys",
-            )?;
-            set_once(&mut args.group, lit, &meta)
+        let name_key = NAME_KEYS.iter().find(|k| meta.path.is_ident(k.0));
+        if let Some(&(key, example, kind, forbidden, why)) = name_key {
+            let lit = string_value(&meta, key, example)?;
+            check_name(&lit, kind, forbidden, why)?;
+            let slot = if key == "stream" {
+                &mut args.stream
+            } else {
+                &mut args.group
+            };
+            set_once(slot, lit, &meta)
         } else if meta.path.is_ident("name") {
             let lit = string_value(&meta, "name", "\"on_order\"")?;
             if lit.value().is_empty() {

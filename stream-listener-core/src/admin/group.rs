@@ -6,7 +6,10 @@ use redis::AsyncCommands;
 use serde::Serialize;
 
 use super::scripts::{self, GroupKeysDeletion};
-use super::{AdminError, CAS_ATTEMPTS, backoff, ceil_ms, contended, load_required, stream_keys};
+use super::{
+    AdminError, CAS_ATTEMPTS, backoff, ceil_ms, contended, load_required, open_group, stream_keys,
+    write_next_version,
+};
 use crate::connection::RedisConnection;
 use crate::coordinator::{CoordinatorConfig, rfc3339};
 use crate::model::{RegisteredGroup, ShardIndex, ShardState, StartFrom};
@@ -195,16 +198,9 @@ pub async fn delete_group(
     prefix: &str,
     group: &str,
 ) -> Result<DeletedGroup, AdminError> {
-    let keys = stream_keys(prefix)?;
-    let group_keys = keys.group(group)?;
-    let meta = load_required(conn, &keys).await?;
+    let (keys, group_keys, meta, mut store) =
+        open_group(conn, prefix, group, CoordinatorConfig::default()).await?;
     let registered = meta.groups.iter().any(|g| g.consumer_group == group);
-    let mut store = GroupStore::new(
-        conn.clone(),
-        keys.clone(),
-        group_keys.clone(),
-        CoordinatorConfig::default(),
-    );
     match store.load().await {
         Ok(loaded) => {
             let live: Vec<(String, u64)> = loaded
@@ -242,9 +238,8 @@ pub async fn delete_group(
             }
             let mut next = current.clone();
             next.groups.retain(|g| g.consumer_group != group);
-            next.metadata_version += 1;
-            next.updated_at = rfc3339(scripts::stream_time(conn, &keys).await?);
-            match write_stream_metadata(conn, &keys, Some(current.revision), &mut next).await? {
+            let now = scripts::stream_time(conn, &keys).await?;
+            match write_next_version(conn, &keys, &current, &mut next, now).await? {
                 StreamCas::Written => {
                     meta = next;
                     unregistered = true;

@@ -44,9 +44,10 @@ pub use stream::{
 };
 
 use crate::connection::RedisConnection;
-use crate::keys::StreamKeys;
-use crate::model::StreamMetadata;
-use crate::store::load_stream_metadata;
+use crate::coordinator::{CoordinatorConfig, rfc3339};
+use crate::keys::{GroupKeys, StreamKeys};
+use crate::model::{Micros, StreamMetadata};
+use crate::store::{GroupStore, StreamCas, load_stream_metadata, write_stream_metadata};
 
 /// Largest shard count [`create_stream`] and [`scale`] accept. Each shard is a stream, a fence
 /// and, on a cluster, possibly another node to talk to; the heartbeat and assignor costs grow
@@ -73,6 +74,39 @@ async fn load_required(
             key: keys.metadata(),
         })
     })
+}
+
+/// Validates the names, loads the stream metadata of `prefix` and opens a store of `group` with
+/// `config` (no group data is read yet): what an operation on one consumer group starts from, as
+/// (stream keys, group keys, stream metadata, group store).
+///
+/// # Errors
+/// [`AdminError::InvalidName`]; [`StoreError::MissingStream`]; Redis failure.
+async fn open_group(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    group: &str,
+    config: CoordinatorConfig,
+) -> Result<(StreamKeys, GroupKeys, StreamMetadata, GroupStore), AdminError> {
+    let keys = stream_keys(prefix)?;
+    let group_keys = keys.group(group)?;
+    let meta = load_required(conn, &keys).await?;
+    let store = GroupStore::new(conn.clone(), keys.clone(), group_keys.clone(), config);
+    Ok((keys, group_keys, meta, store))
+}
+
+/// Writes `next`, a change of `current`, as the next `metadataVersion` stamped `now` (Redis
+/// `TIME`, µs), with a compare-and-set on `current`'s revision.
+async fn write_next_version(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+    current: &StreamMetadata,
+    next: &mut StreamMetadata,
+    now: Micros,
+) -> Result<StreamCas, AdminError> {
+    next.metadata_version += 1;
+    next.updated_at = rfc3339(now);
+    Ok(write_stream_metadata(conn, keys, Some(current.revision), next).await?)
 }
 
 /// The error after [`CAS_ATTEMPTS`] conflicts.

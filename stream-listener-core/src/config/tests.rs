@@ -4,12 +4,24 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::*;
+use crate::connection::RedisTarget;
+use crate::coordinator::CoordinatorConfig;
+use crate::dataplane::FencingMode;
+use crate::member::ListenerOptions;
+use crate::model::StartFrom;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::from_toml_str(text, "app.toml")
 }
 
 /// The error, its key, its line, and its message.
+/// `text` is refused at `key` on `line`, with a message containing `expected`.
+fn assert_invalid_at(text: &str, key: &str, line: usize, expected: &str) {
+    let (got_key, got_line, message) = invalid(text);
+    assert_eq!((got_key.as_str(), got_line), (key, line));
+    assert!(message.contains(expected), "{message}");
+}
+
 fn invalid(text: &str) -> (String, usize, String) {
     match parse(text).unwrap_err() {
         ConfigError::Invalid {
@@ -116,21 +128,21 @@ fn a_misspelt_key_is_an_error_naming_key_and_line() {
 
 #[test]
 fn an_unknown_section_is_an_error() {
-    let (key, line, message) = invalid("[redis]\nurl = \"redis://h:1\"\n\n[coordinatoin]\n");
-    assert_eq!((key.as_str(), line), ("coordinatoin", 4));
-    assert!(
-        message.contains("unknown field `coordinatoin`"),
-        "{message}"
+    assert_invalid_at(
+        "[redis]\nurl = \"redis://h:1\"\n\n[coordinatoin]\n",
+        "coordinatoin",
+        4,
+        "unknown field `coordinatoin`",
     );
 }
 
 #[test]
 fn a_value_of_the_wrong_type_names_its_key() {
-    let (key, line, message) = invalid("# shards\n\n[streams.orders]\nshards = \"eight\"\n");
-    assert_eq!((key.as_str(), line), ("streams.orders.shards", 4));
-    assert!(
-        message.contains("invalid type: string \"eight\""),
-        "{message}"
+    assert_invalid_at(
+        "# shards\n\n[streams.orders]\nshards = \"eight\"\n",
+        "streams.orders.shards",
+        4,
+        "invalid type: string \"eight\"",
     );
 }
 
@@ -164,9 +176,12 @@ fn zero_concurrency_is_an_error() {
 
 #[test]
 fn an_unparsable_redis_url_is_an_error() {
-    let (key, line, message) = invalid("[redis]\nurl = \"http://127.0.0.1:6379\"\n");
-    assert_eq!((key.as_str(), line), ("redis.url", 2));
-    assert!(message.contains("is not a Redis URL"), "{message}");
+    assert_invalid_at(
+        "[redis]\nurl = \"http://127.0.0.1:6379\"\n",
+        "redis.url",
+        2,
+        "is not a Redis URL",
+    );
     let (key, _, _) = invalid("[redis]\ncluster_nodes = [\"redis://a:1\", \"nope\"]\n");
     assert_eq!(key, "redis.cluster_nodes");
     let (key, _, message) =

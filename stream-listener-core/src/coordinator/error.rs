@@ -7,7 +7,7 @@ use crate::model::{Epoch, ShardIndex};
 /// Validation errors (`UnsupportedProtocolVersion` .. `CounterAtLimit`) mean the request is
 /// malformed: nothing was changed, and the member should log the error and fix its build or
 /// report. `StaleRequestSeq` means the request arrived after a newer one of the same process:
-/// it is ignored. `FencesRequired` asks the store to read the fences and run the transition again.
+/// it is ignored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CoordinatorError {
@@ -74,18 +74,12 @@ pub enum CoordinatorError {
         /// The last accepted one.
         last: u64,
     },
-    /// Lost metadata is suspected (docs/design.md §6.6, correction round): read the group's fences
-    /// of every readable shard and run the transition again with them.
-    #[error(
-        "lost group metadata suspected: read the fences of the readable shards and run the transition again"
-    )]
-    FencesRequired,
 }
 
 /// Invalid coordinator timing configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum TimingsError {
     /// A duration that must be positive is zero.
     #[error("{name} must be greater than zero")]
     Zero {

@@ -12,6 +12,10 @@
 //! membership), adapted to a coordinator without a server: holdings and leases replace the
 //! broker's session, and per-shard fences in Redis stop zombies (docs/design.md §8).
 
+#[cfg(test)]
+#[macro_use]
+mod flags;
+
 mod error;
 mod transition;
 
@@ -25,14 +29,13 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
-pub use error::{ConfigError, CoordinatorError};
+pub use error::{CoordinatorError, TimingsError};
 pub use transition::{
-    advance, heartbeat, next_deadline, steady_fingerprint, steady_request_fingerprint,
-    steady_response,
+    Transition, advance, heartbeat, heartbeat_with_fences, next_deadline, request_fingerprint,
+    steady_fingerprint, steady_response,
 };
 pub(crate) use transition::{base_response, member_lease_ttl_us};
 
-use crate::fence::FenceToken;
 use crate::model::{
     GroupMetadata, GroupState, MemberMetadata, Micros, ShardIndex, StreamMetadata, TargetAssignment,
 };
@@ -57,34 +60,35 @@ pub struct CoordinatorConfig {
     pub(crate) variant: Variant,
 }
 
-/// Known-wrong rules, re-introduced one at a time to show the simulation catches them (the founding
-/// design's executable model had the same ones).
 #[cfg(test)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Variant {
-    /// A shard sent as assigned but not yet reported does not block other members.
-    pub(crate) ignore_sent: bool,
-    /// A fenced member's shards are handed out before its lease ends.
-    pub(crate) no_lease_wait: bool,
-    /// A new process of a member gets the old process's shards at once.
-    pub(crate) release_on_foreign_join: bool,
-    /// Only the last replaced process's holdings are remembered.
-    pub(crate) single_ghost: bool,
-    /// A hand-out hold stays in the group after it has passed, so [`next_deadline`] keeps an
-    /// instant in the past and the store's fast path falls back on every heartbeat (docs/design.md
-    /// §5.5).
-    pub(crate) hand_out_hold_forever: bool,
-    /// A steady response ([`steady_response`], the store's `fast:<id>` entries) carries the
-    /// timings of the transition that wrote it, not the member's own (docs/design.md §6.5).
-    pub(crate) writer_timings: bool,
-    /// The store's full transition applies the stream view its process read before the load even
-    /// when the loaded group has a newer `metadataVersion` (no fresh re-read;
-    /// docs/design.md §5.4). Only the simulation's store model follows it.
-    pub(crate) stale_view_applied: bool,
-    /// `Writes::diff` leaves `fast:<id>` / `fastseq:<id>` / `fastworkers:<id>` in place for a
-    /// member without a steady response (docs/design.md §5.3). Only the
-    /// simulation's store model follows it.
-    pub(crate) outdated_fast_entries: bool,
+flags! {
+    /// Known-wrong rules, re-introduced one at a time to show the simulation catches them (the
+    /// founding design's executable model had the same ones).
+    pub(crate) struct Variant {
+        /// A shard sent as assigned but not yet reported does not block other members.
+        ignore_sent,
+        /// A fenced member's shards are handed out before its lease ends.
+        no_lease_wait,
+        /// A new process of a member gets the old process's shards at once.
+        release_on_foreign_join,
+        /// Only the last replaced process's holdings are remembered.
+        single_ghost,
+        /// A hand-out hold stays in the group after it has passed, so [`next_deadline`] keeps an
+        /// instant in the past and the store's fast path falls back on every heartbeat
+        /// (docs/design.md §5.5).
+        hand_out_hold_forever,
+        /// A steady response ([`steady_response`], the store's `fast:<id>` entries) carries the
+        /// timings of the transition that wrote it, not the member's own (docs/design.md §6.5).
+        writer_timings,
+        /// The store's full transition applies the stream view its process read before the load
+        /// even when the loaded group has a newer `metadataVersion` (no fresh re-read;
+        /// docs/design.md §5.4). Only the simulation's store model follows it.
+        stale_view_applied,
+        /// `Writes::diff` leaves `fast:<id>` / `fastseq:<id>` / `fastworkers:<id>` in place for a
+        /// member without a steady response (docs/design.md §5.3). Only the simulation's store
+        /// model follows it.
+        outdated_fast_entries,
+    }
 }
 
 impl Default for CoordinatorConfig {
@@ -104,13 +108,13 @@ impl CoordinatorConfig {
     /// Builds a configuration from the three timings; `history_capacity` keeps its default.
     ///
     /// # Errors
-    /// [`ConfigError::Zero`] when a duration is zero; [`ConfigError::HeartbeatTooSlow`] when
+    /// [`TimingsError::Zero`] when a duration is zero; [`TimingsError::HeartbeatTooSlow`] when
     /// `heartbeat_interval` is above a third of `member_lease_ttl` (docs/design.md §5).
     pub fn new(
         heartbeat_interval: Duration,
         member_lease_ttl: Duration,
         rebalance_timeout: Duration,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, TimingsError> {
         let config = CoordinatorConfig {
             heartbeat_interval,
             member_lease_ttl,
@@ -125,14 +129,14 @@ impl CoordinatorConfig {
     ///
     /// # Errors
     /// As [`CoordinatorConfig::new`].
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), TimingsError> {
         for (name, value) in [
             ("heartbeat_interval", self.heartbeat_interval),
             ("member_lease_ttl", self.member_lease_ttl),
             ("rebalance_timeout", self.rebalance_timeout),
         ] {
             if value.is_zero() {
-                return Err(ConfigError::Zero { name });
+                return Err(TimingsError::Zero { name });
             }
         }
         for (name, value) in [
@@ -141,14 +145,14 @@ impl CoordinatorConfig {
             ("rebalance_timeout", self.rebalance_timeout),
         ] {
             if value > MAX_TIMING {
-                return Err(ConfigError::TooLong {
+                return Err(TimingsError::TooLong {
                     name,
                     max_secs: MAX_TIMING.as_secs(),
                 });
             }
         }
         if self.heartbeat_interval.saturating_mul(3) > self.member_lease_ttl {
-            return Err(ConfigError::HeartbeatTooSlow {
+            return Err(TimingsError::HeartbeatTooSlow {
                 heartbeat_ms: self.heartbeat_interval.as_millis(),
                 lease_ms: self.member_lease_ttl.as_millis(),
             });
@@ -205,9 +209,6 @@ pub struct Context<'a> {
     pub now: Micros,
     /// The stream metadata as read with this heartbeat.
     pub stream: &'a StreamView,
-    /// This group's fence of every readable shard (shard → token), read only when a transition
-    /// answered [`CoordinatorError::FencesRequired`]; `None` otherwise.
-    pub fences: Option<&'a BTreeMap<ShardIndex, FenceToken>>,
 }
 
 /// One consumer group's whole coordinator state: what the store loads from

@@ -10,8 +10,8 @@ use tracing::Instrument;
 
 use crate::model::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, ShardIndex};
 use crate::poller::{ShardTask, ShardTaskContext};
+use crate::reconciler::Changes;
 use crate::runtime::ListenerEvent;
-use crate::runtime::reconciler::Changes;
 use crate::store::{GroupStore, StoreError};
 
 /// Longest time one heartbeat may take before it counts as lost.

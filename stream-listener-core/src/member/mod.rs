@@ -18,11 +18,8 @@ use crate::handler::Handler;
 use crate::keys::{NameError, StreamKeys};
 use crate::model::{Epoch, ShardIndex};
 use crate::poller::ShardTaskContext;
-// The simulation (`coordinator::simulation`) drives the reconciler through this path.
+use crate::reconciler::{Identity, Reconciler};
 use crate::runtime::MemberShared;
-#[cfg(test)]
-pub(crate) use crate::runtime::reconciler;
-use crate::runtime::reconciler::{Identity, Reconciler};
 pub use crate::runtime::{EventCallback, ListenerEvent, ListenerOptions};
 use crate::store::StoreError;
 

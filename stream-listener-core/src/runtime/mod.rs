@@ -7,16 +7,15 @@
 
 mod events;
 mod options;
-pub(crate) mod reconciler;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 
+use crate::reconciler::Reconciler;
 pub use events::{EventCallback, ListenerEvent};
 pub use options::ListenerOptions;
-use reconciler::Reconciler;
 
 /// State one member's heartbeat loop and shard tasks share.
 #[derive(Debug)]

@@ -10,8 +10,9 @@
 use std::collections::BTreeMap;
 
 use crate::coordinator::{
-    Context, CoordinatorConfig, CoordinatorError, Group, StreamView, heartbeat,
-    member_lease_ttl_us, next_deadline, steady_fingerprint, steady_response,
+    Context, CoordinatorConfig, CoordinatorError, Group, StreamView, Transition, heartbeat,
+    heartbeat_with_fences, member_lease_ttl_us, next_deadline, request_fingerprint,
+    steady_fingerprint, steady_response,
 };
 use crate::fence::FenceToken;
 use crate::model::{
@@ -62,12 +63,6 @@ pub(super) struct Store {
     pub(super) fast_workers: BTreeMap<String, u32>,
     pub(super) revision: u64,
     pub(super) lease_revision: u64,
-}
-
-/// The fingerprint of a request, and whether the fast path looks at it at all (`fast_path`'s
-/// `eligible`).
-pub(super) fn request_fingerprint(request: &HeartbeatRequest) -> Option<String> {
-    crate::coordinator::steady_request_fingerprint(request)
 }
 
 impl Store {
@@ -260,25 +255,20 @@ impl Store {
             stream
         };
         let mut group = loaded.clone();
-        let ctx = Context {
-            now,
-            stream,
-            fences: None,
+        let ctx = Context { now, stream };
+        let result = match heartbeat(&mut group, request, &ctx, config) {
+            Ok(Transition::Done(response)) => Ok(response),
+            Ok(Transition::NeedsFences) => {
+                let readable: BTreeMap<ShardIndex, FenceToken> = fences
+                    .iter()
+                    .filter(|(s, _)| stream.readable.contains(s))
+                    .map(|(s, t)| (*s, t.clone()))
+                    .collect();
+                group = loaded.clone();
+                heartbeat_with_fences(&mut group, request, &ctx, &readable, config)
+            }
+            Err(error) => Err(error),
         };
-        let mut result = heartbeat(&mut group, request, &ctx, config);
-        if result == Err(CoordinatorError::FencesRequired) {
-            let readable: BTreeMap<ShardIndex, FenceToken> = fences
-                .iter()
-                .filter(|(s, _)| stream.readable.contains(s))
-                .map(|(s, t)| (*s, t.clone()))
-                .collect();
-            group = loaded.clone();
-            let ctx = Context {
-                fences: Some(&readable),
-                ..ctx
-            };
-            result = heartbeat(&mut group, request, &ctx, config);
-        }
         match result {
             Ok(response) => {
                 self.write(&loaded, group, config);

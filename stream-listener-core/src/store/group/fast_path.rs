@@ -17,7 +17,7 @@ impl GroupStore {
         request: &HeartbeatRequest,
         stream_version: u64,
     ) -> Result<Option<HeartbeatResponse>, StoreError> {
-        let Some(print) = coordinator::steady_request_fingerprint(request) else {
+        let Some(print) = coordinator::request_fingerprint(request) else {
             return Ok(None);
         };
         let reply: redis::RedisResult<Vec<String>> = scripts::group_fast_path()

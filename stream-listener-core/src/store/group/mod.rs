@@ -28,7 +28,7 @@ use redis::AsyncCommands;
 use super::stream::{SCHEMA_VERSION, check_schema, load_stream_metadata, parse_u64, wrong_type};
 use super::{StoreError, scripts};
 use crate::connection::RedisConnection;
-use crate::coordinator::{self, Context, CoordinatorConfig, CoordinatorError, Group, StreamView};
+use crate::coordinator::{self, Context, CoordinatorConfig, Group, StreamView, Transition};
 use crate::fence::FenceToken;
 use crate::keys::{GroupKeys, StreamKeys};
 use crate::model::{
@@ -242,23 +242,23 @@ impl GroupStore {
         let ctx = Context {
             now: loaded.now,
             stream,
-            fences: None,
         };
-        match coordinator::heartbeat(&mut group, request, &ctx, &self.config) {
-            Ok(response) => Ok((group, response)),
-            Err(CoordinatorError::FencesRequired) => {
+        match coordinator::heartbeat(&mut group, request, &ctx, &self.config)? {
+            Transition::Done(response) => Ok((group, response)),
+            Transition::NeedsFences => {
                 let fences = self
                     .read_fences(&stream.readable.iter().copied().collect::<Vec<_>>())
                     .await?;
                 let mut group = loaded.group.clone();
-                let ctx = Context {
-                    fences: Some(&fences),
-                    ..ctx
-                };
-                let response = coordinator::heartbeat(&mut group, request, &ctx, &self.config)?;
+                let response = coordinator::heartbeat_with_fences(
+                    &mut group,
+                    request,
+                    &ctx,
+                    &fences,
+                    &self.config,
+                )?;
                 Ok((group, response))
             }
-            Err(other) => Err(other.into()),
         }
     }
 

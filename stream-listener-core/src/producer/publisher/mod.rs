@@ -1,7 +1,10 @@
 //! The [`Publisher`]: routed `XADD`s with a leased routing cache (docs/design.md §9).
 
+mod cache;
+mod options;
+
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
@@ -12,80 +15,12 @@ use super::PublishError;
 use super::routing::shard_for_key;
 use crate::connection::RedisConnection;
 use crate::keys::StreamKeys;
-use crate::model::{ShardState, StreamMetadata};
-use crate::store::{load_stream_metadata, read_metadata_version};
+use crate::store::load_stream_metadata;
+use cache::{Cached, Routing, lock, unknown_stream};
 
-/// Default [`PublisherOptions::max_payload_bytes`]: 1 MiB.
-pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
-/// Default [`PublisherOptions::refresh_interval`]: 5 s.
-pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(5);
-/// Default [`PublisherOptions::routing_lease`]: 30 s.
-pub const DEFAULT_ROUTING_LEASE: Duration = Duration::from_secs(30);
-
-/// Settings of a [`Publisher`]. `PublisherOptions::default()` gives the documented defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublisherOptions {
-    /// Largest payload accepted, in bytes (default 1 MiB, [`DEFAULT_MAX_PAYLOAD_BYTES`]): the
-    /// JSON bytes for [`Publisher::publish`] and [`Publisher::publish_batch`], the sum of field
-    /// name and value lengths for [`Publisher::publish_raw`]. The partition key is not counted.
-    /// A larger payload is refused with [`PublishError::PayloadTooLarge`] before any `XADD`.
-    /// Must be at least 1.
-    pub max_payload_bytes: usize,
-    /// `Some(n)` appends with `XADD ... MAXLEN ~ n`: Redis trims each shard stream to about `n`
-    /// entries (at least `n`, trimming whole macro nodes). **Trimming drops the oldest entries
-    /// whether or not every consumer group has read them**: a slow or stopped group loses
-    /// messages, and entries pending in a group are lost for it (its members ack and count them,
-    /// docs/design.md §8). Off by default (`None`): streams grow until consumers' retention trims
-    /// them. `Some(0)` is refused.
-    pub maxlen: Option<usize>,
-    /// How often the routing metadata is checked (default 5 s, [`DEFAULT_REFRESH_INTERVAL`]).
-    /// Checked lazily at publish time: one `HGET metadataVersion` once this long has passed since
-    /// the last successful read was sent, and the full metadata only when the version changed.
-    /// Must be shorter than [`Self::routing_lease`]; `Duration::ZERO` checks before every publish.
-    pub refresh_interval: Duration,
-    /// How long routing metadata may be used after its read was sent (default 30 s,
-    /// [`DEFAULT_ROUTING_LEASE`]). When a refresh fails, the cached routing is used until this
-    /// lease runs out; past it, publish fails closed with [`PublishError::RoutingLeaseExpired`].
-    /// Admin retirement of a drained shard waits at least this long after the scale-in
-    /// (docs/design.md §10), so it must not exceed the admin's routing lease. Must be positive.
-    pub routing_lease: Duration,
-}
-
-impl Default for PublisherOptions {
-    fn default() -> Self {
-        PublisherOptions {
-            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
-            maxlen: None,
-            refresh_interval: DEFAULT_REFRESH_INTERVAL,
-            routing_lease: DEFAULT_ROUTING_LEASE,
-        }
-    }
-}
-
-impl PublisherOptions {
-    fn validate(&self) -> Result<(), PublishError> {
-        let invalid = |detail: String| Err(PublishError::InvalidOptions { detail });
-        if self.max_payload_bytes == 0 {
-            return invalid("max_payload_bytes is 0: nothing could be published; use at least 1 (default 1 MiB)".into());
-        }
-        if self.maxlen == Some(0) {
-            return invalid("maxlen is Some(0): every entry would be trimmed at once; use None (no trimming) or a positive length".into());
-        }
-        if self.routing_lease.is_zero() {
-            return invalid(
-                "routing_lease is 0: routing would always be expired; use a positive lease (default 30 s)"
-                    .into(),
-            );
-        }
-        if self.refresh_interval >= self.routing_lease {
-            return invalid(format!(
-                "refresh_interval ({:?}) must be shorter than routing_lease ({:?}), or a failed refresh would fail publishing at once",
-                self.refresh_interval, self.routing_lease
-            ));
-        }
-        Ok(())
-    }
-}
+pub use options::{
+    DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_REFRESH_INTERVAL, DEFAULT_ROUTING_LEASE, PublisherOptions,
+};
 
 /// Where one message was appended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,67 +42,6 @@ pub struct RoutingSnapshot {
     pub shard_count: u32,
     /// Time since the read that confirmed it was sent (the lease runs from then).
     pub age: Duration,
-}
-
-/// The routing derived from one version of the stream metadata.
-#[derive(Debug)]
-struct Routing {
-    metadata_version: u64,
-    shard_count: u32,
-    /// `{<prefix>:<i>}` for `i` in `0..shard_count`.
-    shard_keys: Vec<String>,
-}
-
-impl Routing {
-    /// Checks that the metadata is routable: the prefix matches and every shard in
-    /// `0..shardCount` is ACTIVE.
-    fn from_metadata(keys: &StreamKeys, meta: &StreamMetadata) -> Result<Routing, PublishError> {
-        let inconsistent = |detail: String| PublishError::InconsistentMetadata {
-            prefix: keys.prefix().to_owned(),
-            detail,
-        };
-        if meta.stream_prefix != keys.prefix() {
-            return Err(inconsistent(format!(
-                "{} holds streamPrefix {:?}",
-                keys.metadata(),
-                meta.stream_prefix
-            )));
-        }
-        let states: BTreeMap<u32, ShardState> = meta
-            .shards
-            .iter()
-            .map(|s| (s.shard_index, s.state))
-            .collect();
-        for shard in 0..meta.shard_count {
-            match states.get(&shard) {
-                Some(ShardState::Active) => {}
-                Some(state) => {
-                    return Err(inconsistent(format!(
-                        "shard {shard} is {state:?} but below shardCount {} (producers route to shards 0..shardCount, which must be ACTIVE)",
-                        meta.shard_count
-                    )));
-                }
-                None => {
-                    return Err(inconsistent(format!(
-                        "shard {shard} is below shardCount {} but not listed in shards",
-                        meta.shard_count
-                    )));
-                }
-            }
-        }
-        Ok(Routing {
-            metadata_version: meta.metadata_version,
-            shard_count: meta.shard_count,
-            shard_keys: (0..meta.shard_count).map(|i| keys.shard(i)).collect(),
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Cached {
-    routing: Arc<Routing>,
-    /// When the read that confirmed `routing` was sent: the lease starts then.
-    read_sent_at: Instant,
 }
 
 struct Inner {
@@ -207,13 +81,6 @@ impl std::fmt::Debug for Publisher {
             .field("options", &self.inner.options)
             .finish()
     }
-}
-
-fn lock(cache: &Mutex<Cached>) -> MutexGuard<'_, Cached> {
-    // The cache is replaced whole under the lock: a panic elsewhere cannot leave it half-written.
-    cache
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Publisher {
@@ -513,227 +380,7 @@ impl Publisher {
         }
         Ok(ids)
     }
-
-    /// The routing to publish with now: the cache, checked once the refresh interval has passed.
-    async fn routing(&self) -> Result<Arc<Routing>, PublishError> {
-        let cached = lock(&self.inner.cache).clone();
-        // refresh_interval < routing_lease: a cache this fresh is within its lease.
-        if cached.read_sent_at.elapsed() < self.inner.options.refresh_interval {
-            return Ok(cached.routing);
-        }
-        self.refresh(None).await
-    }
-
-    /// Refreshes the routing. `nil_at: Some(t)`: an `XADD` found no stream at `t`, so only a
-    /// read sent after `t` will do; `None`: the refresh interval has passed.
-    async fn refresh(&self, nil_at: Option<Instant>) -> Result<Arc<Routing>, PublishError> {
-        let inner = &self.inner;
-        let _one_at_a_time = inner.refresh_lock.lock().await;
-        let cached = lock(&inner.cache).clone();
-        let fresh_enough = match nil_at {
-            None => cached.read_sent_at.elapsed() < inner.options.refresh_interval,
-            Some(nil_at) => cached.read_sent_at > nil_at,
-        };
-        if fresh_enough {
-            // Another task refreshed while this one waited for the lock.
-            return self.within_lease(cached);
-        }
-        let read_sent_at = Instant::now();
-        match self.read_routing(&cached.routing).await {
-            Ok(routing) => {
-                if routing.metadata_version != cached.routing.metadata_version {
-                    tracing::debug!(
-                        prefix = inner.keys.prefix(),
-                        from_version = cached.routing.metadata_version,
-                        to_version = routing.metadata_version,
-                        shard_count = routing.shard_count,
-                        "producer routing changed"
-                    );
-                }
-                let fresh = Cached {
-                    routing,
-                    read_sent_at,
-                };
-                *lock(&inner.cache) = fresh.clone();
-                self.within_lease(fresh)
-            }
-            Err(PublishError::Redis(error)) => {
-                let age = cached.read_sent_at.elapsed();
-                if age >= inner.options.routing_lease {
-                    Err(self.lease_expired(age, Some(error)))
-                } else if nil_at.is_some() {
-                    // The shard routed to is gone: the cache cannot be used for this message.
-                    Err(PublishError::Redis(error))
-                } else {
-                    tracing::warn!(
-                        prefix = inner.keys.prefix(),
-                        ?age,
-                        lease = ?inner.options.routing_lease,
-                        %error,
-                        "producer routing refresh failed; publishing with the cached routing until its lease runs out"
-                    );
-                    Ok(cached.routing)
-                }
-            }
-            // Definitive answers (no stream, corrupt or inconsistent metadata): fail closed.
-            Err(error) => Err(error),
-        }
-    }
-
-    /// `cached.routing` if its lease still runs.
-    fn within_lease(&self, cached: Cached) -> Result<Arc<Routing>, PublishError> {
-        let age = cached.read_sent_at.elapsed();
-        if age >= self.inner.options.routing_lease {
-            // The metadata read answered only after the lease had run out (Redis too slow).
-            return Err(self.lease_expired(age, None));
-        }
-        Ok(cached.routing)
-    }
-
-    fn lease_expired(&self, age: Duration, source: Option<redis::RedisError>) -> PublishError {
-        PublishError::RoutingLeaseExpired {
-            prefix: self.inner.keys.prefix().to_owned(),
-            age,
-            lease: self.inner.options.routing_lease,
-            source,
-        }
-    }
-
-    /// One `HGET metadataVersion`; the whole metadata only when the version differs from
-    /// `current`'s.
-    async fn read_routing(&self, current: &Arc<Routing>) -> Result<Arc<Routing>, PublishError> {
-        let keys = &self.inner.keys;
-        let mut conn = self.inner.conn.clone();
-        let version = read_metadata_version(&mut conn, keys)
-            .await?
-            .ok_or_else(|| unknown_stream(keys))?;
-        if version == current.metadata_version {
-            return Ok(Arc::clone(current));
-        }
-        let meta = load_stream_metadata(&mut conn, keys)
-            .await?
-            .ok_or_else(|| unknown_stream(keys))?;
-        Ok(Arc::new(Routing::from_metadata(keys, &meta)?))
-    }
-}
-
-fn unknown_stream(keys: &StreamKeys) -> PublishError {
-    PublishError::UnknownStream {
-        prefix: keys.prefix().to_owned(),
-        key: keys.metadata(),
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::ShardInfo;
-
-    fn meta(shard_count: u32, shards: &[(u32, ShardState)]) -> StreamMetadata {
-        StreamMetadata {
-            stream_prefix: "orders".into(),
-            shard_count,
-            shards: shards
-                .iter()
-                .map(|&(shard_index, state)| ShardInfo { shard_index, state })
-                .collect(),
-            metadata_version: 7,
-            groups: Vec::new(),
-            migration: None,
-            updated_at: "2026-11-29T00:00:00Z".into(),
-            revision: 1,
-        }
-    }
-
-    #[test]
-    fn default_options_are_the_documented_ones() {
-        let o = PublisherOptions::default();
-        assert_eq!(o.max_payload_bytes, 1 << 20);
-        assert_eq!(o.maxlen, None);
-        assert_eq!(o.refresh_interval, Duration::from_secs(5));
-        assert_eq!(o.routing_lease, Duration::from_secs(30));
-        assert!(o.validate().is_ok());
-    }
-
-    #[test]
-    fn options_that_cannot_work_are_refused() {
-        let bad = [
-            PublisherOptions {
-                max_payload_bytes: 0,
-                ..Default::default()
-            },
-            PublisherOptions {
-                maxlen: Some(0),
-                ..Default::default()
-            },
-            PublisherOptions {
-                routing_lease: Duration::ZERO,
-                refresh_interval: Duration::ZERO,
-                ..Default::default()
-            },
-            PublisherOptions {
-                refresh_interval: Duration::from_secs(30),
-                ..Default::default()
-            },
-        ];
-        for options in bad {
-            let err = options.validate().unwrap_err();
-            assert!(
-                matches!(err, PublishError::InvalidOptions { .. }),
-                "{options:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn routing_requires_active_shards_below_the_count() {
-        let keys = StreamKeys::new("orders").unwrap();
-        let ok = meta(
-            2,
-            &[
-                (0, ShardState::Active),
-                (1, ShardState::Active),
-                (2, ShardState::Draining),
-            ],
-        );
-        let routing = Routing::from_metadata(&keys, &ok).unwrap();
-        assert_eq!(routing.shard_keys, ["{orders:0}", "{orders:1}"]);
-        assert_eq!(routing.metadata_version, 7);
-
-        let draining_below = meta(2, &[(0, ShardState::Active), (1, ShardState::Draining)]);
-        let missing = meta(2, &[(0, ShardState::Active)]);
-        let mut other_prefix = ok.clone();
-        other_prefix.stream_prefix = "payments".into();
-        for bad in [draining_below, missing, other_prefix] {
-            let err = Routing::from_metadata(&keys, &bad).unwrap_err();
-            assert!(
-                matches!(err, PublishError::InconsistentMetadata { .. }),
-                "{err}"
-            );
-        }
-        let drained = meta(0, &[(0, ShardState::Retired)]);
-        assert_eq!(
-            Routing::from_metadata(&keys, &drained).unwrap().shard_count,
-            0
-        );
-    }
-
-    #[test]
-    fn error_messages_say_what_to_do() {
-        let too_large = PublishError::PayloadTooLarge {
-            index: Some(3),
-            size: 2_000_000,
-            limit: 1_048_576,
-        };
-        let text = too_large.to_string();
-        assert!(text.contains("message #3"), "{text}");
-        assert!(text.contains("2000000 bytes"), "{text}");
-        assert!(text.contains("1048576"), "{text}");
-        let single = PublishError::PayloadTooLarge {
-            index: None,
-            size: 10,
-            limit: 5,
-        };
-        assert!(single.to_string().starts_with("payload is 10 bytes"));
-    }
-}
+mod tests;

@@ -1,0 +1,98 @@
+//! What the configuration gives the runtime: a listener's options, a publisher and its options.
+
+use super::Config;
+use super::error::ConfigError;
+use crate::member::ListenerOptions;
+use crate::producer::PublisherOptions;
+
+impl Config {
+    /// The settings of listener `name`: `base` (defaults and the values of
+    /// `#[stream_listener(...)]`) with `[coordination]`, `[member] instance_id` and the
+    /// overrides of `[listeners.<name>]` applied.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] when the timings are invalid, or when the listener's effective
+    /// `handler_timeout` is not below `rebalance_timeout` (docs/design.md §8).
+    pub fn listener_options(
+        &self,
+        name: &str,
+        base: ListenerOptions,
+    ) -> Result<ListenerOptions, ConfigError> {
+        let mut options = base;
+        options.name = name.to_owned();
+        options.coordination = self.coordinator_config()?;
+        options.lease_margin = self.coordination.lease_margin;
+        if let Some(id) = &self.member.instance_id {
+            options.instance_id = Some(id.clone());
+        }
+        if let Some(l) = self.listeners.get(name) {
+            self.validate_listener(name, l)?;
+            macro_rules! set {
+                ($($field:ident),*) => { $( if let Some(v) = l.$field { options.$field = v; } )* };
+            }
+            set!(
+                concurrency,
+                runtime_max_concurrency,
+                batch_size,
+                block,
+                max_attempts,
+                backoff,
+                max_deliveries,
+                handler_timeout,
+                shutdown_timeout,
+                start_from,
+                fencing
+            );
+        }
+        if options.handler_timeout >= options.coordination.rebalance_timeout {
+            let overridden = self
+                .listeners
+                .get(name)
+                .is_some_and(|l| l.handler_timeout.is_some());
+            let path: &[&str] = if overridden {
+                &["listeners", name, "handler_timeout"]
+            } else {
+                &["coordination", "rebalance_timeout"]
+            };
+            return Err(self.invalid(
+                path,
+                format!(
+                    "listener {name:?}: handler_timeout ({}) must be below rebalance_timeout ({}), or a slow handler would get its member fenced while it drains",
+                    humantime::format_duration(options.handler_timeout),
+                    humantime::format_duration(options.coordination.rebalance_timeout)
+                ),
+            ));
+        }
+        Ok(options)
+    }
+
+    /// A [`Publisher`](crate::producer::Publisher) for stream `prefix` on the configured Redis
+    /// (standalone or cluster), with [`Config::publisher_options`]. One connection attempt, no
+    /// retries.
+    ///
+    /// # Errors
+    /// [`PublishError::Redis`](crate::producer::PublishError::Redis) when Redis cannot be
+    /// reached; otherwise as [`Publisher::new`](crate::producer::Publisher::new) (for example
+    /// [`PublishError::UnknownStream`](crate::producer::PublishError::UnknownStream)).
+    pub async fn publisher(
+        &self,
+        prefix: &str,
+    ) -> Result<crate::producer::Publisher, crate::producer::PublishError> {
+        let conn = crate::connection::RedisConnection::connect(
+            &self.redis.target(),
+            crate::connection::DEFAULT_RESPONSE_TIMEOUT,
+        )
+        .await?;
+        crate::producer::Publisher::new(conn, prefix, self.publisher_options(prefix)).await
+    }
+
+    /// Publisher settings for stream `prefix`: the defaults with `max_payload_bytes` of
+    /// `[streams.<prefix>]` applied.
+    pub fn publisher_options(&self, prefix: &str) -> PublisherOptions {
+        let mut options = PublisherOptions::default();
+        if let Some(max) = self.streams.get(prefix).and_then(|s| s.max_payload_bytes) {
+            options.max_payload_bytes = max;
+        }
+        options
+    }
+}

@@ -1,0 +1,168 @@
+//! The sections of the file, as typed settings with their defaults (docs/design.md §11).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::DEFAULT_REDIS_URL;
+use super::validate::redact_url;
+use crate::connection::RedisTarget;
+use crate::coordinator::CoordinatorConfig;
+use crate::dataplane::FencingMode;
+use crate::model::StartFrom;
+
+/// `[redis]`: a standalone server (`url`) or a cluster (`cluster_nodes`), not both.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// `url`: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS. Default
+    /// [`DEFAULT_REDIS_URL`]; `REDIS_URL` overrides it.
+    pub url: Option<String>,
+    /// `cluster_nodes`: seed node URLs of a Redis Cluster (empty: standalone).
+    pub cluster_nodes: Vec<String>,
+    /// `startup_timeout` (default 30 s): how long `run()` retries, with capped backoff, while
+    /// Redis does not answer at startup, before it fails with a clear error.
+    #[serde(with = "humantime_serde")]
+    pub startup_timeout: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: None,
+            cluster_nodes: Vec::new(),
+            startup_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field(
+                "cluster_nodes",
+                &self
+                    .cluster_nodes
+                    .iter()
+                    .map(|n| redact_url(n))
+                    .collect::<Vec<_>>(),
+            )
+            .field("startup_timeout", &self.startup_timeout)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// Where to connect: the cluster when `cluster_nodes` is set, else `url` (default
+    /// [`DEFAULT_REDIS_URL`]).
+    pub fn target(&self) -> RedisTarget {
+        if self.cluster_nodes.is_empty() {
+            RedisTarget::Standalone(
+                self.url
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_REDIS_URL.to_owned()),
+            )
+        } else {
+            RedisTarget::Cluster(self.cluster_nodes.clone())
+        }
+    }
+}
+
+/// `[coordination]`: protocol timings (docs/design.md §5, §6). Defaults: heartbeat 3 s, lease 15 s,
+/// margin 20% of the lease, rebalance timeout 60 s.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct CoordinationConfig {
+    /// `heartbeat_interval`: at most a third of `member_lease_ttl`.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// `member_lease_ttl`: how long an assignment lasts without a renewing heartbeat.
+    #[serde(with = "humantime_serde")]
+    pub member_lease_ttl: Duration,
+    /// `lease_margin`: taken off the lease on the member's side (default 20% of the TTL); below
+    /// `member_lease_ttl`.
+    #[serde(with = "humantime_serde")]
+    pub lease_margin: Option<Duration>,
+    /// `rebalance_timeout`: how long a member has to release shards it must give up; above every
+    /// listener's `handler_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub rebalance_timeout: Duration,
+}
+
+impl Default for CoordinationConfig {
+    fn default() -> Self {
+        let defaults = CoordinatorConfig::default();
+        CoordinationConfig {
+            heartbeat_interval: defaults.heartbeat_interval,
+            member_lease_ttl: defaults.member_lease_ttl,
+            lease_margin: None,
+            rebalance_timeout: defaults.rebalance_timeout,
+        }
+    }
+}
+
+/// `[member]`: this process's identity.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct MemberConfig {
+    /// `instance_id`: static membership (docs/design.md §7): member ids become
+    /// `<instance_id>-m<k>` and a restarted process takes its shards back. One per process;
+    /// `STREAM_LISTENER_INSTANCE_ID` overrides it.
+    pub instance_id: Option<String>,
+}
+
+/// `[streams.<prefix>]`: one sharded stream.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct StreamConfig {
+    /// `shards`: create the stream with this many shards at startup if it does not exist
+    /// (1 to [`MAX_SHARDS`]). An existing stream keeps its count (change it with
+    /// `stream-listener stream scale`). Without it, the stream must exist.
+    pub shards: Option<u32>,
+    /// `max_payload_bytes`: the publisher's payload limit (default 1 MiB), see
+    /// [`Config::publisher_options`].
+    pub max_payload_bytes: Option<usize>,
+}
+
+/// `[listeners.<name>]`: overrides of one listener's settings; every key is optional and wins
+/// over the value in `#[stream_listener(...)]` and the defaults of
+/// [`crate::member::ListenerOptions`].
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct ListenerConfig {
+    /// `concurrency`: logical members in this process (≥ 1).
+    pub concurrency: Option<u32>,
+    /// `runtime_max_concurrency`: local workers per member (≥ 1, default 1).
+    pub runtime_max_concurrency: Option<u32>,
+    /// `batch_size`: entries per read (≥ 1, default 32).
+    pub batch_size: Option<usize>,
+    /// `block`: longest wait for new entries (> 0, default 2 s).
+    #[serde(with = "humantime_serde")]
+    pub block: Option<Duration>,
+    /// `max_attempts`: handler attempts before dead-lettering (≥ 1, default 3).
+    pub max_attempts: Option<u32>,
+    /// `backoff`: first retry backoff, doubled per attempt (default 200 ms).
+    #[serde(with = "humantime_serde")]
+    pub backoff: Option<Duration>,
+    /// `max_deliveries`: handler attempts on an entry, in processes that did not finish them (it
+    /// may crash the process), after which it is dead-lettered unhandled (≥ 1, default 10).
+    /// Re-reads without an attempt do not count (docs/design.md §8.9).
+    pub max_deliveries: Option<u64>,
+    /// `handler_timeout`: limit of one handler attempt (> 0, below `rebalance_timeout`, default
+    /// 30 s).
+    #[serde(with = "humantime_serde")]
+    pub handler_timeout: Option<Duration>,
+    /// `shutdown_timeout`: time in-flight handlers get at shutdown (default 30 s).
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Option<Duration>,
+    /// `start_from`: `"earliest"` (default) or `"latest"`, where a newly registered group starts.
+    pub start_from: Option<StartFrom>,
+    /// `fencing`: `"strict"` (default) or `"acks"` (docs/design.md §8).
+    pub fencing: Option<FencingMode>,
+}

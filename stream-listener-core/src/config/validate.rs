@@ -1,0 +1,216 @@
+//! Checking the values of a loaded configuration, with errors naming the key (docs/design.md
+//! §11).
+
+use super::error::ConfigError;
+use super::sections::ListenerConfig;
+use super::{Config, MAX_SHARDS};
+use crate::coordinator::CoordinatorConfig;
+
+impl Config {
+    /// Checks every value: Redis URLs parse and `url` and `cluster_nodes` are not both given;
+    /// timings are positive, `heartbeat_interval` ≤ `member_lease_ttl` / 3, `lease_margin` <
+    /// `member_lease_ttl`; the instance id is usable; stream prefixes are valid (no `{`
+    /// or `}`) and `shards` is 1 to [`MAX_SHARDS`]; listener counts are at least 1 and
+    /// `handler_timeout` is positive and below `rebalance_timeout`.
+    ///
+    /// # Errors
+    /// The first problem found, as [`ConfigError::Invalid`] naming the key (and the file and
+    /// line when the configuration came from a file).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_redis()?;
+        self.coordinator_config()?;
+        if let Some(id) = &self.member.instance_id {
+            check_instance_id(id).map_err(|m| self.invalid(&["member", "instance_id"], m))?;
+        }
+        for (prefix, stream) in &self.streams {
+            crate::keys::validate_stream_prefix(prefix).map_err(|e| {
+                self.invalid(&["streams", prefix], format!("{e} (write `[streams.<prefix>]` with the bare prefix, e.g. [streams.orders])"))
+            })?;
+            if let Some(shards) = stream.shards
+                && !(1..=MAX_SHARDS).contains(&shards)
+            {
+                return Err(self.invalid(
+                    &["streams", prefix, "shards"],
+                    format!("{shards} shards: a stream needs 1 to {MAX_SHARDS} shards"),
+                ));
+            }
+            if stream.max_payload_bytes == Some(0) {
+                return Err(self.invalid(
+                    &["streams", prefix, "max_payload_bytes"],
+                    "must be at least 1 (default 1048576, 1 MiB)",
+                ));
+            }
+        }
+        for (name, listener) in &self.listeners {
+            self.validate_listener(name, listener)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn validate_redis(&self) -> Result<(), ConfigError> {
+        let redis = &self.redis;
+        if redis.url.is_some() && !redis.cluster_nodes.is_empty() {
+            return Err(self.invalid(
+                &["redis", "cluster_nodes"],
+                "give either `url` (one server) or `cluster_nodes` (a cluster), not both",
+            ));
+        }
+        if let Some(url) = &redis.url {
+            check_redis_url(url).map_err(|m| self.invalid(&["redis", "url"], m))?;
+        }
+        for node in &redis.cluster_nodes {
+            check_redis_url(node).map_err(|m| self.invalid(&["redis", "cluster_nodes"], m))?;
+        }
+        if redis.startup_timeout.is_zero() {
+            return Err(self.invalid(
+                &["redis", "startup_timeout"],
+                "must be positive, e.g. \"30s\"",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The protocol timings of `[coordination]`, checked.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] for a zero duration, a heartbeat slower than a third of the
+    /// lease, or a lease margin not below the lease.
+    pub fn coordinator_config(&self) -> Result<CoordinatorConfig, ConfigError> {
+        let c = &self.coordination;
+        for (key, value) in [
+            ("heartbeat_interval", c.heartbeat_interval),
+            ("member_lease_ttl", c.member_lease_ttl),
+            ("rebalance_timeout", c.rebalance_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(self.invalid(&["coordination", key], "must be positive"));
+            }
+        }
+        if c.heartbeat_interval.saturating_mul(3) > c.member_lease_ttl {
+            return Err(self.invalid(
+                &["coordination", "heartbeat_interval"],
+                format!(
+                    "{} is more than a third of member_lease_ttl ({}); members would lose their lease between two heartbeats: lower it or raise member_lease_ttl",
+                    humantime::format_duration(c.heartbeat_interval),
+                    humantime::format_duration(c.member_lease_ttl)
+                ),
+            ));
+        }
+        // The member's lease (ttl - margin) must outlast two heartbeat intervals, or it lapses
+        // between heartbeats and every lapse re-reads (and re-counts) the pending entries.
+        if let Some(margin) = c.lease_margin
+            && margin.saturating_add(c.heartbeat_interval.saturating_mul(2)) > c.member_lease_ttl
+        {
+            return Err(self.invalid(
+                &["coordination", "lease_margin"],
+                format!(
+                    "{} leaves members less than two heartbeat intervals ({} each) of their {} lease; lower lease_margin (at most member_lease_ttl - 2 x heartbeat_interval)",
+                    humantime::format_duration(margin),
+                    humantime::format_duration(c.heartbeat_interval),
+                    humantime::format_duration(c.member_lease_ttl)
+                ),
+            ));
+        }
+        CoordinatorConfig::new(
+            c.heartbeat_interval,
+            c.member_lease_ttl,
+            c.rebalance_timeout,
+        )
+        .map_err(|e| self.invalid(&["coordination"], e.to_string()))
+    }
+
+    pub(super) fn validate_listener(
+        &self,
+        name: &str,
+        l: &ListenerConfig,
+    ) -> Result<(), ConfigError> {
+        let at_least_one = [
+            ("concurrency", l.concurrency.map(u64::from)),
+            (
+                "runtime_max_concurrency",
+                l.runtime_max_concurrency.map(u64::from),
+            ),
+            ("batch_size", l.batch_size.map(|v| v as u64)),
+            ("max_attempts", l.max_attempts.map(u64::from)),
+            ("max_deliveries", l.max_deliveries),
+        ];
+        for (key, value) in at_least_one {
+            if value == Some(0) {
+                return Err(self.invalid(&["listeners", name, key], "must be at least 1"));
+            }
+        }
+        for (key, value) in [("block", l.block), ("handler_timeout", l.handler_timeout)] {
+            if value.is_some_and(|v| v.is_zero()) {
+                return Err(self.invalid(&["listeners", name, key], "must be positive"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails on a `[listeners.<name>]` section whose name is not in `known` (the registered
+    /// listeners of the program).
+    ///
+    /// # Errors
+    /// [`ConfigError::UnknownListener`] for the first such section, with its location.
+    pub fn check_listener_names<'a>(
+        &self,
+        known: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), ConfigError> {
+        let mut known: Vec<String> = known.into_iter().map(str::to_owned).collect();
+        known.sort();
+        known.dedup();
+        for name in self.listeners.keys() {
+            if !known.iter().any(|k| k == name) {
+                return Err(ConfigError::UnknownListener {
+                    name: name.clone(),
+                    location: self.locate(&["listeners", name]),
+                    known,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `redis://user:secret@host` → `redis://***@host`: never print a password.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+pub(super) fn check_redis_url(url: &str) -> Result<(), String> {
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "{:?} is not a Redis URL ({e}); write redis://[user:password@]host:port[/db] or rediss://... for TLS",
+                redact_url(url)
+            )
+        })
+}
+
+pub(super) fn check_instance_id(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("the instance id is empty; give a non-empty id or remove the key".into());
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '{' | '}'))
+    {
+        return Err(format!(
+            "instance id {id:?} contains {c:?}; use letters, digits, '-', '_', '.' or ':'"
+        ));
+    }
+    if id.len() > crate::keys::MAX_NAME_LEN {
+        return Err(format!(
+            "instance id is {} bytes long; the limit is {}",
+            id.len(),
+            crate::keys::MAX_NAME_LEN
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,375 @@
+//! Deterministic simulation of the heartbeat protocol (docs/design.md §4–§8), through the store.
+//!
+//! A seeded scheduler drives member processes that apply responses with the runtime's own
+//! reconciler (`reconciler`: one heartbeat in flight, lease from the send time of the
+//! first attempt, revoke before assign, rejoin after fencing, the interval and lease the response
+//! carries), exactly as docs/design.md §6 says, through joins, leaves, static leaves and restarts,
+//! crashes, pauses, lost / duplicated / delayed / reordered requests and replies, client retries
+//! of a request whose effect was applied, slow revokers and time. Each process has its own
+//! `[coordination]` timings (its store's [`CoordinatorConfig`]); rolling restarts change them.
+//! Admin operations change the stream (scale out, scale in to DRAINING, retirement, cancel,
+//! registrations), and each request carries the stream metadata its process read when it sent it.
+//! The group can revert to an earlier snapshot (lost writes) or be lost as a whole, after which
+//! the next member re-provisions it with a hand-out hold, as the runtime does.
+//!
+//! Heartbeats go through a model of the store ([`store`]): the fast-path script whenever the
+//! real one would answer, else the full transition and the writes of `Writes::diff`. Members
+//! raise and check per-shard fences as §8 says; a reverted snapshot does not revert them.
+//!
+//! After every step: the invariants of §4 on the coordinator ([`super::invariants`]); epochs
+//! never decrease; the group's `metadataVersion` never goes back; from the members' side, no
+//! shard is readable by two processes at the same instant — by lease alone while no write was
+//! lost, and through the fences always. After every heartbeat: a response carries the
+//! requester's own timings; a fast-path answer is what the full transition would answer and
+//! leaves what it would leave; the fast path does not fall back on a request whose full
+//! transition only renews the lease. Each history ends with a fault-free phase in which every
+//! member heartbeats on the schedule its responses give it: none may expire, the group must reach
+//! STABLE with every shard read by one member, and further heartbeats must change no epoch.
+//!
+//! Replay a failing seed with `SIM_SEED=<seed> cargo test -p stream-listener-core simulation`;
+//! `SIM_SEEDS=<n>` runs more seeds; `SIM_STEPS=<n>` sets the steps of a history; the ignored
+//! tests `replay` and `long_random_histories_keep_every_invariant` take their faults from
+//! `SIM_FAULTS` (e.g. `all`, or `survived,-stale_views`).
+
+mod admin;
+mod heartbeats;
+mod members;
+mod process;
+mod scheduler;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::{CoordinatorConfig, StreamView, Variant};
+use crate::fence::FenceToken;
+use crate::model::{Epoch, HeartbeatRequest, HeartbeatResponse, Micros, ShardIndex, ShardState};
+use process::Proc;
+use store::{Store, StoreFailure};
+
+const MS: Micros = 1_000;
+/// Sim time at the start of every history (µs).
+const START: Micros = 1_000_000 * MS;
+/// `[coordination]` profiles: heartbeat interval, member lease TTL, rebalance timeout (µs).
+/// Profile 0 is the one every process has without [`Faults::mixed_timings`].
+const PROFILES: [(Micros, Micros, Micros); 3] = [
+    (1_000 * MS, 3_000 * MS, 2_000 * MS),
+    (500 * MS, 2_000 * MS, 1_500 * MS),
+    // The rolling change of docs/design.md §6.5 scaled down (15 s / 3 s → 60 s / 20 s): its
+    // interval is longer than the other profiles' leases.
+    (4_000 * MS, 12_000 * MS, 8_000 * MS),
+];
+/// The longest interval, lease and rebalance timeout of [`PROFILES`].
+const MAX_HEARTBEAT: Micros = 4_000 * MS;
+const MAX_LEASE: Micros = 12_000 * MS;
+const MAX_REBALANCE: Micros = 8_000 * MS;
+/// Time step of the fault-free phase; every interval of [`PROFILES`] is a multiple of it.
+const TICK: Micros = 250 * MS;
+/// Highest shard count a scale-out reaches.
+const MAX_SHARDS: u32 = 10;
+
+fn profile_config(profile: usize, variant: Variant) -> CoordinatorConfig {
+    let (heartbeat, lease, rebalance) = PROFILES[profile];
+    CoordinatorConfig {
+        heartbeat_interval: Duration::from_micros(heartbeat),
+        member_lease_ttl: Duration::from_micros(lease),
+        rebalance_timeout: Duration::from_micros(rebalance),
+        history_capacity: 8,
+        variant,
+    }
+}
+
+fn us(d: Duration) -> Micros {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A heartbeat on its way to the store, with the stream metadata its process read.
+#[derive(Debug, Clone)]
+struct Message {
+    proc: usize,
+    request: HeartbeatRequest,
+    view: StreamView,
+}
+
+/// The store's answer on its way back to the process.
+#[derive(Debug, Clone)]
+struct Reply {
+    proc: usize,
+    seq: u64,
+    outcome: Result<HeartbeatResponse, StoreFailure>,
+}
+
+flags! {
+    /// Which faults a history may contain.
+    pub(crate) struct Faults {
+        /// Writes of the group lost: it reverts to an earlier snapshot (the fences do not).
+        lost_writes,
+        /// Admin operations on the stream: scale out, scale in, retirement, cancel, registrations.
+        stream_changes,
+        /// Check the coordinator's own holdings (one holder per shard) too, not only what members
+        /// read.
+        check_holdings,
+        /// Processes with different `[coordination]` timings in one group, changed by rolling
+        /// restarts.
+        mixed_timings,
+        /// The group hash and its leases lost; the next member re-provisions it with a hand-out
+        /// hold.
+        group_loss,
+        /// A request's stream metadata is the one its process read when it sent it, which a later
+        /// transition of another process may already have passed.
+        stale_views,
+        /// Skip the checks that compare a fast-path answer with the full transition's, a fallback
+        /// with its full transition, and a response's timings with the requester's: a defect must
+        /// then show through what it breaks (two readers, a punctual member expired, no
+        /// convergence, a settled group off the fast path).
+        effects_only,
+    }
+}
+
+impl Faults {
+    /// Every fault that today's protocol survives: all of them since stale views no longer take
+    /// a group's `metadataVersion` back (docs/design.md §5.4). Kept apart from [`Faults::all`] so a
+    /// fault found failing again can be left out here, with a `finds_*` test pinning it.
+    pub(crate) fn survived() -> Self {
+        Faults::all()
+    }
+
+    /// Every fault (`effects_only` is a way of checking, not a fault).
+    pub(crate) fn all() -> Self {
+        Faults::with(&[
+            "lost_writes",
+            "stream_changes",
+            "check_holdings",
+            "mixed_timings",
+            "group_loss",
+            "stale_views",
+        ])
+    }
+}
+
+/// The stream metadata, as the admin operations change it (docs/design.md §3, §10).
+#[derive(Debug, Clone)]
+struct SimStream {
+    shards: BTreeMap<ShardIndex, ShardState>,
+    shard_count: u32,
+    metadata_version: u64,
+    /// The running migration: its `fromShardCount` and the shards it set DRAINING.
+    migration: Option<(u32, BTreeSet<ShardIndex>)>,
+}
+
+impl SimStream {
+    fn view(&self) -> StreamView {
+        let highest = self.shards.keys().map(|s| s + 1).max();
+        StreamView {
+            metadata_version: self.metadata_version,
+            shard_count: self.shard_count,
+            readable: self
+                .shards
+                .iter()
+                .filter(|(_, s)| s.is_readable())
+                .map(|(i, _)| *i)
+                .collect(),
+            shard_index_bound: highest.unwrap_or(0).max(self.shard_count),
+        }
+    }
+}
+
+/// Counts for the report of a long run.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Stats {
+    steps: u64,
+    fast_answers: u64,
+    full_transitions: u64,
+    admin_ops: u64,
+    group_losses: u64,
+}
+
+impl Stats {
+    /// Adds the counts of another history.
+    pub(crate) fn add(&mut self, other: Stats) {
+        self.steps += other.steps;
+        self.fast_answers += other.fast_answers;
+        self.full_transitions += other.full_transitions;
+        self.admin_ops += other.admin_ops;
+        self.group_losses += other.group_losses;
+    }
+}
+
+struct World {
+    rng: ChaCha8Rng,
+    now: Micros,
+    variant: Variant,
+    faults: Faults,
+    /// False in the fault-free phase.
+    faulty: bool,
+    stream: SimStream,
+    store: Store,
+    snapshots: Vec<Store>,
+    fences: BTreeMap<ShardIndex, FenceToken>,
+    procs: Vec<Proc>,
+    to_coordinator: Vec<Message>,
+    to_members: Vec<Reply>,
+    next_member: usize,
+    next_process: usize,
+    /// The profile new processes start with (a rolling change moves it).
+    rollout: usize,
+    writes_lost: bool,
+    /// The group was lost: what members of the lost incarnation still hold is unknown to the
+    /// coordinator, so its holdings are not checked (what members read still is, by lease too).
+    group_lost: bool,
+    last_epochs: Option<(Micros, Epoch, Epoch)>,
+    member_epochs: BTreeMap<String, (Micros, Epoch)>,
+    last_metadata_version: Option<u64>,
+    stats: Stats,
+    log: Vec<String>,
+    /// Sim time [`START`] as a monotonic instant, for the members' reconcilers.
+    base: Instant,
+}
+
+const MAX_MEMBERS: usize = 6;
+
+impl World {
+    fn new(seed: u64, variant: Variant, faults: Faults) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let shards = rng.random_range(1..=6u32);
+        let mut stream = SimStream {
+            shards: (0..shards).map(|s| (s, ShardState::Active)).collect(),
+            shard_count: shards,
+            metadata_version: 1,
+            migration: None,
+        };
+        let now = START;
+        // Group registration: the group hash first (at the stream's version), then the
+        // registration bumps the stream's metadataVersion.
+        let mut store = Store::default();
+        store.provision(&stream.view(), now, false, &profile_config(0, variant));
+        stream.metadata_version += 1;
+        World {
+            rng,
+            now,
+            variant,
+            faults,
+            faulty: true,
+            stream,
+            store,
+            snapshots: Vec::new(),
+            fences: BTreeMap::new(),
+            procs: Vec::new(),
+            to_coordinator: Vec::new(),
+            to_members: Vec::new(),
+            next_member: 0,
+            next_process: 0,
+            rollout: 0,
+            writes_lost: false,
+            group_lost: false,
+            last_epochs: None,
+            member_epochs: BTreeMap::new(),
+            last_metadata_version: None,
+            stats: Stats::default(),
+            log: Vec::new(),
+            base: Instant::now(),
+        }
+    }
+
+    fn new_process_id(&mut self) -> String {
+        self.next_process += 1;
+        format!("p{}", self.next_process)
+    }
+
+    /// The timings of a new process: the rollout's, or with mixed timings sometimes another.
+    fn new_process_config(&mut self) -> (usize, CoordinatorConfig) {
+        let profile = if self.faults.mixed_timings && self.rng.random_bool(0.3) {
+            self.rng.random_range(0..PROFILES.len())
+        } else {
+            self.rollout
+        };
+        (profile, profile_config(profile, self.variant))
+    }
+
+    fn spawn_member(&mut self) {
+        let id = format!("m{}", self.next_member);
+        self.next_member += 1;
+        let is_static = self.rng.random_bool(0.4);
+        let process = self.new_process_id();
+        let weight = if self.rng.random_bool(0.7) {
+            1
+        } else {
+            self.rng.random_range(2..=3)
+        };
+        let (_, config) = self.new_process_config();
+        let mut proc = Proc::new(
+            id.clone(),
+            process,
+            is_static.then(|| format!("static-{id}")),
+            weight,
+            config,
+            self.now,
+            self.base,
+        );
+        proc.slow_revoker = self.rng.random_bool(0.2);
+        self.procs.push(proc);
+    }
+
+    /// A new process for a static member's id, while the old one may still run; with mixed
+    /// timings it may come with other timings (a rolling change of `[coordination]`).
+    fn restart_static(&mut self, index: usize) {
+        let old = &self.procs[index];
+        let (id, instance) = (old.member_id.clone(), old.instance_id.clone());
+        let weight = old.reconciler.identity().runtime_max_concurrency;
+        let process = self.new_process_id();
+        let (profile, config) = self.new_process_config();
+        self.log.push(format!(
+            "t={} restart {id} as {process} with profile {profile}",
+            self.now / MS,
+        ));
+        let proc = Proc::new(id, process, instance, weight, config, self.now, self.base);
+        self.procs.push(proc);
+    }
+
+    fn live_procs(&self) -> usize {
+        self.procs.iter().filter(|p| p.alive).count()
+    }
+
+    /// The config the invariant checks load the group with (only `lastHeartbeatAt` depends on it).
+    fn check_config(&self) -> CoordinatorConfig {
+        profile_config(0, self.variant)
+    }
+}
+
+/// Runs one seeded history of `steps` steps, then the fault-free phase. `Err` carries the reason
+/// and the last log lines.
+pub(crate) fn run_history(
+    seed: u64,
+    steps: usize,
+    variant: Variant,
+    faults: Faults,
+) -> Result<Stats, String> {
+    let mut world = World::new(seed, variant, faults);
+    let initial = world.rng.random_range(1..=4);
+    for _ in 0..initial {
+        world.spawn_member();
+    }
+    let mut outcome = Ok(());
+    for _ in 0..steps {
+        outcome = world.step();
+        if outcome.is_err() {
+            break;
+        }
+    }
+    if outcome.is_ok() {
+        outcome = world.settle();
+    }
+    let steps_run = world.stats.steps;
+    outcome.map(|()| world.stats).map_err(|reason| {
+        let tail = world.log.len().saturating_sub(40);
+        format!(
+            "seed {seed}: {reason}\n  (after {steps_run} steps)\n{}",
+            world.log[tail..].join("\n")
+        )
+    })
+}

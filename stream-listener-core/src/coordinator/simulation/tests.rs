@@ -1,0 +1,297 @@
+//! The simulation's tests: seeded histories, known-wrong variants it must catch, and replay.
+
+use std::time::Instant;
+
+use super::{Faults, Stats, run_history};
+use crate::coordinator::Variant;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
+}
+
+fn seeds(default: u64) -> Vec<u64> {
+    if let Some(seed) = env_u64("SIM_SEED") {
+        return vec![seed];
+    }
+    (0..env_u64("SIM_SEEDS").unwrap_or(default)).collect()
+}
+
+pub(super) fn steps(default: usize) -> usize {
+    env_u64("SIM_STEPS")
+        .and_then(|s| usize::try_from(s).ok())
+        .unwrap_or(default)
+}
+
+fn run_all(faults: Faults, seed_count: u64, steps_per_history: usize) -> Stats {
+    let mut total = Stats::default();
+    for seed in seeds(seed_count) {
+        match run_history(seed, steps_per_history, Variant::default(), faults) {
+            Ok(stats) => total.add(stats),
+            Err(report) => panic!("simulation failed; replay with SIM_SEED={seed}\n{report}"),
+        }
+    }
+    total
+}
+
+#[test]
+fn random_histories_keep_every_invariant() {
+    run_all(
+        Faults {
+            lost_writes: false,
+            ..Faults::survived()
+        },
+        150,
+        steps(400),
+    );
+}
+
+#[test]
+fn random_histories_with_lost_writes_keep_fences_exclusive() {
+    run_all(Faults::survived(), 150, steps(400));
+}
+
+/// The long run (docs/design.md §4.4): `SIM_SEEDS` histories of `SIM_STEPS` steps with every fault
+/// today's protocol survives, or those of `SIM_FAULTS` (defaults: 500 × 2,000 = 10⁶ steps). It
+/// runs every seed and lists
+/// the failing ones by their first line. In debug:
+/// `SIM_SEEDS=500 SIM_STEPS=2000 cargo test -p stream-listener-core --lib coordinator::simulation::long -- --ignored --nocapture`.
+#[test]
+#[ignore = "10^6 steps: run by hand"]
+fn long_random_histories_keep_every_invariant() {
+    let started = Instant::now();
+    let mut total = Stats::default();
+    let mut failures = Vec::new();
+    for seed in seeds(500) {
+        let faults = faults_from_env(Faults::survived());
+        match run_history(seed, steps(2_000), Variant::default(), faults) {
+            Ok(stats) => total.add(stats),
+            Err(report) => {
+                let first = report.lines().take(2).collect::<Vec<_>>().join(" / ");
+                eprintln!("FAILED {first}");
+                failures.push(seed);
+            }
+        }
+    }
+    eprintln!(
+        "{total:?} in passing histories, {:.1}s; failing seeds {failures:?}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(failures.is_empty(), "failing seeds {failures:?}");
+}
+
+/// Each known-wrong rule (`Variant`) must be caught by some seed.
+fn caught(variant: Variant) -> Option<String> {
+    // Only the members' side: the mistake must let two processes read one shard.
+    let faults = Faults::default();
+    (0..400).find_map(|seed| run_history(seed, 400, variant, faults).err())
+}
+
+/// The mistake must show as what it breaks: two processes reading one shard.
+fn assert_two_readers(report: Option<String>, variant: &str) {
+    let report = report.unwrap_or_else(|| panic!("{variant} not caught by 400 seeds"));
+    let first = report.lines().next().unwrap_or_default();
+    eprintln!("{variant}: {first}");
+    assert!(
+        first.contains("readable by lease by"),
+        "{variant} caught for another reason: {first}"
+    );
+}
+
+#[test]
+fn catches_a_sent_shard_that_does_not_block_others() {
+    assert_two_readers(caught(Variant::with(&["ignore_sent"])), "ignore-sent");
+}
+
+#[test]
+fn catches_a_fenced_members_shards_handed_out_before_its_lease_ends() {
+    assert_two_readers(caught(Variant::with(&["no_lease_wait"])), "no-lease-wait");
+}
+
+#[test]
+fn catches_a_replaced_process_shards_handed_out_at_once() {
+    assert_two_readers(
+        caught(Variant::with(&["release_on_foreign_join"])),
+        "release-on-foreign-join",
+    );
+}
+
+#[test]
+fn catches_only_the_last_replaced_process_remembered() {
+    assert_two_readers(caught(Variant::with(&["single_ghost"])), "single-ghost");
+}
+
+/// The first failing history of `seeds` seeds of `steps` steps, with its seed.
+fn first_failure(variant: Variant, faults: Faults, seeds: u64, steps: usize) -> Option<String> {
+    (0..seeds).find_map(|seed| run_history(seed, steps, variant, faults).err())
+}
+
+/// The known-wrong `rule` (a [`Variant`] field) is caught within `seeds` histories of 400 steps
+/// with `faults`, for one of the `expected` reasons.
+fn assert_rule_caught(rule: &str, faults: &[&str], seeds: u64, expected: &[&str]) {
+    let report = first_failure(Variant::with(&[rule]), Faults::with(faults), seeds, 400);
+    assert_caught_as(report, &format!("{rule} with {faults:?}"), expected);
+}
+
+fn assert_caught_as(report: Option<String>, what: &str, expected: &[&str]) {
+    let report = report.unwrap_or_else(|| panic!("{what} not caught"));
+    let first = report.lines().next().unwrap_or_default();
+    eprintln!("{what}: {first}");
+    assert!(
+        expected.iter().any(|e| first.contains(e)),
+        "{what} caught for another reason: {report}"
+    );
+}
+
+/// docs/design.md §5.5: a hand-out hold that is never cleared keeps the fast path off for good
+/// after a re-provisioning; the simulation sees the fast path fall back on requests whose full
+/// transition only renews the lease.
+#[test]
+fn catches_a_hand_out_hold_that_never_ends() {
+    let expected = ["fast path fell back (deadline passed"];
+    assert_rule_caught("hand_out_hold_forever", &["group_loss"], 100, &expected);
+}
+
+/// Finding 1 through what it breaks, without the fallback check: after a re-provisioning, a
+/// settled group keeps running full transitions for steady heartbeats.
+#[test]
+fn catches_the_effect_of_a_hand_out_hold_that_never_ends() {
+    let expected = ["a settled group ran"];
+    assert_rule_caught(
+        "hand_out_hold_forever",
+        &["group_loss", "effects_only"],
+        100,
+        &expected,
+    );
+}
+
+/// docs/design.md §6.5: steady responses written with the writing member's timings; the
+/// simulation sees a fast-path answer differ from the full transition's, with other timings.
+#[test]
+fn catches_steady_responses_with_the_writers_timings() {
+    let expected = ["fast path answered", "carries timings"];
+    assert_rule_caught("writer_timings", &["mixed_timings"], 100, &expected);
+}
+
+/// Finding 2 through what it breaks, without the direct checks: members adopt a lease and an
+/// interval that are not the ones their store records, so a member reads past its recorded lease
+/// (two readers) or expires while it heartbeats as told.
+#[test]
+fn catches_the_effects_of_steady_responses_with_the_writers_timings() {
+    let expected = ["readable by lease by", "yet it got"];
+    assert_rule_caught(
+        "writer_timings",
+        &["mixed_timings", "effects_only"],
+        200,
+        &expected,
+    );
+}
+
+/// docs/design.md §5.3: `Writes::diff` left a member's `fast:<id>` and
+/// `fastseq:<id>` in place when the member had no steady response at a write (here a static
+/// member after `-2`), so a late duplicate of a request older than the member's last one matched
+/// the old entry, passed `seq > fastseq`, and renewed the lease of a member that had left, where
+/// the full transition answers `StaleRequestSeq`. Seed 1048, step 433, of the long run (with
+/// every fault but stale views, as when it was found). Fixed: the history passes, and the old
+/// rule is caught as what it did.
+#[test]
+fn catches_a_late_request_renewing_a_lease_through_an_outdated_fast_entry() {
+    let faults = Faults {
+        stale_views: false,
+        ..Faults::all()
+    };
+    let fixed = run_history(1048, 433, Variant::default(), faults);
+    assert!(
+        fixed.is_ok(),
+        "seed 1048 fails again: {}",
+        fixed.unwrap_err()
+    );
+    let variant = Variant::with(&["outdated_fast_entries"]);
+    assert_caught_as(
+        run_history(1048, 433, variant, faults).err(),
+        "outdated fast entry",
+        &["(lease renewed: true) with HeartbeatResponse"],
+    );
+}
+
+/// Open protocol defect (reported, not fixed here; a known limit, docs/design.md §12.1): the
+/// hand-out hold after a re-provision lasts the provisioning process's lease TTL, so a member of
+/// the lost incarnation with a longer one still reads by its lease when the shard is handed out
+/// again (the fences still stop it). Seed 841: a 12 s member takes shard 0, the group is lost, a
+/// 2 s member re-provisions it, a 3 s member gets shard 0 after 2 s.
+#[test]
+fn finds_a_hand_out_hold_shorter_than_an_old_members_lease() {
+    let faults = Faults::with(&["group_loss", "mixed_timings"]);
+    let report = run_history(841, 45, Variant::default(), faults).err();
+    assert_caught_as(report, "short hand-out hold", &["readable by lease by"]);
+}
+
+/// docs/design.md §5.4: a transition applied the stream metadata its process
+/// read before loading the group, even when another process's transition had applied a newer one
+/// (a scale-out in between), so the group's `metadataVersion` and readable set went back. Seed 12,
+/// 50 steps, with stale views and admin operations. Fixed (the store reads the view again when
+/// the loaded group is newer): the history passes, and the old rule is caught as what it did.
+#[test]
+fn catches_a_group_metadata_version_going_back_on_a_stale_view() {
+    let faults = Faults::with(&["stale_views", "stream_changes"]);
+    let fixed = run_history(12, 50, Variant::default(), faults);
+    assert!(fixed.is_ok(), "seed 12 fails again: {}", fixed.unwrap_err());
+    let variant = Variant::with(&["stale_view_applied"]);
+    assert_caught_as(
+        run_history(12, 50, variant, faults).err(),
+        "stale stream view",
+        &["metadataVersion went back"],
+    );
+    assert_caught_as(
+        first_failure(variant, faults, 100, 400),
+        "stale stream view (any seed)",
+        &["metadataVersion went back"],
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Seeds beyond the fixed range, so every run explores new histories too.
+    #[test]
+    fn any_seed_keeps_every_invariant(seed in proptest::prelude::any::<u64>(), lost_writes in proptest::prelude::any::<bool>()) {
+        let faults = Faults { lost_writes, ..Faults::survived() };
+        let outcome = run_history(seed, 300, Variant::default(), faults);
+        proptest::prop_assert!(outcome.is_ok(), "replay with SIM_SEED={seed}: {}", outcome.unwrap_err());
+    }
+}
+
+/// The faults named in `SIM_FAULTS` (comma-separated field names of [`Faults`], `-name` to turn
+/// one off, `all`, `survived`), or `default` without it.
+fn faults_from_env(default: Faults) -> Faults {
+    let Ok(names) = std::env::var("SIM_FAULTS") else {
+        return default;
+    };
+    let mut faults = Faults::default();
+    for name in names.split(',') {
+        let name = name.trim();
+        let (on, field) = match name.strip_prefix('-') {
+            Some(field) => (false, field),
+            None => (true, name),
+        };
+        match field {
+            "all" => faults = Faults::all(),
+            "survived" => faults = Faults::survived(),
+            // An unknown name is passed over, as before.
+            field => _ = faults.set(field, on),
+        }
+    }
+    faults
+}
+
+/// Replays one history: `SIM_SEED=3 SIM_FAULTS=all cargo test -p stream-listener-core --lib
+/// coordinator::simulation::replay -- --ignored`.
+#[test]
+#[ignore = "replays SIM_SEED by hand"]
+fn replay() {
+    let faults = faults_from_env(Faults::default());
+    let seed = env_u64("SIM_SEED").unwrap_or(0);
+    match run_history(seed, steps(400), Variant::default(), faults) {
+        Ok(stats) => eprintln!("seed {seed} ok: {stats:?}"),
+        Err(report) => panic!("{report}"),
+    }
+}
