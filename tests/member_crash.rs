@@ -17,18 +17,18 @@
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s, rebalance timeout 3 s, 8 shards, 200 msg/s.
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use member_support::*;
 use stream_listener::core::admin;
 use stream_listener::core::connection::RedisTarget;
 use stream_listener::core::dataplane::FencingMode;
 use stream_listener::core::model::{GroupState, MemberState};
 use stream_listener::testing::{RedisCluster, RedisServer};
+use support::*;
 
 /// Scheduling slack granted on top of the protocol bound (lease TTL + 2 heartbeats = 1.9 s): the
 /// takeover itself (fence raise, claim, first read: a few Redis round trips) plus the delays of a

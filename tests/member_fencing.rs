@@ -11,13 +11,12 @@
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s, rebalance timeout 3 s; 4 shards, 100 msg/s.
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use member_support::*;
 use redis::AsyncCommands;
 use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
@@ -28,6 +27,7 @@ use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::member::Listener;
 use stream_listener::core::model::MemberState;
 use stream_listener::testing::RedisServer;
+use support::*;
 
 async fn fence_of(conn: &mut RedisConnection, shard: u32) -> Option<FenceToken> {
     let value: Option<String> = conn

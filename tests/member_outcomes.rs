@@ -14,12 +14,11 @@
 //!   no attempt count is left behind by a claim of trimmed entries, a too-large dead letter,
 //!   `group delete` or a retirement.
 
-mod member_support;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use member_support::*;
 use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::dataplane::FencingMode;
@@ -27,6 +26,7 @@ use stream_listener::core::handler::HandlerError;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::StartFrom;
 use stream_listener::testing::RedisServer;
+use support::*;
 
 const DEAD_LETTERS: &str = "orders:dlq:billing";
 /// The `error` field of a `max-deliveries` dead letter.

@@ -16,18 +16,18 @@
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s (3 s for the static restart), rebalance timeout 3 s.
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use member_support::*;
 use stream_listener::core::admin;
 use stream_listener::core::assignor::{AssignorMember, assign, moved_shards};
 use stream_listener::core::connection::RedisTarget;
 use stream_listener::core::model::MemberState;
 use stream_listener::testing::RedisServer;
+use support::*;
 
 /// Handler starts of `shard`, ascending.
 fn starts(calls: &[Call], shard: u32) -> Vec<u64> {

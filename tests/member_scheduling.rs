@@ -4,19 +4,19 @@
 //!   work serves them in strict rotation: every shard in every round;
 //! - idle members send a bounded number of commands per second (no busy polling).
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use member_support::*;
 use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::handler::{Delivery, HandlerError};
 use stream_listener::core::member::Listener;
 use stream_listener::testing::RedisServer;
+use support::*;
 
 const SHARDS: u32 = 16;
 

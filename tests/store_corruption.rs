@@ -11,7 +11,7 @@
 //! [`ShardClient`]), so each step's errors are seen as the runtime sees them. Each heartbeat uses
 //! a fresh store, as a restarted member would, so no cached stream view hides a corrupt value.
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -987,7 +987,7 @@ async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
 /// when the lease ends); once an operator deletes the field, it goes on and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_survives_garbage_in_the_fast_path_fields() {
-    use member_support as ms;
+    use support as ms;
     let server = RedisServer::start().unwrap();
     let target = RedisTarget::Standalone(server.url());
     let mut conn = ms::connect(&target).await;

@@ -1,12 +1,15 @@
-//! Helpers shared by the member runtime's fault-injection tests (`tests/member_*.rs`): short
-//! protocol timings, a recording handler, a steady publisher on its own OS thread, bounded waits,
-//! the group as `describe` shows it, and a listener in a real OS process
-//! (`examples/member_process.rs`) that can be killed or frozen.
+//! What the integration tests share: short protocol timings, a recording handler, a steady
+//! publisher on its own OS thread, bounded waits, the group as `describe` shows it, and a
+//! listener in a real OS process (the `workload` example) that can be killed or frozen;
+//! [`faults`] has the fault-injection suite's side (consumer and producer processes, the
+//! checker's inputs, diagnostics).
 //!
 //! Times are wall-clock µs since the Unix epoch ([`now_us`]) everywhere, so that logs of the test
 //! process and of a member process can be merged.
 
 #![allow(dead_code)]
+
+pub mod faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
