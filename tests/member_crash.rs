@@ -39,17 +39,12 @@ const TAKEOVER_SLACK: Duration = Duration::from_millis(600);
 enum Crash {
     /// `ListenerHandle::abort` of an in-process listener.
     Abort,
-    /// `SIGKILL` of a `member_process` child.
+    /// `SIGKILL` of a member process (a `workload consume` child).
     Kill,
 }
 
 async fn killed_member_shards_move_within_lease_plus_two_heartbeats(crash: Crash) {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(8).await.parts();
 
     let survivor = start_recording(&target, &recorder, options(2), Duration::ZERO).await;
     let survivors: BTreeSet<String> = survivor.member_ids().into_iter().collect();
@@ -161,15 +156,7 @@ async fn killed_member_shards_move_within_lease_plus_two_heartbeats(crash: Crash
     // Nothing lost: every published entry handled, and nothing left pending.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let published = publisher.stop();
-    let all = wait_until(Duration::from_secs(20), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
-    })
-    .await;
-    assert_all_handled(&published, &recorder.handled());
-    assert!(all);
+    assert_nothing_lost(&recorder, &published, Duration::from_secs(20)).await;
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(10), converged).await;
     assert!(settled, "{group:#?}");
     for shard in 0..8 {
@@ -220,12 +207,7 @@ enum AfterPause {
 /// (read-ahead batches of 16 entries of 100 ms each): once the lease has ended no handler starts
 /// until Redis answers again; then the members recover.
 async fn redis_paused_longer_than_the_lease(after: AfterPause) {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(4).await.parts();
     let mut opts = options(2);
     opts.batch_size = 16;
     let listener = start_recording(&target, &recorder, opts, Duration::from_millis(100)).await;
@@ -294,10 +276,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
         .map(|shard| xadd_sync(&mut fresh_conn, shard, 1000 + u64::from(shard)))
         .collect();
     let recovered = wait_until(Duration::from_secs(25), || {
-        let handled = recorder.handled();
-        fresh
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&fresh, &recorder.handled())
     })
     .await;
     assert!(
@@ -318,10 +297,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
     // Nothing lost: the entries the members had in hand when their leases ended are handled too.
     published.extend(fresh);
     let all = wait_until(Duration::from_secs(10), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&published, &recorder.handled())
     })
     .await;
     if !all {
@@ -340,9 +316,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
     }
     assert_all_handled(&published, &recorder.handled());
     assert!(all);
-    for shard in 0..4 {
-        assert_eq!(wait_no_pending(&mut conn, shard).await, 0, "shard {shard}");
-    }
+    assert_no_pending(&mut conn, 0..4).await;
     listener.shutdown_and_wait().await;
 }
 
@@ -586,10 +560,7 @@ async fn check_nothing_stranded(
     shards: &[u32],
 ) {
     let all = wait_until(Duration::from_secs(30), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&published, &recorder.handled())
     })
     .await;
     if !all {

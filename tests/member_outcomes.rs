@@ -25,7 +25,6 @@ use stream_listener::core::dataplane::FencingMode;
 use stream_listener::core::handler::HandlerError;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::StartFrom;
-use stream_listener::testing::RedisServer;
 use support::*;
 
 const DEAD_LETTERS: &str = "orders:dlq:billing";
@@ -75,17 +74,12 @@ async fn start_with_poison(
             Ok(())
         }
     });
-    Listener::new(
-        target.clone(),
-        STREAM,
-        GROUP,
+    start_listener(
+        &target,
         recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
         options,
     )
-    .unwrap()
-    .start()
     .await
-    .unwrap()
 }
 
 async fn settle(conn: &mut RedisConnection, members: usize) {
@@ -98,12 +92,7 @@ async fn settle(conn: &mut RedisConnection, members: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_is_dead_lettered_after_max_attempts_and_the_shard_goes_on_in_order() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let mut opts = options(1);
     opts.max_attempts = 5;
     opts.backoff = Duration::from_millis(100);
@@ -199,12 +188,7 @@ const OTHER_SHARD_MAX_GAP: Duration = Duration::from_millis(250);
 /// a shard sleeping out a backoff must not hold the member's only worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_messages_backoff_does_not_hold_up_the_members_other_shards() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let mut opts = options(1);
     opts.max_attempts = 5;
     opts.backoff = Duration::from_millis(100);
@@ -259,10 +243,7 @@ async fn a_poison_messages_backoff_does_not_hold_up_the_members_other_shards() {
         ms(c_start - b_first)
     );
     let all = wait_until(Duration::from_secs(10), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&published, &recorder.handled())
     })
     .await;
     assert!(all);
@@ -271,12 +252,7 @@ async fn a_poison_messages_backoff_does_not_hold_up_the_members_other_shards() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_payload_is_dead_lettered_at_once_with_reason_decode_and_never_retried() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(4).await.parts();
     let mut opts = options(1);
     opts.max_attempts = 5;
     opts.backoff = Duration::from_millis(100);
@@ -379,11 +355,7 @@ async fn attempt_fields(conn: &mut RedisConnection) -> Vec<(String, u64)> {
 /// gone once it is acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twelve_handovers_of_an_unhandled_entry_do_not_dead_letter_it() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -443,11 +415,7 @@ async fn with_max_deliveries_one_a_crashing_entry_is_dead_lettered_after_one_att
 }
 
 async fn crashing_entry_is_dead_lettered_after(max_deliveries: u64) {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -482,11 +450,7 @@ async fn crashing_entry_is_dead_lettered_after(max_deliveries: u64) {
                     Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>,
                 >
         };
-        let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-            .unwrap()
-            .start()
-            .await
-            .unwrap();
+        let listener = start_listener(&target, handler, opts).await;
         let started = wait_until(Duration::from_secs(15), || {
             attempts_on(&recorder) == attempt
         })
@@ -545,12 +509,7 @@ async fn crashing_entry_is_dead_lettered_after(max_deliveries: u64) {
 /// the retry path).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_deleted_while_it_fails_is_still_retried_and_dead_lettered_with_its_body() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(1).await.parts();
     let mut opts = options(1);
     opts.max_attempts = 3;
     opts.backoff = Duration::from_millis(50);
@@ -574,17 +533,12 @@ async fn an_entry_deleted_while_it_fails_is_still_retried_and_dead_lettered_with
             _ => Ok(()),
         }
     });
-    let listener = Listener::new(
-        target.clone(),
-        STREAM,
-        GROUP,
+    let listener = start_listener(
+        &target,
         recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
         opts,
     )
-    .unwrap()
-    .start()
-    .await
-    .unwrap();
+    .await;
     settle(&mut conn, 1).await;
 
     let a = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
@@ -663,11 +617,7 @@ fn static_options(recorder: &Arc<Recorder>) -> ListenerOptions {
 /// went on from the old cursor and skipped them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_ack_of_own_pending_entries_is_retried_not_left_behind() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, server, target, mut conn, _) = Context::serial(1).await.parts();
 
     // First run: registers the group and the static member id.
     let recorder = Arc::new(Recorder::default());
@@ -787,11 +737,7 @@ async fn a_lost_read_pipeline_handles_nothing_twice(
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let (_serial, server, target, mut conn, _) = Context::serial(2).await.parts();
     preload(&server.client(), &[0], 8, 0);
     let gate = Arc::new(tokio::sync::Notify::new());
     let gated = Arc::new(AtomicBool::new(false));
@@ -819,11 +765,7 @@ async fn a_lost_read_pipeline_handles_nothing_twice(
         Duration::from_secs(8),
         Duration::from_secs(3),
     );
-    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
+    let listener = start_listener(&target, handler, opts).await;
     assert!(wait_until(Duration::from_secs(20), || gated.load(Ordering::SeqCst)).await);
     // Writes (the ack script, XREADGROUP) wait while clients are paused.
     let () = redis::cmd("CLIENT")
@@ -906,12 +848,7 @@ async fn nogroup_errors(conn: &mut RedisConnection) -> u64 {
 /// re-creation, `auto_create_shards` being set); none of them may bring the stream or the fence
 /// back, and a late `XADD ... NOMKSTREAM` finds no stream.
 async fn a_shard_retired_while_a_member_holds_it_is_never_created_again(mode: FencingMode) {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let mut opts = options(1);
     opts.fencing = mode;
     opts.coordination = coordination(
@@ -1026,11 +963,7 @@ async fn set_attempts(conn: &mut RedisConnection, group: &str, entry: &str, coun
 /// valid group name: the field is split at the last `|`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_group_leaves_no_attempt_counts_for_the_group_registered_again() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -1076,11 +1009,7 @@ async fn a_deleted_group_leaves_no_attempt_counts_for_the_group_registered_again
 /// never come back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trimmed_entry_dropped_by_a_claim_leaves_no_attempt_count() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -1117,11 +1046,7 @@ async fn a_trimmed_entry_dropped_by_a_claim_leaves_no_attempt_count() {
 /// also under a shard index a later scale-out provisions again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retirement_deletes_the_shards_attempt_counts() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let (_serial, _server, _, mut conn, _) = Context::serial(2).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -1150,11 +1075,7 @@ async fn retirement_deletes_the_shards_attempt_counts() {
 /// paths.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_dead_lettered_as_too_large_leaves_no_attempt_count() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -1191,11 +1112,7 @@ async fn an_entry_dead_lettered_as_too_large_leaves_no_attempt_count() {
 /// deliveries are counted too, and an entry handed over unhandled still gets its attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_max_deliveries_one_a_handed_over_entry_is_still_handled() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();

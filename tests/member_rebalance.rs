@@ -26,7 +26,6 @@ use stream_listener::core::admin;
 use stream_listener::core::assignor::{AssignorMember, assign, moved_shards};
 use stream_listener::core::connection::RedisTarget;
 use stream_listener::core::model::MemberState;
-use stream_listener::testing::RedisServer;
 use support::*;
 
 /// Handler starts of `shard`, ascending.
@@ -53,12 +52,7 @@ fn longest_gap(starts: &[u64], from: u64, to: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fifth_member_joining_under_load_moves_only_the_assignors_minimum_and_others_keep_pace() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(8).await.parts();
     let four = start_recording(&target, &recorder, options(4), Duration::ZERO).await;
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
         converged(g) && g.members.iter().filter(|m| m.live).count() == 4
@@ -177,26 +171,14 @@ async fn a_fifth_member_joining_under_load_moves_only_the_assignors_minimum_and_
     );
 
     // Nothing lost.
-    let all = wait_until(Duration::from_secs(15), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
-    })
-    .await;
-    assert_all_handled(&published, &recorder.handled());
-    assert!(all);
+    assert_nothing_lost(&recorder, &published, Duration::from_secs(15)).await;
     fifth.shutdown_and_wait().await;
     four.shutdown_and_wait().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_member_restarting_within_its_lease_moves_no_shard_and_changes_no_other_epoch() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
+    let (_serial, server, target, mut conn, _) = Context::serial(8).await.parts();
     let lease = Duration::from_secs(3);
     let config = coordination(HEARTBEAT, lease, REBALANCE);
     let with_config = |concurrency: u32, instance: Option<&str>| {
@@ -432,12 +414,7 @@ const HANDOVER_BOUND: Duration = Duration::from_millis(800);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_once() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(8).await.parts();
     let leaver_recorder = Arc::new(Recorder::default());
     let stayer = start_recording(&target, &recorder, options(2), Duration::from_millis(10)).await;
     let leaver = start_recording(
@@ -583,12 +560,7 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
 /// at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(4).await.parts();
     let stayer = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
     let stayer_id = stayer.member_ids()[0].clone();
     let process = MemberProcess::spawn(&server.url(), &["--handler-ms", "10"], recorder.clone());
@@ -642,18 +614,8 @@ async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let published = publisher.stop();
-    let all = wait_until(Duration::from_secs(15), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
-    })
-    .await;
-    assert_all_handled(&published, &recorder.handled());
-    assert!(all);
-    for shard in 0..4 {
-        assert_eq!(wait_no_pending(&mut conn, shard).await, 0, "shard {shard}");
-    }
+    assert_nothing_lost(&recorder, &published, Duration::from_secs(15)).await;
+    assert_no_pending(&mut conn, 0..4).await;
     stayer.shutdown_and_wait().await;
 }
 
@@ -677,12 +639,7 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
 
     const ROUTING_LEASE: Duration = Duration::from_millis(2000);
     const CAS_DELAY: Duration = Duration::from_millis(200);
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let listener = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
     assert!(settled, "{group:#?}");
@@ -827,12 +784,7 @@ async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires
     use stream_listener::core::model::ShardState;
     use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
 
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let listener = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
     assert!(settled, "{group:#?}");
@@ -891,12 +843,7 @@ async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_with_different_timings_stay_stable_under_load() {
     const LONGER_LEASE: Duration = Duration::from_secs(6);
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, _, mut conn, recorder) = Context::serial(4).await.parts();
     let fast_member = MemberProcess::spawn(
         &server.url(),
         &["--heartbeat-ms", "300", "--lease-ms", "1500"],
@@ -940,10 +887,7 @@ async fn members_with_different_timings_stay_stable_under_load() {
     }
     let published = publisher.stop();
     let all_handled = wait_until(Duration::from_secs(15), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&published, &recorder.handled())
     })
     .await;
     let churn: Vec<Ev> = recorder

@@ -14,7 +14,6 @@ use std::time::Duration;
 use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::handler::{Delivery, HandlerError};
-use stream_listener::core::member::Listener;
 use stream_listener::testing::RedisServer;
 use support::*;
 
@@ -67,11 +66,7 @@ async fn one_worker_serves_sixteen_shards_in_strict_rotation() {
     let mut opts = options(1);
     opts.runtime_max_concurrency = 1;
     opts.batch_size = 1;
-    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
+    let listener = start_listener(&target, handler, opts).await;
     let publisher = SteadyPublisher::start(
         server.client(),
         all.clone(),
@@ -269,12 +264,7 @@ const IDLE_COMMANDS_PER_SECOND_ACKS: f64 = 270.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_members_send_a_bounded_number_of_commands_per_second() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(8).await.parts();
     let opts = options(2);
     let bound = match opts.fencing {
         stream_listener::core::dataplane::FencingMode::Acks => IDLE_COMMANDS_PER_SECOND_ACKS,
@@ -355,11 +345,7 @@ async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
     opts.fencing = stream_listener::core::dataplane::FencingMode::Acks;
     opts.runtime_max_concurrency = 4;
     opts.batch_size = 25;
-    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
+    let listener = start_listener(&target, handler, opts).await;
     let all = published.len();
     let done = wait_until(Duration::from_secs(30), || {
         order.lock().unwrap().len() >= all
@@ -422,11 +408,7 @@ async fn the_heartbeat_reports_the_busy_workers() {
     };
     let mut opts = options(1);
     opts.runtime_max_concurrency = 3;
-    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
+    let listener = start_listener(&target, handler, opts).await;
 
     let busy = active_workers_reach(&mut conn, 3).await;
     assert_eq!(busy, 3, "busy workers reported while three handlers wait");

@@ -12,20 +12,21 @@
 pub mod faults;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use stream_listener::core::admin::{self, GroupDescription};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
-use stream_listener::core::handler::{Delivery, HandlerError};
+use stream_listener::core::handler::{Delivery, Handler, HandlerError};
 use stream_listener::core::member::{
     EventCallback, Listener, ListenerEvent, ListenerHandle, ListenerOptions,
 };
 use stream_listener::core::model::GroupState;
+use stream_listener::testing::RedisServer;
+pub use stream_listener::testing::workload::now_us;
+use stream_listener::testing::workload::{LogLine, Workload, poll_until};
 
 pub const STREAM: &str = "orders";
 pub const GROUP: &str = "billing";
@@ -34,13 +35,6 @@ pub const GROUP: &str = "billing";
 pub const HEARTBEAT: Duration = Duration::from_millis(200);
 pub const LEASE: Duration = Duration::from_millis(1500);
 pub const REBALANCE: Duration = Duration::from_secs(3);
-
-/// Wall-clock µs since the Unix epoch.
-pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
 
 pub fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
@@ -71,6 +65,79 @@ pub fn options(concurrency: u32) -> ListenerOptions {
         options.fencing = stream_listener::core::dataplane::FencingMode::Acks;
     }
     options
+}
+
+/// What most tests start from: a fresh `redis-server`, a connection to it, [`STREAM`] with the
+/// shards asked for, an empty [`Recorder`], and (from [`Context::serial`]) the [`SERIAL`] lock.
+/// Take it apart with [`parts`](Self::parts) (`let (_serial, server, target, mut conn, recorder)
+/// = Context::serial(4).await.parts();`), binding the server to a name: it stops when dropped.
+pub struct Context {
+    /// Held for the whole test by the timing-sensitive ones.
+    serial: Option<tokio::sync::MutexGuard<'static, ()>>,
+    pub server: RedisServer,
+    pub target: RedisTarget,
+    pub conn: RedisConnection,
+    pub recorder: Arc<Recorder>,
+}
+
+impl Context {
+    /// A server and a stream of `shards` shards.
+    pub async fn start(shards: u32) -> Context {
+        let server = RedisServer::start().unwrap();
+        let target = RedisTarget::Standalone(server.url());
+        let mut conn = connect(&target).await;
+        admin::create_stream(&mut conn, STREAM, shards)
+            .await
+            .unwrap();
+        Context {
+            serial: None,
+            server,
+            target,
+            conn,
+            recorder: Arc::new(Recorder::default()),
+        }
+    }
+
+    /// The lock (if held), the server, its target, the connection and the recorder.
+    pub fn parts(
+        self,
+    ) -> (
+        Option<tokio::sync::MutexGuard<'static, ()>>,
+        RedisServer,
+        RedisTarget,
+        RedisConnection,
+        Arc<Recorder>,
+    ) {
+        (
+            self.serial,
+            self.server,
+            self.target,
+            self.conn,
+            self.recorder,
+        )
+    }
+
+    /// As [`start`](Self::start), after taking the [`SERIAL`] lock.
+    pub async fn serial(shards: u32) -> Context {
+        let serial = SERIAL.lock().await;
+        Context {
+            serial: Some(serial),
+            ..Context::start(shards).await
+        }
+    }
+}
+
+/// Starts a listener of [`GROUP`] on [`STREAM`] with `handler`.
+pub async fn start_listener(
+    target: &RedisTarget,
+    handler: impl Handler,
+    options: ListenerOptions,
+) -> ListenerHandle {
+    Listener::new(target.clone(), STREAM, GROUP, handler, options)
+        .unwrap()
+        .start()
+        .await
+        .unwrap()
 }
 
 pub async fn connect(target: &RedisTarget) -> RedisConnection {
@@ -307,17 +374,12 @@ pub async fn start_recording(
     work: Duration,
 ) -> ListenerHandle {
     options.events = Some(recorder.callback());
-    Listener::new(
-        target.clone(),
-        STREAM,
-        GROUP,
+    start_listener(
+        target,
         recording_handler(recorder.clone(), work, None),
         options,
     )
-    .unwrap()
-    .start()
     .await
-    .unwrap()
 }
 
 /// One entry written by the test.
@@ -557,6 +619,28 @@ pub async fn pel(conn: &mut RedisConnection, shard: u32) -> Vec<(String, String,
     rows.into_iter().map(|(id, c, _, n)| (id, c, n)).collect()
 }
 
+/// Waits up to `deadline` until `recorder` has handled every published entry, then asserts that
+/// it has (with the missing ones in the message).
+pub async fn assert_nothing_lost(recorder: &Recorder, published: &[Published], deadline: Duration) {
+    let all = wait_until(deadline, || all_handled(published, &recorder.handled())).await;
+    assert_all_handled(published, &recorder.handled());
+    assert!(all);
+}
+
+/// Asserts that nothing stays pending on `shards` (each polled for up to 5 s).
+pub async fn assert_no_pending(conn: &mut RedisConnection, shards: impl IntoIterator<Item = u32>) {
+    for shard in shards {
+        assert_eq!(wait_no_pending(conn, shard).await, 0, "shard {shard}");
+    }
+}
+
+/// Whether every published entry is in `handled`.
+pub fn all_handled(published: &[Published], handled: &BTreeSet<(u32, String)>) -> bool {
+    published
+        .iter()
+        .all(|p| handled.contains(&(p.shard, p.id.clone())))
+}
+
 /// Asserts that every published entry's handler succeeded at least once.
 pub fn assert_all_handled(published: &[Published], handled: &BTreeSet<(u32, String)>) {
     let missing: Vec<&Published> = published
@@ -572,216 +656,148 @@ pub fn assert_all_handled(published: &[Published], handled: &BTreeSet<(u32, Stri
     );
 }
 
-// ---------------------------------------------------------------------------------------------
-// A listener in its own OS process.
-
-/// The path of the `member_process` example, built once per test binary with the `cargo` that
-/// runs the tests (a no-op when `cargo test` already built the examples).
-pub fn member_process_binary() -> &'static str {
-    static PATH: OnceLock<String> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let output = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "--example",
-                "member_process",
-                "--message-format=json-render-diagnostics",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("cargo runs");
-        assert!(
-            output.status.success(),
-            "building examples/member_process.rs failed"
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        stdout
-            .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .filter(|msg| {
-                msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "member_process"
-            })
-            .find_map(|msg| msg["executable"].as_str().map(str::to_owned))
-            .expect("cargo reports the member_process executable")
-    })
-}
-
-/// A `member_process` child: its stdout is parsed into `recorder` by a reader thread. Killed
-/// (`SIGKILL`) when dropped.
+/// A listener in a `workload consume` child process (`--log-starts`, with this support's stream,
+/// group and timings unless `args` set them), its log merged into `recorder` as it is read:
+/// `handling` lines as calls, ok `handled` lines as successes, ownership, read and fence lines as
+/// events. Killed (`SIGKILL`) when dropped.
 pub struct MemberProcess {
-    child: Child,
+    process: Workload,
     pub members: Vec<String>,
     pub recorder: Arc<Recorder>,
-    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl MemberProcess {
-    /// Spawns `member_process <url> <args>` and waits until it reports its member ids.
+    /// Spawns the member process with `args` (`workload consume` options) and waits until it
+    /// reports its member ids.
     pub fn spawn(url: &str, args: &[&str], recorder: Arc<Recorder>) -> Self {
-        let mut child = Command::new(member_process_binary())
-            .arg(url)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("member_process starts");
-        let stdout = child.stdout.take().unwrap();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Vec<String>>();
-        let reader = {
+        let defaults = [
+            ("--stream", STREAM.to_owned()),
+            ("--group", GROUP.to_owned()),
+            ("--name", "listener".to_owned()),
+            ("--heartbeat-ms", HEARTBEAT.as_millis().to_string()),
+            ("--lease-ms", LEASE.as_millis().to_string()),
+            ("--rebalance-ms", REBALANCE.as_millis().to_string()),
+            ("--batch-size", "64".to_owned()),
+            ("--block-ms", "500".to_owned()),
+        ];
+        let mut all = faults::strings(&["consume", "--log-starts", "--exit-on-stdin-close"]);
+        for (flag, value) in defaults {
+            if !args.contains(&flag) {
+                all.extend([flag.to_owned(), value]);
+            }
+        }
+        all.extend(faults::strings(args));
+        let process = {
             let recorder = recorder.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    parse_line(&line, &recorder, &ready_tx);
-                }
-            })
+            Workload::spawn_observed(
+                faults::workload_binary(),
+                "member-process",
+                url,
+                &all,
+                move |line| recorder.record(line),
+            )
         };
-        let members = ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("member_process reports READY");
+        let mut members = Vec::new();
+        let ready = poll_until(Duration::from_secs(30), || {
+            members = process
+                .lines()
+                .into_iter()
+                .find_map(|line| match line {
+                    LogLine::Ready(ready) => Some(ready.members),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            !members.is_empty()
+        });
+        assert!(
+            ready,
+            "the member process reports ready: {}",
+            process.stderr_text()
+        );
         MemberProcess {
-            child,
+            process,
             members,
             recorder,
-            reader: Some(reader),
         }
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{name} {} failed", self.pid());
+        self.process.pid()
     }
 
     /// Freezes the process (`SIGSTOP`): its clocks keep running, it does nothing.
     pub fn freeze(&self) {
-        self.signal("STOP");
+        self.process.signal("STOP");
     }
 
     /// Lets it run again (`SIGCONT`).
     pub fn thaw(&self) {
-        self.signal("CONT");
+        self.process.signal("CONT");
     }
 
     /// Graceful shutdown (`SIGTERM`), waiting for the exit (at most 30 s, then `SIGKILL`).
     /// Returns when the signal was sent and whether the process exited with status 0.
     pub fn terminate(mut self) -> (u64, bool) {
         let at = now_us();
-        self.signal("TERM");
-        let end = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => break Some(status),
-                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
-                _ => break None,
-            }
-        };
-        if let Some(reader) = self.reader.take() {
-            if status.is_none() {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-            }
-            let _ = reader.join();
-        }
+        let status = self.process.stop(Duration::from_secs(30));
         (at, status.is_some_and(|s| s.success()))
     }
 
     /// A crash (`SIGKILL`), waiting for the exit. Returns the time of the kill.
     pub fn kill(&mut self) -> u64 {
         let at = now_us();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill9();
         at
     }
 }
 
-impl Drop for MemberProcess {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = Command::new("kill")
-                .arg("-CONT")
-                .arg(self.child.id().to_string())
-                .stderr(Stdio::null())
-                .status();
+impl Recorder {
+    /// Records one line of a member process's log.
+    fn record(&self, line: &LogLine) {
+        match line {
+            LogLine::Handling(h) => self.calls.lock().unwrap().push(Call {
+                at_us: h.ts_us,
+                member: h.member.clone(),
+                shard: h.shard,
+                entry_id: h.entry_id.clone(),
+                member_epoch: h.member_epoch,
+                attempt: h.attempt,
+                delivery_count: h.delivery_count,
+                n: h.n,
+            }),
+            LogLine::Handled(h) if h.ok => self.done.lock().unwrap().push((
+                h.end_us,
+                h.member.clone(),
+                h.shard,
+                h.entry_id.clone(),
+            )),
+            LogLine::Assigned(o) => self.events.lock().unwrap().push(Ev::Assigned {
+                at_us: o.ts_us,
+                member: o.member.clone(),
+                shard: o.shard,
+                epoch: o.member_epoch,
+            }),
+            LogLine::Revoked(o) => self.events.lock().unwrap().push(Ev::Revoked {
+                at_us: o.ts_us,
+                member: o.member.clone(),
+                shard: o.shard,
+                epoch: o.member_epoch,
+            }),
+            LogLine::Read(r) => self.events.lock().unwrap().push(Ev::Read {
+                at_us: r.ts_us,
+                member: r.member.clone(),
+                shard: r.shard,
+                count: r.count as usize,
+                first_id: r.first_id.clone(),
+            }),
+            LogLine::FenceRejected(f) => self.events.lock().unwrap().push(Ev::Fence {
+                at_us: f.ts_us,
+                member: f.member.clone(),
+                shard: f.shard,
+                op: f.op.clone(),
+            }),
+            _ => {}
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn parse_line(line: &str, recorder: &Recorder, ready: &std::sync::mpsc::Sender<Vec<String>>) {
-    let parts: Vec<&str> = line.split_whitespace().collect();
-    let num = |i: usize| {
-        parts
-            .get(i)
-            .and_then(|p| p.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let int = |i: usize| {
-        parts
-            .get(i)
-            .and_then(|p| p.parse::<i64>().ok())
-            .unwrap_or(0)
-    };
-    let text = |i: usize| parts.get(i).map_or_else(String::new, |p| (*p).to_owned());
-    match parts.first().copied() {
-        Some("READY") => {
-            let members = parts
-                .get(1)
-                .map(|m| m.split(',').map(str::to_owned).collect())
-                .unwrap_or_default();
-            let _ = ready.send(members);
-        }
-        Some("H") => recorder.calls.lock().unwrap().push(Call {
-            at_us: num(1),
-            member: text(2),
-            shard: num(3) as u32,
-            entry_id: text(4),
-            member_epoch: int(5),
-            attempt: num(6) as u32,
-            delivery_count: 0,
-            n: parts.get(7).and_then(|p| p.parse().ok()),
-        }),
-        Some("D") => recorder
-            .done
-            .lock()
-            .unwrap()
-            .push((num(1), text(2), num(3) as u32, text(4))),
-        Some("A") => recorder.events.lock().unwrap().push(Ev::Assigned {
-            at_us: num(1),
-            member: text(2),
-            shard: num(3) as u32,
-            epoch: int(4),
-        }),
-        Some("V") => recorder.events.lock().unwrap().push(Ev::Revoked {
-            at_us: num(1),
-            member: text(2),
-            shard: num(3) as u32,
-            epoch: int(4),
-        }),
-        Some("R") => recorder.events.lock().unwrap().push(Ev::Read {
-            at_us: num(1),
-            member: text(2),
-            shard: num(3) as u32,
-            count: num(4) as usize,
-            first_id: text(5),
-        }),
-        Some("F") => recorder.events.lock().unwrap().push(Ev::Fence {
-            at_us: num(1),
-            member: text(2),
-            shard: num(3) as u32,
-            op: text(4),
-        }),
-        _ => {}
     }
 }
 

@@ -40,6 +40,22 @@ impl Workload {
     ///
     /// When the program cannot be started.
     pub fn spawn(binary: &Path, name: &str, url: &str, args: &[String]) -> Workload {
+        Workload::spawn_observed(binary, name, url, args, |_| {})
+    }
+
+    /// As [`spawn`](Self::spawn), and `observer` sees every line that parses as it is read (on
+    /// the reader thread), for a caller that merges the child's log into its own records.
+    ///
+    /// # Panics
+    ///
+    /// When the program cannot be started.
+    pub fn spawn_observed(
+        binary: &Path,
+        name: &str,
+        url: &str,
+        args: &[String],
+        observer: impl Fn(&LogLine) + Send + 'static,
+    ) -> Workload {
         let mut child = Command::new(binary)
             .arg("--redis-url")
             .arg(url)
@@ -62,8 +78,15 @@ impl Workload {
             let captured = captured.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(out_pipe).lines().map_while(Result::ok) {
+                    let parsed = LogLine::parse(&line);
+                    if let Ok(parsed) = &parsed {
+                        observer(parsed);
+                    }
                     let mut captured = lock(&captured);
-                    captured.log.push(&line);
+                    match parsed {
+                        Ok(parsed) => captured.log.lines.push(parsed),
+                        Err(error) => captured.log.bad_lines.push(error),
+                    }
                     captured.raw.push(line);
                 }
             })
