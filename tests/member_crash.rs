@@ -525,30 +525,12 @@ async fn proxy_cluster(cluster: &RedisCluster, faults: &Arc<LostReplies>) -> Vec
 /// `count` entries on each of `shards` of a cluster, round-robin (key `s<shard>`, payload
 /// `{"n": N}`).
 fn preload_cluster(cluster: &RedisCluster, shards: &[u32], count: u64) -> Vec<Published> {
-    let mut con = cluster.client().get_connection().unwrap();
-    let mut out = Vec::new();
-    let mut n = 0;
-    for _ in 0..count {
-        for &shard in shards {
-            let id: String = redis::cmd("XADD")
-                .arg(format!("{{{STREAM}:{shard}}}"))
-                .arg("*")
-                .arg("key")
-                .arg(format!("s{shard}"))
-                .arg("payload")
-                .arg(format!("{{\"n\":{n}}}"))
-                .query(&mut con)
-                .unwrap();
-            out.push(Published {
-                at_us: now_us(),
-                n,
-                shard,
-                id,
-            });
-            n += 1;
-        }
-    }
-    out
+    preload_on(
+        &mut cluster.client().get_connection().unwrap(),
+        shards,
+        count,
+        0,
+    )
 }
 
 /// Everything published is handled, nothing stays pending, and each shard (one key per shard)

@@ -635,7 +635,7 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
     use stream_listener::core::keys::StreamKeys;
     use stream_listener::core::model::ShardState;
     use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
-    use stream_listener::{PublishError, Publisher, PublisherOptions, shard_for_key};
+    use stream_listener::{PublishError, Publisher, PublisherOptions};
 
     const ROUTING_LEASE: Duration = Duration::from_millis(2000);
     const CAS_DELAY: Duration = Duration::from_millis(200);
@@ -668,10 +668,7 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
     let publisher = Publisher::new(producer_conn, STREAM, options)
         .await
         .unwrap();
-    let key = (0..)
-        .map(|i| format!("k{i}"))
-        .find(|k| shard_for_key(k, 2) == 1)
-        .unwrap();
+    let key = key_on_shard(1, 2);
     let mut published = vec![
         publisher
             .publish(&key, &serde_json::json!({"n": 0}))

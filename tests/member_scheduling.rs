@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::handler::{Delivery, HandlerError};
 use stream_listener::testing::RedisServer;
@@ -175,12 +174,7 @@ struct Loaded {
 }
 
 async fn loaded_stream(shards: u32, per_shard: u64) -> Loaded {
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, shards)
-        .await
-        .unwrap();
+    let (_, server, target, conn, _) = Context::start(shards).await.parts();
     let shards: Vec<u32> = (0..shards).collect();
     let published = preload(&server.client(), &shards, per_shard, 0);
     Loaded {
@@ -208,34 +202,6 @@ fn assert_handled_in_order(handled: &[(u32, String)], published: &[Published], s
             .collect();
         assert_eq!(mine, expected, "shard {shard}");
     }
-}
-
-async fn info_number(conn: &mut RedisConnection, section: &str, field: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg(section)
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
-}
-
-/// `INFO commandstats` as command → calls.
-async fn command_calls(conn: &mut RedisConnection) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
 }
 
 /// Idle cost: 2 members, 8 shards (4 each), heartbeat 200 ms, `block` 500 ms, nothing published

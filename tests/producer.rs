@@ -3,6 +3,8 @@
 //! scale-in, bad input is refused before any `XADD`, and publishing fails closed past the routing
 //! lease.
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::store::read_metadata_version;
 use stream_listener::testing::RedisServer;
 use stream_listener::{PublishError, Published, Publisher, PublisherOptions, shard_for_key};
+use support::{command_calls, key_on_shard};
 
 async fn connect(url: String, response_timeout: Duration) -> RedisConnection {
     RedisConnection::connect(&RedisTarget::Standalone(url), response_timeout)
@@ -71,14 +74,7 @@ async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
 
 /// `XADD` calls the server has executed (`INFO commandstats`).
 async fn xadd_calls(conn: &mut RedisConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_xadd:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    command_calls(conn).await.get("xadd").copied().unwrap_or(0)
 }
 
 /// Total entries over shards `0..shards`.
@@ -288,10 +284,7 @@ async fn an_active_shard_whose_stream_is_gone_is_a_typed_error_and_is_not_recrea
     let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
         .await
         .unwrap();
-    let key = (0..)
-        .map(|i| format!("k{i}"))
-        .find(|k| shard_for_key(k, 2) == 1)
-        .unwrap();
+    let key = key_on_shard(1, 2);
     let _: i64 = conn.del("{orders:1}").await.unwrap();
     let err = publisher.publish(&key, &1).await.unwrap_err();
     assert!(

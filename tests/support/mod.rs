@@ -392,7 +392,7 @@ pub struct Published {
 }
 
 /// `XADD {orders:<shard>} * key s<shard> payload {"n":<n>}` (synchronous, for publisher threads).
-pub fn xadd_sync(con: &mut redis::Connection, shard: u32, n: u64) -> Published {
+pub fn xadd_sync(con: &mut impl redis::ConnectionLike, shard: u32, n: u64) -> Published {
     let id: String = redis::cmd("XADD")
         .arg(format!("{{{STREAM}:{shard}}}"))
         .arg("*")
@@ -426,12 +426,26 @@ pub async fn xadd_fields(
 
 /// Writes `count` messages to each of `shards` at once (pipelined), numbers from `first_n`.
 pub fn preload(client: &redis::Client, shards: &[u32], count: u64, first_n: u64) -> Vec<Published> {
-    let mut con = client.get_connection().unwrap();
+    preload_on(
+        &mut client.get_connection().unwrap(),
+        shards,
+        count,
+        first_n,
+    )
+}
+
+/// [`preload`] over any synchronous connection (a cluster's too): round-robin over `shards`.
+pub fn preload_on(
+    con: &mut impl redis::ConnectionLike,
+    shards: &[u32],
+    count: u64,
+    first_n: u64,
+) -> Vec<Published> {
     let mut out = Vec::new();
     let mut n = first_n;
     for _ in 0..count {
         for &shard in shards {
-            out.push(xadd_sync(&mut con, shard, n));
+            out.push(xadd_sync(con, shard, n));
             n += 1;
         }
     }
@@ -561,6 +575,43 @@ pub async fn wait_for_group(
     }
 }
 
+/// The first partition key `k<i>` that the producer routes to `shard` of `shards`.
+pub fn key_on_shard(shard: u32, shards: u32) -> String {
+    (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| stream_listener::shard_for_key(k, shards) == shard)
+        .unwrap()
+}
+
+/// A number from `INFO <section>`.
+pub async fn info_number(conn: &mut RedisConnection, section: &str, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
+}
+
+/// `INFO commandstats` as command → calls.
+pub async fn command_calls(conn: &mut RedisConnection) -> BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
 /// Pending count of the group on one shard (`XPENDING` summary).
 pub async fn pending_count(conn: &mut RedisConnection, shard: u32) -> u64 {
     let reply: redis::Value = redis::cmd("XPENDING")
@@ -590,32 +641,34 @@ pub async fn wait_no_pending(conn: &mut RedisConnection, shard: u32) -> u64 {
     }
 }
 
-/// The ids pending for `consumer` on `shard`.
-pub async fn pending_of(conn: &mut RedisConnection, shard: u32, consumer: &str) -> Vec<String> {
-    let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-        .arg(format!("{{{STREAM}:{shard}}}"))
+/// The group's PEL on `shard` (of `consumer` only, when given): (id, consumer, idle ms,
+/// delivery count).
+async fn pending_rows(
+    conn: &mut RedisConnection,
+    shard: u32,
+    consumer: Option<&str>,
+) -> Vec<(String, String, u64, u64)> {
+    let mut cmd = redis::cmd("XPENDING");
+    cmd.arg(format!("{{{STREAM}:{shard}}}"))
         .arg(GROUP)
         .arg("-")
         .arg("+")
-        .arg(100_000)
-        .arg(consumer)
-        .query_async(conn)
-        .await
-        .unwrap();
+        .arg(100_000);
+    if let Some(consumer) = consumer {
+        cmd.arg(consumer);
+    }
+    cmd.query_async(conn).await.unwrap()
+}
+
+/// The ids pending for `consumer` on `shard`.
+pub async fn pending_of(conn: &mut RedisConnection, shard: u32, consumer: &str) -> Vec<String> {
+    let rows = pending_rows(conn, shard, Some(consumer)).await;
     rows.into_iter().map(|(id, _, _, _)| id).collect()
 }
 
 /// The group's whole PEL on `shard`: (id, consumer, delivery count).
 pub async fn pel(conn: &mut RedisConnection, shard: u32) -> Vec<(String, String, u64)> {
-    let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-        .arg(format!("{{{STREAM}:{shard}}}"))
-        .arg(GROUP)
-        .arg("-")
-        .arg("+")
-        .arg(100_000)
-        .query_async(conn)
-        .await
-        .unwrap();
+    let rows = pending_rows(conn, shard, None).await;
     rows.into_iter().map(|(id, c, _, n)| (id, c, n)).collect()
 }
 
