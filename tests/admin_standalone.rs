@@ -3,6 +3,8 @@
 //! of the tail, the routing lease), cancel, full drain, describe, list, group delete, and failing
 //! closed on corrupt or missing metadata.
 
+mod support;
+
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -12,23 +14,18 @@ use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::keys::{NameError, StreamKeys};
 use stream_listener::core::model::{
-    GroupState, HeartbeatRequest, HeartbeatStatus, MemberState, PROTOCOL_VERSION, ShardState,
-    StartFrom,
+    GroupState, HeartbeatRequest, HeartbeatStatus, MemberState, ShardState, StartFrom,
 };
 use stream_listener::core::store::{
     GroupStore, StreamCas, load_stream_metadata, write_stream_metadata,
 };
 use stream_listener::testing::RedisServer;
+use support::{coordination, heartbeat_request};
 
 const NO_LEASE: Duration = Duration::ZERO;
 
 async fn connect(server: &RedisServer) -> RedisConnection {
-    RedisConnection::connect(
-        &RedisTarget::Standalone(server.url()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap()
+    support::connect(&RedisTarget::Standalone(server.url())).await
 }
 
 /// `(name, pending, last-delivered-id)` of each consumer group of `key`, by name.
@@ -74,21 +71,7 @@ async fn add(conn: &mut RedisConnection, key: &str, ids: &[&str]) {
 }
 
 fn request(member: &str, seq: u64, epoch: i64, owned: &[u32]) -> HeartbeatRequest {
-    HeartbeatRequest {
-        member_id: member.into(),
-        member_name: "listener".into(),
-        instance_id: None,
-        process_id: format!("proc-{member}"),
-        request_seq: seq,
-        member_epoch: epoch,
-        metadata_version: 2,
-        runtime_max_concurrency: 1,
-        active_consumer_workers: 0,
-        owned_shards: owned.to_vec(),
-        revoking_shards: Vec::new(),
-        fence_conflicts: Vec::new(),
-        protocol_version: PROTOCOL_VERSION,
-    }
+    heartbeat_request(member, "listener", 2, (seq, epoch), owned)
 }
 
 fn group_store(
@@ -103,12 +86,11 @@ fn group_store(
 }
 
 fn short_leases() -> CoordinatorConfig {
-    CoordinatorConfig::new(
+    coordination(
         Duration::from_millis(100),
         Duration::from_millis(1200),
         Duration::from_secs(5),
     )
-    .unwrap()
 }
 
 #[tokio::test]

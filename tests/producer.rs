@@ -15,7 +15,7 @@ use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::store::read_metadata_version;
 use stream_listener::testing::RedisServer;
 use stream_listener::{PublishError, Published, Publisher, PublisherOptions, shard_for_key};
-use support::{command_calls, key_on_shard};
+use support::{command_calls, key_on_shard, scale_in_and_retire};
 
 async fn connect(url: String, response_timeout: Duration) -> RedisConnection {
     RedisConnection::connect(&RedisTarget::Standalone(url), response_timeout)
@@ -39,26 +39,6 @@ async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {
 async fn scale_out(conn: &mut RedisConnection, prefix: &str, target: u32) {
     let outcome = admin::scale(conn, prefix, target).await.unwrap();
     assert_eq!(outcome.action, ScaleAction::ScaleOut);
-}
-
-/// Scale-in to `target` and retirement of the removed shards through the admin API: they become
-/// DRAINING, then RETIRING, then their streams are deleted and they are RETIRED (three
-/// `metadataVersion` bumps). The admin's routing lease is zero here, far below the test
-/// publishers' leases: it makes a publisher that has not refreshed meet a deleted shard, the case
-/// `XADD ... NOMKSTREAM` and the retry exist for.
-async fn scale_in_and_retire(conn: &mut RedisConnection, prefix: &str, target: u32) {
-    let outcome = admin::scale(conn, prefix, target).await.unwrap();
-    assert_eq!(outcome.action, ScaleAction::ScaleIn);
-    for _ in 0..20 {
-        let report = admin::retire_drained(conn, prefix, Duration::ZERO)
-            .await
-            .unwrap();
-        if report.migration_complete {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the scale-in of {prefix} to {target} did not complete");
 }
 
 /// An `XRANGE` entry: id and fields with byte values.

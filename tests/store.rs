@@ -2,6 +2,8 @@
 //! transaction, its fast path, concurrent drivers, and failing closed on missing or corrupt
 //! metadata (docs/design.md §5).
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -11,13 +13,14 @@ use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::{CoordinatorConfig, CoordinatorError};
 use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::model::{
-    GroupState, HeartbeatRequest, HeartbeatStatus, PROTOCOL_VERSION, RevokeState, RevokingShard,
-    ShardInfo, ShardState, StreamMetadata,
+    GroupState, HeartbeatRequest, HeartbeatStatus, RevokeState, RevokingShard, ShardInfo,
+    ShardState, StreamMetadata,
 };
 use stream_listener::core::store::{
     GroupStore, StoreError, StreamCas, load_stream_metadata, write_stream_metadata,
 };
 use stream_listener::testing::{RedisCluster, RedisServer};
+use support::heartbeat_request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
@@ -61,21 +64,7 @@ async fn group_store(conn: &RedisConnection, prefix: &str, group: &str) -> Group
 }
 
 fn request(member: &str, seq: u64, epoch: i64, owned: &[u32]) -> HeartbeatRequest {
-    HeartbeatRequest {
-        member_id: member.into(),
-        member_name: "test".into(),
-        instance_id: None,
-        process_id: format!("proc-{member}"),
-        request_seq: seq,
-        member_epoch: epoch,
-        metadata_version: 1,
-        runtime_max_concurrency: 1,
-        active_consumer_workers: 0,
-        owned_shards: owned.to_vec(),
-        revoking_shards: Vec::new(),
-        fence_conflicts: Vec::new(),
-        protocol_version: PROTOCOL_VERSION,
-    }
+    heartbeat_request(member, "test", 1, (seq, epoch), owned)
 }
 
 /// One member following the protocol: join, then heartbeat `rounds` times, releasing what it is

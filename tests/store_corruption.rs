@@ -531,12 +531,11 @@ async fn restore(conn: &mut RedisConnection, key: &str, dumped: &Option<Vec<u8>>
 
 fn config() -> CoordinatorConfig {
     // A lease far longer than any case, so no lease ends by itself while garbage is there.
-    CoordinatorConfig::new(
+    support::coordination(
         Duration::from_millis(100),
         Duration::from_secs(10),
         Duration::from_secs(20),
     )
-    .unwrap()
 }
 
 /// A member driven by hand: the protocol of `member/heartbeat.rs` and the poller, minus timing.

@@ -16,14 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stream_listener::core::admin::{self, GroupDescription};
+use stream_listener::core::admin::{self, GroupDescription, ScaleAction};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::handler::{Delivery, Handler, HandlerError};
 use stream_listener::core::member::{
     EventCallback, Listener, ListenerEvent, ListenerHandle, ListenerOptions,
 };
-use stream_listener::core::model::GroupState;
+use stream_listener::core::model::{GroupState, HeartbeatRequest, PROTOCOL_VERSION};
 use stream_listener::testing::RedisServer;
 pub use stream_listener::testing::workload::now_us;
 use stream_listener::testing::workload::{LogLine, Workload, poll_until};
@@ -138,6 +138,51 @@ pub async fn start_listener(
         .start()
         .await
         .unwrap()
+}
+
+/// A heartbeat of `member` (name `name`) at `(request_seq, member_epoch)`, owning `owned`.
+pub fn heartbeat_request(
+    member: &str,
+    name: &str,
+    metadata_version: u64,
+    (seq, epoch): (u64, i64),
+    owned: &[u32],
+) -> HeartbeatRequest {
+    HeartbeatRequest {
+        member_id: member.into(),
+        member_name: name.into(),
+        instance_id: None,
+        process_id: format!("proc-{member}"),
+        request_seq: seq,
+        member_epoch: epoch,
+        metadata_version,
+        runtime_max_concurrency: 1,
+        active_consumer_workers: 0,
+        owned_shards: owned.to_vec(),
+        revoking_shards: Vec::new(),
+        fence_conflicts: Vec::new(),
+        protocol_version: PROTOCOL_VERSION,
+    }
+}
+
+/// Scale-in to `target` and retirement of the removed shards through the admin API: they become
+/// DRAINING, then RETIRING, then their streams are deleted and they are RETIRED (three
+/// `metadataVersion` bumps). The admin's routing lease is zero here, far below the test
+/// publishers' leases: it makes a publisher that has not refreshed meet a deleted shard, the case
+/// `XADD ... NOMKSTREAM` and the retry exist for.
+pub async fn scale_in_and_retire(conn: &mut RedisConnection, prefix: &str, target: u32) {
+    let outcome = admin::scale(conn, prefix, target).await.unwrap();
+    assert_eq!(outcome.action, ScaleAction::ScaleIn);
+    for _ in 0..20 {
+        let report = admin::retire_drained(conn, prefix, Duration::ZERO)
+            .await
+            .unwrap();
+        if report.migration_complete {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the scale-in of {prefix} to {target} did not complete");
 }
 
 pub async fn connect(target: &RedisTarget) -> RedisConnection {
