@@ -2,6 +2,8 @@
 //! scale-out, scale-in with pending entries, retirement, describe, list and group delete runs
 //! with every key in its own slot and no CROSSSLOT error (docs/design.md §2, §10).
 
+mod support;
+
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -32,12 +34,7 @@ async fn read_all(conn: &mut RedisConnection, key: &str, group: &str) -> Vec<Str
 #[tokio::test]
 async fn main_admin_flow_on_a_cluster() {
     let cluster = RedisCluster::start().unwrap();
-    let mut conn = RedisConnection::connect(
-        &RedisTarget::Cluster(cluster.urls()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let mut conn = support::connect(&RedisTarget::Cluster(cluster.urls())).await;
     let config = CoordinatorConfig::default();
 
     let created = admin::create_stream(&mut conn, "orders", 4).await.unwrap();

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use stream_listener::core::admin;
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::connection::RedisTarget;
 use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::handler::{Delivery, HandlerError};
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::producer::{Publisher, PublisherOptions};
 use stream_listener::testing::{RedisCluster, RedisServer};
-use support::wait_until;
+use support::{connect, wait_until};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Event {
@@ -46,12 +46,6 @@ fn options(concurrency: u32) -> ListenerOptions {
     options.block = Duration::from_millis(500);
     options.batch_size = 64;
     options
-}
-
-async fn connect(target: &RedisTarget) -> RedisConnection {
-    RedisConnection::connect(target, Duration::from_secs(5))
-        .await
-        .unwrap()
 }
 
 async fn start_listener(

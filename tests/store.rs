@@ -27,9 +27,7 @@ use tokio::sync::Notify;
 const SHARDS: u32 = 16;
 
 async fn connect(target: RedisTarget) -> RedisConnection {
-    RedisConnection::connect(&target, Duration::from_secs(5))
-        .await
-        .unwrap()
+    support::connect(&target).await
 }
 
 async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {

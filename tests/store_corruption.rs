@@ -815,12 +815,7 @@ async fn publish(conn: &mut RedisConnection, prefix: &str, n: u32, dlq: bool) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_in_any_coordination_key_is_repaired_or_stops_with_a_clear_error() {
     let server = RedisServer::start().unwrap();
-    let mut conn = RedisConnection::connect(
-        &RedisTarget::Standalone(server.url()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let mut conn = support::connect(&RedisTarget::Standalone(server.url())).await;
     let cases = cases();
     assert!(cases.len() >= 25);
     let mut failures = Vec::new();
@@ -928,12 +923,7 @@ async fn garbage_in_any_coordination_key_is_repaired_or_stops_with_a_clear_error
 #[tokio::test]
 async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
     let server = RedisServer::start().unwrap();
-    let mut conn = RedisConnection::connect(
-        &RedisTarget::Standalone(server.url()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let mut conn = support::connect(&RedisTarget::Standalone(server.url())).await;
     let prefix = "history";
     admin::create_stream(&mut conn, prefix, SHARDS)
         .await
