@@ -16,11 +16,9 @@ use stream_listener::core::keys::{NameError, StreamKeys};
 use stream_listener::core::model::{
     GroupState, HeartbeatRequest, HeartbeatStatus, MemberState, ShardState, StartFrom,
 };
-use stream_listener::core::store::{
-    GroupStore, StreamCas, load_stream_metadata, write_stream_metadata,
-};
+use stream_listener::core::store::GroupStore;
 use stream_listener::testing::RedisServer;
-use support::{coordination, heartbeat_request};
+use support::{coordination, heartbeat_request, mark_retiring};
 
 const NO_LEASE: Duration = Duration::ZERO;
 
@@ -288,12 +286,14 @@ async fn scale_out_provisions_new_shards_with_every_registered_group() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(&server).await;
     admin::create_stream(&mut conn, "orders", 4).await.unwrap();
-    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
-        .await
-        .unwrap();
-    admin::register_group(&mut conn, "orders", "audit", StartFrom::Latest)
-        .await
-        .unwrap();
+    for (group, from) in [
+        ("billing", StartFrom::Earliest),
+        ("audit", StartFrom::Latest),
+    ] {
+        admin::register_group(&mut conn, "orders", group, from)
+            .await
+            .unwrap();
+    }
 
     let err = admin::scale(&mut conn, "orders", 1025).await.unwrap_err();
     assert!(matches!(err, AdminError::TooManyShards { .. }), "{err:?}");
@@ -516,18 +516,7 @@ async fn a_retiring_shard_with_entries_left_is_readable_again_and_then_retires()
         .await
         .unwrap(); // v2
     admin::scale(&mut conn, "orders", 1).await.unwrap(); // v3
-    let keys = StreamKeys::new("orders").unwrap();
-    let mut meta = load_stream_metadata(&mut conn, &keys)
-        .await
-        .unwrap()
-        .unwrap();
-    let revision = meta.revision;
-    meta.shards[1].state = ShardState::Retiring;
-    meta.metadata_version += 1; // v4
-    let written = write_stream_metadata(&mut conn, &keys, Some(revision), &mut meta)
-        .await
-        .unwrap();
-    assert_eq!(written, StreamCas::Written);
+    mark_retiring(&mut conn, "orders", 1).await; // v4
     add(&mut conn, "{orders:1}", &["1-1"]).await;
 
     let report = admin::retire_drained(&mut conn, "orders", NO_LEASE)

@@ -211,11 +211,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
     let mut opts = options(2);
     opts.batch_size = 16;
     let listener = start_recording(&target, &recorder, opts, Duration::from_millis(100)).await;
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    settle(&mut conn, 2, Duration::from_secs(20)).await;
 
     // 4 x 40 entries of 100 ms, two members with one worker each: 8 s of work.
     let mut published = preload(&server.client(), &[0, 1, 2, 3], 40, 0);
@@ -283,11 +279,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
         recovered,
         "entries written after the pause were not handled"
     );
-    let (group, stable) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(stable, "{group:#?}");
+    let group = settle(&mut conn, 2, Duration::from_secs(10)).await;
     assert_eq!(group.state, GroupState::Stable);
     if after == AfterPause::Recover {
         listener.shutdown_and_wait().await;

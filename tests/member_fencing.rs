@@ -141,16 +141,8 @@ async fn zombie(mode: FencingMode) {
         recorder.clone(),
     );
     let p_id = p.members[0].clone();
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
-    let p_shards: Vec<u32> = target_of(&group)
-        .iter()
-        .filter(|(_, o)| **o == p_id)
-        .map(|(s, _)| *s)
-        .collect();
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
+    let p_shards: Vec<u32> = target_shards(&group, &p_id);
     assert_eq!(p_shards.len(), 2);
 
     let publisher = SteadyPublisher::start(
@@ -426,16 +418,8 @@ async fn acks_mode_entries_a_zombie_read_after_the_takeover_are_swept_by_the_own
     let l_id = l.member_ids()[0].clone();
     let mut p = MemberProcess::spawn(&server.url(), &["--fencing", "acks"], recorder.clone());
     let p_id = p.members[0].clone();
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
-    let p_shards: Vec<u32> = target_of(&group)
-        .iter()
-        .filter(|(_, o)| **o == p_id)
-        .map(|(s, _)| *s)
-        .collect();
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
+    let p_shards: Vec<u32> = target_shards(&group, &p_id);
     let mut p_tokens = BTreeMap::new();
     for &shard in &p_shards {
         let token = wait_for_fence(&mut conn, shard, &p_id).await;
@@ -651,11 +635,7 @@ async fn block_then_fence(handler_timeout: Duration, block: Duration) -> Blocked
         .await;
         listeners.push(listener);
     }
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
     let owner = target_of(&group)[&0].clone();
 
     for n in 0..6u64 {

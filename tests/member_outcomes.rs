@@ -82,14 +82,6 @@ async fn start_with_poison(
     .await
 }
 
-async fn settle(conn: &mut RedisConnection, members: usize) {
-    let (group, settled) = wait_for_group(conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == members
-    })
-    .await;
-    assert!(settled, "{group:#?}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_is_dead_lettered_after_max_attempts_and_the_shard_goes_on_in_order() {
     let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
@@ -97,7 +89,7 @@ async fn a_poison_message_is_dead_lettered_after_max_attempts_and_the_shard_goes
     opts.max_attempts = 5;
     opts.backoff = Duration::from_millis(100);
     let listener = start_with_poison(&target, &recorder, opts, 2).await;
-    settle(&mut conn, 1).await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
 
     // A poison message: key k on shard 1 gets A, B, C; the handler always fails on B.
     let a = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
@@ -194,7 +186,7 @@ async fn a_poison_messages_backoff_does_not_hold_up_the_members_other_shards() {
     opts.backoff = Duration::from_millis(100);
     opts.runtime_max_concurrency = 1;
     let listener = start_with_poison(&target, &recorder, opts, 1_000_000).await;
-    settle(&mut conn, 1).await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
     let publisher = SteadyPublisher::start(server.client(), vec![0], Duration::from_millis(20), 0);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let b = xadd_fields(
@@ -257,7 +249,7 @@ async fn an_undecodable_payload_is_dead_lettered_at_once_with_reason_decode_and_
     opts.max_attempts = 5;
     opts.backoff = Duration::from_millis(100);
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
-    settle(&mut conn, 1).await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
 
     // Malformed JSON: shard 3 gets {"n":1}, then a truncated payload, then {"n":2}.
     let first = xadd_fields(&mut conn, 3, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
@@ -539,7 +531,7 @@ async fn an_entry_deleted_while_it_fails_is_still_retried_and_dead_lettered_with
         opts,
     )
     .await;
-    settle(&mut conn, 1).await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
 
     let a = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
     let b = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;

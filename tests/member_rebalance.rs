@@ -54,11 +54,7 @@ fn longest_gap(starts: &[u64], from: u64, to: u64) -> u64 {
 async fn a_fifth_member_joining_under_load_moves_only_the_assignors_minimum_and_others_keep_pace() {
     let (_serial, server, target, mut conn, recorder) = Context::serial(8).await.parts();
     let four = start_recording(&target, &recorder, options(4), Duration::ZERO).await;
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 4
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    let group = settle(&mut conn, 4, Duration::from_secs(20)).await;
     let before = target_of(&group);
     assert_eq!(before.len(), 8);
 
@@ -208,11 +204,7 @@ async fn a_static_member_restarting_within_its_lease_moves_no_shard_and_changes_
         static_ids,
         vec!["pod-1-m0".to_owned(), "pod-1-m1".to_owned()]
     );
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 4
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    let group = settle(&mut conn, 4, Duration::from_secs(20)).await;
     let before = target_of(&group);
     let epochs_before: BTreeMap<String, i64> = group
         .members
@@ -312,11 +304,7 @@ async fn a_static_member_restarting_within_its_lease_moves_no_shard_and_changes_
         served,
         "the restarted member does not serve {static_shards:?}"
     );
-    let (group, stable) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 4
-    })
-    .await;
-    assert!(stable, "{group:#?}");
+    let group = settle(&mut conn, 4, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let published = publisher.stop();
 
@@ -426,11 +414,7 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
     .await;
     let leaver_ids: BTreeSet<String> = leaver.member_ids().into_iter().collect();
     let stayer_ids: BTreeSet<String> = stayer.member_ids().into_iter().collect();
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 4
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    let group = settle(&mut conn, 4, Duration::from_secs(20)).await;
     let leaver_shards: BTreeSet<u32> = target_of(&group)
         .iter()
         .filter(|(_, o)| leaver_ids.contains(*o))
@@ -527,11 +511,7 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
              lease {LEASE:?}): {delays:?}"
         );
     }
-    let (group, stable) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(stable, "{group:#?}");
+    let group = settle(&mut conn, 2, Duration::from_secs(10)).await;
     let owned: BTreeSet<u32> = group.members.iter().flat_map(|m| m.owned.clone()).collect();
     assert_eq!(owned, (0..8).collect());
 
@@ -565,16 +545,8 @@ async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
     let stayer_id = stayer.member_ids()[0].clone();
     let process = MemberProcess::spawn(&server.url(), &["--handler-ms", "10"], recorder.clone());
     let leaver_id = process.members[0].clone();
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
-    let leaver_shards: BTreeSet<u32> = target_of(&group)
-        .iter()
-        .filter(|(_, o)| **o == leaver_id)
-        .map(|(s, _)| *s)
-        .collect();
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
+    let leaver_shards: BTreeSet<u32> = target_shards(&group, &leaver_id);
     let publisher = SteadyPublisher::start(
         server.client(),
         (0..4).collect(),
@@ -777,27 +749,12 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
 /// check's compare-and-set writes it; the entry is added once the group no longer reads shard 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires() {
-    use stream_listener::core::keys::StreamKeys;
-    use stream_listener::core::model::ShardState;
-    use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
-
     let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let listener = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
     assert!(settled, "{group:#?}");
     admin::scale(&mut conn, STREAM, 1).await.unwrap();
-    let keys = StreamKeys::new(STREAM).unwrap();
-    let mut meta = load_stream_metadata(&mut conn, &keys)
-        .await
-        .unwrap()
-        .unwrap();
-    let revision = meta.revision;
-    meta.shards[1].state = ShardState::Retiring;
-    meta.metadata_version += 1;
-    let written = write_stream_metadata(&mut conn, &keys, Some(revision), &mut meta)
-        .await
-        .unwrap();
-    assert_eq!(written, StreamCas::Written);
+    mark_retiring(&mut conn, STREAM, 1).await;
     let (group, released) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
         converged(g) && !target_of(g).contains_key(&1)
     })
@@ -852,11 +809,7 @@ async fn members_with_different_timings_stay_stable_under_load() {
         Duration::from_millis(20),
         0,
     );
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(15), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 1
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    settle(&mut conn, 1, Duration::from_secs(15)).await;
     // The slower member joins second: its full transitions write the other's fast-path answer.
     let slow_member = MemberProcess::spawn(
         &server.url(),

@@ -237,11 +237,7 @@ async fn idle_members_send_a_bounded_number_of_commands_per_second() {
         _ => IDLE_COMMANDS_PER_SECOND,
     };
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    settle(&mut conn, 2, Duration::from_secs(20)).await;
     // Let the takeovers finish (every shard waiting on new entries).
     tokio::time::sleep(Duration::from_secs(1)).await;
 

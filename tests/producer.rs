@@ -15,7 +15,7 @@ use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::store::read_metadata_version;
 use stream_listener::testing::RedisServer;
 use stream_listener::{PublishError, Published, Publisher, PublisherOptions, shard_for_key};
-use support::{command_calls, key_on_shard, scale_in_and_retire};
+use support::{command_calls, key_on_shard, scale_in_and_retire, total_len};
 
 async fn connect(url: String, response_timeout: Duration) -> RedisConnection {
     RedisConnection::connect(&RedisTarget::Standalone(url), response_timeout)
@@ -55,16 +55,6 @@ async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
 /// `XADD` calls the server has executed (`INFO commandstats`).
 async fn xadd_calls(conn: &mut RedisConnection) -> u64 {
     command_calls(conn).await.get("xadd").copied().unwrap_or(0)
-}
-
-/// Total entries over shards `0..shards`.
-async fn total_len(conn: &mut RedisConnection, prefix: &str, shards: u32) -> u64 {
-    let keys = StreamKeys::new(prefix).unwrap();
-    let mut total = 0;
-    for shard in 0..shards {
-        total += xlen(conn, &keys.shard(shard)).await;
-    }
-    total
 }
 
 fn fast_refresh() -> PublisherOptions {

@@ -10,10 +10,9 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use stream_listener::core::admin::{self};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::keys::StreamKeys;
 use stream_listener::testing::RedisCluster;
 use stream_listener::{Publisher, PublisherOptions, shard_for_key};
-use support::scale_in_and_retire;
+use support::{scale_in_and_retire, total_len};
 
 async fn connect(cluster: &RedisCluster) -> RedisConnection {
     support::connect(&RedisTarget::Cluster(cluster.urls())).await
@@ -31,16 +30,6 @@ async fn xlen(conn: &mut RedisConnection, key: &str) -> u64 {
 
 async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
     conn.exists(key).await.unwrap()
-}
-
-/// Total entries over shards `0..shards`.
-async fn total_len(conn: &mut RedisConnection, prefix: &str, shards: u32) -> u64 {
-    let keys = StreamKeys::new(prefix).unwrap();
-    let mut total = 0;
-    for shard in 0..shards {
-        total += xlen(conn, &keys.shard(shard)).await;
-    }
-    total
 }
 
 #[tokio::test]

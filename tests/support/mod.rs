@@ -20,10 +20,12 @@ use stream_listener::core::admin::{self, GroupDescription, ScaleAction};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::handler::{Delivery, Handler, HandlerError};
+use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::member::{
     EventCallback, Listener, ListenerEvent, ListenerHandle, ListenerOptions,
 };
-use stream_listener::core::model::{GroupState, HeartbeatRequest, PROTOCOL_VERSION};
+use stream_listener::core::model::{GroupState, HeartbeatRequest, PROTOCOL_VERSION, ShardState};
+use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
 use stream_listener::testing::RedisServer;
 pub use stream_listener::testing::workload::now_us;
 use stream_listener::testing::workload::{LogLine, Workload, poll_until};
@@ -183,6 +185,35 @@ pub async fn scale_in_and_retire(conn: &mut RedisConnection, prefix: &str, targe
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("the scale-in of {prefix} to {target} did not complete");
+}
+
+/// Marks shard `shard` of `prefix` `RETIRING` in the stream metadata by hand (one
+/// `metadataVersion` more), as a scale-in's retirement would, and asserts the write won.
+pub async fn mark_retiring(conn: &mut RedisConnection, prefix: &str, shard: usize) {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut meta = load_stream_metadata(conn, &keys).await.unwrap().unwrap();
+    let revision = meta.revision;
+    meta.shards[shard].state = ShardState::Retiring;
+    meta.metadata_version += 1;
+    let written = write_stream_metadata(conn, &keys, Some(revision), &mut meta)
+        .await
+        .unwrap();
+    assert_eq!(written, StreamCas::Written);
+}
+
+/// Entries over shards `0..shards` of `prefix`.
+pub async fn total_len(conn: &mut RedisConnection, prefix: &str, shards: u32) -> u64 {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut total = 0;
+    for shard in 0..shards {
+        let len: u64 = redis::cmd("XLEN")
+            .arg(keys.shard(shard))
+            .query_async(conn)
+            .await
+            .unwrap();
+        total += len;
+    }
+    total
 }
 
 pub async fn connect(target: &RedisTarget) -> RedisConnection {
@@ -599,6 +630,30 @@ pub fn converged(group: &GroupDescription) -> bool {
             .iter()
             .filter(|m| m.live)
             .all(|m| m.owned == m.target && m.pending.is_empty() && m.revoking.is_empty())
+}
+
+/// Waits up to `deadline` until the group is [`converged`] with `members` live members (asserts
+/// it is); returns the description.
+pub async fn settle(
+    conn: &mut RedisConnection,
+    members: usize,
+    deadline: Duration,
+) -> GroupDescription {
+    let (group, settled) = wait_for_group(conn, deadline, |g| {
+        converged(g) && g.members.iter().filter(|m| m.live).count() == members
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    group
+}
+
+/// The shards `describe` targets at `member`.
+pub fn target_shards<C: FromIterator<u32>>(group: &GroupDescription, member: &str) -> C {
+    target_of(group)
+        .iter()
+        .filter(|(_, o)| o.as_str() == member)
+        .map(|(s, _)| *s)
+        .collect()
 }
 
 /// Polls `describe` until `done` holds; returns the last description and whether it held.
