@@ -75,10 +75,7 @@ async fn main_admin_flow_on_a_cluster() {
             .await
             .unwrap();
     }
-    let _: u64 = conn
-        .hset("{orders:4}:fence", "billing", "token")
-        .await
-        .unwrap();
+    support::plant_fence(&mut conn, "{orders:4}:fence", "billing").await;
     let inward = admin::scale(&mut conn, "orders", 4).await.unwrap();
     assert_eq!(inward.draining, vec![4, 5]);
     assert_eq!(inward.metadata_version, 5);

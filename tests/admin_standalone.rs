@@ -346,10 +346,7 @@ async fn scale_in_keeps_draining_shards_until_every_group_has_read_and_acked_eve
         .unwrap(); // v2
     admin::scale(&mut conn, "orders", 6).await.unwrap(); // v3
     add(&mut conn, "{orders:5}", &["1-1", "1-2", "1-3"]).await;
-    let _: u64 = conn
-        .hset("{orders:5}:fence", "billing", "token")
-        .await
-        .unwrap();
+    support::plant_fence(&mut conn, "{orders:5}:fence", "billing").await;
 
     let outcome = admin::scale(&mut conn, "orders", 4).await.unwrap(); // v4
     assert_eq!(outcome.action, ScaleAction::ScaleIn);
@@ -864,10 +861,7 @@ async fn delete_group_refuses_live_groups_then_removes_everything() {
         .xadd("orders:dlq:billing", "*", &[("shard", "1")])
         .await
         .unwrap();
-    let _: u64 = conn
-        .hset("{orders:0}:fence", "billing", "token")
-        .await
-        .unwrap();
+    support::plant_fence(&mut conn, "{orders:0}:fence", "billing").await;
     let config = short_leases();
     let mut store = group_store(&conn, "orders", "billing", &config);
     let join = store

@@ -365,7 +365,7 @@ impl LostReplyProxy {
         faults: Arc<LostReplies>,
     ) {
         use std::sync::atomic::Ordering;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let (mut client_read, mut client_write) = client.into_split();
         let (mut server_read, mut server_write) = server.into_split();
         let doomed = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -374,12 +374,7 @@ impl LostReplyProxy {
             let faults = faults.clone();
             async move {
                 let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match client_read.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    let chunk = &buf[..n];
+                while let Some(chunk) = read_chunk(&mut client_read, &mut buf).await {
                     if is_new_read(chunk)
                         && faults
                             .armed
@@ -400,17 +395,13 @@ impl LostReplyProxy {
         };
         let downstream = async move {
             let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match server_read.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
+            while let Some(chunk) = read_chunk(&mut server_read, &mut buf).await {
                 if doomed.load(Ordering::SeqCst) {
                     // The doomed read ran (its reply is here): lose it, drop the connection.
                     faults.dropped.fetch_add(1, Ordering::SeqCst);
                     return;
                 }
-                if client_write.write_all(&buf[..n]).await.is_err() {
+                if client_write.write_all(chunk).await.is_err() {
                     return;
                 }
             }

@@ -63,10 +63,9 @@ fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 async fn start_with_poison(
     target: &RedisTarget,
     recorder: &Arc<Recorder>,
-    mut options: ListenerOptions,
+    options: ListenerOptions,
     poison: u64,
 ) -> ListenerHandle {
-    options.events = Some(recorder.callback());
     let behaviour: Behaviour = Arc::new(move |delivery| {
         if payload_n(delivery) == Some(poison) {
             Err(HandlerError::retryable(format!("poison message {poison}")))
@@ -74,12 +73,7 @@ async fn start_with_poison(
             Ok(())
         }
     });
-    start_listener(
-        &target,
-        recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
-        options,
-    )
-    .await
+    start_recording_with(target, recorder, options, Duration::ZERO, Some(behaviour)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,7 +21,7 @@ use stream_listener::core::store::{
 };
 use stream_listener::testing::{RedisCluster, RedisServer};
 use support::heartbeat_request;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 
 const SHARDS: u32 = 16;
@@ -705,12 +705,7 @@ impl ScriptGate {
                 let (armed, holding, release) = (armed.clone(), holding.clone(), release.clone());
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        let n = match from_client.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        let chunk = &buf[..n];
+                    while let Some(chunk) = support::read_chunk(&mut from_client, &mut buf).await {
                         let script = chunk.windows(7).any(|w| w.eq_ignore_ascii_case(b"EVALSHA"));
                         if script && armed.swap(false, Ordering::SeqCst) {
                             holding.store(true, Ordering::SeqCst);

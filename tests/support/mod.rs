@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redis::AsyncCommands;
 use stream_listener::core::admin::{self, GroupDescription, ScaleAction};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
@@ -201,17 +202,18 @@ pub async fn mark_retiring(conn: &mut RedisConnection, prefix: &str, shard: usiz
     assert_eq!(written, StreamCas::Written);
 }
 
+/// Writes a placeholder fence for `group` at `fence_key` (what a member's first read leaves),
+/// for admin operations that must clean fences up.
+pub async fn plant_fence(conn: &mut RedisConnection, fence_key: &str, group: &str) {
+    let _: u64 = conn.hset(fence_key, group, "token").await.unwrap();
+}
+
 /// Entries over shards `0..shards` of `prefix`.
 pub async fn total_len(conn: &mut RedisConnection, prefix: &str, shards: u32) -> u64 {
     let keys = StreamKeys::new(prefix).unwrap();
     let mut total = 0;
     for shard in 0..shards {
-        let len: u64 = redis::cmd("XLEN")
-            .arg(keys.shard(shard))
-            .query_async(conn)
-            .await
-            .unwrap();
-        total += len;
+        total += conn.xlen::<_, u64>(keys.shard(shard)).await.unwrap();
     }
     total
 }
@@ -446,16 +448,24 @@ pub fn recording_handler(
 pub async fn start_recording(
     target: &RedisTarget,
     recorder: &Arc<Recorder>,
-    mut options: ListenerOptions,
+    options: ListenerOptions,
     work: Duration,
 ) -> ListenerHandle {
+    start_recording_with(target, recorder, options, work, None).await
+}
+
+/// As [`start_recording`], the handler's outcome chosen by `behaviour` (see
+/// [`recording_handler`]).
+pub async fn start_recording_with(
+    target: &RedisTarget,
+    recorder: &Arc<Recorder>,
+    mut options: ListenerOptions,
+    work: Duration,
+    behaviour: Option<Behaviour>,
+) -> ListenerHandle {
     options.events = Some(recorder.callback());
-    start_listener(
-        target,
-        recording_handler(recorder.clone(), work, None),
-        options,
-    )
-    .await
+    let handler = recording_handler(recorder.clone(), work, behaviour);
+    start_listener(target, handler, options).await
 }
 
 /// One entry written by the test.
@@ -681,6 +691,18 @@ pub fn key_on_shard(shard: u32, shards: u32) -> String {
         .map(|i| format!("k{i}"))
         .find(|k| stream_listener::shard_for_key(k, shards) == shard)
         .unwrap()
+}
+
+/// Reads `from` into `buf`: the bytes read, `None` at the end or on an error (TCP proxies).
+pub async fn read_chunk<'b>(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    buf: &'b mut [u8],
+) -> Option<&'b [u8]> {
+    use tokio::io::AsyncReadExt;
+    match from.read(buf).await {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(&buf[..n]),
+    }
 }
 
 /// A number from `INFO <section>`.
