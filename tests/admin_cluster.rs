@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use redis::streams::{StreamInfoGroupsReply, StreamReadOptions, StreamReadReply};
+use redis::streams::StreamInfoGroupsReply;
 use stream_listener::core::admin::{self, ScaleAction, WaitReason};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
@@ -22,13 +22,7 @@ async fn group_names(conn: &mut RedisConnection, key: &str) -> Vec<String> {
 }
 
 async fn read_all(conn: &mut RedisConnection, key: &str, group: &str) -> Vec<String> {
-    let options = StreamReadOptions::default().group(group, "c1").count(100);
-    let reply: StreamReadReply = conn.xread_options(&[key], &[">"], &options).await.unwrap();
-    reply
-        .keys
-        .into_iter()
-        .flat_map(|k| k.ids.into_iter().map(|e| e.id))
-        .collect()
+    support::read_new(conn, key, group, 100).await
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use redis::streams::{StreamInfoGroupsReply, StreamReadOptions, StreamReadReply};
+use redis::streams::StreamInfoGroupsReply;
 use stream_listener::core::admin::{self, AdminError, Lag, ScaleAction, StoreError, WaitReason};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
@@ -48,13 +48,7 @@ async fn dbsize(conn: &mut RedisConnection) -> u64 {
 
 /// Reads up to `count` new entries of `key` for `group` as consumer `c1`; returns their ids.
 async fn read(conn: &mut RedisConnection, key: &str, group: &str, count: usize) -> Vec<String> {
-    let options = StreamReadOptions::default().group(group, "c1").count(count);
-    let reply: StreamReadReply = conn.xread_options(&[key], &[">"], &options).await.unwrap();
-    reply
-        .keys
-        .into_iter()
-        .flat_map(|k| k.ids.into_iter().map(|e| e.id))
-        .collect()
+    support::read_new(conn, key, group, count).await
 }
 
 async fn ack(conn: &mut RedisConnection, key: &str, group: &str, ids: &[String]) {

@@ -263,7 +263,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
         "{} handler starts between the lease end ({} ms after the pause) and the resume: {:?}",
         during.len(),
         LEASE.as_millis(),
-        &during[..during.len().min(5)]
+        first_five(&during)
     );
 
     // Recovery: entries written after the pause are handled, and the group is STABLE again.

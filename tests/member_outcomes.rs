@@ -817,11 +817,7 @@ async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
 
 /// `NOGROUP` errors Redis has answered so far (`INFO errorstats`).
 async fn nogroup_errors(conn: &mut RedisConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("errorstats")
-        .query_async(conn)
-        .await
-        .unwrap();
+    let info = info(conn, "errorstats").await;
     info.lines()
         .find_map(|l| l.strip_prefix("errorstat_NOGROUP:count="))
         .map_or(0, |n| n.trim().parse().unwrap())

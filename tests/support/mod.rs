@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
+use redis::streams::{StreamReadOptions, StreamReadReply};
 use stream_listener::core::admin::{self, GroupDescription, ScaleAction};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
@@ -705,13 +706,39 @@ pub async fn read_chunk<'b>(
     }
 }
 
-/// A number from `INFO <section>`.
-pub async fn info_number(conn: &mut RedisConnection, section: &str, field: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
+/// `INFO <section>`.
+pub async fn info(conn: &mut RedisConnection, section: &str) -> String {
+    redis::cmd("INFO")
         .arg(section)
         .query_async(conn)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Reads up to `count` new entries of `key` for `group` as consumer `c1`; returns their ids.
+pub async fn read_new(
+    conn: &mut RedisConnection,
+    key: &str,
+    group: &str,
+    count: usize,
+) -> Vec<String> {
+    let options = StreamReadOptions::default().group(group, "c1").count(count);
+    let reply: StreamReadReply = conn.xread_options(&[key], &[">"], &options).await.unwrap();
+    reply
+        .keys
+        .into_iter()
+        .flat_map(|k| k.ids.into_iter().map(|e| e.id))
+        .collect()
+}
+
+/// The first five of `items` at most, for failure messages.
+pub fn first_five<T>(items: &[T]) -> &[T] {
+    &items[..items.len().min(5)]
+}
+
+/// A number from `INFO <section>`.
+pub async fn info_number(conn: &mut RedisConnection, section: &str, field: &str) -> u64 {
+    let info = info(conn, section).await;
     info.lines()
         .find_map(|line| line.strip_prefix(&format!("{field}:")))
         .and_then(|v| v.trim().parse().ok())
@@ -720,11 +747,7 @@ pub async fn info_number(conn: &mut RedisConnection, section: &str, field: &str)
 
 /// `INFO commandstats` as command → calls.
 pub async fn command_calls(conn: &mut RedisConnection) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
+    let info = info(conn, "commandstats").await;
     info.lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
@@ -827,7 +850,7 @@ pub fn assert_all_handled(published: &[Published], handled: &BTreeSet<(u32, Stri
         "{} of {} published entries never handled, e.g. {:?}",
         missing.len(),
         published.len(),
-        &missing[..missing.len().min(5)]
+        first_five(&missing)
     );
 }
 
