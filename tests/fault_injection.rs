@@ -243,11 +243,12 @@ fn workload_log_lines_have_the_fixed_fields() {
     let failed: Vec<&checker::Handled> = handled.iter().filter(|h| !h.ok).collect();
     assert_eq!(failed.len(), 10, "{failed:?}");
     for f in failed {
-        assert_eq!(f.attempt, 1);
+        assert_eq!(f.call.attempt, 1);
         assert!(
-            handled
-                .iter()
-                .any(|h| h.entry_id == f.entry_id && h.shard == f.shard && h.ok && h.attempt == 2),
+            handled.iter().any(|h| h.call.entry_id == f.call.entry_id
+                && h.call.shard == f.call.shard
+                && h.ok
+                && h.call.attempt == 2),
             "no successful retry of {f:?}"
         );
     }
@@ -405,15 +406,17 @@ fn sigstop_of_a_member_process_past_its_lease_leaves_a_zombie_that_does_not_read
                     violations.push(format!("zombie read after SIGCONT: {r:?}"));
                 }
                 LogLine::Handled(h)
-                    if h.shard == shard
-                        && &h.member == member
+                    if h.call.shard == shard
+                        && &h.call.member == member
                         && h.start_us >= continued_us
                         && h.start_us < reassigned =>
                 {
                     violations.push(format!("zombie started a handler after SIGCONT: {h:?}"));
                 }
                 LogLine::Handled(h)
-                    if h.shard == shard && h.start_us < stopped_us && h.end_us >= continued_us =>
+                    if h.call.shard == shard
+                        && h.start_us < stopped_us
+                        && h.end_us >= continued_us =>
                 {
                     spanning += 1;
                 }

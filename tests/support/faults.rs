@@ -315,7 +315,7 @@ pub fn entry_history(procs: &[&Workload], shard: u32, id: &str) -> Vec<String> {
     for p in procs {
         for line in p.lines() {
             match &line {
-                LogLine::Handled(h) if h.shard == shard && h.entry_id == id => {
+                LogLine::Handled(h) if h.call.shard == shard && h.call.entry_id == id => {
                     out.push(format!("{}: {line:?}", p.name));
                 }
                 LogLine::Read(r) if r.shard == shard && r.first_id.as_str() <= id => {

@@ -955,19 +955,19 @@ impl Recorder {
         match line {
             LogLine::Handling(h) => self.calls.lock().unwrap().push(Call {
                 at_us: h.ts_us,
-                member: h.member.clone(),
-                shard: h.shard,
-                entry_id: h.entry_id.clone(),
-                member_epoch: h.member_epoch,
-                attempt: h.attempt,
+                member: h.call.member.clone(),
+                shard: h.call.shard,
+                entry_id: h.call.entry_id.clone(),
+                member_epoch: h.call.member_epoch,
+                attempt: h.call.attempt,
                 delivery_count: h.delivery_count,
                 n: h.n,
             }),
             LogLine::Handled(h) if h.ok => self.done.lock().unwrap().push((
                 h.end_us,
-                h.member.clone(),
-                h.shard,
-                h.entry_id.clone(),
+                h.call.member.clone(),
+                h.call.shard,
+                h.call.entry_id.clone(),
             )),
             LogLine::Assigned(o) => self.events.lock().unwrap().push(Ev::Assigned {
                 at_us: o.ts_us,

@@ -33,10 +33,10 @@ pub struct Ready {
     pub ts_us: u64,
 }
 
-/// `{"event":"handling",...}`: the start of one handler call.
+/// Which handler call a `handling` or `handled` line is about.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Handling {
+pub struct HandlerCall {
     /// The member whose shard task called the handler.
     pub member: String,
     /// The shard of the entry.
@@ -47,6 +47,15 @@ pub struct Handling {
     pub member_epoch: i64,
     /// The handler attempt, from 1.
     pub attempt: u32,
+}
+
+/// `{"event":"handling",...}`: the start of one handler call.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Handling {
+    /// The call.
+    #[serde(flatten)]
+    pub call: HandlerCall,
     /// Redis's delivery count of the entry.
     pub delivery_count: u64,
     /// `N` of a `{"n": N}` payload; `None` for other payloads.
@@ -59,20 +68,13 @@ pub struct Handling {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Handled {
-    /// The member whose shard task called the handler.
-    pub member: String,
-    /// The shard of the entry.
-    pub shard: u32,
-    /// The entry's stream id.
-    pub entry_id: String,
+    /// The call.
+    #[serde(flatten)]
+    pub call: HandlerCall,
     /// The partition key of a `{"key","seq"}` payload; `None` for other payloads.
     pub key: Option<String>,
     /// The per-key sequence number of a `{"key","seq"}` payload; `None` for other payloads.
     pub seq: Option<u64>,
-    /// The handler attempt, from 1.
-    pub attempt: u32,
-    /// The member epoch the entry was read under.
-    pub member_epoch: i64,
     /// When the call started, µs since the Unix epoch.
     pub start_us: u64,
     /// When it returned, µs since the Unix epoch.
@@ -139,8 +141,9 @@ impl LogLine {
     pub fn member(&self) -> &str {
         match self {
             LogLine::Ready(r) => r.members.first().map_or("", String::as_str),
-            LogLine::Handling(h) => &h.member,
-            LogLine::Handled(h) => &h.member,
+            LogLine::Handling(Handling { call, .. }) | LogLine::Handled(Handled { call, .. }) => {
+                &call.member
+            }
             LogLine::Assigned(o) | LogLine::Revoked(o) => &o.member,
             LogLine::Read(r) => &r.member,
             LogLine::FenceRejected(f) => &f.member,

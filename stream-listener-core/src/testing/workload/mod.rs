@@ -15,7 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use check::{CONT_GRACE_US, Interval, Report, Stop, check};
 pub use log::{
-    Expected, FenceRejected, Handled, Handling, LogLine, Ownership, ProcessLog, Read, Ready,
+    Expected, FenceRejected, Handled, HandlerCall, Handling, LogLine, Ownership, ProcessLog, Read,
+    Ready,
 };
 pub use process::{Workload, first_read_since, handled_messages, owned_before};
 

@@ -213,7 +213,7 @@ fn check_messages(logs: &[ProcessLog], expected: Expected, report: &mut Report) 
             let (Some(key), Some(seq)) = (&h.key, h.seq) else {
                 report.violations.push(format!(
                     "{}: handled an entry whose payload did not decode: shard {} entry {}",
-                    log.name, h.shard, h.entry_id
+                    log.name, h.call.shard, h.call.entry_id
                 ));
                 continue;
             };

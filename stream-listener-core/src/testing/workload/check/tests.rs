@@ -1,17 +1,19 @@
 //! Checker self-tests on hand-written logs: each violation is found, and clean histories pass.
 
 use super::*;
-use crate::testing::workload::log::{Handled, Ownership, Read};
+use crate::testing::workload::log::{Handled, HandlerCall, Ownership, Read};
 
 fn handled(member: &str, shard: u32, key: &str, seq: u64, start: u64, ok: bool) -> LogLine {
     LogLine::Handled(Handled {
-        member: member.into(),
-        shard,
-        entry_id: format!("{start}-0"),
+        call: HandlerCall {
+            member: member.into(),
+            shard,
+            entry_id: format!("{start}-0"),
+            member_epoch: 1,
+            attempt: 1,
+        },
         key: Some(key.into()),
         seq: Some(seq),
-        attempt: 1,
-        member_epoch: 1,
         start_us: start,
         end_us: start + 1,
         ok,
