@@ -22,11 +22,11 @@
 //! It prints one JSON line at the end: `{"event":"produced","stream":..,"keys":K,"count":N,
 //! "retries":r,"elapsedUs":µs}`.
 //!
-//! **consume** runs a listener with `concurrency` members and writes one JSON line to stdout when
-//! it has started, then one per handler call (and per handler start with `--log-starts`),
-//! assignment change, fenced read that returned entries, and fence rejection (field names and
-//! meanings are fixed: other tools read this log; `stream_listener::testing::workload` parses
-//! and checks it):
+//! **consume** runs a listener with `concurrency` members and writes one JSON line to stdout per
+//! handler call, assignment change, fenced read that returned entries, and fence rejection; with
+//! `--log-starts` also one when the listener has started (`ready`, first) and one when each
+//! handler call starts (`handling`). Field names and meanings are fixed: other tools read this
+//! log (`stream_listener::testing::workload` parses and checks it):
 //!
 //! ```text
 //! {"event":"ready","members":["<id>",...],"tsUs":µs}
@@ -200,7 +200,8 @@ struct ConsumeArgs {
     /// does not outlive the process that started it).
     #[arg(long)]
     exit_on_stdin_close: bool,
-    /// Also log the start of every handler call (a `handling` line), before the handler runs.
+    /// Also log the listener's start (a `ready` line with its member ids) and the start of every
+    /// handler call (a `handling` line, before the handler runs).
     #[arg(long)]
     log_starts: bool,
 }
@@ -524,7 +525,9 @@ async fn consume(target: RedisTarget, args: ConsumeArgs) -> Result<(), String> {
     let listener = Listener::new(target, &args.stream, &args.group, handler, options)
         .map_err(|e| e.to_string())?;
     let handle = listener.start().await.map_err(|e| e.to_string())?;
-    emit(&json!({"event": "ready", "members": handle.member_ids(), "tsUs": now_us()}));
+    if args.log_starts {
+        emit(&json!({"event": "ready", "members": handle.member_ids(), "tsUs": now_us()}));
+    }
     eprintln!(
         "workload: consuming {:?} as group {:?} with members {}",
         args.stream,

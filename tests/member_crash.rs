@@ -525,7 +525,7 @@ async fn check_nothing_stranded(
     shards: &[u32],
 ) {
     let all = wait_until(Duration::from_secs(30), || {
-        all_handled(&published, &recorder.handled())
+        all_handled(published, &recorder.handled())
     })
     .await;
     if !all {

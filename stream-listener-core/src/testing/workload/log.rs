@@ -7,7 +7,8 @@ use serde::Deserialize;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "event", rename_all = "camelCase")]
 pub enum LogLine {
-    /// The listener started: its member ids (always the first line of a consumer).
+    /// The listener started: its member ids (the first line of a consumer run with
+    /// `--log-starts`).
     Ready(Ready),
     /// A handler call started (only with `--log-starts`).
     Handling(Handling),
