@@ -67,6 +67,7 @@ use stream_listener::core::dataplane::FencingMode;
 use stream_listener::core::handler::{Delivery, HandlerError};
 use stream_listener::core::member::{EventCallback, Listener, ListenerEvent, ListenerOptions};
 use stream_listener::core::producer::{Publisher, PublisherOptions};
+use stream_listener::testing::workload::LogLine;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Load and fault-injection driver for stream-listener: publishes keyed, numbered messages, or
@@ -389,37 +390,9 @@ fn coordination(args: &ConsumeArgs) -> Result<CoordinatorConfig, String> {
 
 fn events_callback() -> EventCallback {
     EventCallback(Arc::new(|event: ListenerEvent| {
-        let ts_us = now_us();
-        let line = match event {
-            ListenerEvent::Assigned {
-                member,
-                shard,
-                member_epoch,
-            } => json!({"event": "assigned", "member": member, "shard": shard,
-                        "memberEpoch": member_epoch, "tsUs": ts_us}),
-            ListenerEvent::Revoked {
-                member,
-                shard,
-                member_epoch,
-            } => json!({"event": "revoked", "member": member, "shard": shard,
-                        "memberEpoch": member_epoch, "tsUs": ts_us}),
-            ListenerEvent::Read {
-                member,
-                shard,
-                count,
-                first_id,
-            } => json!({"event": "read", "member": member, "shard": shard, "count": count,
-                        "firstId": first_id, "tsUs": ts_us}),
-            ListenerEvent::FenceRejected { op, member, shard } => {
-                json!({"event": "fenceRejected", "op": op, "member": member, "shard": shard,
-                       "tsUs": ts_us})
-            }
-            other => {
-                eprintln!("workload: unknown listener event {other:?}");
-                return;
-            }
-        };
-        emit(&line);
+        // The line format is defined once, by the parser the tests and benchmarks read it with.
+        let line = LogLine::from_event(event, now_us());
+        emit(&serde_json::to_value(&line).expect("a log line serializes"));
     }))
 }
 

@@ -23,9 +23,7 @@ use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::handler::{Delivery, Handler, HandlerError};
 use stream_listener::core::keys::StreamKeys;
-use stream_listener::core::member::{
-    EventCallback, Listener, ListenerEvent, ListenerHandle, ListenerOptions,
-};
+use stream_listener::core::member::{EventCallback, Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::{GroupState, HeartbeatRequest, PROTOCOL_VERSION, ShardState};
 use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
 use stream_listener::testing::RedisServer;
@@ -337,53 +335,12 @@ impl Recorder {
             .collect()
     }
 
-    /// An event callback that records into this recorder.
+    /// An event callback that records into this recorder (as the line a member process would
+    /// log for the event).
     pub fn callback(self: &Arc<Self>) -> EventCallback {
         let recorder = self.clone();
         EventCallback(Arc::new(move |event| {
-            let at_us = now_us();
-            let ev = match event {
-                ListenerEvent::Assigned {
-                    member,
-                    shard,
-                    member_epoch,
-                } => Ev::Assigned {
-                    at_us,
-                    member,
-                    shard,
-                    epoch: member_epoch,
-                },
-                ListenerEvent::Revoked {
-                    member,
-                    shard,
-                    member_epoch,
-                } => Ev::Revoked {
-                    at_us,
-                    member,
-                    shard,
-                    epoch: member_epoch,
-                },
-                ListenerEvent::Read {
-                    member,
-                    shard,
-                    count,
-                    first_id,
-                } => Ev::Read {
-                    at_us,
-                    member,
-                    shard,
-                    count,
-                    first_id,
-                },
-                ListenerEvent::FenceRejected { op, member, shard } => Ev::Fence {
-                    at_us,
-                    member,
-                    shard,
-                    op: op.to_owned(),
-                },
-                _ => return,
-            };
-            recorder.events.lock().unwrap().push(ev);
+            recorder.record(&LogLine::from_event(event, now_us()));
         }))
     }
 }

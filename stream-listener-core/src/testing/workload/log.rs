@@ -1,10 +1,12 @@
 //! The JSON lines a `workload consume` process writes to stdout (`examples/workload.rs` documents
 //! the format), parsed into [`LogLine`]s, and what `workload produce` published ([`Expected`]).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+
+use crate::member::ListenerEvent;
 
 /// One line of a `workload consume` log.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "camelCase")]
 pub enum LogLine {
     /// The listener started: its member ids (the first line of a consumer run with
@@ -25,7 +27,7 @@ pub enum LogLine {
 }
 
 /// `{"event":"ready",...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Ready {
     /// The member ids of the process's listener, in member order.
@@ -35,7 +37,7 @@ pub struct Ready {
 }
 
 /// Which handler call a `handling` or `handled` line is about.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HandlerCall {
     /// The member whose shard task called the handler.
@@ -51,7 +53,7 @@ pub struct HandlerCall {
 }
 
 /// `{"event":"handling",...}`: the start of one handler call.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Handling {
     /// The call.
@@ -66,7 +68,7 @@ pub struct Handling {
 }
 
 /// `{"event":"handled",...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Handled {
     /// The call.
@@ -85,7 +87,7 @@ pub struct Handled {
 }
 
 /// `{"event":"assigned"|"revoked",...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Ownership {
     /// The member that gained or gave up the shard.
@@ -99,7 +101,7 @@ pub struct Ownership {
 }
 
 /// `{"event":"read",...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Read {
     /// The member that read.
@@ -115,7 +117,7 @@ pub struct Read {
 }
 
 /// `{"event":"fenceRejected",...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FenceRejected {
     /// `read`, `ack` or `claim`.
@@ -129,6 +131,52 @@ pub struct FenceRejected {
 }
 
 impl LogLine {
+    /// The line a `workload consume` process writes for `event`, seen at `ts_us`.
+    pub fn from_event(event: ListenerEvent, ts_us: u64) -> LogLine {
+        match event {
+            ListenerEvent::Assigned {
+                member,
+                shard,
+                member_epoch,
+            } => LogLine::Assigned(Ownership {
+                member,
+                shard,
+                member_epoch,
+                ts_us,
+            }),
+            ListenerEvent::Revoked {
+                member,
+                shard,
+                member_epoch,
+            } => LogLine::Revoked(Ownership {
+                member,
+                shard,
+                member_epoch,
+                ts_us,
+            }),
+            ListenerEvent::Read {
+                member,
+                shard,
+                count,
+                first_id,
+            } => LogLine::Read(Read {
+                member,
+                shard,
+                count: count as u64,
+                first_id,
+                ts_us,
+            }),
+            ListenerEvent::FenceRejected { op, member, shard } => {
+                LogLine::FenceRejected(FenceRejected {
+                    op: op.to_owned(),
+                    member,
+                    shard,
+                    ts_us,
+                })
+            }
+        }
+    }
+
     /// Parses one line.
     ///
     /// # Errors
