@@ -1,7 +1,7 @@
-//! Checker self-tests on hand-written logs: each violation is found, and clean histories pass.
+//! Self-tests of the fault checker (`stream_listener::testing::workload::check`) on hand-written
+//! logs: each violation is found, and clean histories pass.
 
-use super::*;
-use crate::testing::workload::log::{Handled, HandlerCall, Ownership, Read};
+use stream_listener::testing::workload::*;
 
 fn handled(member: &str, shard: u32, key: &str, seq: u64, start: u64, ok: bool) -> LogLine {
     LogLine::Handled(Handled {

@@ -371,6 +371,3 @@ fn check_reads(logs: &[ProcessLog], stops: &[Stop], report: &mut Report) {
     }
     report.intervals = intervals;
 }
-
-#[cfg(test)]
-mod tests;
