@@ -1,7 +1,7 @@
 //! Fault benchmarks with members as real OS processes (items 4, 5 and 6): the
 //! `workload` example (release build) as consumer and producer processes on a throwaway
 //! `redis-server`, its JSON log lines judged by the fault suite's checker
-//! (`tests/fault_support/checker.rs`: no message lost, per-key order in first-time handling, no
+//! (`stream_listener::testing::workload::check`: no message lost, per-key order in first-time handling, no
 //! shard read by two members at once). Results in BENCHMARKS.md, "End to end".
 //!
 //! ```sh
@@ -22,21 +22,19 @@
 //!   mid-run (down 2 s): time until every shard is read again; nothing lost, duplicates against
 //!   the entries that can be in flight.
 
-#[path = "../tests/fault_support/checker.rs"]
-mod checker;
-
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use checker::{Expected, LogLine, ProcessLog};
 use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::model::GroupState;
 use stream_listener::testing::RedisServer;
+use stream_listener::testing::workload::{
+    self as checker, Expected, LogLine, ProcessLog, Workload, build_example, first_read_since,
+    handled_messages, now_us, owned_before, poll_until,
+};
 
 const STREAM: &str = "faults";
 const GROUP: &str = "g";
@@ -46,214 +44,57 @@ const RATE: u64 = 400;
 const HEARTBEAT_MS: u64 = 3000;
 const LEASE_MS: u64 = 15_000;
 
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 fn secs(us: u64) -> f64 {
     us as f64 / 1e6
 }
 
-/// `target/release/examples/workload`, built by cargo (a no-op when it is up to date).
-fn workload_binary() -> String {
-    let output = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "--example",
-            "workload",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("cargo runs");
-    assert!(output.status.success(), "building the workload failed");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "workload")
-        .find_map(|m| m["executable"].as_str().map(str::to_owned))
-        .expect("cargo reports the workload executable")
+/// A `workload consume` process with the benchmarks' settings (`extra` is appended).
+fn consumer(bin: &Path, name: &str, url: &str, extra: &[&str]) -> Workload {
+    let mut args: Vec<String> = [
+        "consume",
+        "--stream",
+        STREAM,
+        "--group",
+        GROUP,
+        "--concurrency",
+        "2",
+        "--shards",
+        &SHARDS.to_string(),
+        "--exit-on-stdin-close",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    Workload::spawn(bin, name, url, &args)
 }
 
-/// A workload process; its stdout lines parsed by a reader thread. Killed when dropped.
-struct Proc {
-    name: String,
-    child: Child,
-    _stdin: Option<ChildStdin>,
-    lines: Arc<Mutex<Vec<(LogLine, String)>>>,
-    raw: Arc<Mutex<Vec<String>>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Proc {
-    fn spawn(bin: &str, name: &str, url: &str, args: &[String]) -> Proc {
-        let mut child = Command::new(bin)
-            .arg("--redis-url")
-            .arg(url)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("workload starts");
-        let out = child.stdout.take().expect("stdout");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let raw = Arc::new(Mutex::new(Vec::new()));
-        let reader = {
-            let lines = lines.clone();
-            let raw = raw.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if let Ok(parsed) = LogLine::parse(&line) {
-                        lines.lock().unwrap().push((parsed, line.clone()));
-                    }
-                    raw.lock().unwrap().push(line);
-                }
-            })
-        };
-        Proc {
-            name: name.to_owned(),
-            _stdin: child.stdin.take(),
-            child,
-            lines,
-            raw,
-            reader: Some(reader),
-        }
-    }
-
-    fn consumer(bin: &str, name: &str, url: &str, extra: &[&str]) -> Proc {
-        let mut args: Vec<String> = [
-            "consume",
-            "--stream",
-            STREAM,
-            "--group",
-            GROUP,
-            "--concurrency",
-            "2",
-            "--shards",
-            &SHARDS.to_string(),
-            "--exit-on-stdin-close",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        Proc::spawn(bin, name, url, &args)
-    }
-
-    fn producer(bin: &str, url: &str, count: u64) -> Proc {
-        let args: Vec<String> = [
-            "produce",
-            "--stream",
-            STREAM,
-            "--keys",
-            &KEYS.to_string(),
-            "--count",
-            &count.to_string(),
-            "--rate",
-            &RATE.to_string(),
-            "--shards",
-            &SHARDS.to_string(),
-            "--batch",
-            "16",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        Proc::spawn(bin, "producer", url, &args)
-    }
-
-    fn lines(&self) -> Vec<LogLine> {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(l, _)| l.clone())
-            .collect()
-    }
-
-    fn log(&self) -> ProcessLog {
-        let raw = self.raw.lock().unwrap().join("\n");
-        ProcessLog::parse(&self.name, &raw)
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-    }
-
-    fn terminate(&mut self) {
-        if self.exited() {
-            self.kill9();
-            return;
-        }
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let end = Instant::now() + Duration::from_secs(40);
-        while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill9();
-    }
-
-    fn exited(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Shards owned now (after the last line), by member, from a process's assigned/revoked lines.
-fn owned(lines: &[LogLine], before_us: u64) -> BTreeMap<u32, String> {
-    let mut owned = BTreeMap::new();
-    for line in lines {
-        match line {
-            LogLine::Assigned(o) if o.ts_us < before_us => {
-                owned.insert(o.shard, o.member.clone());
-            }
-            LogLine::Revoked(o)
-                if o.ts_us < before_us && owned.get(&o.shard) == Some(&o.member) =>
-            {
-                owned.remove(&o.shard);
-            }
-            _ => {}
-        }
-    }
-    owned
-}
-
-/// The first `read` of `shard` after `after_us` by any of `procs` (µs, member).
-fn first_read(procs: &[&Proc], shard: u32, after_us: u64) -> Option<(u64, String)> {
-    procs
-        .iter()
-        .flat_map(|p| p.lines())
-        .filter_map(|l| match l {
-            LogLine::Read(r) if r.shard == shard && r.ts_us > after_us => Some((r.ts_us, r.member)),
-            _ => None,
-        })
-        .min()
+/// A `workload produce` process at `RATE` over `KEYS` keys.
+fn producer(bin: &Path, url: &str, count: u64) -> Workload {
+    let args: Vec<String> = [
+        "produce",
+        "--stream",
+        STREAM,
+        "--keys",
+        &KEYS.to_string(),
+        "--count",
+        &count.to_string(),
+        "--rate",
+        &RATE.to_string(),
+        "--shards",
+        &SHARDS.to_string(),
+        "--batch",
+        "16",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    Workload::spawn(bin, "producer", url, &args)
 }
 
 /// Assignments of `shards` in `[from_us, to_us)` to members other than `except` (a prefix).
 fn moved_to_others(
-    procs: &[&Proc],
+    procs: &[&Workload],
     shards: &BTreeSet<u32>,
     except: &str,
     from_us: u64,
@@ -268,32 +109,6 @@ fn moved_to_others(
                 && o.ts_us >= from_us && o.ts_us < to_us)
         })
         .count()
-}
-
-fn handled_ok(procs: &[&Proc]) -> usize {
-    let mut seen = BTreeSet::new();
-    for p in procs {
-        for l in p.lines() {
-            if let LogLine::Handled(h) = l
-                && h.ok
-                && let (Some(k), Some(s)) = (h.key, h.seq)
-            {
-                seen.insert((k, s));
-            }
-        }
-    }
-    seen.len()
-}
-
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    done()
 }
 
 struct Admin {
@@ -370,15 +185,15 @@ impl Admin {
 
 /// Waits for the producer and for every message to be handled, shuts the consumers down, runs
 /// the checker over every consumer log (the killed ones too).
-fn finish(producer: &mut Proc, consumers: &mut [Proc], count: u64) -> checker::Report {
-    wait_until(Duration::from_secs(180), || producer.exited());
-    wait_until(Duration::from_secs(60), || {
-        handled_ok(&consumers.iter().collect::<Vec<_>>()) >= count as usize
+fn finish(producer: &mut Workload, consumers: &mut [Workload], count: u64) -> checker::Report {
+    poll_until(Duration::from_secs(180), || producer.exited());
+    poll_until(Duration::from_secs(60), || {
+        handled_messages(&consumers.iter().collect::<Vec<_>>()).len() >= count as usize
     });
     for c in consumers.iter_mut() {
-        c.terminate();
+        c.stop(Duration::from_secs(40));
     }
-    let logs: Vec<ProcessLog> = consumers.iter().map(Proc::log).collect();
+    let logs: Vec<ProcessLog> = consumers.iter().map(Workload::log).collect();
     checker::check(&logs, Expected { keys: KEYS, count }, &[])
 }
 
@@ -403,23 +218,23 @@ fn report_line(report: &checker::Report, count: u64) -> String {
     )
 }
 
-fn failover(bin: &str) {
+fn failover(bin: &Path) {
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
     let admin = Admin::new(&url);
     admin.create_stream();
     let count = RATE * 60;
-    let mut consumers: Vec<Proc> = (0..3)
-        .map(|i| Proc::consumer(bin, &format!("consumer-{i}"), &url, &[]))
+    let mut consumers: Vec<Workload> = (0..3)
+        .map(|i| consumer(bin, &format!("consumer-{i}"), &url, &[]))
         .collect();
     assert!(
-        wait_until(Duration::from_secs(60), || admin.converged(6)),
+        poll_until(Duration::from_secs(60), || admin.converged(6)),
         "group did not settle"
     );
-    let mut producer = Proc::producer(bin, &url, count);
+    let mut producer = producer(bin, &url, count);
     std::thread::sleep(Duration::from_secs(10));
     let killed_us = now_us();
-    let victim: BTreeSet<u32> = owned(&consumers[1].lines(), killed_us)
+    let victim: BTreeSet<u32> = owned_before(&consumers[1].lines(), killed_us)
         .keys()
         .copied()
         .collect();
@@ -428,14 +243,14 @@ fn failover(bin: &str) {
     let survivors = [&consumers[0], &consumers[2]];
     let mut takeover = BTreeMap::new();
     for &shard in &victim {
-        wait_until(Duration::from_secs(60), || {
-            first_read(&survivors, shard, killed_us).is_some()
+        poll_until(Duration::from_secs(60), || {
+            first_read_since(&survivors, shard, killed_us + 1).is_some()
         });
-        if let Some((at, _)) = first_read(&survivors, shard, killed_us) {
+        if let Some((at, _)) = first_read_since(&survivors, shard, killed_us + 1) {
             takeover.insert(shard, secs(at - killed_us));
         }
     }
-    wait_until(Duration::from_secs(60), || admin.converged(4));
+    poll_until(Duration::from_secs(60), || admin.converged(4));
     let stable = killed.elapsed().as_secs_f64();
     let report = finish(&mut producer, &mut consumers, count);
     let slowest = takeover.values().copied().fold(0.0, f64::max);
@@ -465,21 +280,21 @@ fn failover(bin: &str) {
     println!("[failover] {}", report_line(&report, count));
 }
 
-fn static_membership(bin: &str) {
+fn static_membership(bin: &Path) {
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
     let admin = Admin::new(&url);
     admin.create_stream();
     let count = RATE * 100;
-    let mut consumers: Vec<Proc> = ["pod-a", "pod-b", "pod-c"]
+    let mut consumers: Vec<Workload> = ["pod-a", "pod-b", "pod-c"]
         .iter()
-        .map(|id| Proc::consumer(bin, id, &url, &["--instance-id", id]))
+        .map(|id| consumer(bin, id, &url, &["--instance-id", id]))
         .collect();
     assert!(
-        wait_until(Duration::from_secs(60), || admin.converged(6)),
+        poll_until(Duration::from_secs(60), || admin.converged(6)),
         "group did not settle"
     );
-    let mut producer = Proc::producer(bin, &url, count);
+    let mut producer = producer(bin, &url, count);
     std::thread::sleep(Duration::from_secs(8));
     let mut rows = Vec::new();
     for (how, graceful) in [
@@ -488,28 +303,28 @@ fn static_membership(bin: &str) {
     ] {
         let owners_before = admin.owners();
         let stopped_us = now_us();
-        let pod_b: BTreeSet<u32> = owned(&consumers[1].lines(), stopped_us)
+        let pod_b: BTreeSet<u32> = owned_before(&consumers[1].lines(), stopped_us)
             .keys()
             .copied()
             .collect();
         let stopped = Instant::now();
         if graceful {
-            consumers[1].terminate();
+            consumers[1].stop(Duration::from_secs(40));
         } else {
             consumers[1].kill9();
         }
         let down = stopped.elapsed().as_secs_f64();
         let restarted_us = now_us();
-        let restarted = Proc::consumer(bin, "pod-b", &url, &["--instance-id", "pod-b"]);
+        let restarted = consumer(bin, "pod-b", &url, &["--instance-id", "pod-b"]);
         // The old process's log is kept (for the checker) as an extra entry.
         let old = std::mem::replace(&mut consumers[1], restarted);
         consumers.push(old);
         let mut back = BTreeMap::new();
         for &shard in &pod_b {
-            wait_until(Duration::from_secs(60), || {
-                first_read(&[&consumers[1]], shard, restarted_us).is_some()
+            poll_until(Duration::from_secs(60), || {
+                first_read_since(&[&consumers[1]], shard, restarted_us + 1).is_some()
             });
-            if let Some((at, _)) = first_read(&[&consumers[1]], shard, restarted_us) {
+            if let Some((at, _)) = first_read_since(&[&consumers[1]], shard, restarted_us + 1) {
                 back.insert(shard, secs(at - restarted_us));
             }
         }
@@ -523,7 +338,7 @@ fn static_membership(bin: &str) {
             })
             .min()
             .map_or(f64::NAN, |t| secs(t.saturating_sub(restarted_us)));
-        wait_until(Duration::from_secs(60), || admin.converged(6));
+        poll_until(Duration::from_secs(60), || admin.converged(6));
         let stable = stopped.elapsed().as_secs_f64();
         std::thread::sleep(Duration::from_secs(2));
         let owners_after = admin.owners();
@@ -531,7 +346,7 @@ fn static_membership(bin: &str) {
             .iter()
             .filter(|(s, o)| owners_after.get(s) != Some(o))
             .count();
-        let procs: Vec<&Proc> = consumers.iter().collect();
+        let procs: Vec<&Workload> = consumers.iter().collect();
         let moved = moved_to_others(&procs, &pod_b, "pod-b-", stopped_us, now_us());
         rows.push((
             how,
@@ -561,20 +376,20 @@ fn static_membership(bin: &str) {
     println!("[static] {}", report_line(&report, count));
 }
 
-fn redis_restart(bin: &str) {
+fn redis_restart(bin: &Path) {
     let mut server = RedisServer::builder().aof(true).start().expect("redis");
     let url = server.url();
     let admin = Admin::new(&url);
     admin.create_stream();
     let count = RATE * 50;
-    let mut consumers: Vec<Proc> = (0..2)
-        .map(|i| Proc::consumer(bin, &format!("consumer-{i}"), &url, &[]))
+    let mut consumers: Vec<Workload> = (0..2)
+        .map(|i| consumer(bin, &format!("consumer-{i}"), &url, &[]))
         .collect();
     assert!(
-        wait_until(Duration::from_secs(60), || admin.converged(4)),
+        poll_until(Duration::from_secs(60), || admin.converged(4)),
         "group did not settle"
     );
-    let mut producer = Proc::producer(bin, &url, count);
+    let mut producer = producer(bin, &url, count);
     std::thread::sleep(Duration::from_secs(10));
     let owners_before = admin.owners();
     let killed_us = now_us();
@@ -583,17 +398,17 @@ fn redis_restart(bin: &str) {
     server.restart().unwrap();
     let restarted_us = now_us();
     let restarted = Instant::now();
-    let all: Vec<&Proc> = consumers.iter().collect();
+    let all: Vec<&Workload> = consumers.iter().collect();
     let mut back = BTreeMap::new();
     for shard in 0..SHARDS {
-        wait_until(Duration::from_secs(90), || {
-            first_read(&all, shard, restarted_us).is_some()
+        poll_until(Duration::from_secs(90), || {
+            first_read_since(&all, shard, restarted_us + 1).is_some()
         });
-        if let Some((at, _)) = first_read(&all, shard, restarted_us) {
+        if let Some((at, _)) = first_read_since(&all, shard, restarted_us + 1) {
             back.insert(shard, secs(at - restarted_us));
         }
     }
-    wait_until(Duration::from_secs(90), || admin.converged(4));
+    poll_until(Duration::from_secs(90), || admin.converged(4));
     let stable = restarted.elapsed().as_secs_f64();
     let owners_after = admin.owners();
     let report = finish(&mut producer, &mut consumers, count);
@@ -631,8 +446,14 @@ fn main() {
     } else {
         args.iter().map(String::as_str).collect()
     };
-    let bin = workload_binary();
-    println!("workload: {bin}");
+    // `target/release/examples/workload`, built by cargo (a no-op when it is up to date).
+    let bin = PathBuf::from(build_example(
+        env!("CARGO"),
+        env!("CARGO_MANIFEST_DIR"),
+        &["--release"],
+        "workload",
+    ));
+    println!("workload: {}", bin.display());
     for part in parts {
         let started = Instant::now();
         match part {

@@ -1,12 +1,13 @@
-//! `workload`: a load and fault-injection driver for stream-listener. The benchmarks and
-//! the fault-injection suite (`tests/fault_*.rs`) run it as real OS processes, and anyone can use
-//! it to test a deployment.
+//! `workload`: a load and fault-injection driver for stream-listener. The benchmarks and the
+//! integration tests that need a member in a process of its own (to `SIGKILL` it, or freeze it
+//! with `SIGSTOP` while its clocks run on: `tests/fault_*.rs`, `tests/member_*.rs`) run it as
+//! real OS processes, and anyone can use it to test a deployment.
 //!
 //! ```text
 //! workload [--redis-url URL | --cluster-node URL...] produce --stream S --keys K --count N [--rate R]
 //! workload [--redis-url URL | --cluster-node URL...] consume --stream S --group G --concurrency C
 //!          [--handler-ms T] [--fail-every F] [--instance-id ID] [--fencing strict|acks]
-//!          [--heartbeat-ms H --lease-ms L --rebalance-ms B] ...
+//!          [--heartbeat-ms H --lease-ms L --rebalance-ms B] [--log-starts] ...
 //! ```
 //!
 //! `--redis-url` defaults to `REDIS_URL`, then `redis://127.0.0.1:6379`; `--cluster-node` (repeat
@@ -22,10 +23,15 @@
 //! "retries":r,"elapsedUs":µs}`.
 //!
 //! **consume** runs a listener with `concurrency` members and writes one JSON line to stdout per
-//! handler call, assignment change, fenced read that returned entries, and fence rejection (field
-//! names and meanings are fixed: other tools read this log):
+//! handler call, assignment change, fenced read that returned entries, and fence rejection; with
+//! `--log-starts` also one when the listener has started (`ready`, first) and one when each
+//! handler call starts (`handling`). Field names and meanings are fixed: other tools read this
+//! log (`stream_listener::testing::workload` parses and checks it):
 //!
 //! ```text
+//! {"event":"ready","members":["<id>",...],"tsUs":µs}
+//! {"event":"handling","member":"<id>","shard":i,"entryId":"<id>","memberEpoch":e,"attempt":a,
+//!  "deliveryCount":d,"n":N|null,"tsUs":µs}
 //! {"event":"handled","member":"<id>","shard":i,"entryId":"<id>","key":"<k>","seq":n,"attempt":a,
 //!  "memberEpoch":e,"startUs":µs,"endUs":µs,"ok":bool}
 //! {"event":"assigned"|"revoked","member":"<id>","shard":i,"memberEpoch":e,"tsUs":µs}
@@ -35,9 +41,11 @@
 //!
 //! Times are µs since the Unix epoch (`SystemTime`), so the logs of several processes on one
 //! host can be merged. Each line is written with one locked write and flushed before the handler
-//! returns, so a line is never torn and a handled line is out before its entry is acked. A
-//! payload that is not `{"key","seq"}` is logged with `"key":null,"seq":null,"ok":false` and
-//! dead-lettered (reason `decode`). `--handler-ms` makes each call sleep; `--fail-every F` makes
+//! returns, so a line is never torn and a handled line is out before its entry is acked. The
+//! payload is `{"key","seq"}` (as `produce` writes it) or `{"n": N}` (as the integration tests
+//! write it; logged with `"key":null,"seq":null`, and `"n":N` in the `handling` line); any other
+//! payload is logged with `"key":null,"seq":null,"ok":false` and dead-lettered (reason
+//! `decode`). `--handler-ms` makes each call sleep; `--fail-every F` makes
 //! the first attempt of every F-th entry the process handles fail with a retryable error (its
 //! retry, attempt 2, succeeds). SIGTERM or SIGINT shuts down gracefully (drain, ack, leave) and
 //! exits 0; a member stopped for good (another process took its `--instance-id`) makes the
@@ -59,6 +67,7 @@ use stream_listener::core::dataplane::FencingMode;
 use stream_listener::core::handler::{Delivery, HandlerError};
 use stream_listener::core::member::{EventCallback, Listener, ListenerEvent, ListenerOptions};
 use stream_listener::core::producer::{Publisher, PublisherOptions};
+use stream_listener::testing::workload::LogLine;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Load and fault-injection driver for stream-listener: publishes keyed, numbered messages, or
@@ -192,6 +201,10 @@ struct ConsumeArgs {
     /// does not outlive the process that started it).
     #[arg(long)]
     exit_on_stdin_close: bool,
+    /// Also log the listener's start (a `ready` line with its member ids) and the start of every
+    /// handler call (a `handling` line, before the handler runs).
+    #[arg(long)]
+    log_starts: bool,
 }
 
 fn main() -> ExitCode {
@@ -265,11 +278,19 @@ async fn ensure_stream(
     }
 }
 
-/// The payload of every message.
+/// The payload of every message `produce` writes.
 #[derive(Debug, Serialize, Deserialize)]
 struct Payload {
     key: String,
     seq: u64,
+}
+
+/// A payload `consume` accepts: `produce`'s, or the integration tests' `{"n": N}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Accepted {
+    Produced(Payload),
+    Numbered { n: u64 },
 }
 
 async fn produce(target: RedisTarget, args: ProduceArgs) -> Result<(), String> {
@@ -369,37 +390,9 @@ fn coordination(args: &ConsumeArgs) -> Result<CoordinatorConfig, String> {
 
 fn events_callback() -> EventCallback {
     EventCallback(Arc::new(|event: ListenerEvent| {
-        let ts_us = now_us();
-        let line = match event {
-            ListenerEvent::Assigned {
-                member,
-                shard,
-                member_epoch,
-            } => json!({"event": "assigned", "member": member, "shard": shard,
-                        "memberEpoch": member_epoch, "tsUs": ts_us}),
-            ListenerEvent::Revoked {
-                member,
-                shard,
-                member_epoch,
-            } => json!({"event": "revoked", "member": member, "shard": shard,
-                        "memberEpoch": member_epoch, "tsUs": ts_us}),
-            ListenerEvent::Read {
-                member,
-                shard,
-                count,
-                first_id,
-            } => json!({"event": "read", "member": member, "shard": shard, "count": count,
-                        "firstId": first_id, "tsUs": ts_us}),
-            ListenerEvent::FenceRejected { op, member, shard } => {
-                json!({"event": "fenceRejected", "op": op, "member": member, "shard": shard,
-                       "tsUs": ts_us})
-            }
-            other => {
-                eprintln!("workload: unknown listener event {other:?}");
-                return;
-            }
-        };
-        emit(&line);
+        // The line format is defined once, by the parser the tests and benchmarks read it with.
+        let line = LogLine::from_event(event, now_us());
+        emit(&serde_json::to_value(&line).expect("a log line serializes"));
     }))
 }
 
@@ -427,19 +420,42 @@ async fn consume(target: RedisTarget, args: ConsumeArgs) -> Result<(), String> {
 
     let handler_time = Duration::from_millis(args.handler_ms);
     let fail_every = args.fail_every;
+    let log_starts = args.log_starts;
     // Entries seen on a first attempt, for --fail-every.
     let first_attempts = Arc::new(AtomicU64::new(0));
     let handler = move |delivery: Delivery| {
         let first_attempts = first_attempts.clone();
         async move {
             let start_us = now_us();
-            let payload: Option<Payload> = delivery
+            let accepted: Option<Accepted> = delivery
                 .payload()
                 .and_then(|bytes| serde_json::from_slice(bytes).ok());
-            let mut result = match &payload {
+            if log_starts {
+                let n = match &accepted {
+                    Some(Accepted::Numbered { n }) => Some(*n),
+                    _ => None,
+                };
+                emit(&json!({
+                    "event": "handling",
+                    "member": &*delivery.member_id,
+                    "shard": delivery.shard,
+                    "entryId": delivery.entry_id,
+                    "memberEpoch": delivery.member_epoch,
+                    "attempt": delivery.attempt,
+                    "deliveryCount": delivery.delivery_count,
+                    "n": n,
+                    "tsUs": start_us,
+                }));
+            }
+            let payload = match &accepted {
+                Some(Accepted::Produced(p)) => Some(p),
+                _ => None,
+            };
+            let mut result = match &accepted {
                 Some(_) => Ok(()),
                 None => Err(HandlerError::Decode(
-                    "payload is not {\"key\":<string>,\"seq\":<integer>}".into(),
+                    "payload is not {\"key\":<string>,\"seq\":<integer>} nor {\"n\":<integer>}"
+                        .into(),
                 )),
             };
             if result.is_ok() {
@@ -482,6 +498,9 @@ async fn consume(target: RedisTarget, args: ConsumeArgs) -> Result<(), String> {
     let listener = Listener::new(target, &args.stream, &args.group, handler, options)
         .map_err(|e| e.to_string())?;
     let handle = listener.start().await.map_err(|e| e.to_string())?;
+    if args.log_starts {
+        emit(&json!({"event": "ready", "members": handle.member_ids(), "tsUs": now_us()}));
+    }
     eprintln!(
         "workload: consuming {:?} as group {:?} with members {}",
         args.stream,

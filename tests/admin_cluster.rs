@@ -2,10 +2,12 @@
 //! scale-out, scale-in with pending entries, retirement, describe, list and group delete runs
 //! with every key in its own slot and no CROSSSLOT error (docs/design.md §2, §10).
 
+mod support;
+
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use redis::streams::{StreamInfoGroupsReply, StreamReadOptions, StreamReadReply};
+use redis::streams::StreamInfoGroupsReply;
 use stream_listener::core::admin::{self, ScaleAction, WaitReason};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
@@ -20,24 +22,13 @@ async fn group_names(conn: &mut RedisConnection, key: &str) -> Vec<String> {
 }
 
 async fn read_all(conn: &mut RedisConnection, key: &str, group: &str) -> Vec<String> {
-    let options = StreamReadOptions::default().group(group, "c1").count(100);
-    let reply: StreamReadReply = conn.xread_options(&[key], &[">"], &options).await.unwrap();
-    reply
-        .keys
-        .into_iter()
-        .flat_map(|k| k.ids.into_iter().map(|e| e.id))
-        .collect()
+    support::read_new(conn, key, group, 100).await
 }
 
 #[tokio::test]
 async fn main_admin_flow_on_a_cluster() {
     let cluster = RedisCluster::start().unwrap();
-    let mut conn = RedisConnection::connect(
-        &RedisTarget::Cluster(cluster.urls()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let mut conn = support::connect(&RedisTarget::Cluster(cluster.urls())).await;
     let config = CoordinatorConfig::default();
 
     let created = admin::create_stream(&mut conn, "orders", 4).await.unwrap();
@@ -78,10 +69,7 @@ async fn main_admin_flow_on_a_cluster() {
             .await
             .unwrap();
     }
-    let _: u64 = conn
-        .hset("{orders:4}:fence", "billing", "token")
-        .await
-        .unwrap();
+    support::plant_fence(&mut conn, "{orders:4}:fence", "billing").await;
     let inward = admin::scale(&mut conn, "orders", 4).await.unwrap();
     assert_eq!(inward.draining, vec![4, 5]);
     assert_eq!(inward.metadata_version, 5);

@@ -3,32 +3,27 @@
 //! of the tail, the routing lease), cancel, full drain, describe, list, group delete, and failing
 //! closed on corrupt or missing metadata.
 
+mod support;
+
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use redis::streams::{StreamInfoGroupsReply, StreamReadOptions, StreamReadReply};
+use redis::streams::StreamInfoGroupsReply;
 use stream_listener::core::admin::{self, AdminError, Lag, ScaleAction, StoreError, WaitReason};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::keys::{NameError, StreamKeys};
 use stream_listener::core::model::{
-    GroupState, HeartbeatRequest, HeartbeatStatus, MemberState, PROTOCOL_VERSION, ShardState,
-    StartFrom,
+    GroupState, HeartbeatRequest, HeartbeatStatus, MemberState, ShardState, StartFrom,
 };
-use stream_listener::core::store::{
-    GroupStore, StreamCas, load_stream_metadata, write_stream_metadata,
-};
+use stream_listener::core::store::GroupStore;
 use stream_listener::testing::RedisServer;
+use support::{coordination, heartbeat_request, mark_retiring};
 
 const NO_LEASE: Duration = Duration::ZERO;
 
 async fn connect(server: &RedisServer) -> RedisConnection {
-    RedisConnection::connect(
-        &RedisTarget::Standalone(server.url()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap()
+    support::connect(&RedisTarget::Standalone(server.url())).await
 }
 
 /// `(name, pending, last-delivered-id)` of each consumer group of `key`, by name.
@@ -53,13 +48,7 @@ async fn dbsize(conn: &mut RedisConnection) -> u64 {
 
 /// Reads up to `count` new entries of `key` for `group` as consumer `c1`; returns their ids.
 async fn read(conn: &mut RedisConnection, key: &str, group: &str, count: usize) -> Vec<String> {
-    let options = StreamReadOptions::default().group(group, "c1").count(count);
-    let reply: StreamReadReply = conn.xread_options(&[key], &[">"], &options).await.unwrap();
-    reply
-        .keys
-        .into_iter()
-        .flat_map(|k| k.ids.into_iter().map(|e| e.id))
-        .collect()
+    support::read_new(conn, key, group, count).await
 }
 
 async fn ack(conn: &mut RedisConnection, key: &str, group: &str, ids: &[String]) {
@@ -74,21 +63,7 @@ async fn add(conn: &mut RedisConnection, key: &str, ids: &[&str]) {
 }
 
 fn request(member: &str, seq: u64, epoch: i64, owned: &[u32]) -> HeartbeatRequest {
-    HeartbeatRequest {
-        member_id: member.into(),
-        member_name: "listener".into(),
-        instance_id: None,
-        process_id: format!("proc-{member}"),
-        request_seq: seq,
-        member_epoch: epoch,
-        metadata_version: 2,
-        runtime_max_concurrency: 1,
-        active_consumer_workers: 0,
-        owned_shards: owned.to_vec(),
-        revoking_shards: Vec::new(),
-        fence_conflicts: Vec::new(),
-        protocol_version: PROTOCOL_VERSION,
-    }
+    heartbeat_request(member, "listener", 2, (seq, epoch), owned)
 }
 
 fn group_store(
@@ -103,12 +78,11 @@ fn group_store(
 }
 
 fn short_leases() -> CoordinatorConfig {
-    CoordinatorConfig::new(
+    coordination(
         Duration::from_millis(100),
         Duration::from_millis(1200),
         Duration::from_secs(5),
     )
-    .unwrap()
 }
 
 #[tokio::test]
@@ -306,12 +280,14 @@ async fn scale_out_provisions_new_shards_with_every_registered_group() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(&server).await;
     admin::create_stream(&mut conn, "orders", 4).await.unwrap();
-    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
-        .await
-        .unwrap();
-    admin::register_group(&mut conn, "orders", "audit", StartFrom::Latest)
-        .await
-        .unwrap();
+    for (group, from) in [
+        ("billing", StartFrom::Earliest),
+        ("audit", StartFrom::Latest),
+    ] {
+        admin::register_group(&mut conn, "orders", group, from)
+            .await
+            .unwrap();
+    }
 
     let err = admin::scale(&mut conn, "orders", 1025).await.unwrap_err();
     assert!(matches!(err, AdminError::TooManyShards { .. }), "{err:?}");
@@ -364,10 +340,7 @@ async fn scale_in_keeps_draining_shards_until_every_group_has_read_and_acked_eve
         .unwrap(); // v2
     admin::scale(&mut conn, "orders", 6).await.unwrap(); // v3
     add(&mut conn, "{orders:5}", &["1-1", "1-2", "1-3"]).await;
-    let _: u64 = conn
-        .hset("{orders:5}:fence", "billing", "token")
-        .await
-        .unwrap();
+    support::plant_fence(&mut conn, "{orders:5}:fence", "billing").await;
 
     let outcome = admin::scale(&mut conn, "orders", 4).await.unwrap(); // v4
     assert_eq!(outcome.action, ScaleAction::ScaleIn);
@@ -534,18 +507,7 @@ async fn a_retiring_shard_with_entries_left_is_readable_again_and_then_retires()
         .await
         .unwrap(); // v2
     admin::scale(&mut conn, "orders", 1).await.unwrap(); // v3
-    let keys = StreamKeys::new("orders").unwrap();
-    let mut meta = load_stream_metadata(&mut conn, &keys)
-        .await
-        .unwrap()
-        .unwrap();
-    let revision = meta.revision;
-    meta.shards[1].state = ShardState::Retiring;
-    meta.metadata_version += 1; // v4
-    let written = write_stream_metadata(&mut conn, &keys, Some(revision), &mut meta)
-        .await
-        .unwrap();
-    assert_eq!(written, StreamCas::Written);
+    mark_retiring(&mut conn, "orders", 1).await; // v4
     add(&mut conn, "{orders:1}", &["1-1"]).await;
 
     let report = admin::retire_drained(&mut conn, "orders", NO_LEASE)
@@ -893,10 +855,7 @@ async fn delete_group_refuses_live_groups_then_removes_everything() {
         .xadd("orders:dlq:billing", "*", &[("shard", "1")])
         .await
         .unwrap();
-    let _: u64 = conn
-        .hset("{orders:0}:fence", "billing", "token")
-        .await
-        .unwrap();
+    support::plant_fence(&mut conn, "{orders:0}:fence", "billing").await;
     let config = short_leases();
     let mut store = group_store(&conn, "orders", "billing", &config);
     let join = store

@@ -4,6 +4,8 @@
 //! groups (Redis restarted empty), dead letters, and blocking waits (a client timeout below
 //! BLOCK); then all of it on a 3-master cluster with shards in different slots.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
@@ -15,15 +17,10 @@ use stream_listener::core::dataplane::{
 use stream_listener::core::fence::{FenceToken, FenceVerdict};
 use stream_listener::core::keys::StreamKeys;
 use stream_listener::testing::{RedisCluster, RedisServer};
+use support::connect;
 
 const GROUP: &str = "g";
 const STRICT: FencingMode = FencingMode::Strict;
-
-async fn connect(target: &RedisTarget) -> RedisConnection {
-    RedisConnection::connect(target, Duration::from_secs(5))
-        .await
-        .unwrap()
-}
 
 fn token(incarnation: u64, epoch: i64, member: &str) -> FenceToken {
     FenceToken {

@@ -1,7 +1,7 @@
 //! Fault injection with member processes as real OS processes: `kill -9` and `SIGSTOP`
 //! of a member process, `SIGSTOP` of Redis, and a Redis restart from its append-only file, each
 //! in the middle of a run of `examples/workload.rs`. Every run is verified by the checker
-//! (`tests/fault_support/checker.rs`): no message lost, no shard read by two members at once
+//! (`stream_listener::testing::workload::check`): no message lost, no shard read by two members at once
 //! (judged on `read` events), per-key order in first-time handling; and once every message is
 //! handled, nothing stays pending in the consumer group (everything read was acked, including
 //! what was taken over).
@@ -14,18 +14,21 @@
 //! run. The scenarios run one at a time (each starts Redis and four to five processes); every
 //! wait is polled with a deadline.
 
-mod fault_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use fault_support::checker::{self, CONT_GRACE_US, Expected, LogLine, Stop};
-use fault_support::{
-    HEARTBEAT_MS, LEASE_MS, SHARDS, Workload, create_stream, diagnose_missing, entry_history,
-    first_read_since, handled_ok, missing_messages, now_us, owned_now, pending_entries,
-    pending_per_shard, save_logs, serial, wait_settled, wait_until,
-};
 use stream_listener::testing::RedisServer;
+use stream_listener::testing::workload::{
+    self as checker, CONT_GRACE_US, Expected, LogLine, Stop, Workload, first_read_since, now_us,
+    poll_until as wait_until,
+};
+use support::faults::{
+    HEARTBEAT_MS, LEASE_MS, SHARDS, consumer, create_stream, diagnose_missing, entry_history,
+    handled_ok, missing_messages, owned_now, pending_entries, pending_per_shard, producer,
+    save_logs, serial, wait_settled,
+};
 
 const KEYS: u64 = 40;
 const COUNT: u64 = 3000;
@@ -44,7 +47,7 @@ fn sleep_ms(ms: u64) {
 
 fn start_consumers(url: &str, processes: usize, concurrency: u32, extra: &[&str]) -> Vec<Workload> {
     let consumers: Vec<Workload> = (0..processes)
-        .map(|i| Workload::consumer(&format!("consumer-{i}"), url, concurrency, extra))
+        .map(|i| consumer(&format!("consumer-{i}"), url, concurrency, extra))
         .collect();
     let refs: Vec<&Workload> = consumers.iter().collect();
     wait_settled(&refs, Duration::from_secs(30), Duration::from_millis(800));
@@ -175,7 +178,7 @@ fn workload_log_lines_have_the_fixed_fields() {
     let url = server.url();
     create_stream(&url);
     let mut consumers = start_consumers(&url, 1, 1, &["--fail-every", "3"]);
-    let mut producer = Workload::producer(&url, 3, 30, 1000);
+    let mut producer = producer(&url, 3, 30, 1000);
     let status = producer.wait_exit(Duration::from_secs(30));
     assert!(
         status.is_some_and(|s| s.success()),
@@ -240,11 +243,12 @@ fn workload_log_lines_have_the_fixed_fields() {
     let failed: Vec<&checker::Handled> = handled.iter().filter(|h| !h.ok).collect();
     assert_eq!(failed.len(), 10, "{failed:?}");
     for f in failed {
-        assert_eq!(f.attempt, 1);
+        assert_eq!(f.call.attempt, 1);
         assert!(
-            handled
-                .iter()
-                .any(|h| h.entry_id == f.entry_id && h.shard == f.shard && h.ok && h.attempt == 2),
+            handled.iter().any(|h| h.call.entry_id == f.call.entry_id
+                && h.call.shard == f.call.shard
+                && h.ok
+                && h.call.attempt == 2),
             "no successful retry of {f:?}"
         );
     }
@@ -285,7 +289,7 @@ fn kill_9_scenario(fencing: &str) {
             fencing,
         ],
     );
-    let mut producer = Workload::producer(&url, KEYS, COUNT, 1000);
+    let mut producer = producer(&url, KEYS, COUNT, 1000);
     sleep_ms(1000);
 
     let victim_shards: BTreeSet<u32> = owned_by(&consumers[1]).keys().copied().collect();
@@ -333,7 +337,7 @@ fn sigstop_of_a_member_process_past_its_lease_leaves_a_zombie_that_does_not_read
     let url = server.url();
     create_stream(&url);
     let mut consumers = start_consumers(&url, 3, 2, &["--handler-ms", "5"]);
-    let mut producer = Workload::producer(&url, KEYS, COUNT, 600);
+    let mut producer = producer(&url, KEYS, COUNT, 600);
     sleep_ms(1000);
 
     let victim_owned = owned_by(&consumers[0]);
@@ -402,15 +406,17 @@ fn sigstop_of_a_member_process_past_its_lease_leaves_a_zombie_that_does_not_read
                     violations.push(format!("zombie read after SIGCONT: {r:?}"));
                 }
                 LogLine::Handled(h)
-                    if h.shard == shard
-                        && &h.member == member
+                    if h.call.shard == shard
+                        && &h.call.member == member
                         && h.start_us >= continued_us
                         && h.start_us < reassigned =>
                 {
                     violations.push(format!("zombie started a handler after SIGCONT: {h:?}"));
                 }
                 LogLine::Handled(h)
-                    if h.shard == shard && h.start_us < stopped_us && h.end_us >= continued_us =>
+                    if h.call.shard == shard
+                        && h.start_us < stopped_us
+                        && h.end_us >= continued_us =>
                 {
                     spanning += 1;
                 }
@@ -443,7 +449,7 @@ fn sigstop_of_redis_past_the_lease_stops_the_members_and_they_recover() {
     let url = server.url();
     create_stream(&url);
     let mut consumers = start_consumers(&url, 2, 2, &["--handler-ms", "2"]);
-    let mut producer = Workload::producer(&url, KEYS, COUNT, 600);
+    let mut producer = producer(&url, KEYS, COUNT, 600);
     sleep_ms(1500);
 
     let owners_before: Vec<BTreeMap<u32, String>> = consumers.iter().map(owned_by).collect();
@@ -508,7 +514,7 @@ fn redis_restart_with_aof_mid_run_loses_nothing() {
     let url = server.url();
     create_stream(&url);
     let mut consumers = start_consumers(&url, 2, 2, &["--handler-ms", "2"]);
-    let mut producer = Workload::producer(&url, KEYS, COUNT, 600);
+    let mut producer = producer(&url, KEYS, COUNT, 600);
     sleep_ms(1500);
 
     let owners_before: Vec<BTreeMap<u32, String>> = consumers.iter().map(owned_by).collect();

@@ -1,18 +1,21 @@
 //! The member runtime on real Redis: listeners consume sharded streams end to end (docs/design.md
 //! §6–§8).
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use stream_listener::core::admin;
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::connection::RedisTarget;
 use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::handler::{Delivery, HandlerError};
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::producer::{Publisher, PublisherOptions};
 use stream_listener::testing::{RedisCluster, RedisServer};
+use support::{connect, wait_until};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Event {
@@ -33,12 +36,7 @@ struct Handled {
 type Log = Arc<Mutex<Vec<Handled>>>;
 
 fn fast_coordination() -> CoordinatorConfig {
-    CoordinatorConfig::new(
-        Duration::from_millis(200),
-        Duration::from_millis(1500),
-        Duration::from_secs(3),
-    )
-    .unwrap()
+    support::fast()
 }
 
 fn options(concurrency: u32) -> ListenerOptions {
@@ -48,12 +46,6 @@ fn options(concurrency: u32) -> ListenerOptions {
     options.block = Duration::from_millis(500);
     options.batch_size = 64;
     options
-}
-
-async fn connect(target: &RedisTarget) -> RedisConnection {
-    RedisConnection::connect(target, Duration::from_secs(5))
-        .await
-        .unwrap()
 }
 
 async fn start_listener(
@@ -111,17 +103,6 @@ async fn publish(target: &RedisTarget, keys: usize, count: usize) {
     if !batch.is_empty() {
         publisher.publish_batch(&batch).await.unwrap();
     }
-}
-
-async fn wait_until(deadline: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if done() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    done()
 }
 
 /// Every message handled at least once; per key, first-time handling in publish order.

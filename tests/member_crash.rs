@@ -17,18 +17,18 @@
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s, rebalance timeout 3 s, 8 shards, 200 msg/s.
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use member_support::*;
 use stream_listener::core::admin;
 use stream_listener::core::connection::RedisTarget;
 use stream_listener::core::dataplane::FencingMode;
 use stream_listener::core::model::{GroupState, MemberState};
 use stream_listener::testing::{RedisCluster, RedisServer};
+use support::*;
 
 /// Scheduling slack granted on top of the protocol bound (lease TTL + 2 heartbeats = 1.9 s): the
 /// takeover itself (fence raise, claim, first read: a few Redis round trips) plus the delays of a
@@ -39,17 +39,12 @@ const TAKEOVER_SLACK: Duration = Duration::from_millis(600);
 enum Crash {
     /// `ListenerHandle::abort` of an in-process listener.
     Abort,
-    /// `SIGKILL` of a `member_process` child.
+    /// `SIGKILL` of a member process (a `workload consume` child).
     Kill,
 }
 
 async fn killed_member_shards_move_within_lease_plus_two_heartbeats(crash: Crash) {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(8).await.parts();
 
     let survivor = start_recording(&target, &recorder, options(2), Duration::ZERO).await;
     let survivors: BTreeSet<String> = survivor.member_ids().into_iter().collect();
@@ -161,15 +156,7 @@ async fn killed_member_shards_move_within_lease_plus_two_heartbeats(crash: Crash
     // Nothing lost: every published entry handled, and nothing left pending.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let published = publisher.stop();
-    let all = wait_until(Duration::from_secs(20), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
-    })
-    .await;
-    assert_all_handled(&published, &recorder.handled());
-    assert!(all);
+    assert_nothing_lost(&recorder, &published, Duration::from_secs(20)).await;
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(10), converged).await;
     assert!(settled, "{group:#?}");
     for shard in 0..8 {
@@ -220,20 +207,11 @@ enum AfterPause {
 /// (read-ahead batches of 16 entries of 100 ms each): once the lease has ended no handler starts
 /// until Redis answers again; then the members recover.
 async fn redis_paused_longer_than_the_lease(after: AfterPause) {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(4).await.parts();
     let mut opts = options(2);
     opts.batch_size = 16;
     let listener = start_recording(&target, &recorder, opts, Duration::from_millis(100)).await;
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    settle(&mut conn, 2, Duration::from_secs(20)).await;
 
     // 4 x 40 entries of 100 ms, two members with one worker each: 8 s of work.
     let mut published = preload(&server.client(), &[0, 1, 2, 3], 40, 0);
@@ -285,7 +263,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
         "{} handler starts between the lease end ({} ms after the pause) and the resume: {:?}",
         during.len(),
         LEASE.as_millis(),
-        &during[..during.len().min(5)]
+        first_five(&during)
     );
 
     // Recovery: entries written after the pause are handled, and the group is STABLE again.
@@ -294,21 +272,14 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
         .map(|shard| xadd_sync(&mut fresh_conn, shard, 1000 + u64::from(shard)))
         .collect();
     let recovered = wait_until(Duration::from_secs(25), || {
-        let handled = recorder.handled();
-        fresh
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&fresh, &recorder.handled())
     })
     .await;
     assert!(
         recovered,
         "entries written after the pause were not handled"
     );
-    let (group, stable) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(stable, "{group:#?}");
+    let group = settle(&mut conn, 2, Duration::from_secs(10)).await;
     assert_eq!(group.state, GroupState::Stable);
     if after == AfterPause::Recover {
         listener.shutdown_and_wait().await;
@@ -318,10 +289,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
     // Nothing lost: the entries the members had in hand when their leases ended are handled too.
     published.extend(fresh);
     let all = wait_until(Duration::from_secs(10), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&published, &recorder.handled())
     })
     .await;
     if !all {
@@ -340,9 +308,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
     }
     assert_all_handled(&published, &recorder.handled());
     assert!(all);
-    for shard in 0..4 {
-        assert_eq!(wait_no_pending(&mut conn, shard).await, 0, "shard {shard}");
-    }
+    assert_no_pending(&mut conn, 0..4).await;
     listener.shutdown_and_wait().await;
 }
 
@@ -399,7 +365,7 @@ impl LostReplyProxy {
         faults: Arc<LostReplies>,
     ) {
         use std::sync::atomic::Ordering;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let (mut client_read, mut client_write) = client.into_split();
         let (mut server_read, mut server_write) = server.into_split();
         let doomed = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -408,12 +374,7 @@ impl LostReplyProxy {
             let faults = faults.clone();
             async move {
                 let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match client_read.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    let chunk = &buf[..n];
+                while let Some(chunk) = read_chunk(&mut client_read, &mut buf).await {
                     if is_new_read(chunk)
                         && faults
                             .armed
@@ -434,17 +395,13 @@ impl LostReplyProxy {
         };
         let downstream = async move {
             let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match server_read.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
+            while let Some(chunk) = read_chunk(&mut server_read, &mut buf).await {
                 if doomed.load(Ordering::SeqCst) {
                     // The doomed read ran (its reply is here): lose it, drop the connection.
                     faults.dropped.fetch_add(1, Ordering::SeqCst);
                     return;
                 }
-                if client_write.write_all(&buf[..n]).await.is_err() {
+                if client_write.write_all(chunk).await.is_err() {
                     return;
                 }
             }
@@ -551,30 +508,12 @@ async fn proxy_cluster(cluster: &RedisCluster, faults: &Arc<LostReplies>) -> Vec
 /// `count` entries on each of `shards` of a cluster, round-robin (key `s<shard>`, payload
 /// `{"n": N}`).
 fn preload_cluster(cluster: &RedisCluster, shards: &[u32], count: u64) -> Vec<Published> {
-    let mut con = cluster.client().get_connection().unwrap();
-    let mut out = Vec::new();
-    let mut n = 0;
-    for _ in 0..count {
-        for &shard in shards {
-            let id: String = redis::cmd("XADD")
-                .arg(format!("{{{STREAM}:{shard}}}"))
-                .arg("*")
-                .arg("key")
-                .arg(format!("s{shard}"))
-                .arg("payload")
-                .arg(format!("{{\"n\":{n}}}"))
-                .query(&mut con)
-                .unwrap();
-            out.push(Published {
-                at_us: now_us(),
-                n,
-                shard,
-                id,
-            });
-            n += 1;
-        }
-    }
-    out
+    preload_on(
+        &mut cluster.client().get_connection().unwrap(),
+        shards,
+        count,
+        0,
+    )
 }
 
 /// Everything published is handled, nothing stays pending, and each shard (one key per shard)
@@ -586,10 +525,7 @@ async fn check_nothing_stranded(
     shards: &[u32],
 ) {
     let all = wait_until(Duration::from_secs(30), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(published, &recorder.handled())
     })
     .await;
     if !all {

@@ -11,23 +11,21 @@
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s, rebalance timeout 3 s; 4 shards, 100 msg/s.
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use member_support::*;
 use redis::AsyncCommands;
 use stream_listener::core::admin;
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::connection::RedisConnection;
 use stream_listener::core::dataplane::{Fenced, FencingMode, ReadOutcome, ShardClient};
 use stream_listener::core::fence::FenceToken;
 use stream_listener::core::handler::HandlerError;
 use stream_listener::core::keys::StreamKeys;
-use stream_listener::core::member::Listener;
 use stream_listener::core::model::MemberState;
-use stream_listener::testing::RedisServer;
+use support::*;
 
 async fn fence_of(conn: &mut RedisConnection, shard: u32) -> Option<FenceToken> {
     let value: Option<String> = conn
@@ -120,12 +118,7 @@ async fn wait_for_takeover(
 }
 
 async fn zombie(mode: FencingMode) {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(4).await.parts();
     let mut l_options = options(1);
     l_options.fencing = mode;
     let l = start_recording(&target, &recorder, l_options, Duration::ZERO).await;
@@ -137,20 +130,19 @@ async fn zombie(mode: FencingMode) {
     // P: one member, 100 ms handlers, batches of 4: always some entries in hand.
     let p = MemberProcess::spawn(
         &server.url(),
-        &["--handler-ms", "100", "--batch", "4", "--fencing", mode_arg],
+        &[
+            "--handler-ms",
+            "100",
+            "--batch-size",
+            "4",
+            "--fencing",
+            mode_arg,
+        ],
         recorder.clone(),
     );
     let p_id = p.members[0].clone();
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
-    let p_shards: Vec<u32> = target_of(&group)
-        .iter()
-        .filter(|(_, o)| **o == p_id)
-        .map(|(s, _)| *s)
-        .collect();
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
+    let p_shards: Vec<u32> = target_shards(&group, &p_id);
     assert_eq!(p_shards.len(), 2);
 
     let publisher = SteadyPublisher::start(
@@ -284,10 +276,7 @@ async fn zombie(mode: FencingMode) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let published = publisher.stop();
     let all = wait_until(Duration::from_secs(20), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&published, &recorder.handled())
     })
     .await;
 
@@ -422,28 +411,15 @@ const SWEEP_WAIT: Duration = Duration::from_secs(15);
 /// the owner's periodic sweep can bring those entries to a handler (nothing lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_mode_entries_a_zombie_read_after_the_takeover_are_swept_by_the_owner() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(4).await.parts();
     let mut l_options = options(1);
     l_options.fencing = FencingMode::Acks;
     let l = start_recording(&target, &recorder, l_options, Duration::ZERO).await;
     let l_id = l.member_ids()[0].clone();
     let mut p = MemberProcess::spawn(&server.url(), &["--fencing", "acks"], recorder.clone());
     let p_id = p.members[0].clone();
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
-    let p_shards: Vec<u32> = target_of(&group)
-        .iter()
-        .filter(|(_, o)| **o == p_id)
-        .map(|(s, _)| *s)
-        .collect();
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
+    let p_shards: Vec<u32> = target_shards(&group, &p_id);
     let mut p_tokens = BTreeMap::new();
     for &shard in &p_shards {
         let token = wait_for_fence(&mut conn, shard, &p_id).await;
@@ -487,13 +463,7 @@ async fn acks_mode_entries_a_zombie_read_after_the_takeover_are_swept_by_the_own
     p.kill();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let published = publisher.stop();
-    let all = wait_until(SWEEP_WAIT, || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
-    })
-    .await;
+    let all = wait_until(SWEEP_WAIT, || all_handled(&published, &recorder.handled())).await;
     let handled = recorder.handled();
     let lost: Vec<&(u32, String)> = stolen.iter().filter(|e| !handled.contains(e)).collect();
     assert!(
@@ -533,12 +503,7 @@ async fn wait_for_fence(conn: &mut RedisConnection, shard: u32, member: &str) ->
 /// entry is handled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_retry_runs_after_the_lease_lapsed_during_its_backoff() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(1).await.parts();
     let mut opts = options(1);
     opts.max_attempts = 3;
     opts.backoff = Duration::from_millis(2500); // > LEASE (1.5 s)
@@ -566,17 +531,12 @@ async fn no_retry_runs_after_the_lease_lapsed_during_its_backoff() {
         }
         Ok(())
     });
-    let listener = Listener::new(
-        target.clone(),
-        STREAM,
-        GROUP,
+    let listener = start_listener(
+        &target,
         recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
         opts,
     )
-    .unwrap()
-    .start()
-    .await
-    .unwrap();
+    .await;
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
     assert!(settled, "{group:#?}");
     xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
@@ -645,11 +605,7 @@ struct BlockedRun {
 /// thread for `block` on the first entry (neither the stop token nor a drop can end it), and while
 /// it blocks the owner's record is rewritten as fenced. Five more entries follow the blocking one.
 async fn block_then_fence(handler_timeout: Duration, block: Duration) -> BlockedRun {
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::start(1).await.parts();
     // (start, end) of the blocked handler, µs.
     let window: Arc<Mutex<(u64, u64)>> = Arc::new(Mutex::new((0, 0)));
     let w = window.clone();
@@ -671,24 +627,15 @@ async fn block_then_fence(handler_timeout: Duration, block: Duration) -> Blocked
         opts.coordination = coordination(HEARTBEAT, Duration::from_secs(3), REBALANCE);
         opts.handler_timeout = handler_timeout;
         opts.events = Some(recorder.callback());
-        let listener = Listener::new(
-            target.clone(),
-            STREAM,
-            GROUP,
+        let listener = start_listener(
+            &target,
             recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour.clone())),
             opts,
         )
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
+        .await;
         listeners.push(listener);
     }
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
     let owner = target_of(&group)[&0].clone();
 
     for n in 0..6u64 {
@@ -831,11 +778,7 @@ async fn a_fenced_member_waits_for_a_stuck_handler_only_up_to_handler_timeout() 
 /// count alone (its own attempt stays counted, as a cancelled one does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fenced_handler_returning_late_does_not_remove_the_next_tenures_attempt_count() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(
         &mut conn,
         STREAM,
@@ -886,17 +829,12 @@ async fn a_fenced_handler_returning_late_does_not_remove_the_next_tenures_attemp
     opts.coordination = coordination(HEARTBEAT, Duration::from_secs(3), REBALANCE);
     opts.handler_timeout = Duration::from_millis(800);
     opts.events = Some(recorder.callback());
-    let listener = Listener::new(
-        target.clone(),
-        STREAM,
-        GROUP,
+    let listener = start_listener(
+        &target,
         recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
         opts,
     )
-    .unwrap()
-    .start()
-    .await
-    .unwrap();
+    .await;
     assert!(
         wait_until(Duration::from_secs(10), || calls
             .load(std::sync::atomic::Ordering::SeqCst)

@@ -14,19 +14,18 @@
 //!   no attempt count is left behind by a claim of trimmed entries, a too-large dead letter,
 //!   `group delete` or a retirement.
 
-mod member_support;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use member_support::*;
 use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::dataplane::FencingMode;
 use stream_listener::core::handler::HandlerError;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::StartFrom;
-use stream_listener::testing::RedisServer;
+use support::*;
 
 const DEAD_LETTERS: &str = "orders:dlq:billing";
 /// The `error` field of a `max-deliveries` dead letter.
@@ -64,10 +63,9 @@ fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 async fn start_with_poison(
     target: &RedisTarget,
     recorder: &Arc<Recorder>,
-    mut options: ListenerOptions,
+    options: ListenerOptions,
     poison: u64,
 ) -> ListenerHandle {
-    options.events = Some(recorder.callback());
     let behaviour: Behaviour = Arc::new(move |delivery| {
         if payload_n(delivery) == Some(poison) {
             Err(HandlerError::retryable(format!("poison message {poison}")))
@@ -75,40 +73,17 @@ async fn start_with_poison(
             Ok(())
         }
     });
-    Listener::new(
-        target.clone(),
-        STREAM,
-        GROUP,
-        recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
-        options,
-    )
-    .unwrap()
-    .start()
-    .await
-    .unwrap()
-}
-
-async fn settle(conn: &mut RedisConnection, members: usize) {
-    let (group, settled) = wait_for_group(conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == members
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    start_recording_with(target, recorder, options, Duration::ZERO, Some(behaviour)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_is_dead_lettered_after_max_attempts_and_the_shard_goes_on_in_order() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let mut opts = options(1);
     opts.max_attempts = 5;
     opts.backoff = Duration::from_millis(100);
     let listener = start_with_poison(&target, &recorder, opts, 2).await;
-    settle(&mut conn, 1).await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
 
     // A poison message: key k on shard 1 gets A, B, C; the handler always fails on B.
     let a = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
@@ -199,18 +174,13 @@ const OTHER_SHARD_MAX_GAP: Duration = Duration::from_millis(250);
 /// a shard sleeping out a backoff must not hold the member's only worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_messages_backoff_does_not_hold_up_the_members_other_shards() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let mut opts = options(1);
     opts.max_attempts = 5;
     opts.backoff = Duration::from_millis(100);
     opts.runtime_max_concurrency = 1;
     let listener = start_with_poison(&target, &recorder, opts, 1_000_000).await;
-    settle(&mut conn, 1).await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
     let publisher = SteadyPublisher::start(server.client(), vec![0], Duration::from_millis(20), 0);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let b = xadd_fields(
@@ -259,10 +229,7 @@ async fn a_poison_messages_backoff_does_not_hold_up_the_members_other_shards() {
         ms(c_start - b_first)
     );
     let all = wait_until(Duration::from_secs(10), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&published, &recorder.handled())
     })
     .await;
     assert!(all);
@@ -271,17 +238,12 @@ async fn a_poison_messages_backoff_does_not_hold_up_the_members_other_shards() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_payload_is_dead_lettered_at_once_with_reason_decode_and_never_retried() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(4).await.parts();
     let mut opts = options(1);
     opts.max_attempts = 5;
     opts.backoff = Duration::from_millis(100);
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
-    settle(&mut conn, 1).await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
 
     // Malformed JSON: shard 3 gets {"n":1}, then a truncated payload, then {"n":2}.
     let first = xadd_fields(&mut conn, 3, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
@@ -379,11 +341,7 @@ async fn attempt_fields(conn: &mut RedisConnection) -> Vec<(String, u64)> {
 /// gone once it is acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twelve_handovers_of_an_unhandled_entry_do_not_dead_letter_it() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -443,11 +401,7 @@ async fn with_max_deliveries_one_a_crashing_entry_is_dead_lettered_after_one_att
 }
 
 async fn crashing_entry_is_dead_lettered_after(max_deliveries: u64) {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -482,11 +436,7 @@ async fn crashing_entry_is_dead_lettered_after(max_deliveries: u64) {
                     Box<dyn std::future::Future<Output = Result<(), HandlerError>> + Send>,
                 >
         };
-        let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-            .unwrap()
-            .start()
-            .await
-            .unwrap();
+        let listener = start_listener(&target, handler, opts).await;
         let started = wait_until(Duration::from_secs(15), || {
             attempts_on(&recorder) == attempt
         })
@@ -545,12 +495,7 @@ async fn crashing_entry_is_dead_lettered_after(max_deliveries: u64) {
 /// the retry path).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_deleted_while_it_fails_is_still_retried_and_dead_lettered_with_its_body() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(1).await.parts();
     let mut opts = options(1);
     opts.max_attempts = 3;
     opts.backoff = Duration::from_millis(50);
@@ -574,18 +519,13 @@ async fn an_entry_deleted_while_it_fails_is_still_retried_and_dead_lettered_with
             _ => Ok(()),
         }
     });
-    let listener = Listener::new(
-        target.clone(),
-        STREAM,
-        GROUP,
+    let listener = start_listener(
+        &target,
         recording_handler(recorder.clone(), Duration::ZERO, Some(behaviour)),
         opts,
     )
-    .unwrap()
-    .start()
-    .await
-    .unwrap();
-    settle(&mut conn, 1).await;
+    .await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
 
     let a = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
     let b = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":2}"#)]).await;
@@ -663,11 +603,7 @@ fn static_options(recorder: &Arc<Recorder>) -> ListenerOptions {
 /// went on from the old cursor and skipped them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_ack_of_own_pending_entries_is_retried_not_left_behind() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, server, target, mut conn, _) = Context::serial(1).await.parts();
 
     // First run: registers the group and the static member id.
     let recorder = Arc::new(Recorder::default());
@@ -787,11 +723,7 @@ async fn a_lost_read_pipeline_handles_nothing_twice(
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let (_serial, server, target, mut conn, _) = Context::serial(2).await.parts();
     preload(&server.client(), &[0], 8, 0);
     let gate = Arc::new(tokio::sync::Notify::new());
     let gated = Arc::new(AtomicBool::new(false));
@@ -819,11 +751,7 @@ async fn a_lost_read_pipeline_handles_nothing_twice(
         Duration::from_secs(8),
         Duration::from_secs(3),
     );
-    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
+    let listener = start_listener(&target, handler, opts).await;
     assert!(wait_until(Duration::from_secs(20), || gated.load(Ordering::SeqCst)).await);
     // Writes (the ack script, XREADGROUP) wait while clients are paused.
     let () = redis::cmd("CLIENT")
@@ -889,11 +817,7 @@ async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
 
 /// `NOGROUP` errors Redis has answered so far (`INFO errorstats`).
 async fn nogroup_errors(conn: &mut RedisConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("errorstats")
-        .query_async(conn)
-        .await
-        .unwrap();
+    let info = info(conn, "errorstats").await;
     info.lines()
         .find_map(|l| l.strip_prefix("errorstat_NOGROUP:count="))
         .map_or(0, |n| n.trim().parse().unwrap())
@@ -906,12 +830,7 @@ async fn nogroup_errors(conn: &mut RedisConnection) -> u64 {
 /// re-creation, `auto_create_shards` being set); none of them may bring the stream or the fence
 /// back, and a late `XADD ... NOMKSTREAM` finds no stream.
 async fn a_shard_retired_while_a_member_holds_it_is_never_created_again(mode: FencingMode) {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let mut opts = options(1);
     opts.fencing = mode;
     opts.coordination = coordination(
@@ -1026,11 +945,7 @@ async fn set_attempts(conn: &mut RedisConnection, group: &str, entry: &str, coun
 /// valid group name: the field is split at the last `|`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_group_leaves_no_attempt_counts_for_the_group_registered_again() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -1076,11 +991,7 @@ async fn a_deleted_group_leaves_no_attempt_counts_for_the_group_registered_again
 /// never come back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trimmed_entry_dropped_by_a_claim_leaves_no_attempt_count() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -1117,11 +1028,7 @@ async fn a_trimmed_entry_dropped_by_a_claim_leaves_no_attempt_count() {
 /// also under a shard index a later scale-out provisions again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retirement_deletes_the_shards_attempt_counts() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let (_serial, _server, _, mut conn, _) = Context::serial(2).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -1150,11 +1057,7 @@ async fn retirement_deletes_the_shards_attempt_counts() {
 /// paths.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_dead_lettered_as_too_large_leaves_no_attempt_count() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();
@@ -1191,11 +1094,7 @@ async fn an_entry_dead_lettered_as_too_large_leaves_no_attempt_count() {
 /// deliveries are counted too, and an entry handed over unhandled still gets its attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_max_deliveries_one_a_handed_over_entry_is_still_handled() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 1).await.unwrap();
+    let (_serial, _server, target, mut conn, _) = Context::serial(1).await.parts();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
         .await
         .unwrap();

@@ -16,18 +16,17 @@
 //!
 //! Timings: heartbeat 200 ms, lease 1.5 s (3 s for the static restart), rebalance timeout 3 s.
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use member_support::*;
 use stream_listener::core::admin;
 use stream_listener::core::assignor::{AssignorMember, assign, moved_shards};
 use stream_listener::core::connection::RedisTarget;
 use stream_listener::core::model::MemberState;
-use stream_listener::testing::RedisServer;
+use support::*;
 
 /// Handler starts of `shard`, ascending.
 fn starts(calls: &[Call], shard: u32) -> Vec<u64> {
@@ -53,18 +52,9 @@ fn longest_gap(starts: &[u64], from: u64, to: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fifth_member_joining_under_load_moves_only_the_assignors_minimum_and_others_keep_pace() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(8).await.parts();
     let four = start_recording(&target, &recorder, options(4), Duration::ZERO).await;
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 4
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    let group = settle(&mut conn, 4, Duration::from_secs(20)).await;
     let before = target_of(&group);
     assert_eq!(before.len(), 8);
 
@@ -177,26 +167,14 @@ async fn a_fifth_member_joining_under_load_moves_only_the_assignors_minimum_and_
     );
 
     // Nothing lost.
-    let all = wait_until(Duration::from_secs(15), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
-    })
-    .await;
-    assert_all_handled(&published, &recorder.handled());
-    assert!(all);
+    assert_nothing_lost(&recorder, &published, Duration::from_secs(15)).await;
     fifth.shutdown_and_wait().await;
     four.shutdown_and_wait().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_static_member_restarting_within_its_lease_moves_no_shard_and_changes_no_other_epoch() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
+    let (_serial, server, target, mut conn, _) = Context::serial(8).await.parts();
     let lease = Duration::from_secs(3);
     let config = coordination(HEARTBEAT, lease, REBALANCE);
     let with_config = |concurrency: u32, instance: Option<&str>| {
@@ -226,11 +204,7 @@ async fn a_static_member_restarting_within_its_lease_moves_no_shard_and_changes_
         static_ids,
         vec!["pod-1-m0".to_owned(), "pod-1-m1".to_owned()]
     );
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 4
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    let group = settle(&mut conn, 4, Duration::from_secs(20)).await;
     let before = target_of(&group);
     let epochs_before: BTreeMap<String, i64> = group
         .members
@@ -330,11 +304,7 @@ async fn a_static_member_restarting_within_its_lease_moves_no_shard_and_changes_
         served,
         "the restarted member does not serve {static_shards:?}"
     );
-    let (group, stable) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 4
-    })
-    .await;
-    assert!(stable, "{group:#?}");
+    let group = settle(&mut conn, 4, Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let published = publisher.stop();
 
@@ -432,12 +402,7 @@ const HANDOVER_BOUND: Duration = Duration::from_millis(800);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_once() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(8).await.parts();
     let leaver_recorder = Arc::new(Recorder::default());
     let stayer = start_recording(&target, &recorder, options(2), Duration::from_millis(10)).await;
     let leaver = start_recording(
@@ -449,11 +414,7 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
     .await;
     let leaver_ids: BTreeSet<String> = leaver.member_ids().into_iter().collect();
     let stayer_ids: BTreeSet<String> = stayer.member_ids().into_iter().collect();
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 4
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    let group = settle(&mut conn, 4, Duration::from_secs(20)).await;
     let leaver_shards: BTreeSet<u32> = target_of(&group)
         .iter()
         .filter(|(_, o)| leaver_ids.contains(*o))
@@ -550,11 +511,7 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
              lease {LEASE:?}): {delays:?}"
         );
     }
-    let (group, stable) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(stable, "{group:#?}");
+    let group = settle(&mut conn, 2, Duration::from_secs(10)).await;
     let owned: BTreeSet<u32> = group.members.iter().flat_map(|m| m.owned.clone()).collect();
     assert_eq!(owned, (0..8).collect());
 
@@ -583,26 +540,13 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
 /// at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(4).await.parts();
     let stayer = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
     let stayer_id = stayer.member_ids()[0].clone();
     let process = MemberProcess::spawn(&server.url(), &["--handler-ms", "10"], recorder.clone());
     let leaver_id = process.members[0].clone();
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
-    let leaver_shards: BTreeSet<u32> = target_of(&group)
-        .iter()
-        .filter(|(_, o)| **o == leaver_id)
-        .map(|(s, _)| *s)
-        .collect();
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
+    let leaver_shards: BTreeSet<u32> = target_shards(&group, &leaver_id);
     let publisher = SteadyPublisher::start(
         server.client(),
         (0..4).collect(),
@@ -642,18 +586,8 @@ async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let published = publisher.stop();
-    let all = wait_until(Duration::from_secs(15), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
-    })
-    .await;
-    assert_all_handled(&published, &recorder.handled());
-    assert!(all);
-    for shard in 0..4 {
-        assert_eq!(wait_no_pending(&mut conn, shard).await, 0, "shard {shard}");
-    }
+    assert_nothing_lost(&recorder, &published, Duration::from_secs(15)).await;
+    assert_no_pending(&mut conn, 0..4).await;
     stayer.shutdown_and_wait().await;
 }
 
@@ -673,16 +607,11 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
     use stream_listener::core::keys::StreamKeys;
     use stream_listener::core::model::ShardState;
     use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
-    use stream_listener::{PublishError, Publisher, PublisherOptions, shard_for_key};
+    use stream_listener::{PublishError, Publisher, PublisherOptions};
 
     const ROUTING_LEASE: Duration = Duration::from_millis(2000);
     const CAS_DELAY: Duration = Duration::from_millis(200);
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let listener = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
     assert!(settled, "{group:#?}");
@@ -711,10 +640,7 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
     let publisher = Publisher::new(producer_conn, STREAM, options)
         .await
         .unwrap();
-    let key = (0..)
-        .map(|i| format!("k{i}"))
-        .find(|k| shard_for_key(k, 2) == 1)
-        .unwrap();
+    let key = key_on_shard(1, 2);
     let mut published = vec![
         publisher
             .publish(&key, &serde_json::json!({"n": 0}))
@@ -823,32 +749,12 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
 /// check's compare-and-set writes it; the entry is added once the group no longer reads shard 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires() {
-    use stream_listener::core::keys::StreamKeys;
-    use stream_listener::core::model::ShardState;
-    use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
-
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
     let listener = start_recording(&target, &recorder, options(1), Duration::ZERO).await;
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
     assert!(settled, "{group:#?}");
     admin::scale(&mut conn, STREAM, 1).await.unwrap();
-    let keys = StreamKeys::new(STREAM).unwrap();
-    let mut meta = load_stream_metadata(&mut conn, &keys)
-        .await
-        .unwrap()
-        .unwrap();
-    let revision = meta.revision;
-    meta.shards[1].state = ShardState::Retiring;
-    meta.metadata_version += 1;
-    let written = write_stream_metadata(&mut conn, &keys, Some(revision), &mut meta)
-        .await
-        .unwrap();
-    assert_eq!(written, StreamCas::Written);
+    mark_retiring(&mut conn, STREAM, 1).await;
     let (group, released) = wait_for_group(&mut conn, Duration::from_secs(10), |g| {
         converged(g) && !target_of(g).contains_key(&1)
     })
@@ -891,12 +797,7 @@ async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_with_different_timings_stay_stable_under_load() {
     const LONGER_LEASE: Duration = Duration::from_secs(6);
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, server, _, mut conn, recorder) = Context::serial(4).await.parts();
     let fast_member = MemberProcess::spawn(
         &server.url(),
         &["--heartbeat-ms", "300", "--lease-ms", "1500"],
@@ -908,11 +809,7 @@ async fn members_with_different_timings_stay_stable_under_load() {
         Duration::from_millis(20),
         0,
     );
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(15), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 1
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    settle(&mut conn, 1, Duration::from_secs(15)).await;
     // The slower member joins second: its full transitions write the other's fast-path answer.
     let slow_member = MemberProcess::spawn(
         &server.url(),
@@ -940,10 +837,7 @@ async fn members_with_different_timings_stay_stable_under_load() {
     }
     let published = publisher.stop();
     let all_handled = wait_until(Duration::from_secs(15), || {
-        let handled = recorder.handled();
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
+        all_handled(&published, &recorder.handled())
     })
     .await;
     let churn: Vec<Ev> = recorder

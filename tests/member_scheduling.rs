@@ -4,19 +4,17 @@
 //!   work serves them in strict rotation: every shard in every round;
 //! - idle members send a bounded number of commands per second (no busy polling).
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use member_support::*;
-use stream_listener::core::admin;
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::handler::{Delivery, HandlerError};
-use stream_listener::core::member::Listener;
 use stream_listener::testing::RedisServer;
+use support::*;
 
 const SHARDS: u32 = 16;
 
@@ -67,11 +65,7 @@ async fn one_worker_serves_sixteen_shards_in_strict_rotation() {
     let mut opts = options(1);
     opts.runtime_max_concurrency = 1;
     opts.batch_size = 1;
-    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
+    let listener = start_listener(&target, handler, opts).await;
     let publisher = SteadyPublisher::start(
         server.client(),
         all.clone(),
@@ -180,12 +174,7 @@ struct Loaded {
 }
 
 async fn loaded_stream(shards: u32, per_shard: u64) -> Loaded {
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, shards)
-        .await
-        .unwrap();
+    let (_, server, target, conn, _) = Context::start(shards).await.parts();
     let shards: Vec<u32> = (0..shards).collect();
     let published = preload(&server.client(), &shards, per_shard, 0);
     Loaded {
@@ -215,34 +204,6 @@ fn assert_handled_in_order(handled: &[(u32, String)], published: &[Published], s
     }
 }
 
-async fn info_number(conn: &mut RedisConnection, section: &str, field: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg(section)
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
-}
-
-/// `INFO commandstats` as command → calls.
-async fn command_calls(conn: &mut RedisConnection) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
-
 /// Idle cost: 2 members, 8 shards (4 each), heartbeat 200 ms, `block` 500 ms, nothing published
 /// for 3 s. Redis's `total_commands_processed` counts the commands a script runs as well as the
 /// script call itself, so the bound counts both, from the configuration:
@@ -269,23 +230,14 @@ const IDLE_COMMANDS_PER_SECOND_ACKS: f64 = 270.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_members_send_a_bounded_number_of_commands_per_second() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
-    let mut conn = connect(&target).await;
-    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
-    let recorder = Arc::new(Recorder::default());
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(8).await.parts();
     let opts = options(2);
     let bound = match opts.fencing {
         stream_listener::core::dataplane::FencingMode::Acks => IDLE_COMMANDS_PER_SECOND_ACKS,
         _ => IDLE_COMMANDS_PER_SECOND,
     };
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && g.members.iter().filter(|m| m.live).count() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
+    settle(&mut conn, 2, Duration::from_secs(20)).await;
     // Let the takeovers finish (every shard waiting on new entries).
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -355,11 +307,7 @@ async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
     opts.fencing = stream_listener::core::dataplane::FencingMode::Acks;
     opts.runtime_max_concurrency = 4;
     opts.batch_size = 25;
-    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
+    let listener = start_listener(&target, handler, opts).await;
     let all = published.len();
     let done = wait_until(Duration::from_secs(30), || {
         order.lock().unwrap().len() >= all
@@ -422,11 +370,7 @@ async fn the_heartbeat_reports_the_busy_workers() {
     };
     let mut opts = options(1);
     opts.runtime_max_concurrency = 3;
-    let listener = Listener::new(target.clone(), STREAM, GROUP, handler, opts)
-        .unwrap()
-        .start()
-        .await
-        .unwrap();
+    let listener = start_listener(&target, handler, opts).await;
 
     let busy = active_workers_reach(&mut conn, 3).await;
     assert_eq!(busy, 3, "busy workers reported while three handlers wait");

@@ -3,6 +3,8 @@
 //! scale-in, bad input is refused before any `XADD`, and publishing fails closed past the routing
 //! lease.
 
+mod support;
+
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::store::read_metadata_version;
 use stream_listener::testing::RedisServer;
 use stream_listener::{PublishError, Published, Publisher, PublisherOptions, shard_for_key};
+use support::{command_calls, key_on_shard, scale_in_and_retire, total_len};
 
 async fn connect(url: String, response_timeout: Duration) -> RedisConnection {
     RedisConnection::connect(&RedisTarget::Standalone(url), response_timeout)
@@ -38,26 +41,6 @@ async fn scale_out(conn: &mut RedisConnection, prefix: &str, target: u32) {
     assert_eq!(outcome.action, ScaleAction::ScaleOut);
 }
 
-/// Scale-in to `target` and retirement of the removed shards through the admin API: they become
-/// DRAINING, then RETIRING, then their streams are deleted and they are RETIRED (three
-/// `metadataVersion` bumps). The admin's routing lease is zero here, far below the test
-/// publishers' leases: it makes a publisher that has not refreshed meet a deleted shard, the case
-/// `XADD ... NOMKSTREAM` and the retry exist for.
-async fn scale_in_and_retire(conn: &mut RedisConnection, prefix: &str, target: u32) {
-    let outcome = admin::scale(conn, prefix, target).await.unwrap();
-    assert_eq!(outcome.action, ScaleAction::ScaleIn);
-    for _ in 0..20 {
-        let report = admin::retire_drained(conn, prefix, Duration::ZERO)
-            .await
-            .unwrap();
-        if report.migration_complete {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the scale-in of {prefix} to {target} did not complete");
-}
-
 /// An `XRANGE` entry: id and fields with byte values.
 type RawEntry = (String, Vec<(String, Vec<u8>)>);
 
@@ -71,24 +54,7 @@ async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
 
 /// `XADD` calls the server has executed (`INFO commandstats`).
 async fn xadd_calls(conn: &mut RedisConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_xadd:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
-/// Total entries over shards `0..shards`.
-async fn total_len(conn: &mut RedisConnection, prefix: &str, shards: u32) -> u64 {
-    let keys = StreamKeys::new(prefix).unwrap();
-    let mut total = 0;
-    for shard in 0..shards {
-        total += xlen(conn, &keys.shard(shard)).await;
-    }
-    total
+    command_calls(conn).await.get("xadd").copied().unwrap_or(0)
 }
 
 fn fast_refresh() -> PublisherOptions {
@@ -288,10 +254,7 @@ async fn an_active_shard_whose_stream_is_gone_is_a_typed_error_and_is_not_recrea
     let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
         .await
         .unwrap();
-    let key = (0..)
-        .map(|i| format!("k{i}"))
-        .find(|k| shard_for_key(k, 2) == 1)
-        .unwrap();
+    let key = key_on_shard(1, 2);
     let _: i64 = conn.del("{orders:1}").await.unwrap();
     let err = publisher.publish(&key, &1).await.unwrap_err();
     assert!(

@@ -2,23 +2,20 @@
 //! pipeline per shard (a redis-rs cluster pipeline must stay in one slot), entries land where the
 //! routing says, and a stale publisher refreshes after a scale-in.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use stream_listener::core::admin::{self, ScaleAction};
+use stream_listener::core::admin::{self};
 use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::keys::StreamKeys;
 use stream_listener::testing::RedisCluster;
 use stream_listener::{Publisher, PublisherOptions, shard_for_key};
+use support::{scale_in_and_retire, total_len};
 
 async fn connect(cluster: &RedisCluster) -> RedisConnection {
-    RedisConnection::connect(
-        &RedisTarget::Cluster(cluster.urls()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap()
+    support::connect(&RedisTarget::Cluster(cluster.urls())).await
 }
 
 /// The stream, through the admin API (shard streams and metadata, `metadataVersion` 1).
@@ -27,42 +24,12 @@ async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {
     assert!(created.created);
 }
 
-/// Scale-in to `target` and retirement of the removed shards through the admin API: they become
-/// DRAINING, then RETIRING, then their streams are deleted and they are RETIRED (three
-/// `metadataVersion` bumps). The admin's routing lease is zero here, far below the test
-/// publishers' leases: it makes a publisher that has not refreshed meet a deleted shard, the case
-/// `XADD ... NOMKSTREAM` and the retry exist for.
-async fn scale_in_and_retire(conn: &mut RedisConnection, prefix: &str, target: u32) {
-    let outcome = admin::scale(conn, prefix, target).await.unwrap();
-    assert_eq!(outcome.action, ScaleAction::ScaleIn);
-    for _ in 0..20 {
-        let report = admin::retire_drained(conn, prefix, Duration::ZERO)
-            .await
-            .unwrap();
-        if report.migration_complete {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the scale-in of {prefix} to {target} did not complete");
-}
-
 async fn xlen(conn: &mut RedisConnection, key: &str) -> u64 {
     conn.xlen(key).await.unwrap()
 }
 
 async fn exists(conn: &mut RedisConnection, key: &str) -> bool {
     conn.exists(key).await.unwrap()
-}
-
-/// Total entries over shards `0..shards`.
-async fn total_len(conn: &mut RedisConnection, prefix: &str, shards: u32) -> u64 {
-    let keys = StreamKeys::new(prefix).unwrap();
-    let mut total = 0;
-    for shard in 0..shards {
-        total += xlen(conn, &keys.shard(shard)).await;
-    }
-    total
 }
 
 #[tokio::test]

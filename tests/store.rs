@@ -2,6 +2,8 @@
 //! transaction, its fast path, concurrent drivers, and failing closed on missing or corrupt
 //! metadata (docs/design.md §5).
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -11,22 +13,21 @@ use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::coordinator::{CoordinatorConfig, CoordinatorError};
 use stream_listener::core::keys::StreamKeys;
 use stream_listener::core::model::{
-    GroupState, HeartbeatRequest, HeartbeatStatus, PROTOCOL_VERSION, RevokeState, RevokingShard,
-    ShardInfo, ShardState, StreamMetadata,
+    GroupState, HeartbeatRequest, HeartbeatStatus, RevokeState, RevokingShard, ShardInfo,
+    ShardState, StreamMetadata,
 };
 use stream_listener::core::store::{
     GroupStore, StoreError, StreamCas, load_stream_metadata, write_stream_metadata,
 };
 use stream_listener::testing::{RedisCluster, RedisServer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::heartbeat_request;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 
 const SHARDS: u32 = 16;
 
 async fn connect(target: RedisTarget) -> RedisConnection {
-    RedisConnection::connect(&target, Duration::from_secs(5))
-        .await
-        .unwrap()
+    support::connect(&target).await
 }
 
 async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {
@@ -61,21 +62,7 @@ async fn group_store(conn: &RedisConnection, prefix: &str, group: &str) -> Group
 }
 
 fn request(member: &str, seq: u64, epoch: i64, owned: &[u32]) -> HeartbeatRequest {
-    HeartbeatRequest {
-        member_id: member.into(),
-        member_name: "test".into(),
-        instance_id: None,
-        process_id: format!("proc-{member}"),
-        request_seq: seq,
-        member_epoch: epoch,
-        metadata_version: 1,
-        runtime_max_concurrency: 1,
-        active_consumer_workers: 0,
-        owned_shards: owned.to_vec(),
-        revoking_shards: Vec::new(),
-        fence_conflicts: Vec::new(),
-        protocol_version: PROTOCOL_VERSION,
-    }
+    heartbeat_request(member, "test", 1, (seq, epoch), owned)
 }
 
 /// One member following the protocol: join, then heartbeat `rounds` times, releasing what it is
@@ -718,12 +705,7 @@ impl ScriptGate {
                 let (armed, holding, release) = (armed.clone(), holding.clone(), release.clone());
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        let n = match from_client.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        let chunk = &buf[..n];
+                    while let Some(chunk) = support::read_chunk(&mut from_client, &mut buf).await {
                         let script = chunk.windows(7).any(|w| w.eq_ignore_ascii_case(b"EVALSHA"));
                         if script && armed.swap(false, Ordering::SeqCst) {
                             holding.store(true, Ordering::SeqCst);

@@ -11,7 +11,7 @@
 //! [`ShardClient`]), so each step's errors are seen as the runtime sees them. Each heartbeat uses
 //! a fresh store, as a restarted member would, so no cached stream view hides a corrupt value.
 
-mod member_support;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -532,12 +532,11 @@ async fn restore(conn: &mut RedisConnection, key: &str, dumped: &Option<Vec<u8>>
 
 fn config() -> CoordinatorConfig {
     // A lease far longer than any case, so no lease ends by itself while garbage is there.
-    CoordinatorConfig::new(
+    support::coordination(
         Duration::from_millis(100),
         Duration::from_secs(10),
         Duration::from_secs(20),
     )
-    .unwrap()
 }
 
 /// A member driven by hand: the protocol of `member/heartbeat.rs` and the poller, minus timing.
@@ -817,12 +816,7 @@ async fn publish(conn: &mut RedisConnection, prefix: &str, n: u32, dlq: bool) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_in_any_coordination_key_is_repaired_or_stops_with_a_clear_error() {
     let server = RedisServer::start().unwrap();
-    let mut conn = RedisConnection::connect(
-        &RedisTarget::Standalone(server.url()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let mut conn = support::connect(&RedisTarget::Standalone(server.url())).await;
     let cases = cases();
     assert!(cases.len() >= 25);
     let mut failures = Vec::new();
@@ -930,12 +924,7 @@ async fn garbage_in_any_coordination_key_is_repaired_or_stops_with_a_clear_error
 #[tokio::test]
 async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
     let server = RedisServer::start().unwrap();
-    let mut conn = RedisConnection::connect(
-        &RedisTarget::Standalone(server.url()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
+    let mut conn = support::connect(&RedisTarget::Standalone(server.url())).await;
     let prefix = "history";
     admin::create_stream(&mut conn, prefix, SHARDS)
         .await
@@ -988,7 +977,7 @@ async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
 /// when the lease ends); once an operator deletes the field, it goes on and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_survives_garbage_in_the_fast_path_fields() {
-    use member_support as ms;
+    use support as ms;
     let server = RedisServer::start().unwrap();
     let target = RedisTarget::Standalone(server.url());
     let mut conn = ms::connect(&target).await;

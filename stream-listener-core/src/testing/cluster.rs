@@ -68,9 +68,11 @@ impl RedisClusterBuilder {
 
     /// How long [`start`](Self::start) waits for `redis-cli --cluster create` and then for every
     /// node to report `cluster_state:ok` (default 30 s, each).
-    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
-        self.ready_timeout = timeout;
-        self
+    pub fn ready_timeout(self, timeout: Duration) -> Self {
+        Self {
+            ready_timeout: timeout,
+            ..self
+        }
     }
 
     /// Runs this `redis-server` binary (see [`RedisServerBuilder::server_binary`]).

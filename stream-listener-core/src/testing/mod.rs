@@ -40,6 +40,7 @@ mod ports;
 mod probe;
 mod process;
 mod server;
+pub mod workload;
 
 pub use binaries::{REDIS_CLI_ENV, REDIS_SERVER_ENV};
 pub use cluster::{RedisCluster, RedisClusterBuilder};

@@ -38,156 +38,13 @@
 //! Lines that are not valid JSON of one of the five event kinds are violations (a torn line
 //! would show up here).
 
-#![allow(dead_code)]
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use serde::Deserialize;
+use super::log::{Expected, LogLine, ProcessLog};
 
 /// A re-timed read must be logged within this long after the `SIGCONT`, in µs.
 pub const CONT_GRACE_US: u64 = 250_000;
-
-/// One line of a `workload consume` log.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(tag = "event", rename_all = "camelCase")]
-pub enum LogLine {
-    /// One handler call.
-    Handled(Handled),
-    /// A shard assigned to a member.
-    Assigned(Ownership),
-    /// A shard given up by a member.
-    Revoked(Ownership),
-    /// A fenced read that returned entries.
-    Read(Read),
-    /// A read, ack or claim refused by the fence.
-    FenceRejected(FenceRejected),
-}
-
-/// `{"event":"handled",...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Handled {
-    pub member: String,
-    pub shard: u32,
-    pub entry_id: String,
-    /// `None` for a payload that did not decode.
-    pub key: Option<String>,
-    pub seq: Option<u64>,
-    pub attempt: u32,
-    pub member_epoch: i64,
-    pub start_us: u64,
-    pub end_us: u64,
-    pub ok: bool,
-}
-
-/// `{"event":"assigned"|"revoked",...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Ownership {
-    pub member: String,
-    pub shard: u32,
-    pub member_epoch: i64,
-    pub ts_us: u64,
-}
-
-/// `{"event":"read",...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Read {
-    pub member: String,
-    pub shard: u32,
-    pub count: u64,
-    pub first_id: String,
-    pub ts_us: u64,
-}
-
-/// `{"event":"fenceRejected",...}`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FenceRejected {
-    pub op: String,
-    pub member: String,
-    pub shard: u32,
-    pub ts_us: u64,
-}
-
-impl LogLine {
-    /// Parses one line.
-    pub fn parse(line: &str) -> Result<LogLine, String> {
-        serde_json::from_str(line).map_err(|e| format!("{e}: {line:?}"))
-    }
-
-    /// The member the line is about.
-    pub fn member(&self) -> &str {
-        match self {
-            LogLine::Handled(h) => &h.member,
-            LogLine::Assigned(o) | LogLine::Revoked(o) => &o.member,
-            LogLine::Read(r) => &r.member,
-            LogLine::FenceRejected(f) => &f.member,
-        }
-    }
-
-    /// The line's time (`startUs` for a handler call).
-    pub fn ts_us(&self) -> u64 {
-        match self {
-            LogLine::Handled(h) => h.start_us,
-            LogLine::Assigned(o) | LogLine::Revoked(o) => o.ts_us,
-            LogLine::Read(r) => r.ts_us,
-            LogLine::FenceRejected(f) => f.ts_us,
-        }
-    }
-}
-
-/// The log of one consumer process, lines in the order it wrote them.
-#[derive(Debug, Clone, Default)]
-pub struct ProcessLog {
-    /// A name for messages (`consumer-1`).
-    pub name: String,
-    pub lines: Vec<LogLine>,
-    /// Lines that did not parse.
-    pub bad_lines: Vec<String>,
-}
-
-impl ProcessLog {
-    /// Parses the raw lines of one process.
-    pub fn parse(name: &str, raw: &str) -> ProcessLog {
-        let mut log = ProcessLog {
-            name: name.to_owned(),
-            ..ProcessLog::default()
-        };
-        for line in raw.lines().filter(|l| !l.trim().is_empty()) {
-            match LogLine::parse(line) {
-                Ok(parsed) => log.lines.push(parsed),
-                Err(error) => log.bad_lines.push(error),
-            }
-        }
-        log
-    }
-}
-
-/// What `workload produce --keys K --count N` published: message `n` is `(key-<n mod K>, n div K)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Expected {
-    pub keys: u64,
-    pub count: u64,
-}
-
-impl Expected {
-    pub fn key(i: u64) -> String {
-        format!("key-{i}")
-    }
-
-    /// Number of messages of key `i`.
-    pub fn seqs_of(&self, i: u64) -> u64 {
-        self.count / self.keys + u64::from(i < self.count % self.keys)
-    }
-
-    /// Every produced `(key, seq)`.
-    pub fn messages(&self) -> impl Iterator<Item = (String, u64)> + '_ {
-        (0..self.count).map(|n| (Expected::key(n % self.keys), n / self.keys))
-    }
-}
 
 /// A process that was stopped (`SIGSTOP`) at `stopped_us` and continued (`SIGCONT`) at
 /// `continued_us` (wall-clock µs taken by the test just before sending each signal).
@@ -195,20 +52,28 @@ impl Expected {
 pub struct Stop {
     /// Index of the process in the logs given to [`check`].
     pub process: usize,
+    /// Just before the `SIGSTOP`, µs since the Unix epoch.
     pub stopped_us: u64,
+    /// Just before the `SIGCONT`, µs since the Unix epoch.
     pub continued_us: u64,
 }
 
 /// One ownership interval with its reads (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Interval {
+    /// Index of the process in the logs given to [`check`].
     pub process: usize,
+    /// The owning member.
     pub member: String,
+    /// The shard owned.
     pub shard: u32,
+    /// Time of the `assigned` line.
     pub assigned_us: u64,
+    /// Time of the next `revoked` line, if any.
     pub revoked_us: Option<u64>,
     /// Judged read times, in log order.
     pub reads: Vec<u64>,
+    /// Reads logged after the interval's `revoked` line.
     pub late_reads: usize,
 }
 
@@ -224,23 +89,32 @@ impl Interval {
 /// What the checker found.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
+    /// Logs checked.
     pub processes: usize,
+    /// `handled` lines.
     pub handler_calls: usize,
+    /// `handled` lines with `ok: false`.
     pub failed_calls: usize,
     /// Distinct produced messages with an `ok` handled line.
     pub handled_ok: usize,
     /// `ok` handled lines beyond the first per message (at-least-once duplicates).
     pub duplicates: usize,
+    /// `read` lines.
     pub reads: usize,
+    /// Reads logged after their interval's `revoked` line.
     pub late_reads: usize,
+    /// Reads judged at a `SIGSTOP` instant instead of their own time.
     pub retimed_reads: usize,
     /// Fence rejections by op.
     pub fence_rejections: BTreeMap<String, usize>,
+    /// Every ownership interval found.
     pub intervals: Vec<Interval>,
+    /// What broke a guarantee, one sentence each.
     pub violations: Vec<String>,
 }
 
 impl Report {
+    /// No violations.
     pub fn ok(&self) -> bool {
         self.violations.is_empty()
     }
@@ -339,7 +213,7 @@ fn check_messages(logs: &[ProcessLog], expected: Expected, report: &mut Report) 
             let (Some(key), Some(seq)) = (&h.key, h.seq) else {
                 report.violations.push(format!(
                     "{}: handled an entry whose payload did not decode: shard {} entry {}",
-                    log.name, h.shard, h.entry_id
+                    log.name, h.call.shard, h.call.entry_id
                 ));
                 continue;
             };
@@ -466,7 +340,7 @@ fn check_reads(logs: &[ProcessLog], stops: &[Stop], report: &mut Report) {
                 LogLine::FenceRejected(f) => {
                     *report.fence_rejections.entry(f.op.clone()).or_default() += 1;
                 }
-                LogLine::Handled(_) => {}
+                LogLine::Handled(_) | LogLine::Handling(_) | LogLine::Ready(_) => {}
             }
         }
     }
@@ -496,293 +370,4 @@ fn check_reads(logs: &[ProcessLog], stops: &[Stop], report: &mut Report) {
         }
     }
     report.intervals = intervals;
-}
-
-/// Checker self-tests on hand-written logs: each violation is found, and clean histories pass.
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn handled(member: &str, shard: u32, key: &str, seq: u64, start: u64, ok: bool) -> LogLine {
-        LogLine::Handled(Handled {
-            member: member.into(),
-            shard,
-            entry_id: format!("{start}-0"),
-            key: Some(key.into()),
-            seq: Some(seq),
-            attempt: 1,
-            member_epoch: 1,
-            start_us: start,
-            end_us: start + 1,
-            ok,
-        })
-    }
-
-    fn assigned(member: &str, shard: u32, ts: u64) -> LogLine {
-        LogLine::Assigned(Ownership {
-            member: member.into(),
-            shard,
-            member_epoch: 1,
-            ts_us: ts,
-        })
-    }
-
-    fn revoked(member: &str, shard: u32, ts: u64) -> LogLine {
-        LogLine::Revoked(Ownership {
-            member: member.into(),
-            shard,
-            member_epoch: 1,
-            ts_us: ts,
-        })
-    }
-
-    fn read(member: &str, shard: u32, ts: u64) -> LogLine {
-        LogLine::Read(Read {
-            member: member.into(),
-            shard,
-            count: 1,
-            first_id: format!("{ts}-0"),
-            ts_us: ts,
-        })
-    }
-
-    fn log(name: &str, lines: Vec<LogLine>) -> ProcessLog {
-        ProcessLog {
-            name: name.into(),
-            lines,
-            bad_lines: Vec::new(),
-        }
-    }
-
-    const TWO: Expected = Expected { keys: 1, count: 2 };
-
-    #[test]
-    fn parses_the_five_event_kinds_and_rejects_torn_lines() {
-        let raw = concat!(
-            r#"{"event":"handled","member":"a-m0","shard":3,"entryId":"1-0","key":"key-0","seq":0,"attempt":1,"memberEpoch":2,"startUs":10,"endUs":11,"ok":true}"#,
-            "\n",
-            r#"{"event":"assigned","member":"a-m0","shard":3,"memberEpoch":2,"tsUs":5}"#,
-            "\n",
-            r#"{"event":"revoked","member":"a-m0","shard":3,"memberEpoch":2,"tsUs":20}"#,
-            "\n",
-            r#"{"event":"read","member":"a-m0","shard":3,"count":4,"firstId":"1-0","tsUs":9}"#,
-            "\n",
-            r#"{"event":"fenceRejected","op":"ack","member":"a-m0","shard":3,"tsUs":21}"#,
-            "\n",
-            r#"{"event":"handled","member":"a-m0","shard":3,"entryId":"2-0","key":null,"seq":null,"attempt":1,"memberEpoch":2,"startUs":12,"endUs":13,"ok":false}"#,
-            "\n",
-            r#"{"event":"read","member":"a-m0","sha"#,
-            "\n"
-        );
-        let log = ProcessLog::parse("p", raw);
-        assert_eq!(log.lines.len(), 6, "{:?}", log.bad_lines);
-        assert_eq!(log.bad_lines.len(), 1);
-        assert!(matches!(&log.lines[4], LogLine::FenceRejected(f) if f.op == "ack"));
-        assert!(matches!(&log.lines[5], LogLine::Handled(h) if h.key.is_none() && !h.ok));
-        let report = check(&[log], Expected { keys: 1, count: 1 }, &[]);
-        assert_eq!(report.violations.len(), 2, "{:?}", report.violations); // torn + undecodable
-    }
-
-    #[test]
-    fn expected_messages_follow_the_producer_numbering() {
-        let e = Expected { keys: 3, count: 7 };
-        let messages: Vec<(String, u64)> = e.messages().collect();
-        assert_eq!(messages[0], ("key-0".into(), 0));
-        assert_eq!(messages[4], ("key-1".into(), 1));
-        assert_eq!(messages[6], ("key-0".into(), 2));
-        assert_eq!((e.seqs_of(0), e.seqs_of(1), e.seqs_of(2)), (3, 2, 2));
-    }
-
-    #[test]
-    fn a_clean_handover_passes() {
-        let p0 = log(
-            "p0",
-            vec![
-                assigned("a", 0, 10),
-                read("a", 0, 20),
-                handled("a", 0, "key-0", 0, 21, false),
-                handled("a", 0, "key-0", 0, 22, true),
-                revoked("a", 0, 30),
-            ],
-        );
-        let p1 = log(
-            "p1",
-            vec![
-                assigned("b", 0, 35),
-                read("b", 0, 40),
-                handled("b", 0, "key-0", 0, 41, true),
-                handled("b", 0, "key-0", 1, 42, true),
-            ],
-        );
-        let report = check(&[p0, p1], TWO, &[]);
-        report.assert_ok();
-        assert_eq!(
-            (report.handled_ok, report.duplicates, report.failed_calls),
-            (2, 1, 1)
-        );
-    }
-
-    #[test]
-    fn a_lost_message_is_found() {
-        let p0 = log(
-            "p0",
-            vec![
-                assigned("a", 0, 10),
-                read("a", 0, 20),
-                handled("a", 0, "key-0", 0, 21, true),
-                handled("a", 0, "key-0", 1, 22, false),
-            ],
-        );
-        let report = check(&[p0], TWO, &[]);
-        assert_eq!(report.violations.len(), 1);
-        assert!(
-            report.violations[0].contains("key-0#1"),
-            "{:?}",
-            report.violations
-        );
-    }
-
-    #[test]
-    fn first_handling_out_of_key_order_is_found_but_a_late_duplicate_is_not() {
-        // seq 1 first handled before seq 0: broken.
-        let broken = log(
-            "p0",
-            vec![
-                assigned("a", 0, 1),
-                handled("a", 0, "key-0", 1, 10, true),
-                handled("a", 0, "key-0", 0, 11, true),
-            ],
-        );
-        let report = check(&[broken], TWO, &[]);
-        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
-        assert!(report.violations[0].contains("per-key order"));
-        // seq 0 again after seq 1 (a redelivery): fine.
-        let duplicate = log(
-            "p0",
-            vec![
-                handled("a", 0, "key-0", 0, 10, true),
-                handled("a", 0, "key-0", 1, 11, true),
-                handled("a", 0, "key-0", 0, 12, true),
-            ],
-        );
-        check(&[duplicate], TWO, &[]).assert_ok();
-    }
-
-    #[test]
-    fn overlapping_reads_of_two_members_are_found() {
-        let p0 = log(
-            "p0",
-            vec![assigned("a", 0, 10), read("a", 0, 20), read("a", 0, 50)],
-        );
-        let p1 = log("p1", vec![assigned("b", 0, 30), read("b", 0, 40)]);
-        let report = check(&[p0, p1], Expected { keys: 1, count: 0 }, &[]);
-        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
-        assert!(report.violations[0].contains("read by two members at once"));
-    }
-
-    #[test]
-    fn overlapping_ownership_without_overlapping_reads_passes() {
-        // The zombie's interval stays open (it logs its revocation only after SIGCONT), but it
-        // does not read while the new owner does.
-        let p0 = log(
-            "p0",
-            vec![assigned("a", 0, 10), read("a", 0, 20), revoked("a", 0, 100)],
-        );
-        let p1 = log(
-            "p1",
-            vec![assigned("b", 0, 50), read("b", 0, 60), read("b", 0, 120)],
-        );
-        let report = check(&[p0, p1], Expected { keys: 1, count: 0 }, &[]);
-        report.assert_ok();
-    }
-
-    #[test]
-    fn a_read_after_the_revocation_belongs_to_the_interval_and_is_judged() {
-        let p0 = log(
-            "p0",
-            vec![
-                assigned("a", 0, 10),
-                read("a", 0, 20),
-                revoked("a", 0, 30),
-                read("a", 0, 31),
-            ],
-        );
-        let early = log("p1", vec![assigned("b", 0, 25), read("b", 0, 30)]);
-        let report = check(&[p0.clone(), early], Expected { keys: 1, count: 0 }, &[]);
-        assert_eq!(report.late_reads, 1);
-        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
-        let later = log("p1", vec![assigned("b", 0, 25), read("b", 0, 40)]);
-        check(&[p0, later], Expected { keys: 1, count: 0 }, &[]).assert_ok();
-    }
-
-    #[test]
-    fn a_read_without_assignment_is_found() {
-        let p0 = log("p0", vec![read("a", 0, 20)]);
-        let report = check(&[p0], Expected { keys: 1, count: 0 }, &[]);
-        assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
-    }
-
-    #[test]
-    fn one_read_logged_right_after_sigcont_is_judged_at_the_stop() {
-        // a was stopped at 100 and continued at 1000; its read of shard 0 in flight at the stop
-        // is logged at 1001. b read the shard at 500 while a was stopped.
-        let p0 = log(
-            "p0",
-            vec![
-                assigned("a", 0, 10),
-                read("a", 0, 20),
-                read("a", 0, 1001),
-                revoked("a", 0, 1002),
-            ],
-        );
-        let p1 = log("p1", vec![assigned("b", 0, 400), read("b", 0, 500)]);
-        let stop = Stop {
-            process: 0,
-            stopped_us: 100,
-            continued_us: 1000,
-        };
-        let report = check(
-            &[p0.clone(), p1.clone()],
-            Expected { keys: 1, count: 0 },
-            &[stop],
-        );
-        report.assert_ok();
-        assert_eq!(report.retimed_reads, 1);
-        // Without the stop, the same history is a violation.
-        assert!(
-            !check(
-                &[p0.clone(), p1.clone()],
-                Expected { keys: 1, count: 0 },
-                &[]
-            )
-            .ok()
-        );
-        // A second read after SIGCONT is judged at its own time.
-        let mut p0_two = p0;
-        p0_two.lines.insert(3, read("a", 0, 1003));
-        assert!(!check(&[p0_two, p1], Expected { keys: 1, count: 0 }, &[stop]).ok());
-    }
-
-    #[test]
-    fn a_read_of_a_shard_assigned_after_sigcont_is_not_retimed() {
-        // a's member a2 is assigned shard 0 right after SIGCONT (1000) and reads it at 1001,
-        // within the grace: that read cannot have been in flight at the stop (100).
-        let p0 = log("p0", vec![assigned("a2", 0, 1000), read("a2", 0, 1001)]);
-        let p1 = log(
-            "p1",
-            vec![
-                assigned("b", 0, 400),
-                read("b", 0, 500),
-                revoked("b", 0, 990),
-            ],
-        );
-        let stop = Stop {
-            process: 0,
-            stopped_us: 100,
-            continued_us: 1000,
-        };
-        let report = check(&[p0, p1], Expected { keys: 1, count: 0 }, &[stop]);
-        report.assert_ok();
-        assert_eq!(report.retimed_reads, 0);
-    }
 }

@@ -1,0 +1,339 @@
+//! The fault-injection suite's side of the support (`tests/fault_*.rs`): the `workload`
+//! example as consumer and producer processes with the suite's timings, waits on their logs,
+//! and diagnostics for a failing run. The process, its log and the checker are in
+//! `stream_listener::testing::workload`, shared with the fault benchmarks.
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use stream_listener::testing::workload::{
+    Expected, LogLine, Workload, build_example, handled_messages, now_us, owned_before, poll_until,
+};
+
+use super::{GROUP, STREAM};
+
+/// Protocol timings of the suite: heartbeat 200 ms, lease 1.5 s, rebalance timeout 3 s.
+pub const HEARTBEAT_MS: u64 = 200;
+pub const LEASE_MS: u64 = 1500;
+pub const REBALANCE_MS: u64 = 3000;
+
+/// The scenarios start several processes with short leases: run one at a time, so that they do
+/// not starve each other of CPU (a starved member misses its lease).
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The `workload` example's executable, built once per test binary with the same cargo that runs
+/// the tests: `cargo build --workspace --example workload`, so cargo decides whether it is up to
+/// date. `--workspace` resolves features as `cargo test --workspace` does, which has already
+/// built the example: the build is then a no-op (without it, a clean tree would compile a second
+/// variant of the example and its dependencies). The path is the one cargo reports, so
+/// `CARGO_TARGET_DIR` works.
+pub fn workload_binary() -> &'static std::path::Path {
+    static PATH: OnceLock<std::path::PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        build_example(
+            env!("CARGO"),
+            env!("CARGO_MANIFEST_DIR"),
+            &["--workspace"],
+            "workload",
+        )
+        .into()
+    })
+}
+
+/// Runs one future to completion on a throwaway runtime (admin calls from synchronous tests).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(future)
+}
+
+/// A `workload consume` process with the suite's timings (`extra` is appended).
+pub fn consumer(name: &str, url: &str, concurrency: u32, extra: &[&str]) -> Workload {
+    let mut args = strings(&[
+        "consume",
+        "--stream",
+        STREAM,
+        "--group",
+        GROUP,
+        "--heartbeat-ms",
+        &HEARTBEAT_MS.to_string(),
+        "--lease-ms",
+        &LEASE_MS.to_string(),
+        "--rebalance-ms",
+        &REBALANCE_MS.to_string(),
+        "--concurrency",
+        &concurrency.to_string(),
+        "--batch-size",
+        "16",
+        "--block-ms",
+        "500",
+        "--backoff-ms",
+        "20",
+        "--handler-timeout-ms",
+        "2000",
+        "--shutdown-timeout-ms",
+        "3000",
+        "--shards",
+        &SHARDS.to_string(),
+        "--exit-on-stdin-close",
+    ]);
+    args.extend(strings(extra));
+    Workload::spawn(workload_binary(), name, url, &args)
+}
+
+/// A `workload produce` process.
+pub fn producer(url: &str, keys: u64, count: u64, rate: u64) -> Workload {
+    let args = strings(&[
+        "produce",
+        "--stream",
+        STREAM,
+        "--keys",
+        &keys.to_string(),
+        "--count",
+        &count.to_string(),
+        "--rate",
+        &rate.to_string(),
+        "--shards",
+        &SHARDS.to_string(),
+        "--batch",
+        "32",
+    ]);
+    Workload::spawn(workload_binary(), "producer", url, &args)
+}
+
+/// Owned copies of command-line words.
+pub fn strings(words: &[&str]) -> Vec<String> {
+    words.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Shard count of every scenario (each runs its own Redis, with the support's stream and group).
+pub const SHARDS: u32 = 8;
+
+/// The shards each member owns now according to `lines` (assigned and not revoked since).
+pub fn owned_now(lines: &[LogLine]) -> std::collections::BTreeMap<u32, String> {
+    owned_before(lines, u64::MAX)
+}
+
+/// Waits until the live processes `procs` together own every shard, each process at least one,
+/// and nothing has changed hands for `quiet`. Panics after `deadline`.
+pub fn wait_settled(procs: &[&Workload], deadline: Duration, quiet: Duration) {
+    let mut last_change = Instant::now();
+    let mut last: Vec<std::collections::BTreeMap<u32, String>> = Vec::new();
+    let settled = poll_until(deadline, || {
+        let owned: Vec<_> = procs.iter().map(|p| owned_now(&p.lines())).collect();
+        if owned != last {
+            last = owned.clone();
+            last_change = Instant::now();
+        }
+        let total: usize = owned.iter().map(|o| o.len()).sum();
+        let shards: std::collections::BTreeSet<u32> =
+            owned.iter().flat_map(|o| o.keys().copied()).collect();
+        total == SHARDS as usize
+            && shards.len() == SHARDS as usize
+            && owned.iter().all(|o| !o.is_empty())
+            && last_change.elapsed() >= quiet
+    });
+    assert!(
+        settled,
+        "the consumers did not settle within {deadline:?}: {:?}; stderr: {}",
+        last,
+        procs
+            .iter()
+            .map(|p| format!("{}: {}", p.name, p.stderr_text()))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+}
+
+/// Distinct produced messages with an ok handled line in `procs`' logs so far.
+pub fn handled_ok(procs: &[&Workload]) -> usize {
+    handled_messages(procs).len()
+}
+
+/// Creates the suite's stream (`SHARDS` shards) on the server at `url`.
+pub fn create_stream(url: &str) {
+    use stream_listener::core::admin;
+    use stream_listener::core::connection::{RedisConnection, RedisTarget};
+    block_on(async {
+        let mut conn = RedisConnection::connect(
+            &RedisTarget::Standalone(url.to_owned()),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("connect to Redis");
+        admin::create_stream(&mut conn, STREAM, SHARDS)
+            .await
+            .expect("create the stream");
+    });
+}
+
+/// An `XRANGE` entry: id and fields.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
+/// For messages that no consumer handled: where they are in Redis (entry id, shard, pending or
+/// not, the group's last delivered id), for failure messages.
+pub fn diagnose_missing(url: &str, missing: &[(String, u64)]) -> String {
+    let mut out = String::new();
+    let Ok(client) = redis::Client::open(url) else {
+        return "cannot open a Redis client".into();
+    };
+    let Ok(mut conn) = client.get_connection() else {
+        return "cannot connect to Redis".into();
+    };
+    for shard in 0..SHARDS {
+        let key = format!("{{{STREAM}:{shard}}}");
+        let entries: Vec<StreamEntry> = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .query(&mut conn)
+            .unwrap_or_default();
+        let groups: redis::Value = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&key)
+            .query(&mut conn)
+            .unwrap_or(redis::Value::Nil);
+        for (id, fields) in &entries {
+            let payload = fields
+                .iter()
+                .find(|(name, _)| name == "payload")
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(&payload) else {
+                continue;
+            };
+            let message = (
+                value["key"].as_str().unwrap_or_default().to_owned(),
+                value["seq"].as_u64().unwrap_or(u64::MAX),
+            );
+            if missing.contains(&message) {
+                let pending: redis::Value = redis::cmd("XPENDING")
+                    .arg(&key)
+                    .arg(GROUP)
+                    .arg(id)
+                    .arg(id)
+                    .arg(1)
+                    .query(&mut conn)
+                    .unwrap_or(redis::Value::Nil);
+                out.push_str(&format!(
+                    "\n{}#{} is entry {id} of {key}; pending: {pending:?}; groups: {groups:?}",
+                    message.0, message.1
+                ));
+            }
+        }
+    }
+    if out.is_empty() {
+        out = format!("none of {missing:?} is in any shard stream (never appended?)");
+    }
+    out
+}
+
+/// Produced messages without an ok handled line in `procs`' logs.
+pub fn missing_messages(procs: &[&Workload], expected: Expected) -> Vec<(String, u64)> {
+    let done = handled_messages(procs);
+    expected.messages().filter(|m| !done.contains(m)).collect()
+}
+
+/// Writes every process's raw stdout and stderr to a fresh directory under the system temp
+/// directory, for a failing run's post-mortem; returns the directory.
+pub fn save_logs(scenario: &str, procs: &[&Workload]) -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "fault-logs-{scenario}-{}-{}",
+        std::process::id(),
+        now_us()
+    ));
+    if std::fs::create_dir_all(&dir).is_err() {
+        return "(could not create a log directory)".into();
+    }
+    for p in procs {
+        let _ = std::fs::write(
+            dir.join(format!("{}.jsonl", p.name)),
+            p.raw_lines().join("\n") + "\n",
+        );
+        let _ = std::fs::write(dir.join(format!("{}.stderr", p.name)), p.stderr_text());
+    }
+    dir.display().to_string()
+}
+
+/// Entries pending in the group's PEL, per shard (`XPENDING <shard> <group>` count).
+pub fn pending_per_shard(url: &str) -> Result<Vec<u64>, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client.get_connection().map_err(|e| e.to_string())?;
+    (0..SHARDS)
+        .map(|shard| {
+            let summary: redis::Value = redis::cmd("XPENDING")
+                .arg(format!("{{{STREAM}:{shard}}}"))
+                .arg(GROUP)
+                .query(&mut conn)
+                .map_err(|e| e.to_string())?;
+            match summary {
+                redis::Value::Array(items) => match items.first() {
+                    Some(redis::Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+                    other => Err(format!("unexpected XPENDING summary {other:?}")),
+                },
+                other => Err(format!("unexpected XPENDING reply {other:?}")),
+            }
+        })
+        .collect()
+}
+
+/// Up to 20 pending entries per shard: (shard, entry id, consumer, delivery count).
+pub fn pending_entries(url: &str) -> Vec<(u32, String, String, u64)> {
+    let Ok(client) = redis::Client::open(url) else {
+        return Vec::new();
+    };
+    let Ok(mut conn) = client.get_connection() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for shard in 0..SHARDS {
+        let rows: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(format!("{{{STREAM}:{shard}}}"))
+            .arg(GROUP)
+            .arg("-")
+            .arg("+")
+            .arg(20)
+            .query(&mut conn)
+            .unwrap_or_default();
+        out.extend(
+            rows.into_iter()
+                .map(|(id, consumer, _idle, count)| (shard, id, consumer, count)),
+        );
+    }
+    out
+}
+
+/// What the logs of `procs` say about entry `id` of `shard`: its handled and read lines.
+pub fn entry_history(procs: &[&Workload], shard: u32, id: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in procs {
+        for line in p.lines() {
+            match &line {
+                LogLine::Handled(h) if h.call.shard == shard && h.call.entry_id == id => {
+                    out.push(format!("{}: {line:?}", p.name));
+                }
+                LogLine::Read(r) if r.shard == shard && r.first_id.as_str() <= id => {
+                    // Only the last read at or before the id is interesting; keep them all
+                    // and trim below.
+                    out.push(format!("{}: {line:?}", p.name));
+                }
+                _ => {}
+            }
+        }
+    }
+    // The reads that may have returned the entry: the last few before it.
+    let reads: Vec<String> = out
+        .iter()
+        .filter(|l| l.contains("Read("))
+        .cloned()
+        .collect();
+    let mut kept: Vec<String> = out.into_iter().filter(|l| !l.contains("Read(")).collect();
+    kept.extend(reads.into_iter().rev().take(2));
+    kept
+}
