@@ -32,6 +32,7 @@ pub mod member;
 pub mod model;
 pub(crate) mod poller;
 pub mod producer;
+pub mod startup;
 pub mod store;
 
 #[cfg(feature = "testing")]

@@ -87,9 +87,7 @@ pub use stream_listener_core::{assignor, coordinator, model};
 pub use stream_listener_macros::stream_listener;
 
 pub use registry::{ListenerRegistration, registered_listeners};
-pub use run::{
-    ListenerStatus, MINIMUM_REDIS_VERSION, RunError, RunningApp, run, run_listeners, run_with,
-};
+pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
 
 /// Extractors and handler return types (docs/design.md §7, §8).
 pub use stream_listener_core::extract;

@@ -148,7 +148,8 @@ impl Member {
         let mut conn = self.conn.clone();
         let prefix = self.stream.prefix();
         if matches!(error, StoreError::MissingStream { .. })
-            && let Err(error) = crate::admin::create_stream(&mut conn, prefix, shards).await
+            && let Err(error) =
+                crate::store::provision::create_stream(&mut conn, prefix, shards).await
         {
             tracing::warn!(%error, "re-creating the stream failed");
             return;
@@ -159,7 +160,7 @@ impl Member {
             tracing::warn!(%error, "re-creating the group failed");
             return;
         }
-        if let Err(error) = crate::admin::register_group(
+        if let Err(error) = crate::store::provision::register_group(
             &mut conn,
             prefix,
             &self.group,
