@@ -33,7 +33,7 @@ use crate::dataplane::{
     ReadOutcome, ShardClient, ShardEntry, Waiter,
 };
 use crate::fence::FenceToken;
-use crate::handler::{Delivery, Handler, HandlerError};
+use crate::handler::{Delivery, Handler, HandlerError, Metadata};
 use crate::keys::StreamKeys;
 use crate::member::{ListenerEvent, ListenerOptions, MemberShared};
 use crate::model::{FenceConflict, ShardIndex};
@@ -871,15 +871,18 @@ impl ShardTask {
         backoff: &mut Duration,
     ) -> Result<Outcome, DataPlaneError> {
         for attempt in 1..=max_attempts {
+            let mut metadata = Metadata::new(
+                &self.shard_key,
+                self.shard,
+                entry.id.clone(),
+                &entry.fields,
+                &self.member_id,
+                token.member_epoch,
+            );
+            (metadata.delivery_count, metadata.attempt) = (entry.delivery_count, attempt);
             let delivery = Delivery {
-                stream_key: self.shard_key.clone(),
-                shard: self.shard,
-                entry_id: entry.id.clone(),
+                metadata,
                 fields: entry.fields.clone(),
-                delivery_count: entry.delivery_count,
-                attempt,
-                member_id: self.member_id.clone(),
-                member_epoch: token.member_epoch,
             };
             let error = match self.run_handler(delivery).await {
                 Attempt::Ok => {
