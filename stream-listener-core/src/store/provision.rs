@@ -32,13 +32,6 @@ pub const CAS_ATTEMPTS: u32 = 16;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProvisionError {
-    /// Redis failed, the stream is unknown, its metadata is corrupt, or the compare-and-set kept
-    /// conflicting.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// A stream prefix or group name that cannot be used (docs/design.md §2).
-    #[error(transparent)]
-    InvalidName(#[from] NameError),
     /// A stream of 0 shards.
     #[error("stream {prefix:?} needs at least 1 shard")]
     ZeroShards {
@@ -65,6 +58,13 @@ pub enum ProvisionError {
         /// The requested count.
         requested: u32,
     },
+    /// Redis failed, the stream is unknown, its metadata is corrupt, or the compare-and-set kept
+    /// conflicting.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A stream prefix or group name that cannot be used (docs/design.md §2).
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
 }
 
 /// The stream metadata, or [`StoreError::MissingStream`].
@@ -255,18 +255,19 @@ pub async fn register_group(
     let id = start_id(start_from);
     let mut touched: BTreeSet<ShardIndex> = BTreeSet::new();
     let mut provisioned = false;
+    let outcome = |registered, start_from, metadata_version| GroupRegistration {
+        stream_prefix: prefix.to_owned(),
+        consumer_group: group.to_owned(),
+        registered,
+        start_from,
+        metadata_version,
+    };
     for attempt in 1..=CAS_ATTEMPTS {
         let meta = load_required(conn, &keys).await?;
         if let Some(existing) = meta.groups.iter().find(|g| g.consumer_group == group) {
             let start_from = existing.start_from;
             undo_on_retiring(conn, &keys, &meta, &touched, group).await?;
-            return Ok(GroupRegistration {
-                stream_prefix: prefix.to_owned(),
-                consumer_group: group.to_owned(),
-                registered: false,
-                start_from,
-                metadata_version: meta.metadata_version,
-            });
+            return Ok(outcome(false, start_from, meta.metadata_version));
         }
         for shard in &meta.shards {
             if shard.state.is_readable() {
@@ -304,13 +305,7 @@ pub async fn register_group(
         match write_stream_metadata(conn, &keys, Some(meta.revision), &mut next).await? {
             StreamCas::Written => {
                 undo_on_retiring(conn, &keys, &next, &touched, group).await?;
-                return Ok(GroupRegistration {
-                    stream_prefix: prefix.to_owned(),
-                    consumer_group: group.to_owned(),
-                    registered: true,
-                    start_from,
-                    metadata_version: next.metadata_version,
-                });
+                return Ok(outcome(true, start_from, next.metadata_version));
             }
             StreamCas::Conflict => backoff(attempt).await,
         }

@@ -35,26 +35,35 @@ impl AssignmentLog {
         }
     }
 
+    /// Applies `change` to what `member` of `listener` owns; returns what `change` returns.
+    fn update(
+        &self,
+        listener: &str,
+        member: String,
+        change: impl FnOnce(&mut BTreeSet<ShardIndex>) -> bool,
+    ) -> bool {
+        let mut owned = self.lock();
+        change(
+            owned
+                .entry(listener.to_owned())
+                .or_default()
+                .entry(member)
+                .or_default(),
+        )
+    }
+
     pub(crate) fn callback(self: &Arc<Self>, listener: &str) -> EventCallback {
         let log = Arc::downgrade(self);
         let listener = listener.to_owned();
         EventCallback(Arc::new(move |event| {
             let Some(log) = log.upgrade() else { return };
             let changed = match event {
-                ListenerEvent::Assigned { member, shard, .. } => log
-                    .lock()
-                    .entry(listener.clone())
-                    .or_default()
-                    .entry(member)
-                    .or_default()
-                    .insert(shard),
-                ListenerEvent::Revoked { member, shard, .. } => log
-                    .lock()
-                    .entry(listener.clone())
-                    .or_default()
-                    .entry(member)
-                    .or_default()
-                    .remove(&shard),
+                ListenerEvent::Assigned { member, shard, .. } => {
+                    log.update(&listener, member, |owned| owned.insert(shard))
+                }
+                ListenerEvent::Revoked { member, shard, .. } => {
+                    log.update(&listener, member, |owned| owned.remove(&shard))
+                }
                 _ => false,
             };
             if changed {
