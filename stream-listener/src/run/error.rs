@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use stream_listener_core::config::ConfigError;
 use stream_listener_core::handler::BoxError;
+use stream_listener_core::internals::startup::{MINIMUM_REDIS_VERSION, StartupError};
+use stream_listener_core::internals::store::provision::ProvisionError;
 use stream_listener_core::member::{ListenerError, MemberStopped};
-use stream_listener_core::startup::{MINIMUM_REDIS_VERSION, StartupError};
-use stream_listener_core::store::provision::ProvisionError;
 
 /// Why [`crate::run`], [`crate::run_with`] or [`crate::run_listeners`] could not start, or
 /// [`crate::run`] stopped.
@@ -127,7 +127,7 @@ pub enum RunError {
 }
 
 impl RunError {
-    /// The error of the startup checks ([`stream_listener_core::startup::connect`]) on
+    /// The error of the startup checks ([`stream_listener_core::internals::startup::connect`]) on
     /// `target` (already redacted).
     pub(crate) fn startup(target: String, error: StartupError) -> Self {
         match error {

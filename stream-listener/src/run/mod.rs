@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use stream_listener_core::config::{Config, redact_url};
-use stream_listener_core::connection::RedisTarget;
-use stream_listener_core::keys::StreamKeys;
+use stream_listener_core::internals::connection::RedisTarget;
+use stream_listener_core::internals::keys::StreamKeys;
+use stream_listener_core::internals::startup::{self, Connected};
+use stream_listener_core::internals::store::provision::{ProvisionError, create_stream};
+use stream_listener_core::internals::store::{StoreError, load_stream_metadata};
 use stream_listener_core::member::{Listener, ListenerError, ListenerHandle, ListenerOptions};
-use stream_listener_core::startup::{self, Connected};
-use stream_listener_core::store::provision::{ProvisionError, create_stream};
-use stream_listener_core::store::{StoreError, load_stream_metadata};
 
 use crate::registry::{ListenerRegistration, registered_listeners};
 pub use app::{ListenerStatus, RunningApp};
@@ -282,5 +282,5 @@ async fn check_streams(
 
 /// Whether a store error means Redis could not be reached (the admin tool's exit code 3).
 fn unreachable(error: &StoreError) -> bool {
-    matches!(error, StoreError::Redis(e) if stream_listener_core::admin::redis_unreachable(e))
+    matches!(error, StoreError::Redis(e) if stream_listener_core::internals::admin::redis_unreachable(e))
 }

@@ -1,8 +1,10 @@
 //! How the tool fails: one line on standard error and an exit code (1 operation failed, 2 usage
 //! error, 3 Redis unreachable), and connecting to Redis with those failures.
 
-use stream_listener::core::admin::{AdminError, redis_unreachable};
-use stream_listener::core::connection::{DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget};
+use stream_listener::core::internals::admin::{AdminError, redis_unreachable};
+use stream_listener::core::internals::connection::{
+    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget,
+};
 
 use crate::Cli;
 

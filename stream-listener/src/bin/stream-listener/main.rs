@@ -1,5 +1,5 @@
 //! `stream-listener`: the admin command-line tool of stream-listener (docs/design.md §1, §10), a
-//! thin layer over `stream_listener::core::admin`.
+//! thin layer over `stream_listener::core::internals::admin`.
 //!
 //! Exit codes: 0 success; 1 the operation failed (unknown stream, bad count, group still live,
 //! corrupt metadata...); 2 usage error (bad arguments, invalid URL); 3 Redis unreachable. Errors
@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
-use stream_listener::core::admin;
-use stream_listener::core::coordinator::CoordinatorConfig;
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::coordinator::CoordinatorConfig;
 
 use failure::{Failure, connect};
 use text::{

@@ -1,7 +1,7 @@
 //! The tables and sentences the tool prints for each command without `--json`.
 
 use serde::Serialize;
-use stream_listener::core::admin::{
+use stream_listener::core::internals::admin::{
     CreatedStream, DeletedGroup, GroupDescription, GroupSummary, Lag, RetireReport, ScaleAction,
     ScaleOutcome, StreamDescription, StreamSummary,
 };
