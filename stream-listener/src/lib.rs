@@ -96,7 +96,7 @@ pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with
 pub use stream_listener_core::extract::{
     FromDelivery, IntoHandlerResult, Json, Message, RawMessage,
 };
-pub use stream_listener_core::handler::{Delivery, HandlerError, Metadata};
+pub use stream_listener_core::handler::{BoxError, Delivery, HandlerError, Metadata};
 pub use stream_listener_core::member::MemberStatus;
 
 /// The configuration file (docs/design.md §11; its sections are the types of
