@@ -37,7 +37,7 @@
 //! - the `stream-listener` command-line tool (feature `cli`, on by default) creates, scales,
 //!   retires and describes streams and groups; [`core::internals::admin`] is the same as a
 //!   library;
-//! - [`testing`] (feature `testing`) starts throwaway Redis servers and clusters for tests;
+//! - `testing` (feature `testing`) starts throwaway Redis servers and clusters for tests;
 //! - [`core`] is `stream-listener-core` for integrators: [`core::member::Listener`] runs one
 //!   listener without `run()`; [`core::internals`] holds the store, data plane and admin
 //!   operations without a semver promise.

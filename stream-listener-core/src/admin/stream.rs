@@ -127,7 +127,7 @@ fn indexes_in(meta: &StreamMetadata, state: ShardState) -> Vec<ShardIndex> {
 ///   ([`ScaleAction::Unchanged`]).
 ///
 /// # Errors
-/// [`AdminError::InvalidName`]; [`AdminError::TooManyShards`] above [`MAX_SHARDS`];
+/// [`AdminError::InvalidName`]; [`AdminError::TooManyShards`] above [`super::MAX_SHARDS`];
 /// [`AdminError::MigrationInProgress`] while another migration runs (retire it or
 /// [`cancel_scale`]); [`AdminError::Store`]: unknown stream ([`super::StoreError::MissingStream`]),
 /// Redis failure, corrupt metadata, or [`super::StoreError::Contended`] after [`CAS_ATTEMPTS`]
