@@ -344,6 +344,9 @@ impl ListenerHandle {
     /// One handle for the members of `self` and `other` (the listeners of one process): shutting
     /// it down, or cancelling its [`ListenerHandle::shutdown_token`], shuts both down; `join`
     /// waits for both; [`ListenerHandle::status`] lists `self`'s members first.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (it spawns the task that forwards the shutdown).
     pub fn merge(mut self, other: ListenerHandle) -> ListenerHandle {
         let (ours, theirs) = (self.shutdown.clone(), other.shutdown.clone());
         tokio::spawn(async move {
