@@ -39,41 +39,34 @@ pub mod testing;
 /// release. It exists for the `stream-listener` admin tool, the tests and the benchmarks, and for
 /// integrators who accept that.
 pub mod internals {
-    /// Admin operations: create, register, describe, list, scale, retire, delete (docs/design.md §8, §10).
-    pub mod admin {
-        pub use crate::admin::*;
+    /// Each module of the crate named here, as `internals::<name>`: everything it exports.
+    macro_rules! re_export {
+        ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+            $($(#[$doc])* pub mod $name {
+                pub use crate::$name::*;
+            })*
+        };
     }
-    /// The sticky assignor (docs/design.md §7).
-    pub mod assignor {
-        pub use crate::assignor::*;
-    }
-    /// Standalone or cluster connections behind one type.
-    pub mod connection {
-        pub use crate::connection::*;
-    }
-    /// The pure coordinator state machine (docs/design.md §4–§6); it knows nothing of Redis.
-    pub mod coordinator {
-        pub use crate::coordinator::*;
-    }
-    /// Fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (docs/design.md §8).
-    pub mod dataplane {
-        pub use crate::dataplane::*;
-    }
-    /// Per-shard fencing tokens (docs/design.md §8).
-    pub mod fence {
-        pub use crate::fence::*;
-    }
-    /// The key layout in Redis and name validation (docs/design.md §2).
-    pub mod keys {
-        pub use crate::keys::*;
-    }
-    /// Connecting at startup: retry, `PING`, the Redis version check (docs/design.md §1).
-    pub mod startup {
-        pub use crate::startup::*;
-    }
-    /// The Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction, and
-    /// provisioning (docs/design.md §5).
-    pub mod store {
-        pub use crate::store::*;
+
+    re_export! {
+        /// Admin operations: create, register, describe, list, scale, retire, delete (docs/design.md §8, §10).
+        admin,
+        /// The sticky assignor (docs/design.md §7).
+        assignor,
+        /// Standalone or cluster connections behind one type.
+        connection,
+        /// The pure coordinator state machine (docs/design.md §4–§6); it knows nothing of Redis.
+        coordinator,
+        /// Fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (docs/design.md §8).
+        dataplane,
+        /// Per-shard fencing tokens (docs/design.md §8).
+        fence,
+        /// The key layout in Redis and name validation (docs/design.md §2).
+        keys,
+        /// Connecting at startup: retry, `PING`, the Redis version check (docs/design.md §1).
+        startup,
+        /// The Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction, and
+        /// provisioning (docs/design.md §5).
+        store,
     }
 }
