@@ -14,9 +14,9 @@ use crate::model::{ShardIndex, ShardState, StartFrom};
 use crate::store::provision;
 use crate::store::{GroupStore, StoreError, StreamCas, write_stream_metadata};
 
-/// Registers consumer group `group` on stream `prefix`: [`crate::store::provision::register_group`]
-/// (which says what is created, under which compare-and-set, and when it is a no-op), for
-/// operators.
+/// Registers consumer group `group` on stream `prefix`, for operators:
+/// [`crate::store::provision::register_group`] (which says what is created, under which
+/// compare-and-set, and when it is a no-op).
 ///
 /// # Errors
 /// [`AdminError::InvalidName`] for a bad prefix or group name (nothing written);

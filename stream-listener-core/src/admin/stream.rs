@@ -17,14 +17,15 @@ use crate::model::{Micros, Migration, ShardIndex, ShardInfo, ShardState, StreamM
 use crate::store::provision;
 use crate::store::{StreamCas, write_stream_metadata};
 
-/// Creates the sharded stream `prefix` with `shards` shards: [`crate::store::provision::create_stream`]
-/// (which says what is written, in which order, and when it is a no-op), for operators.
+/// Creates the sharded stream `prefix` with `shards` shards, for operators:
+/// [`crate::store::provision::create_stream`] (which says what is written, in which order, and
+/// when it is a no-op).
 ///
 /// # Errors
 /// Before anything is written: [`AdminError::InvalidName`] for a prefix with `{`, `}`, whitespace
 /// or control characters, or empty; [`AdminError::ZeroShards`]; [`AdminError::TooManyShards`]
-/// above [`super::MAX_SHARDS`]; [`AdminError::ShardCountMismatch`] when the stream exists with another
-/// count (use [`scale`]). [`AdminError::Store`] when Redis fails or the existing metadata cannot
+/// above [`super::MAX_SHARDS`]; [`AdminError::ShardCountMismatch`] when the stream exists with
+/// another count (use [`scale`]). [`AdminError::Store`] when Redis fails or the existing metadata cannot
 /// be read.
 pub async fn create_stream(
     conn: &mut RedisConnection,

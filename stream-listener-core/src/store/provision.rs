@@ -136,11 +136,11 @@ pub(crate) fn check_shard_count(
 /// before writing the metadata are kept as they are.
 ///
 /// # Errors
-/// Before anything is written: [`ProvisionError::InvalidName`] for a prefix with `{`, `}`, whitespace
-/// or control characters, or empty; [`ProvisionError::ZeroShards`]; [`ProvisionError::TooManyShards`]
-/// above [`MAX_SHARDS`]; [`ProvisionError::ShardCountMismatch`] when the stream exists with another
-/// count (use `admin::scale`). [`ProvisionError::Store`] when Redis fails or the existing metadata cannot
-/// be read.
+/// Before anything is written: [`ProvisionError::InvalidName`] for a prefix with `{`, `}`,
+/// whitespace or control characters, or empty; [`ProvisionError::ZeroShards`];
+/// [`ProvisionError::TooManyShards`] above [`MAX_SHARDS`]; [`ProvisionError::ShardCountMismatch`]
+/// when the stream exists with another count (use `admin::scale`). [`ProvisionError::Store`] when
+/// Redis fails or the existing metadata cannot be read.
 pub async fn create_stream(
     conn: &mut RedisConnection,
     prefix: &str,
@@ -242,8 +242,8 @@ fn start_id(start_from: StartFrom) -> &'static str {
 ///
 /// # Errors
 /// [`ProvisionError::InvalidName`] for a bad prefix or group name (nothing written);
-/// [`ProvisionError::Store`]: unknown stream ([`StoreError::MissingStream`]), Redis failure, corrupt
-/// metadata, or [`StoreError::Contended`].
+/// [`ProvisionError::Store`]: unknown stream ([`StoreError::MissingStream`]), Redis failure,
+/// corrupt metadata, or [`StoreError::Contended`].
 pub async fn register_group(
     conn: &mut RedisConnection,
     prefix: &str,
