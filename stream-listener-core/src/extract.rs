@@ -24,8 +24,8 @@ use std::ops::{Deref, DerefMut};
 
 use serde::de::DeserializeOwned;
 
+pub use crate::handler::Metadata;
 use crate::handler::{BoxError, Delivery, HandlerError};
-use crate::model::{Epoch, ShardIndex};
 
 /// Builds a listener function's argument from a [`Delivery`].
 ///
@@ -109,46 +109,9 @@ impl<T: DeserializeOwned> FromDelivery for Json<T> {
     }
 }
 
-/// Where an entry came from and who is handling it (shared by [`Message`] and [`RawMessage`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Metadata {
-    /// The Redis entry id, e.g. `1700000000000-0`.
-    pub entry_id: String,
-    /// The shard index.
-    pub shard: ShardIndex,
-    /// The shard stream key, e.g. `{orders:3}`.
-    pub stream_key: String,
-    /// The partition key the publisher routed by (field `key`), when present and UTF-8.
-    pub partition_key: Option<String>,
-    /// How many times Redis delivered the entry to this group (1 for a first read).
-    pub delivery_count: u64,
-    /// Attempt number of this call within the current delivery, from 1.
-    pub attempt: u32,
-    /// The member running the function (`<base>-m<k>`).
-    pub member_id: String,
-    /// Its member epoch when it was given the shard.
-    pub member_epoch: Epoch,
-}
-
-impl Metadata {
-    fn of(delivery: &Delivery) -> Metadata {
-        Metadata {
-            entry_id: delivery.entry_id.clone(),
-            shard: delivery.shard,
-            stream_key: delivery.stream_key.to_string(),
-            partition_key: delivery.partition_key().map(str::to_owned),
-            delivery_count: delivery.delivery_count,
-            attempt: delivery.attempt,
-            member_id: delivery.member_id.to_string(),
-            member_epoch: delivery.member_epoch,
-        }
-    }
-}
-
 impl FromDelivery for Metadata {
     fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
-        Ok(Metadata::of(delivery))
+        Ok(delivery.metadata.clone())
     }
 }
 
@@ -174,7 +137,7 @@ impl<T: DeserializeOwned> FromDelivery for Message<T> {
     fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
         Ok(Message {
             payload: decode_payload(delivery)?,
-            metadata: Metadata::of(delivery),
+            metadata: delivery.metadata.clone(),
         })
     }
 }
@@ -193,10 +156,7 @@ pub struct RawMessage {
 impl RawMessage {
     /// The value of field `name`, if present.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
-        self.fields
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
+        crate::handler::field(&self.fields, name)
     }
 
     /// Field `payload`, if present.
@@ -216,7 +176,7 @@ impl FromDelivery for RawMessage {
     fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
         Ok(RawMessage {
             fields: delivery.fields.to_vec(),
-            metadata: Metadata::of(delivery),
+            metadata: delivery.metadata.clone(),
         })
     }
 }
@@ -256,21 +216,18 @@ impl<E: Into<BoxError>> IntoHandlerResult for Result<(), E> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     fn delivery(fields: &[(&str, &str)]) -> Delivery {
+        let fields: Arc<[(String, Vec<u8>)]> = fields
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+            .collect();
         Delivery {
-            stream_key: "{orders:2}".into(),
-            shard: 2,
-            entry_id: "1-0".into(),
-            fields: fields
-                .iter()
-                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
-                .collect(),
-            delivery_count: 1,
-            attempt: 1,
-            member_id: "m-m0".into(),
-            member_epoch: 7,
+            metadata: Metadata::new("{orders:2}", 2, "1-0".into(), &fields, "m-m0", 7),
+            fields,
         }
     }
 

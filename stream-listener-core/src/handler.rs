@@ -17,44 +17,95 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// The future a [`Handler`] returns.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'static>>;
 
-/// One entry handed to a handler, with where it came from.
+/// One entry handed to a handler: its fields and its [`Metadata`] (reachable directly,
+/// `delivery.entry_id`, `delivery.shard`, ..., through `Deref`).
 ///
-/// The stream key, the fields and the member id are shared (`Arc`), not copied, between the
-/// attempts of one entry and the entries of one shard: cloning a `Delivery` is cheap.
+/// The fields are shared (`Arc`), not copied, between the attempts of one entry: cloning a
+/// `Delivery` copies only its metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
-    /// The shard stream key, e.g. `{orders:3}`.
-    pub stream_key: Arc<str>,
-    /// The shard index.
-    pub shard: ShardIndex,
-    /// The Redis entry id, e.g. `1700000000000-0`.
-    pub entry_id: String,
+    /// Where the entry came from and who is handling it.
+    pub metadata: Metadata,
     /// Every field of the entry, in order (`key` and `payload` for entries of the publisher).
     pub fields: Arc<[(String, Vec<u8>)]>,
-    /// How many times Redis delivered the entry (the PEL delivery count; 1 for a first read).
-    /// Re-reads and handovers raise it without any handler attempt: `max_deliveries` counts
-    /// attempts, not this (docs/design.md §8.9).
+}
+
+/// Where an entry came from and who is handling it: part of every [`Delivery`], and the
+/// metadata of the `Message` and `RawMessage` extractors (`crate::extract`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Metadata {
+    /// The Redis entry id, e.g. `1700000000000-0`.
+    pub entry_id: String,
+    /// The shard index.
+    pub shard: ShardIndex,
+    /// The shard stream key, e.g. `{orders:3}`.
+    pub stream_key: String,
+    /// The partition key the publisher routed by (field `key`), when present and UTF-8.
+    pub partition_key: Option<String>,
+    /// How many times Redis delivered the entry to this group (the PEL delivery count; 1 for a
+    /// first read). Re-reads and handovers raise it without any handler attempt:
+    /// `max_deliveries` counts attempts, not this (docs/design.md §8.9).
     pub delivery_count: u64,
     /// Attempt number of this call within the current delivery, from 1.
     pub attempt: u32,
-    /// The member running the handler.
-    pub member_id: Arc<str>,
-    /// Its member epoch when the shard was assigned.
+    /// The member running the handler (`<base>-m<k>`).
+    pub member_id: String,
+    /// Its member epoch when it was given the shard.
     pub member_epoch: Epoch,
+}
+
+impl Metadata {
+    /// The metadata of entry `entry_id` with `fields` on shard `shard` (`stream_key`), handled
+    /// by `member_id` at `member_epoch`: the partition key is read from the fields, the attempt
+    /// is 1.
+    pub(crate) fn new(
+        stream_key: &str,
+        shard: ShardIndex,
+        entry_id: String,
+        fields: &[(String, Vec<u8>)],
+        member_id: &str,
+        member_epoch: Epoch,
+    ) -> Self {
+        Metadata {
+            entry_id,
+            shard,
+            stream_key: stream_key.to_owned(),
+            partition_key: field(fields, "key")
+                .and_then(|k| std::str::from_utf8(k).ok())
+                .map(str::to_owned),
+            delivery_count: 1,
+            attempt: 1,
+            member_id: member_id.to_owned(),
+            member_epoch,
+        }
+    }
+}
+
+impl std::ops::Deref for Delivery {
+    type Target = Metadata;
+    fn deref(&self) -> &Metadata {
+        &self.metadata
+    }
+}
+
+/// The value of the first field named `name` in `fields`.
+pub(crate) fn field<'a>(fields: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
+    fields
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_slice())
 }
 
 impl Delivery {
     /// The value of field `name`, if present.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
-        self.fields
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
+        field(&self.fields, name)
     }
 
     /// The partition key the publisher routed by (field `key`), when it is UTF-8.
     pub fn partition_key(&self) -> Option<&str> {
-        self.field("key").and_then(|k| std::str::from_utf8(k).ok())
+        self.metadata.partition_key.as_deref()
     }
 
     /// The payload (field `payload`), as written by the publisher.

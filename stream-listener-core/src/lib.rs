@@ -1,43 +1,77 @@
 //! The core of stream-listener: everything that is not the macro or the facade.
 //!
-//! One module per concept (docs/design.md §1):
-//! - [`model`]: the protocol's data (stream, group and member metadata, heartbeat request and response);
-//! - [`assignor`]: the sticky assignor (docs/design.md §7);
-//! - [`coordinator`]: the pure coordinator state machine (docs/design.md §4–§6); it knows nothing of Redis;
-//! - [`fence`]: per-shard fencing tokens (docs/design.md §8);
-//! - [`keys`]: the key layout in Redis and name validation (docs/design.md §2);
-//! - [`connection`]: standalone or cluster connections behind one type;
-//! - [`store`]: the Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction (docs/design.md §5);
-//! - [`handler`]: the `Handler` trait, the `Delivery` it receives, retry or dead-letter errors;
-//! - [`member`]: the member runtime: `Listener`, heartbeat loop (docs/design.md §6, §7);
-//! - `reconciler`: the member side of the protocol as pure code: assignment state, what the next heartbeat reports, what a response asks (docs/design.md §6); the simulation drives it too;
-//! - `runtime`: what a member's heartbeat loop and its shard tasks share: options, events, assignment state (docs/design.md §7.3);
-//! - `poller`: one task per owned shard: takeover, fenced reads, handlers, acks (docs/design.md §7, §8);
-//! - [`dataplane`]: fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (docs/design.md §8);
-//! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (docs/design.md §9);
-//! - [`admin`]: admin operations: create, register, describe, list, scale, retire, delete (docs/design.md §8, §10);
+//! One module per concept (docs/design.md §1). What an application or an integrator uses:
 //! - [`config`]: the TOML configuration file and its environment overrides, with errors naming file, line and key (docs/design.md §11);
+//! - [`handler`]: the `Handler` trait, the `Delivery` (and its `Metadata`) it receives, retry or dead-letter errors;
 //! - [`extract`]: extractors turning a `Delivery` into a listener function's argument (`Json<T>`, `Message<T>`, `RawMessage`) and the handler return types (docs/design.md §7, §8);
+//! - [`member`]: the member runtime: `Listener`, its options, events and handle (docs/design.md §6, §7);
+//! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (docs/design.md §9);
+//! - [`model`]: the protocol's data (stream, group and member metadata, heartbeat request and response);
 //! - `testing` (feature `testing`): a real-Redis test harness.
+//!
+//! Everything else is in [`internals`], for the admin tool, tests and benchmarks, without a
+//! semver promise.
 
-pub mod admin;
-pub mod assignor;
+mod admin;
+mod assignor;
 pub mod config;
-pub mod connection;
-pub mod coordinator;
-pub mod dataplane;
+mod connection;
+mod coordinator;
+mod dataplane;
 pub mod extract;
-pub mod fence;
+mod fence;
 pub mod handler;
-pub mod keys;
+mod keys;
 pub mod member;
 pub mod model;
-pub(crate) mod poller;
+mod poller;
 pub mod producer;
-pub(crate) mod reconciler;
-pub mod report;
-pub(crate) mod runtime;
-pub mod store;
+mod reconciler;
+mod report;
+mod runtime;
+mod startup;
+mod store;
 
 #[cfg(feature = "testing")]
 pub mod testing;
+
+/// The building blocks below the public API: the store, the data plane, keys, connections, the
+/// coordinator and the admin operations (docs/design.md §1).
+///
+/// **Unstable**: no semver promise covers this module; anything in it may change or go in any
+/// release. It exists for the `stream-listener` admin tool, the tests and the benchmarks, and for
+/// integrators who accept that.
+pub mod internals {
+    /// Each module of the crate named here, as `internals::<name>`: everything it exports.
+    macro_rules! re_export {
+        ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+            $($(#[$doc])* pub mod $name {
+                pub use crate::$name::*;
+            })*
+        };
+    }
+
+    re_export! {
+        /// Admin operations: create, register, describe, list, scale, retire, delete (docs/design.md §8, §10).
+        admin,
+        /// The sticky assignor (docs/design.md §7).
+        assignor,
+        /// Standalone or cluster connections behind one type.
+        connection,
+        /// The pure coordinator state machine (docs/design.md §4–§6); it knows nothing of Redis.
+        coordinator,
+        /// Fenced shard operations: raise, claim, read, ack, dead-letter, blocking wait (docs/design.md §8).
+        dataplane,
+        /// Per-shard fencing tokens (docs/design.md §8).
+        fence,
+        /// The key layout in Redis and name validation (docs/design.md §2).
+        keys,
+        /// Printing an error with its causes, each once (`report::Chain`, docs/design.md §8.14).
+        report,
+        /// Connecting at startup: retry, `PING`, the Redis version check (docs/design.md §1).
+        startup,
+        /// The Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction, and
+        /// provisioning (docs/design.md §5).
+        store,
+    }
+}

@@ -2,7 +2,7 @@
 //!
 //! Annotate an `async fn` with [`#[stream_listener(...)]`](macro@stream_listener), call
 //! [`run()`] from `main`, and configure the rest in `stream-listener.toml` (docs/design.md §11,
-//! [`config`]):
+//! [`Config`]):
 //!
 //! ```no_run
 //! use serde::Deserialize;
@@ -29,14 +29,18 @@
 //! The pieces:
 //! - [`macro@stream_listener`] registers a listener; its argument is an extractor ([`Json`],
 //!   [`Message`], [`RawMessage`], [`Delivery`]) and its return value decides ack, retry or dead
-//!   letter ([`extract`]);
+//!   letter ([`core::extract`]);
 //! - [`run()`], [`run_with`] and [`run_listeners`] start the registered listeners
 //!   ([`RunningApp`], [`RunError`]);
 //! - [`Config`] is the configuration file;
 //! - [`Publisher`] appends to a sharded stream, routed by partition key (docs/design.md §9);
 //! - the `stream-listener` command-line tool (feature `cli`, on by default) creates, scales,
-//!   retires and describes streams and groups; [`core::admin`] is the same as a library;
-//! - [`testing`] (feature `testing`) starts throwaway Redis servers and clusters for tests.
+//!   retires and describes streams and groups; [`core::internals::admin`] is the same as a
+//!   library;
+//! - `testing` (feature `testing`) starts throwaway Redis servers and clusters for tests;
+//! - [`core`] is `stream-listener-core` for integrators: [`core::member::Listener`] runs one
+//!   listener without `run()`; [`core::internals`] holds the store, data plane and admin
+//!   operations without a semver promise.
 //!
 //! Delivery is at least once: a handler can run more than once for one entry (a retry, a
 //! rebalance, a crash), so make its effects idempotent where duplicates matter (docs/design.md
@@ -44,8 +48,6 @@
 
 mod registry;
 mod run;
-
-pub use stream_listener_core::{assignor, coordinator, model};
 
 /// Registers an `async fn` as a listener of a sharded stream (docs/design.md §7).
 ///
@@ -87,29 +89,29 @@ pub use stream_listener_core::{assignor, coordinator, model};
 pub use stream_listener_macros::stream_listener;
 
 pub use registry::{ListenerRegistration, registered_listeners};
-pub use run::{
-    ListenerStatus, MINIMUM_REDIS_VERSION, RunError, RunningApp, run, run_listeners, run_with,
-};
+pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
 
-/// Extractors and handler return types (docs/design.md §7, §8).
-pub use stream_listener_core::extract;
+/// Extractors and handler return types (docs/design.md §7, §8; the table of
+/// [`core::extract`]).
 pub use stream_listener_core::extract::{
-    FromDelivery, IntoHandlerResult, Json, Message, Metadata, RawMessage,
+    FromDelivery, IntoHandlerResult, Json, Message, RawMessage,
 };
-pub use stream_listener_core::handler::{BoxError, Delivery, Handler, HandlerError};
+pub use stream_listener_core::handler::{BoxError, Delivery, HandlerError, Metadata};
 pub use stream_listener_core::member::MemberStatus;
 
-/// The configuration file (docs/design.md §11).
-pub use stream_listener_core::config;
+/// The configuration file (docs/design.md §11; its sections are the types of
+/// [`core::config`]).
 pub use stream_listener_core::config::{Config, ConfigError};
 
 /// The producer (docs/design.md §9): routed publishing to a sharded stream.
 pub use stream_listener_core::producer::{
-    PublishError, Published, Publisher, PublisherOptions, RoutingSnapshot, shard_for_key,
+    PublishError, Published, Publisher, PublisherOptions, shard_for_key,
 };
 
-/// Everything of `stream-listener-core`: the store, keys, connections and admin operations, for
-/// tools and tests that need more than the facade's surface.
+/// `stream-listener-core`, for integrators: the listener runtime without `run()`
+/// ([`core::member`]), the configuration and producer types, and the unstable
+/// [`core::internals`] (store, data plane, keys, connections, admin operations) that the admin
+/// tool, tests and benchmarks use.
 pub use stream_listener_core as core;
 
 /// The real-Redis test harness (cargo feature `testing`): throwaway `redis-server` processes, a

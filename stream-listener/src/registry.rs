@@ -15,6 +15,12 @@ pub struct ListenerRegistration {
     group: &'static str,
     concurrency: u32,
     handler: fn(Delivery) -> HandlerFuture,
+    defined_at: DefinedAt,
+}
+
+/// Where the annotated function is, for messages (empty for [`ListenerRegistration::new`]).
+#[derive(Debug, Clone, Copy)]
+struct DefinedAt {
     module_path: &'static str,
     file: &'static str,
     line: u32,
@@ -35,9 +41,11 @@ impl ListenerRegistration {
             group,
             concurrency: 1,
             handler,
-            module_path: "",
-            file: "",
-            line: 0,
+            defined_at: DefinedAt {
+                module_path: "",
+                file: "",
+                line: 0,
+            },
         }
     }
 
@@ -66,9 +74,11 @@ impl ListenerRegistration {
             group,
             concurrency,
             handler,
-            module_path,
-            file,
-            line,
+            defined_at: DefinedAt {
+                module_path,
+                file,
+                line,
+            },
         }
     }
 
@@ -99,12 +109,13 @@ impl ListenerRegistration {
 
     /// Where it is defined, for error messages: `` `name` (module, file:line) ``.
     pub fn describe(&self) -> String {
-        if self.file.is_empty() {
+        let at = &self.defined_at;
+        if at.file.is_empty() {
             format!("`{}`", self.name)
         } else {
             format!(
                 "`{}` ({}, {}:{})",
-                self.name, self.module_path, self.file, self.line
+                self.name, at.module_path, at.file, at.line
             )
         }
     }

@@ -1,64 +1,22 @@
 //! Group-level admin operations: register and delete (docs/design.md §2, §8).
 
-use std::collections::BTreeSet;
-
 use redis::AsyncCommands;
 use serde::Serialize;
 
 use super::scripts::{self, GroupKeysDeletion};
 use super::{
-    AdminError, CAS_ATTEMPTS, backoff, ceil_ms, contended, load_required, open_group, stream_keys,
-    write_next_version,
+    AdminError, CAS_ATTEMPTS, GroupRegistration, backoff, ceil_ms, contended, load_required,
+    open_group, write_next_version,
 };
 use crate::connection::RedisConnection;
-use crate::coordinator::{CoordinatorConfig, rfc3339};
-use crate::model::{RegisteredGroup, ShardIndex, ShardState, StartFrom};
-use crate::store::{GroupStore, StoreError, StreamCas, write_stream_metadata};
+use crate::coordinator::CoordinatorConfig;
+use crate::model::{ShardIndex, ShardState, StartFrom};
+use crate::store::provision;
+use crate::store::{StoreError, StreamCas};
 
-/// The result of [`register_group`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GroupRegistration {
-    /// The stream prefix.
-    pub stream_prefix: String,
-    /// The consumer group.
-    pub consumer_group: String,
-    /// `true` when this call registered the group; `false` when it was already registered
-    /// (nothing was changed then).
-    pub registered: bool,
-    /// The registered `startFrom`: the stored one when the group was already registered (a
-    /// different `start_from` argument does not change it; it only matters at registration).
-    pub start_from: StartFrom,
-    /// The stream's `metadataVersion` after the call.
-    pub metadata_version: u64,
-}
-
-/// The start id of `XGROUP CREATE` for `start_from` (docs/design.md §8).
-fn start_id(start_from: StartFrom) -> &'static str {
-    match start_from {
-        StartFrom::Earliest => "0",
-        StartFrom::Latest => "$",
-    }
-}
-
-/// Registers consumer group `group` on stream `prefix` (docs/design.md §8): what a member does when
-/// it joins a group the stream metadata does not list.
-///
-/// Under the stream metadata's compare-and-set, retried on conflicts (at most [`CAS_ATTEMPTS`]):
-/// the consumer group is created on every readable shard, from `0` (or `$` for
-/// [`StartFrom::Latest`]; `BUSYGROUP` ignored: an existing consumer group keeps its position),
-/// then the group metadata is provisioned ([`GroupStore::provision`], `after_loss = false`;
-/// no-op when it exists), and only then the compare-and-set adds the group to `groups` and bumps
-/// `metadataVersion`. A scale-out re-reads `groups` under the same compare-and-set
-/// ([`super::scale`]), and this function re-reads the readable shards on every attempt, so
-/// neither can leave a shard without the consumer group. A missing ACTIVE shard stream is
-/// created; a missing DRAINING one is not (it may just have been retired). A consumer group that
-/// an earlier attempt created on a shard that has become RETIRING meanwhile is destroyed again
-/// (the group never read it, and it would block the shard's deletion).
-///
-/// Idempotent: an already registered group is left as it is (`registered: false`); in
-/// particular its group metadata is not re-created when missing: that is lost metadata, which
-/// fails closed (docs/design.md §5).
+/// Registers consumer group `group` on stream `prefix`, for operators:
+/// [`crate::store::provision::register_group`] (which says what is created, under which
+/// compare-and-set, and when it is a no-op).
 ///
 /// # Errors
 /// [`AdminError::InvalidName`] for a bad prefix or group name (nothing written);
@@ -70,89 +28,7 @@ pub async fn register_group(
     group: &str,
     start_from: StartFrom,
 ) -> Result<GroupRegistration, AdminError> {
-    let keys = stream_keys(prefix)?;
-    let group_keys = keys.group(group)?;
-    let id = start_id(start_from);
-    let mut touched: BTreeSet<ShardIndex> = BTreeSet::new();
-    let mut provisioned = false;
-    for attempt in 1..=CAS_ATTEMPTS {
-        let meta = load_required(conn, &keys).await?;
-        if let Some(existing) = meta.groups.iter().find(|g| g.consumer_group == group) {
-            let start_from = existing.start_from;
-            undo_on_retiring(conn, &keys, &meta, &touched, group).await?;
-            return Ok(GroupRegistration {
-                stream_prefix: prefix.to_owned(),
-                consumer_group: group.to_owned(),
-                registered: false,
-                start_from,
-                metadata_version: meta.metadata_version,
-            });
-        }
-        for shard in &meta.shards {
-            if shard.state.is_readable() {
-                let create_missing = shard.state == ShardState::Active;
-                scripts::ensure_shard(
-                    conn,
-                    &keys,
-                    shard.shard_index,
-                    create_missing,
-                    &[(group, id)],
-                )
-                .await?;
-                touched.insert(shard.shard_index);
-            }
-        }
-        if !provisioned {
-            GroupStore::new(
-                conn.clone(),
-                keys.clone(),
-                group_keys.clone(),
-                CoordinatorConfig::default(),
-            )
-            .provision(false)
-            .await?;
-            provisioned = true;
-        }
-        let now = scripts::stream_time(conn, &keys).await?;
-        let mut next = meta.clone();
-        next.groups.push(RegisteredGroup {
-            consumer_group: group.to_owned(),
-            start_from,
-        });
-        next.metadata_version += 1;
-        next.updated_at = rfc3339(now);
-        match write_stream_metadata(conn, &keys, Some(meta.revision), &mut next).await? {
-            StreamCas::Written => {
-                undo_on_retiring(conn, &keys, &next, &touched, group).await?;
-                return Ok(GroupRegistration {
-                    stream_prefix: prefix.to_owned(),
-                    consumer_group: group.to_owned(),
-                    registered: true,
-                    start_from,
-                    metadata_version: next.metadata_version,
-                });
-            }
-            StreamCas::Conflict => backoff(attempt).await,
-        }
-    }
-    Err(contended("registering the consumer group"))
-}
-
-/// Destroys the consumer group on shards in `touched` that are RETIRING in `meta`: created by an
-/// attempt that raced with the shard's retirement check, it would block the deletion forever.
-async fn undo_on_retiring(
-    conn: &mut RedisConnection,
-    keys: &crate::keys::StreamKeys,
-    meta: &crate::model::StreamMetadata,
-    touched: &BTreeSet<ShardIndex>,
-    group: &str,
-) -> Result<(), AdminError> {
-    for shard in &meta.shards {
-        if shard.state == ShardState::Retiring && touched.contains(&shard.shard_index) {
-            scripts::destroy_group(conn, keys, shard.shard_index, group).await?;
-        }
-    }
-    Ok(())
+    Ok(provision::register_group(conn, prefix, group, start_from).await?)
 }
 
 /// The result of [`delete_group`].

@@ -27,8 +27,6 @@ mod group;
 mod scripts;
 mod stream;
 
-use std::time::Duration;
-
 pub use crate::keys::NameError;
 pub use crate::store::StoreError;
 pub use describe::{
@@ -37,26 +35,21 @@ pub use describe::{
     StreamSummary, describe_group, describe_stream, list_groups, list_streams,
 };
 pub use error::AdminError;
-pub use group::{DeletedGroup, GroupRegistration, delete_group, register_group};
+pub use group::{DeletedGroup, delete_group, register_group};
 pub use stream::{
-    CreatedStream, RetireReport, ScaleAction, ScaleOutcome, ShardRetirement, WaitReason,
-    cancel_scale, create_stream, retire_drained, scale,
+    RetireReport, ScaleAction, ScaleOutcome, ShardRetirement, WaitReason, cancel_scale,
+    create_stream, retire_drained, scale,
 };
 
 use crate::connection::RedisConnection;
 use crate::coordinator::{CoordinatorConfig, rfc3339};
 use crate::keys::{GroupKeys, StreamKeys};
 use crate::model::{Micros, StreamMetadata};
-use crate::store::{GroupStore, StreamCas, load_stream_metadata, write_stream_metadata};
+use crate::store::provision::{self, ProvisionError};
+use crate::store::{GroupStore, StreamCas, write_stream_metadata};
+pub(crate) use provision::backoff;
 
-/// Largest shard count [`create_stream`] and [`scale`] accept. Each shard is a stream, a fence
-/// and, on a cluster, possibly another node to talk to; the heartbeat and assignor costs grow
-/// with it too (docs/design.md §5's goal is 1,000 shards).
-pub const MAX_SHARDS: u32 = 1024;
-
-/// Compare-and-set attempts of one operation on the stream metadata before
-/// [`StoreError::Contended`].
-pub const CAS_ATTEMPTS: u32 = 16;
+pub use crate::store::provision::{CAS_ATTEMPTS, CreatedStream, GroupRegistration, MAX_SHARDS};
 
 /// Validated keys of `prefix`.
 fn stream_keys(prefix: &str) -> Result<StreamKeys, AdminError> {
@@ -68,12 +61,7 @@ async fn load_required(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
 ) -> Result<StreamMetadata, AdminError> {
-    load_stream_metadata(conn, keys).await?.ok_or_else(|| {
-        AdminError::Store(StoreError::MissingStream {
-            prefix: keys.prefix().to_owned(),
-            key: keys.metadata(),
-        })
-    })
+    Ok(provision::load_required(conn, keys).await?)
 }
 
 /// Validates the names, loads the stream metadata of `prefix` and opens a store of `group` with
@@ -111,16 +99,36 @@ async fn write_next_version(
 
 /// The error after [`CAS_ATTEMPTS`] conflicts.
 fn contended(what: &'static str) -> AdminError {
-    AdminError::Store(StoreError::Contended {
-        what,
-        attempts: CAS_ATTEMPTS,
-    })
+    AdminError::Store(provision::contended(what))
 }
 
-/// Sleeps a random `[0, min(2^attempt, 64)]` ms before the next compare-and-set attempt.
-async fn backoff(attempt: u32) {
-    let cap = 1u64 << attempt.min(6);
-    tokio::time::sleep(Duration::from_micros(rand::random_range(0..=cap * 1000))).await;
+/// The provisioning functions' errors are the admin tool's, variant for variant.
+impl From<ProvisionError> for AdminError {
+    fn from(error: ProvisionError) -> Self {
+        match error {
+            ProvisionError::Store(error) => AdminError::Store(error),
+            ProvisionError::InvalidName(error) => AdminError::InvalidName(error),
+            ProvisionError::ZeroShards { prefix } => AdminError::ZeroShards { prefix },
+            ProvisionError::TooManyShards {
+                prefix,
+                requested,
+                max,
+            } => AdminError::TooManyShards {
+                prefix,
+                requested,
+                max,
+            },
+            ProvisionError::ShardCountMismatch {
+                prefix,
+                existing,
+                requested,
+            } => AdminError::ShardCountMismatch {
+                prefix,
+                existing,
+                requested,
+            },
+        }
+    }
 }
 
 /// Milliseconds of a µs span, rounded up (so "1 ms left" is never shown as 0).

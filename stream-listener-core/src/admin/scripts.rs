@@ -12,49 +12,7 @@ use crate::connection::RedisConnection;
 use crate::keys::{GroupKeys, StreamKeys};
 use crate::model::{Micros, ShardIndex};
 use crate::store::StoreError;
-
-/// A consumer group name that no valid group can have (it contains `:`): used for a moment to
-/// create an empty shard stream with `XGROUP CREATE ... MKSTREAM`.
-const PROVISION_GROUP: &str = "sl:provision";
-
-/// Redis `TIME` of the node that owns KEYS[1]. Returns {seconds, microseconds}.
-fn time_script() -> &'static Script {
-    static SCRIPT: LazyLock<Script> =
-        LazyLock::new(|| Script::new("local t = redis.call('TIME') return {t[1], t[2]}"));
-    &SCRIPT
-}
-
-/// Makes sure a shard stream exists and has the given consumer groups.
-/// KEYS[1] shard stream. ARGV[1] `1` to create the stream when missing (`0`: leave it missing),
-/// ARGV[2] the provisioning group name, then consumer group / start id pairs. `BUSYGROUP` is
-/// ignored (an existing group keeps its position). Returns {exists (0/1), groups created}.
-fn ensure_shard_script() -> &'static Script {
-    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
-            r"
-local t = redis.call('TYPE', KEYS[1]).ok
-if t == 'none' then
-  if ARGV[1] ~= '1' then return {0, 0} end
-  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[2], '$', 'MKSTREAM')
-  redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[2])
-elseif t ~= 'stream' then
-  return redis.error_reply('key ' .. KEYS[1] .. ' holds a ' .. t .. ', not a stream: it cannot be a shard stream')
-end
-local created = 0
-for i = 3, #ARGV, 2 do
-  local r = redis.pcall('XGROUP', 'CREATE', KEYS[1], ARGV[i], ARGV[i + 1])
-  if type(r) == 'table' and r.err then
-    if not string.find(r.err, 'BUSYGROUP', 1, true) then return redis.error_reply(r.err) end
-  else
-    created = created + 1
-  end
-end
-return {1, created}
-",
-        )
-    });
-    &SCRIPT
-}
+pub(crate) use crate::store::provision::{destroy_group, ensure_shard, stream_time};
 
 /// The retirement check of docs/design.md §10, and the deletion when it passes.
 /// KEYS[1] shard stream, KEYS[2] its fence. ARGV[1] `check` (read only) or `delete`.
@@ -117,37 +75,6 @@ return {1, redis.call('XLEN', KEYS[1]), out}
     &SCRIPT
 }
 
-/// Removes one consumer group from a shard: `XGROUP DESTROY` when the stream exists, the
-/// group's field of the fence and its handler-attempt counts (docs/design.md §8.9: fields
-/// `<group>|<entry id>`; a group registered again under the name reads the same entry ids and
-/// must not meet the old counts). KEYS[1] shard stream, KEYS[2] fence, KEYS[3] attempt hash.
-/// ARGV[1] group. Returns 1 when a consumer group was destroyed.
-fn destroy_group_script() -> &'static Script {
-    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
-            r"
-redis.call('HDEL', KEYS[2], ARGV[1])
--- The entry id after the last '|' has none: a field of group 'a|b' is not one of group 'a'.
-if redis.call('TYPE', KEYS[3]).ok == 'hash' then
-  local prefix = ARGV[1] .. '|'
-  local gone = {}
-  for _, field in ipairs(redis.call('HKEYS', KEYS[3])) do
-    if string.sub(field, 1, #prefix) == prefix and not string.find(field, '|', #prefix + 1, true) then
-      gone[#gone + 1] = field
-    end
-  end
-  for i = 1, #gone, 500 do
-    redis.call('HDEL', KEYS[3], unpack(gone, i, math.min(i + 499, #gone)))
-  end
-end
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-return redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
-",
-        )
-    });
-    &SCRIPT
-}
-
 /// Deletes a group's coordinator keys if no lease in the sorted set runs past Redis `TIME`.
 /// KEYS[1] group hash, KEYS[2] leases, KEYS[3] history.
 /// Returns {'deleted', keys deleted} or {'live', member, expiry µs, ...} (at most 20 members).
@@ -169,40 +96,6 @@ return {'deleted', tostring(redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]))}
         )
     });
     &SCRIPT
-}
-
-/// Redis `TIME` (µs) of the node that owns the stream metadata key, so every admin decision about
-/// one stream reads the same clock (the routing lease of docs/design.md §10 is measured with it).
-pub(crate) async fn stream_time(
-    conn: &mut RedisConnection,
-    keys: &StreamKeys,
-) -> Result<Micros, StoreError> {
-    let (secs, micros): (u64, u64) = time_script()
-        .key(keys.metadata())
-        .invoke_async(conn)
-        .await?;
-    Ok(secs * 1_000_000 + micros)
-}
-
-/// Ensures shard `shard` exists (when `create_missing`) and has the consumer groups `groups`
-/// (name, start id `0` or `$`). Returns whether the stream exists afterwards.
-pub(crate) async fn ensure_shard(
-    conn: &mut RedisConnection,
-    keys: &StreamKeys,
-    shard: ShardIndex,
-    create_missing: bool,
-    groups: &[(&str, &str)],
-) -> Result<bool, StoreError> {
-    let mut invocation = ensure_shard_script().prepare_invoke();
-    invocation
-        .key(keys.shard(shard))
-        .arg(if create_missing { "1" } else { "0" })
-        .arg(PROVISION_GROUP);
-    for (group, id) in groups {
-        invocation.arg(*group).arg(*id);
-    }
-    let (exists, _created): (i64, i64) = invocation.invoke_async(conn).await?;
-    Ok(exists == 1)
 }
 
 /// What the retirement script found on a shard.
@@ -293,24 +186,6 @@ pub(crate) async fn shard_info(
         })
         .collect();
     Ok(Some((length, groups)))
-}
-
-/// Destroys consumer group `group` on shard `shard` and clears its fence field; returns whether a
-/// consumer group was destroyed.
-pub(crate) async fn destroy_group(
-    conn: &mut RedisConnection,
-    keys: &StreamKeys,
-    shard: ShardIndex,
-    group: &str,
-) -> Result<bool, StoreError> {
-    let destroyed: i64 = destroy_group_script()
-        .key(keys.shard(shard))
-        .key(keys.fence(shard))
-        .key(keys.attempts(shard))
-        .arg(group)
-        .invoke_async(conn)
-        .await?;
-    Ok(destroyed == 1)
 }
 
 /// Outcome of [`delete_group_keys`].

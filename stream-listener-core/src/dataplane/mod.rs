@@ -127,10 +127,7 @@ pub struct ShardEntry {
 impl ShardEntry {
     /// The value of the first field named `name`.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
-        self.fields
-            .iter()
-            .find(|(f, _)| f == name)
-            .map(|(_, v)| v.as_slice())
+        crate::handler::field(&self.fields, name)
     }
 }
 

@@ -141,7 +141,8 @@ impl Member {
         let mut conn = self.ctx.conn.clone();
         let prefix = self.ctx.stream.prefix();
         if matches!(error, StoreError::MissingStream { .. })
-            && let Err(error) = crate::admin::create_stream(&mut conn, prefix, shards).await
+            && let Err(error) =
+                crate::store::provision::create_stream(&mut conn, prefix, shards).await
         {
             tracing::warn!(error = %crate::report::Chain(&error), "re-creating the stream failed");
             return;
@@ -152,7 +153,7 @@ impl Member {
             tracing::warn!(error = %crate::report::Chain(&error), "re-creating the group failed");
             return;
         }
-        if let Err(error) = crate::admin::register_group(
+        if let Err(error) = crate::store::provision::register_group(
             &mut conn,
             prefix,
             &self.ctx.group,

@@ -9,11 +9,12 @@
 mod heartbeat;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::{RedisConnection, RedisTarget};
+use crate::connection::RedisTarget;
 use crate::handler::Handler;
 use crate::keys::{NameError, StreamKeys};
 use crate::model::{Epoch, ShardIndex};
@@ -21,27 +22,53 @@ use crate::poller::ShardTaskContext;
 use crate::reconciler::{Identity, Reconciler};
 use crate::runtime::MemberShared;
 pub use crate::runtime::{EventCallback, ListenerEvent, ListenerOptions};
+use crate::startup::{Connected, StartupError};
 use crate::store::StoreError;
+use crate::store::provision::{ProvisionError, register_group};
 
 /// Why a listener could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ListenerError {
     /// Invalid options.
-    #[error("invalid listener options: {0}")]
-    Options(String),
+    #[error("invalid listener options")]
+    Options(#[from] OptionsError),
     /// Invalid stream or group name.
     #[error(transparent)]
     Name(#[from] NameError),
-    /// Redis unreachable at start.
-    #[error("cannot connect to Redis: {0}; check the URL and that the server runs")]
-    Connect(#[source] redis::RedisError),
+    /// Redis could not be reached, refused, or is too old ([`crate::startup::connect`]); check
+    /// the URL and that the server runs.
+    #[error("cannot start on Redis")]
+    Startup(#[from] StartupError),
     /// The store refused (missing stream, Redis error).
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The group could not be registered.
-    #[error("registering the consumer group failed: {0}")]
-    Register(String),
+    /// The group could not be registered (unknown stream, Redis failure, contention).
+    #[error("registering the consumer group failed")]
+    Register(#[source] ProvisionError),
+}
+
+/// What is wrong with [`ListenerOptions`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptionsError {
+    /// A count that must be positive is 0.
+    #[error("{name} must be at least 1")]
+    Zero {
+        /// The option.
+        name: &'static str,
+    },
+    /// A duration above the longest the protocol accepts.
+    #[error("{name} is longer than {} s: use a shorter value", max.as_secs())]
+    TooLong {
+        /// The option.
+        name: &'static str,
+        /// The limit.
+        max: Duration,
+    },
+    /// The protocol timings ([`ListenerOptions::coordination`]) are invalid.
+    #[error("invalid coordination timings")]
+    Coordination(#[source] crate::coordinator::TimingsError),
 }
 
 /// A listener's members, running.
@@ -49,7 +76,8 @@ pub enum ListenerError {
 pub struct ListenerHandle {
     shutdown: CancellationToken,
     members: Vec<(String, Arc<MemberShared>, JoinHandle<()>)>,
-    stopped: tokio::sync::watch::Receiver<Option<MemberStopped>>,
+    /// One per listener merged in ([`ListenerHandle::merge`]).
+    stopped: Vec<tokio::sync::watch::Receiver<Option<MemberStopped>>>,
 }
 
 /// A member that stopped for good while the listener was meant to run.
@@ -120,16 +148,24 @@ impl ListenerHandle {
     /// identity, `FENCED_INSTANCE_ID`), with which member and why; never resolves otherwise. An
     /// application should then exit with an error rather than run with fewer members.
     pub async fn stopped_for_good(&self) -> MemberStopped {
-        let mut stopped = self.stopped.clone();
-        // Cloned out at once: the watch guard must not live across an await (Send futures).
-        let found = stopped
-            .wait_for(Option::is_some)
-            .await
-            .map(|value| value.clone());
-        match found {
-            Ok(Some(stopped)) => stopped,
-            _ => std::future::pending().await,
+        let waits = self.stopped.iter().map(|stopped| {
+            let mut stopped = stopped.clone();
+            Box::pin(async move {
+                // Cloned out at once: the watch guard must not live across an await (Send futures).
+                let found = stopped
+                    .wait_for(Option::is_some)
+                    .await
+                    .map(|value| value.clone());
+                match found {
+                    Ok(Some(stopped)) => stopped,
+                    _ => std::future::pending().await,
+                }
+            })
+        });
+        if self.stopped.is_empty() {
+            return std::future::pending().await;
         }
+        futures_util::future::select_all(waits).await.0
     }
 
     /// Shuts down and waits.
@@ -138,22 +174,53 @@ impl ListenerHandle {
         self.join().await;
     }
 
+    /// Waits for the first SIGINT or SIGTERM, [`ListenerHandle::shutdown`], or a member that stops
+    /// for good ([`ListenerHandle::stopped_for_good`], returned). Shuts nothing down itself.
+    ///
+    /// # Errors
+    /// An [`std::io::Error`] when the signal handlers cannot be installed.
+    pub async fn until_signal(&self) -> std::io::Result<Option<MemberStopped>> {
+        self.wait_for_stop(true).await
+    }
+
+    async fn wait_for_stop(&self, or_member: bool) -> std::io::Result<Option<MemberStopped>> {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result.map(|()| None),
+            _ = terminate.recv() => Ok(None),
+            _ = self.shutdown.cancelled() => Ok(None),
+            stopped = self.stopped_for_good(), if or_member => Ok(Some(stopped)),
+        }
+    }
+
     /// Shuts down gracefully on the first SIGINT or SIGTERM (or when [`ListenerHandle::shutdown`]
     /// is called), then waits until every member has left.
     ///
     /// # Errors
     /// An [`std::io::Error`] when the signal handlers cannot be installed.
     pub async fn run_until_signal(self) -> std::io::Result<()> {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            result = tokio::signal::ctrl_c() => result?,
-            _ = terminate.recv() => {}
-            _ = self.shutdown.cancelled() => {}
-        }
+        self.wait_for_stop(false).await?;
         tracing::info!("shutting down: draining in-flight work, then leaving the group");
         self.shutdown_and_wait().await;
         Ok(())
+    }
+
+    /// One handle for the members of `self` and `other` (the listeners of one process): shutting
+    /// it down, or cancelling its [`ListenerHandle::shutdown_token`], shuts both down; `join`
+    /// waits for both; [`ListenerHandle::status`] lists `self`'s members first.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (it spawns the task that forwards the shutdown).
+    pub fn merge(mut self, other: ListenerHandle) -> ListenerHandle {
+        let (ours, theirs) = (self.shutdown.clone(), other.shutdown.clone());
+        tokio::spawn(async move {
+            ours.cancelled().await;
+            theirs.cancel();
+        });
+        self.members.extend(other.members);
+        self.stopped.extend(other.stopped);
+        self
     }
 
     /// Stops every member at once without leaving the group, as a crash would: in-flight
@@ -210,12 +277,12 @@ impl Listener {
             ("max_attempts", options.max_attempts == 0),
         ];
         if let Some((name, _)) = zero.iter().find(|(_, zero)| *zero) {
-            return Err(ListenerError::Options(format!("{name} must be at least 1")));
+            return Err(OptionsError::Zero { name }.into());
         }
         options
             .coordination
             .validate()
-            .map_err(|e| ListenerError::Options(e.to_string()))?;
+            .map_err(OptionsError::Coordination)?;
         let max = crate::coordinator::MAX_TIMING;
         let timings = [
             ("block", options.block),
@@ -224,10 +291,7 @@ impl Listener {
             ("shutdown_timeout", options.shutdown_timeout),
         ];
         if let Some((name, _)) = timings.iter().find(|(_, value)| *value > max) {
-            return Err(ListenerError::Options(format!(
-                "{name} is longer than {} s: use a shorter value",
-                max.as_secs()
-            )));
+            return Err(OptionsError::TooLong { name, max }.into());
         }
         Ok(Listener {
             target,
@@ -238,27 +302,35 @@ impl Listener {
         })
     }
 
-    /// Connects, registers the group on the stream if needed (docs/design.md §8, groups), and
-    /// starts the members.
+    /// Connects ([`crate::startup::connect`]: one attempt, then the Redis version check) and
+    /// starts on that connection ([`Listener::start_on`]).
     ///
     /// # Errors
-    /// [`ListenerError::Connect`] when Redis does not answer; [`ListenerError::Store`] when the
-    /// stream does not exist ([`StoreError::MissingStream`] says how to create it);
-    /// [`ListenerError::Register`] when the group cannot be registered.
+    /// [`ListenerError::Startup`] when Redis does not answer, refuses or is too old; otherwise as
+    /// [`Listener::start_on`].
     pub async fn start(self) -> Result<ListenerHandle, ListenerError> {
-        let conn =
-            RedisConnection::connect(&self.target, crate::connection::DEFAULT_RESPONSE_TIMEOUT)
-                .await
-                .map_err(ListenerError::Connect)?;
+        let connected = crate::startup::connect(&self.target, None).await?;
+        self.start_on(&connected).await
+    }
+
+    /// Registers the group on the stream if needed (docs/design.md §8, groups) and starts the
+    /// members, on a connection that passed the startup checks (shared by the listeners of one
+    /// process).
+    ///
+    /// # Errors
+    /// [`ListenerError::Register`] when the group cannot be registered, e.g. when the stream does
+    /// not exist ([`StoreError::MissingStream`] says how to create it).
+    pub async fn start_on(self, connected: &Connected) -> Result<ListenerHandle, ListenerError> {
+        let conn = connected.connection();
         let mut admin_conn = conn.clone();
-        crate::admin::register_group(
+        register_group(
             &mut admin_conn,
             self.stream.prefix(),
             &self.group,
             self.options.start_from,
         )
         .await
-        .map_err(|e| ListenerError::Register(e.to_string()))?;
+        .map_err(ListenerError::Register)?;
         let base = self
             .options
             .instance_id
@@ -305,7 +377,7 @@ impl Listener {
         Ok(ListenerHandle {
             shutdown,
             members,
-            stopped,
+            stopped: vec![stopped],
         })
     }
 }

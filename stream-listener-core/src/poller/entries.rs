@@ -7,7 +7,7 @@ use super::attempt::{Limits, Verdict};
 use super::handler_run::Attempt;
 use crate::dataplane::{DataPlaneError, DeadLetterReason, EntryStatus, ShardEntry};
 use crate::fence::FenceToken;
-use crate::handler::Delivery;
+use crate::handler::{Delivery, Metadata};
 use crate::runtime::ListenerEvent;
 
 /// The `error` field of a `max-deliveries` dead letter.
@@ -137,15 +137,18 @@ impl ShardTask {
         limits: Limits,
     ) -> Result<Outcome, DataPlaneError> {
         for attempt in 1..=limits.max_attempts {
+            let mut metadata = Metadata::new(
+                &self.shard_key,
+                self.shard,
+                entry.id.clone(),
+                &entry.fields,
+                &self.ctx.member_id,
+                token.member_epoch,
+            );
+            (metadata.delivery_count, metadata.attempt) = (entry.delivery_count, attempt);
             let delivery = Delivery {
-                stream_key: self.shard_key.clone(),
-                shard: self.shard,
-                entry_id: entry.id.clone(),
+                metadata,
                 fields: entry.fields.clone(),
-                delivery_count: entry.delivery_count,
-                attempt,
-                member_id: self.ctx.member_id.clone(),
-                member_epoch: token.member_epoch,
             };
             let error = match self.run_handler(delivery).await {
                 Attempt::Ok => return Ok(Outcome::Ack),

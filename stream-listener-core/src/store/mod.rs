@@ -7,6 +7,7 @@
 
 mod error;
 mod group;
+pub mod provision;
 mod scripts;
 mod stream;
 

@@ -2,7 +2,6 @@
 
 use serde::Serialize;
 
-use super::check_shard_count;
 use crate::admin::{
     AdminError, CAS_ATTEMPTS, backoff, contended, load_required, scripts, stream_keys,
     write_next_version,
@@ -11,6 +10,7 @@ use crate::connection::RedisConnection;
 use crate::coordinator::rfc3339;
 use crate::model::{Migration, ShardIndex, ShardInfo, ShardState, StreamMetadata};
 use crate::store::StreamCas;
+use crate::store::provision::check_shard_count;
 
 /// What [`scale`] or [`cancel_scale`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

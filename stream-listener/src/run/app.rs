@@ -1,0 +1,150 @@
+//! [`RunningApp`]: the running listeners of `run_with()`, one [`ListenerHandle`] for all of them.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use stream_listener_core::member::{ListenerHandle, MemberStatus};
+use stream_listener_core::model::ShardIndex;
+use tokio_util::sync::CancellationToken;
+
+use super::RunError;
+use crate::registry::ListenerRegistration;
+
+/// One listener's state, from [`RunningApp::status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListenerStatus {
+    /// The listener's name.
+    pub name: String,
+    /// Its stream prefix.
+    pub stream: String,
+    /// Its consumer group.
+    pub group: String,
+    /// Each member: id, epoch, owned shards, entries handled.
+    pub members: Vec<MemberStatus>,
+}
+
+impl ListenerStatus {
+    /// Every shard some member of this listener owns now, ascending.
+    pub fn owned_shards(&self) -> Vec<ShardIndex> {
+        let set: BTreeSet<ShardIndex> = self
+            .members
+            .iter()
+            .flat_map(|m| m.owned.iter().copied())
+            .collect();
+        set.into_iter().collect()
+    }
+}
+
+/// The running listeners of [`crate::run_with`] or [`crate::run_listeners`].
+///
+/// The lifecycle (shutdown, join, signals) is [`ListenerHandle`]'s, for the members of every
+/// listener at once ([`RunningApp::handle`]); this type adds what is per listener.
+///
+/// Dropping it does not stop the members: call [`RunningApp::shutdown_and_wait`] (or
+/// [`RunningApp::run_until_signal`]) for a graceful shutdown.
+#[derive(Debug)]
+pub struct RunningApp {
+    listeners: Vec<(ListenerRegistration, Vec<String>)>,
+    members: ListenerHandle,
+}
+
+impl RunningApp {
+    /// `members` of the `listeners` (each with its member ids).
+    pub(crate) fn new(
+        listeners: Vec<(ListenerRegistration, Vec<String>)>,
+        members: ListenerHandle,
+    ) -> Self {
+        RunningApp { listeners, members }
+    }
+
+    /// The members of every listener, as one handle.
+    pub fn handle(&self) -> &ListenerHandle {
+        &self.members
+    }
+
+    /// What every member of every listener owns and has handled now, listeners by name.
+    pub fn status(&self) -> Vec<ListenerStatus> {
+        let members = self.members.status();
+        self.listeners
+            .iter()
+            .map(|(registration, ids)| ListenerStatus {
+                name: registration.name().to_owned(),
+                stream: registration.stream().to_owned(),
+                group: registration.group().to_owned(),
+                members: members
+                    .iter()
+                    .filter(|m| ids.contains(&m.member_id))
+                    .cloned()
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Waits until, for every listener, this process's members together own `shards` distinct
+    /// shards, each once, spread evenly (no member owns more than one shard above another), or
+    /// `timeout` passes. Returns whether they do. For tests and demos where this process is the
+    /// whole group and wants a settled assignment before it publishes.
+    pub async fn wait_for_assignment(&self, shards: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let settled = self.status().iter().all(|l| {
+                let counts: Vec<usize> = l.members.iter().map(|m| m.owned.len()).collect();
+                let owned: usize = counts.iter().sum();
+                let spread = counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0);
+                owned == shards && l.owned_shards().len() == shards && spread <= 1
+            });
+            if settled {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts a graceful shutdown of every listener and returns at once
+    /// ([`ListenerHandle::shutdown`]).
+    pub fn shutdown(&self) {
+        self.members.shutdown();
+    }
+
+    /// A token whose cancellation shuts every listener down ([`ListenerHandle::shutdown_token`]).
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.members.shutdown_token()
+    }
+
+    /// Waits until every member of every listener has stopped ([`ListenerHandle::join`]).
+    pub async fn join(self) {
+        self.members.join().await;
+    }
+
+    /// Graceful shutdown ([`ListenerHandle::shutdown_and_wait`]): stop reads, let in-flight
+    /// handlers finish within `shutdown_timeout`, ack what finished, leave the groups; returns
+    /// when every member has left.
+    pub async fn shutdown_and_wait(self) {
+        self.members.shutdown_and_wait().await;
+    }
+
+    /// Runs until SIGINT or SIGTERM (or [`RunningApp::shutdown`], or a member that stops for
+    /// good), then shuts down gracefully.
+    ///
+    /// # Errors
+    /// [`RunError::Signal`] when the signal handlers cannot be installed;
+    /// [`RunError::MemberStopped`] after the shutdown when a member stopped for good.
+    pub async fn run_until_signal(self) -> Result<(), RunError> {
+        let stopped = self
+            .members
+            .until_signal()
+            .await
+            .map_err(RunError::Signal)?;
+        tracing::info!("shutting down: draining in-flight work, then leaving the groups");
+        self.shutdown_and_wait().await;
+        tracing::info!("shut down");
+        match stopped {
+            Some(stopped) => Err(RunError::MemberStopped(stopped)),
+            None => Ok(()),
+        }
+    }
+}

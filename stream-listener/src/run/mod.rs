@@ -1,0 +1,286 @@
+//! `run()`: from the config file and the registered listeners to running group members
+//! (docs/design.md §7, §8.13 shutdown, §11).
+
+mod app;
+mod assignment;
+mod error;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use stream_listener_core::config::{Config, redact_url};
+use stream_listener_core::internals::connection::RedisTarget;
+use stream_listener_core::internals::keys::StreamKeys;
+use stream_listener_core::internals::startup::{self, Connected};
+use stream_listener_core::internals::store::provision::{ProvisionError, create_stream};
+use stream_listener_core::internals::store::{StoreError, load_stream_metadata};
+use stream_listener_core::member::{Listener, ListenerError, ListenerHandle, ListenerOptions};
+
+use crate::registry::{ListenerRegistration, registered_listeners};
+pub use app::{ListenerStatus, RunningApp};
+use assignment::AssignmentLog;
+pub use error::RunError;
+
+/// Loads the configuration ([`Config::load`]: `STREAM_LISTENER_CONFIG` or
+/// `stream-listener.toml`, then `REDIS_URL` and `STREAM_LISTENER_INSTANCE_ID`), starts every
+/// listener registered with `#[stream_listener(...)]`, logs the assignment as it settles, and
+/// shuts down gracefully on SIGINT or SIGTERM: in-flight handlers finish within
+/// `shutdown_timeout`, finished entries are acked, members leave the group (docs/design.md §8).
+///
+/// ```no_run
+/// #[tokio::main]
+/// async fn main() -> Result<(), stream_listener::RunError> {
+///     stream_listener::run().await
+/// }
+/// ```
+///
+/// `run()` installs no `tracing` subscriber: install one in `main` to see its logs.
+///
+/// # Errors
+/// Everything [`run_with`] returns, before anything runs; [`RunError::Signal`] when the signal
+/// handlers cannot be installed. Once the members run, `run()` returns `Ok(())` after a graceful
+/// shutdown.
+pub async fn run() -> Result<(), RunError> {
+    let config = Config::load()?;
+    let app = run_with(config).await?;
+    app.run_until_signal().await
+}
+
+/// Starts every registered listener with `config` (no environment variables are read: apply
+/// them with [`Config::apply_env`] or use [`Config::load`]) and returns at once with a handle.
+/// For tests and for programs that embed listeners in a larger service.
+///
+/// # Errors
+/// As [`run_listeners`] with [`registered_listeners`]; [`RunError::NoListeners`] when none is
+/// registered.
+pub async fn run_with(config: Config) -> Result<RunningApp, RunError> {
+    run_listeners(config, registered_listeners()).await
+}
+
+/// Starts `listeners` (rather than every registered one) with `config`. In order:
+///
+/// 1. checks the config and the listeners, without contacting Redis: names, duplicate names,
+///    two listeners on one (stream, group), `[listeners.<name>]` sections for listeners that do
+///    not exist, the merged settings (config overrides over the values given in code);
+/// 2. connects (standalone or cluster), retrying with capped backoff (100 ms doubling to 2 s)
+///    while Redis does not answer, for at most `[redis] startup_timeout`;
+/// 3. checks that Redis is 7.0 or newer (`INFO server`);
+/// 4. creates each `[streams.<prefix>]` with `shards` that does not exist (an existing stream
+///    keeps its shard count);
+/// 5. checks that every listener's stream exists;
+/// 6. starts the members of every listener (`concurrency` per listener; static membership from
+///    `[member] instance_id`), and a task that logs each listener's assignment once it has not
+///    changed for two heartbeat intervals.
+///
+/// # Errors
+/// [`RunError::Config`], [`RunError::NoListeners`], [`RunError::DuplicateName`],
+/// [`RunError::DuplicateStreamGroup`], [`RunError::Listener`] (step 1, nothing sent to Redis);
+/// [`RunError::RedisUnreachable`] once `startup_timeout` has passed, or [`RunError::Redis`] at
+/// once for errors retrying cannot fix (step 2); [`RunError::RedisTooOld`] (3);
+/// [`RunError::Stream`] (4); [`RunError::MissingStream`] (5); [`RunError::Listener`] when a
+/// listener cannot start (6: the ones already started are shut down first).
+pub async fn run_listeners(
+    config: Config,
+    listeners: Vec<ListenerRegistration>,
+) -> Result<RunningApp, RunError> {
+    config.validate()?;
+    let target = config.redis.target();
+    let log = Arc::new(AssignmentLog::default());
+    let planned = plan(&config, &target, listeners, &log)?;
+    let connected = startup::connect(&target, Some(config.redis.startup_timeout))
+        .await
+        .map_err(|e| RunError::startup(describe_target(&target), e))?;
+    provision(&connected, &config, &target).await?;
+    check_streams(&connected, &planned, &target).await?;
+    let mut listeners = Vec::new();
+    let mut members: Option<ListenerHandle> = None;
+    for Planned {
+        registration,
+        listener,
+    } in planned
+    {
+        let handle = match listener.start_on(&connected).await {
+            Ok(handle) => handle,
+            Err(source) => {
+                if let Some(started) = members {
+                    started.shutdown_and_wait().await;
+                }
+                return Err(RunError::Listener {
+                    listener: registration.name().to_owned(),
+                    source,
+                });
+            }
+        };
+        let ids = handle.member_ids();
+        log.add_listener(registration.name(), &ids);
+        tracing::info!(
+            listener = registration.name(),
+            stream = registration.stream(),
+            group = registration.group(),
+            members = ids.len(),
+            "listener started"
+        );
+        listeners.push((registration, ids));
+        members = Some(match members {
+            Some(started) => started.merge(handle),
+            None => handle,
+        });
+    }
+    let members = members.ok_or(RunError::NoListeners)?;
+    // A rebalance moves shards over a few heartbeats (revoke, then assign): log once nothing
+    // has changed for two heartbeat intervals.
+    let settle = config.coordination.heartbeat_interval * 2;
+    tokio::spawn(log.run(settle, members.shutdown_token()));
+    Ok(RunningApp::new(listeners, members))
+}
+
+struct Planned {
+    registration: ListenerRegistration,
+    listener: Listener,
+}
+
+/// Step 1: everything that can be checked without Redis.
+fn plan(
+    config: &Config,
+    target: &RedisTarget,
+    mut listeners: Vec<ListenerRegistration>,
+    log: &Arc<AssignmentLog>,
+) -> Result<Vec<Planned>, RunError> {
+    if listeners.is_empty() {
+        return Err(RunError::NoListeners);
+    }
+    listeners
+        .sort_by(|a, b| (a.name(), a.stream(), a.group()).cmp(&(b.name(), b.stream(), b.group())));
+    let mut by_name: BTreeMap<&str, &ListenerRegistration> = BTreeMap::new();
+    let mut by_stream_group: BTreeMap<(&str, &str), &ListenerRegistration> = BTreeMap::new();
+    for registration in &listeners {
+        if let Some(first) = by_name.insert(registration.name(), registration) {
+            return Err(RunError::DuplicateName {
+                name: registration.name().to_owned(),
+                first: first.describe(),
+                second: registration.describe(),
+            });
+        }
+        let key = (registration.stream(), registration.group());
+        if let Some(first) = by_stream_group.insert(key, registration) {
+            return Err(RunError::DuplicateStreamGroup {
+                stream: registration.stream().to_owned(),
+                group: registration.group().to_owned(),
+                first: first.describe(),
+                second: registration.describe(),
+            });
+        }
+    }
+    config.check_listener_names(listeners.iter().map(|l| l.name()))?;
+    let mut planned = Vec::new();
+    for registration in listeners {
+        let mut base = ListenerOptions::default();
+        base.concurrency = registration.concurrency();
+        let mut options = config.listener_options(registration.name(), base)?;
+        options.events = Some(log.callback(registration.name()));
+        let listener = Listener::new(
+            target.clone(),
+            registration.stream(),
+            registration.group(),
+            registration.handler(),
+            options,
+        )
+        .map_err(|source| RunError::Listener {
+            listener: registration.name().to_owned(),
+            source,
+        })?;
+        planned.push(Planned {
+            registration,
+            listener,
+        });
+    }
+    Ok(planned)
+}
+
+fn describe_target(target: &RedisTarget) -> String {
+    match target {
+        RedisTarget::Standalone(url) => redact_url(url),
+        RedisTarget::Cluster(nodes) => format!(
+            "cluster [{}]",
+            nodes
+                .iter()
+                .map(|n| redact_url(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// Step 4: create the configured streams that do not exist.
+async fn provision(
+    connected: &Connected,
+    config: &Config,
+    target: &RedisTarget,
+) -> Result<(), RunError> {
+    let mut conn = connected.connection();
+    for (prefix, stream) in &config.streams {
+        let Some(shards) = stream.shards else {
+            continue;
+        };
+        match create_stream(&mut conn, prefix, shards).await {
+            Ok(created) if created.created => {
+                tracing::info!(stream = %prefix, shards, "stream created");
+            }
+            Ok(_) => tracing::debug!(stream = %prefix, shards, "stream exists"),
+            Err(ProvisionError::ShardCountMismatch { existing, .. }) => tracing::warn!(
+                stream = %prefix,
+                existing,
+                configured = shards,
+                "stream exists with another shard count; keeping it (change it with `stream-listener stream scale`)"
+            ),
+            Err(ProvisionError::Store(error)) if unreachable(&error) => {
+                return Err(RunError::Redis {
+                    target: describe_target(target),
+                    source: Box::new(error),
+                });
+            }
+            Err(source) => {
+                return Err(RunError::Stream {
+                    stream: prefix.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Step 5: every listener's stream exists.
+async fn check_streams(
+    connected: &Connected,
+    planned: &[Planned],
+    target: &RedisTarget,
+) -> Result<(), RunError> {
+    let mut conn = connected.connection();
+    for planned in planned {
+        let registration = &planned.registration;
+        let keys = StreamKeys::new(registration.stream()).map_err(|e| RunError::Listener {
+            listener: registration.name().to_owned(),
+            source: ListenerError::Name(e),
+        })?;
+        let exists = load_stream_metadata(&mut conn, &keys)
+            .await
+            .map_err(|e| RunError::Redis {
+                target: describe_target(target),
+                source: Box::new(e),
+            })?
+            .is_some();
+        if !exists {
+            return Err(RunError::MissingStream {
+                stream: registration.stream().to_owned(),
+                listener: registration.name().to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether a store error means Redis could not be reached (the admin tool's exit code 3).
+fn unreachable(error: &StoreError) -> bool {
+    matches!(error, StoreError::Redis(e) if stream_listener_core::internals::connection::RedisFailure::of(e).is_unreachable())
+}
