@@ -26,9 +26,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use stream_listener::core::admin;
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::coordinator::CoordinatorConfig;
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::coordinator::CoordinatorConfig;
 use stream_listener::core::model::GroupState;
 use stream_listener::testing::RedisServer;
 use stream_listener::testing::workload::{

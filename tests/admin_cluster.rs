@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use redis::streams::StreamInfoGroupsReply;
-use stream_listener::core::admin::{self, ScaleAction, WaitReason};
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::coordinator::CoordinatorConfig;
+use stream_listener::core::internals::admin::{self, ScaleAction, WaitReason};
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::coordinator::CoordinatorConfig;
 use stream_listener::core::model::{GroupState, ShardState, StartFrom};
 use stream_listener::testing::RedisCluster;
 

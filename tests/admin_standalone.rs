@@ -9,14 +9,16 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use redis::streams::StreamInfoGroupsReply;
-use stream_listener::core::admin::{self, AdminError, Lag, ScaleAction, StoreError, WaitReason};
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::coordinator::CoordinatorConfig;
-use stream_listener::core::keys::{NameError, StreamKeys};
+use stream_listener::core::internals::admin::{
+    self, AdminError, Lag, ScaleAction, StoreError, WaitReason,
+};
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::coordinator::CoordinatorConfig;
+use stream_listener::core::internals::keys::{NameError, StreamKeys};
+use stream_listener::core::internals::store::GroupStore;
 use stream_listener::core::model::{
     GroupState, HeartbeatRequest, HeartbeatStatus, MemberState, ShardState, StartFrom,
 };
-use stream_listener::core::store::GroupStore;
 use stream_listener::testing::RedisServer;
 use support::{coordination, heartbeat_request, mark_retiring};
 

@@ -9,13 +9,13 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::dataplane::{
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::dataplane::{
     ClaimReport, DataPlaneError, DeadLetterReason, EntryStatus, Fenced, FencingMode, ReadOutcome,
     ShardClient, ShardEntry, Waiter, key_slot,
 };
-use stream_listener::core::fence::{FenceToken, FenceVerdict};
-use stream_listener::core::keys::StreamKeys;
+use stream_listener::core::internals::fence::{FenceToken, FenceVerdict};
+use stream_listener::core::internals::keys::StreamKeys;
 use stream_listener::testing::{RedisCluster, RedisServer};
 use support::connect;
 

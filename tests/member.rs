@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use stream_listener::core::admin;
-use stream_listener::core::connection::RedisTarget;
-use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::handler::{Delivery, HandlerError};
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::RedisTarget;
+use stream_listener::core::internals::coordinator::CoordinatorConfig;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::producer::{Publisher, PublisherOptions};
 use stream_listener::testing::{RedisCluster, RedisServer};
@@ -206,10 +206,10 @@ async fn lost_metadata_is_provisioned_again_from_the_configured_shard_count() {
     assert!(wait_until(Duration::from_secs(20), || log.lock().unwrap().len() >= 200).await);
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
     // The members notice on their next heartbeat and provision the stream again.
-    let keys = stream_listener::core::keys::StreamKeys::new("orders").unwrap();
+    let keys = stream_listener::core::internals::keys::StreamKeys::new("orders").unwrap();
     let mut recreated = false;
     for _ in 0..200 {
-        if stream_listener::core::store::load_stream_metadata(&mut conn, &keys)
+        if stream_listener::core::internals::store::load_stream_metadata(&mut conn, &keys)
             .await
             .unwrap()
             .is_some()

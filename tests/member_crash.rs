@@ -23,9 +23,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stream_listener::core::admin;
-use stream_listener::core::connection::RedisTarget;
-use stream_listener::core::dataplane::FencingMode;
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::RedisTarget;
+use stream_listener::core::internals::dataplane::FencingMode;
 use stream_listener::core::model::{GroupState, MemberState};
 use stream_listener::testing::{RedisCluster, RedisServer};
 use support::*;
@@ -519,7 +519,7 @@ fn preload_cluster(cluster: &RedisCluster, shards: &[u32], count: u64) -> Vec<Pu
 /// Everything published is handled, nothing stays pending, and each shard (one key per shard)
 /// was handled in publication order the first time each entry was handled.
 async fn check_nothing_stranded(
-    conn: &mut stream_listener::core::connection::RedisConnection,
+    conn: &mut stream_listener::core::internals::connection::RedisConnection,
     recorder: &Recorder,
     published: &[Published],
     shards: &[u32],
@@ -604,7 +604,7 @@ async fn a_read_whose_reply_is_lost_on_a_cluster_strands_nothing(mode: FencingMo
 
 /// The index of the node of `cluster` that serves `key`'s slot.
 fn node_of(cluster: &RedisCluster, key: &str) -> usize {
-    let slot = i64::from(stream_listener::core::dataplane::key_slot(key));
+    let slot = i64::from(stream_listener::core::internals::dataplane::key_slot(key));
     let mut con = cluster.nodes()[0].client().get_connection().unwrap();
     let ranges: Vec<(i64, i64, (String, i64))> = redis::cmd("CLUSTER")
         .arg("SLOTS")
@@ -680,7 +680,8 @@ async fn a_master_frozen_past_the_response_timeout_during_reads_strands_nothing(
     cluster.pause_node(node).unwrap();
     // The fault itself: longer than the client's response timeout.
     tokio::time::sleep(
-        stream_listener::core::connection::DEFAULT_RESPONSE_TIMEOUT + Duration::from_secs(1),
+        stream_listener::core::internals::connection::DEFAULT_RESPONSE_TIMEOUT
+            + Duration::from_secs(1),
     )
     .await;
     cluster.resume_node(node).unwrap();

@@ -18,12 +18,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use stream_listener::core::admin;
-use stream_listener::core::connection::RedisConnection;
-use stream_listener::core::dataplane::{Fenced, FencingMode, ReadOutcome, ShardClient};
-use stream_listener::core::fence::FenceToken;
 use stream_listener::core::handler::HandlerError;
-use stream_listener::core::keys::StreamKeys;
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::RedisConnection;
+use stream_listener::core::internals::dataplane::{Fenced, FencingMode, ReadOutcome, ShardClient};
+use stream_listener::core::internals::fence::FenceToken;
+use stream_listener::core::internals::keys::StreamKeys;
 use stream_listener::core::model::MemberState;
 use support::*;
 

@@ -19,10 +19,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use stream_listener::core::admin;
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::dataplane::FencingMode;
 use stream_listener::core::handler::HandlerError;
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::dataplane::FencingMode;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::StartFrom;
 use support::*;
@@ -717,7 +717,7 @@ async fn a_failed_ack_of_own_pending_entries_is_retried_not_left_behind() {
 /// rides with the read of 4..=7; that pipeline is held by `CLIENT PAUSE WRITE` and its connection
 /// killed before Redis runs it. Every entry must be handled exactly once.
 async fn a_lost_read_pipeline_handles_nothing_twice(
-    mode: stream_listener::core::dataplane::FencingMode,
+    mode: stream_listener::core::internals::dataplane::FencingMode,
 ) {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
@@ -793,14 +793,16 @@ async fn a_lost_read_pipeline_handles_nothing_twice(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_read_round_handles_nothing_twice_in_acks_mode() {
-    a_lost_read_pipeline_handles_nothing_twice(stream_listener::core::dataplane::FencingMode::Acks)
-        .await;
+    a_lost_read_pipeline_handles_nothing_twice(
+        stream_listener::core::internals::dataplane::FencingMode::Acks,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_ack_and_read_pipeline_handles_nothing_twice_in_strict_mode() {
     a_lost_read_pipeline_handles_nothing_twice(
-        stream_listener::core::dataplane::FencingMode::Strict,
+        stream_listener::core::internals::dataplane::FencingMode::Strict,
     )
     .await;
 }

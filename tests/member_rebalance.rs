@@ -22,9 +22,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stream_listener::core::admin;
-use stream_listener::core::assignor::{AssignorMember, assign, moved_shards};
-use stream_listener::core::connection::RedisTarget;
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::assignor::{AssignorMember, assign, moved_shards};
+use stream_listener::core::internals::connection::RedisTarget;
 use stream_listener::core::model::MemberState;
 use support::*;
 
@@ -603,10 +603,12 @@ async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
 /// migration completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothing() {
-    use stream_listener::core::connection::RedisConnection;
-    use stream_listener::core::keys::StreamKeys;
+    use stream_listener::core::internals::connection::RedisConnection;
+    use stream_listener::core::internals::keys::StreamKeys;
+    use stream_listener::core::internals::store::{
+        StreamCas, load_stream_metadata, write_stream_metadata,
+    };
     use stream_listener::core::model::ShardState;
-    use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
     use stream_listener::{PublishError, Publisher, PublisherOptions};
 
     const ROUTING_LEASE: Duration = Duration::from_millis(2000);

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::handler::{Delivery, HandlerError};
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::testing::RedisServer;
 use support::*;
 
@@ -233,7 +233,9 @@ async fn idle_members_send_a_bounded_number_of_commands_per_second() {
     let (_serial, _server, target, mut conn, recorder) = Context::serial(8).await.parts();
     let opts = options(2);
     let bound = match opts.fencing {
-        stream_listener::core::dataplane::FencingMode::Acks => IDLE_COMMANDS_PER_SECOND_ACKS,
+        stream_listener::core::internals::dataplane::FencingMode::Acks => {
+            IDLE_COMMANDS_PER_SECOND_ACKS
+        }
         _ => IDLE_COMMANDS_PER_SECOND,
     };
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
@@ -304,7 +306,7 @@ async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
         }
     };
     let mut opts = options(1);
-    opts.fencing = stream_listener::core::dataplane::FencingMode::Acks;
+    opts.fencing = stream_listener::core::internals::dataplane::FencingMode::Acks;
     opts.runtime_max_concurrency = 4;
     opts.batch_size = 25;
     let listener = start_listener(&target, handler, opts).await;

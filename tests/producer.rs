@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
-use stream_listener::core::admin::{self, ScaleAction};
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::keys::StreamKeys;
-use stream_listener::core::store::read_metadata_version;
+use stream_listener::core::internals::admin::{self, ScaleAction};
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::keys::StreamKeys;
+use stream_listener::core::internals::store::read_metadata_version;
 use stream_listener::testing::RedisServer;
 use stream_listener::{PublishError, Published, Publisher, PublisherOptions, shard_for_key};
 use support::{command_calls, key_on_shard, scale_in_and_retire, total_len};

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use stream_listener::core::admin::{self};
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::admin::{self};
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::testing::RedisCluster;
 use stream_listener::{Publisher, PublisherOptions, shard_for_key};
 use support::{scale_in_and_retire, total_len};

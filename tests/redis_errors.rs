@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use redis::{AsyncCommands, Value};
-use stream_listener::core::connection::{RedisConnection, RedisFailure, RedisTarget};
+use stream_listener::core::internals::connection::{RedisConnection, RedisFailure, RedisTarget};
 use stream_listener::testing::RedisServer;
 
 async fn connect(url: String, response_timeout: Duration) -> RedisConnection {

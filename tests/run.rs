@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::handler::HandlerFuture;
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::testing::{RedisCluster, RedisServer};
 use stream_listener::{
     Config, ConfigError, Delivery, HandlerError, ListenerRegistration, Message, Publisher,

@@ -29,8 +29,8 @@ async fn sigterm_shuts_down_gracefully() {
         .await
         .unwrap();
     assert!(app.wait_for_assignment(2, Duration::from_secs(15)).await);
-    let mut conn = stream_listener::core::connection::RedisConnection::connect(
-        &stream_listener::core::connection::RedisTarget::Standalone(server.url()),
+    let mut conn = stream_listener::core::internals::connection::RedisConnection::connect(
+        &stream_listener::core::internals::connection::RedisTarget::Standalone(server.url()),
         Duration::from_secs(5),
     )
     .await
@@ -58,7 +58,9 @@ async fn sigterm_shuts_down_gracefully() {
     assert!(live.is_empty(), "members left the group: {live:?}");
 }
 
-async fn leases(conn: &mut stream_listener::core::connection::RedisConnection) -> Vec<String> {
+async fn leases(
+    conn: &mut stream_listener::core::internals::connection::RedisConnection,
+) -> Vec<String> {
     redis::cmd("ZRANGE")
         .arg("sl:{signals:g}:leases")
         .arg(0)

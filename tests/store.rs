@@ -9,15 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::coordinator::{CoordinatorConfig, CoordinatorError};
-use stream_listener::core::keys::StreamKeys;
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::coordinator::{CoordinatorConfig, CoordinatorError};
+use stream_listener::core::internals::keys::StreamKeys;
+use stream_listener::core::internals::store::{
+    GroupStore, StoreError, StreamCas, load_stream_metadata, write_stream_metadata,
+};
 use stream_listener::core::model::{
     GroupState, HeartbeatRequest, HeartbeatStatus, RevokeState, RevokingShard, ShardInfo,
     ShardState, StreamMetadata,
-};
-use stream_listener::core::store::{
-    GroupStore, StoreError, StreamCas, load_stream_metadata, write_stream_metadata,
 };
 use stream_listener::testing::{RedisCluster, RedisServer};
 use support::heartbeat_request;

@@ -18,20 +18,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use stream_listener::core::admin;
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::coordinator::{CoordinatorConfig, CoordinatorError};
-use stream_listener::core::dataplane::{
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::coordinator::{CoordinatorConfig, CoordinatorError};
+use stream_listener::core::internals::dataplane::{
     DeadLetterReason, Fenced, FencingMode, ReadOutcome, ShardClient, ShardEntry,
 };
-use stream_listener::core::fence::FenceToken;
-use stream_listener::core::keys::StreamKeys;
+use stream_listener::core::internals::fence::FenceToken;
+use stream_listener::core::internals::keys::StreamKeys;
+use stream_listener::core::internals::report::Chain;
+use stream_listener::core::internals::store::{GroupStore, StoreError};
 use stream_listener::core::model::{
     FenceConflict, HeartbeatRequest, HeartbeatStatus, PROTOCOL_VERSION, RevokeState, RevokingShard,
     StartFrom,
 };
-use stream_listener::core::report::Chain;
-use stream_listener::core::store::{GroupStore, StoreError};
 use stream_listener::testing::RedisServer;
 
 const GROUP: &str = "g";

@@ -24,8 +24,10 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use criterion::{BatchSize, Criterion};
-use stream_listener_core::assignor::{AssignorMember, Target, assign};
-use stream_listener_core::coordinator::{Context, CoordinatorConfig, Group, StreamView, heartbeat};
+use stream_listener_core::internals::assignor::{AssignorMember, Target, assign};
+use stream_listener_core::internals::coordinator::{
+    Context, CoordinatorConfig, Group, StreamView, heartbeat,
+};
 use stream_listener_core::model::{
     Epoch, GroupState, HeartbeatRequest, HeartbeatStatus, Micros, PROTOCOL_VERSION, ShardIndex,
 };

@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
 use serde::Serialize;
-use stream_listener_core::admin;
-use stream_listener_core::connection::{RedisConnection, RedisTarget};
-use stream_listener_core::keys::StreamKeys;
+use stream_listener_core::internals::admin;
+use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener_core::internals::keys::StreamKeys;
 use stream_listener_core::producer::{Publisher, PublisherOptions, shard_for_key};
 use stream_listener_core::testing::{RedisCluster, RedisServer};
 

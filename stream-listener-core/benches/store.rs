@@ -47,14 +47,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::AsyncCommands;
-use stream_listener_core::connection::{RedisConnection, RedisTarget};
-use stream_listener_core::coordinator::CoordinatorConfig;
-use stream_listener_core::keys::{GroupKeys, StreamKeys};
+use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener_core::internals::coordinator::CoordinatorConfig;
+use stream_listener_core::internals::keys::{GroupKeys, StreamKeys};
+use stream_listener_core::internals::store::{GroupStore, StreamCas, write_stream_metadata};
 use stream_listener_core::model::{
     GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, PROTOCOL_VERSION,
     RevokeState, RevokingShard, ShardIndex, ShardInfo, ShardState, StreamMetadata,
 };
-use stream_listener_core::store::{GroupStore, StreamCas, write_stream_metadata};
 use stream_listener_core::testing::RedisServer;
 use tokio::time::MissedTickBehavior;
 

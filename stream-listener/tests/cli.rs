@@ -6,8 +6,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use stream_listener::core::admin;
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::model::StartFrom;
 use stream_listener_core::testing::{RedisCluster, RedisServer};
 

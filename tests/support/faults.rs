@@ -158,8 +158,8 @@ pub fn handled_ok(procs: &[&Workload]) -> usize {
 
 /// Creates the suite's stream (`SHARDS` shards) on the server at `url`.
 pub fn create_stream(url: &str) {
-    use stream_listener::core::admin;
-    use stream_listener::core::connection::{RedisConnection, RedisTarget};
+    use stream_listener::core::internals::admin;
+    use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
     block_on(async {
         let mut conn = RedisConnection::connect(
             &RedisTarget::Standalone(url.to_owned()),

@@ -18,14 +18,16 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use redis::streams::{StreamReadOptions, StreamReadReply};
-use stream_listener::core::admin::{self, GroupDescription, ScaleAction};
-use stream_listener::core::connection::{RedisConnection, RedisTarget};
-use stream_listener::core::coordinator::CoordinatorConfig;
 use stream_listener::core::handler::{Delivery, Handler, HandlerError};
-use stream_listener::core::keys::StreamKeys;
+use stream_listener::core::internals::admin::{self, GroupDescription, ScaleAction};
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::coordinator::CoordinatorConfig;
+use stream_listener::core::internals::keys::StreamKeys;
+use stream_listener::core::internals::store::{
+    StreamCas, load_stream_metadata, write_stream_metadata,
+};
 use stream_listener::core::member::{EventCallback, Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::{GroupState, HeartbeatRequest, PROTOCOL_VERSION, ShardState};
-use stream_listener::core::store::{StreamCas, load_stream_metadata, write_stream_metadata};
 use stream_listener::testing::RedisServer;
 pub use stream_listener::testing::workload::now_us;
 use stream_listener::testing::workload::{LogLine, Workload, poll_until};
@@ -64,7 +66,7 @@ pub fn options(concurrency: u32) -> ListenerOptions {
     // The runtime suites in `fencing = "acks"` mode (read rounds on a standalone server) with
     // STREAM_LISTENER_TEST_FENCING=acks; tests that choose a mode set it themselves.
     if std::env::var("STREAM_LISTENER_TEST_FENCING").as_deref() == Ok("acks") {
-        options.fencing = stream_listener::core::dataplane::FencingMode::Acks;
+        options.fencing = stream_listener::core::internals::dataplane::FencingMode::Acks;
     }
     options
 }

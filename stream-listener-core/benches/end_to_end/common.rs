@@ -6,11 +6,11 @@ use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
-use stream_listener_core::admin::{self, GroupDescription};
-use stream_listener_core::assignor::Target;
-use stream_listener_core::connection::{RedisConnection, RedisTarget};
-use stream_listener_core::coordinator::CoordinatorConfig;
-use stream_listener_core::keys::StreamKeys;
+use stream_listener_core::internals::admin::{self, GroupDescription};
+use stream_listener_core::internals::assignor::Target;
+use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener_core::internals::coordinator::CoordinatorConfig;
+use stream_listener_core::internals::keys::StreamKeys;
 use stream_listener_core::member::ListenerHandle;
 use stream_listener_core::model::{GroupState, MemberState};
 

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use crate::throughput::{TP_SHARDS, TP_TASKS, TpSetup, run_listener_case, task_shards};
 use redis::Value;
-use stream_listener_core::admin::{self};
-use stream_listener_core::connection::RedisTarget;
 use stream_listener_core::handler::{Delivery, HandlerError};
-use stream_listener_core::keys::StreamKeys;
+use stream_listener_core::internals::admin::{self};
+use stream_listener_core::internals::connection::RedisTarget;
+use stream_listener_core::internals::keys::StreamKeys;
 use stream_listener_core::member::{Listener, ListenerOptions};
 use stream_listener_core::producer::{Publisher, PublisherOptions};
 

@@ -63,7 +63,7 @@ use common::*;
 use latency::latency;
 use memory::{memory, memory_child};
 use rebalance::rebalance;
-use stream_listener_core::connection::RedisTarget;
+use stream_listener_core::internals::connection::RedisTarget;
 use stream_listener_core::testing::{RedisCluster, RedisServer};
 use throughput::{Case, throughput};
 

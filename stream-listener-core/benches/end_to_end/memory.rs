@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use stream_listener_core::admin::{self};
-use stream_listener_core::connection::RedisTarget;
 use stream_listener_core::handler::{Delivery, HandlerError};
-use stream_listener_core::keys::StreamKeys;
+use stream_listener_core::internals::admin::{self};
+use stream_listener_core::internals::connection::RedisTarget;
+use stream_listener_core::internals::keys::StreamKeys;
 use stream_listener_core::member::{EventCallback, Listener, ListenerEvent, ListenerOptions};
 use stream_listener_core::model::StartFrom;
 use stream_listener_core::testing::RedisServer;

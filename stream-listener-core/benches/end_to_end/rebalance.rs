@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use stream_listener_core::admin::{self, GroupDescription};
-use stream_listener_core::assignor::{self, AssignorMember};
-use stream_listener_core::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::handler::{Delivery, HandlerError};
+use stream_listener_core::internals::admin::{self, GroupDescription};
+use stream_listener_core::internals::assignor::{self, AssignorMember};
+use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener_core::producer::{Publisher, PublisherOptions, shard_for_key};
 

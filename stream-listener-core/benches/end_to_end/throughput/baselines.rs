@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use crate::common::*;
 use redis::Value;
-use stream_listener_core::connection::{RedisConnection, RedisTarget};
-use stream_listener_core::dataplane::{FencingMode, ReadOutcome, ShardClient};
-use stream_listener_core::fence::FenceToken;
+use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener_core::internals::dataplane::{FencingMode, ReadOutcome, ShardClient};
+use stream_listener_core::internals::fence::FenceToken;
 
 /// (a) One multi-stream `XREADGROUP` per round trip over the task's shards, with the previous
 /// batch's `XACK`s in the same pipeline; with `watch`, the `XACK`s are fenced by it

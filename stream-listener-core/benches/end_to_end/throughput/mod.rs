@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use stream_listener_core::admin::{self};
-use stream_listener_core::connection::{RedisConnection, RedisTarget};
-use stream_listener_core::dataplane::{FencingMode, ShardClient};
-use stream_listener_core::fence::FenceToken;
 use stream_listener_core::handler::{Delivery, HandlerError};
-use stream_listener_core::keys::StreamKeys;
+use stream_listener_core::internals::admin::{self};
+use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener_core::internals::dataplane::{FencingMode, ShardClient};
+use stream_listener_core::internals::fence::FenceToken;
+use stream_listener_core::internals::keys::StreamKeys;
 use stream_listener_core::member::{Listener, ListenerOptions};
 use stream_listener_core::model::StartFrom;
 
