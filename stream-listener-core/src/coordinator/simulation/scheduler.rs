@@ -190,15 +190,22 @@ impl World {
         }
         self.log.push(format!("t={} SETTLE", self.now / MS));
         let ticks = (4 * MAX_LEASE + 4 * MAX_REBALANCE + 12 * MAX_HEARTBEAT) / TICK;
+        // Settled means STABLE with no time-based work still ahead: a deadline that passes (a
+        // replaced process's holding running out, the end of a correction round or a hand-out
+        // hold) takes one full transition (docs/design.md §5.5), which the steady check below
+        // must not count as a missed fast path.
         for _ in 0..ticks {
             self.settle_tick()?;
-            if self.is_settled() {
+            if self.is_settled() && self.pending_deadline().is_none() {
                 break;
             }
         }
-        if !self.is_settled() {
+        if !self.is_settled() || self.pending_deadline().is_some() {
             let state = self.store.load(&self.check_config()).map(|g| g.meta.state);
-            return Err(format!("no convergence: group {state:?}"));
+            return Err(format!(
+                "no convergence: group {state:?}, pending deadline {:?}",
+                self.pending_deadline()
+            ));
         }
         // An unchanged group: heartbeats change no epoch and it stays STABLE; once every member
         // has heartbeated on the settled group, the fast path answers every heartbeat.
@@ -224,6 +231,13 @@ impl World {
             ));
         }
         Ok(())
+    }
+
+    /// The group's earliest time-based trigger still ahead of now (`coordinator::next_deadline`),
+    /// if any.
+    fn pending_deadline(&self) -> Option<Micros> {
+        let group = self.store.load(&self.check_config())?;
+        crate::coordinator::next_deadline(&group).filter(|deadline| *deadline > self.now)
     }
 
     pub(super) fn is_settled(&self) -> bool {

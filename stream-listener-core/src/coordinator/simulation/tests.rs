@@ -80,6 +80,23 @@ fn long_random_histories_keep_every_invariant() {
 }
 
 /// Each known-wrong rule (`Variant`) must be caught by some seed.
+/// A history that ends with a replaced process's holding still in its lease (a static member
+/// restarted with a longer lease than its peers): the group is STABLE, and the holding expires
+/// after the settle check has started watching for full transitions. Clearing it is one full
+/// transition the protocol needs (docs/design.md §5.5, the deadline in the steady marker), not a
+/// steady heartbeat that missed the fast path: the check must wait for the group's pending
+/// deadlines before it counts. Found by `any_seed_keeps_every_invariant` with this seed.
+#[test]
+fn a_deadline_that_passes_after_the_group_settled_is_not_a_fast_path_miss() {
+    let outcome = run_history(
+        8_093_131_973_758_925_940,
+        300,
+        Variant::default(),
+        Faults::survived(),
+    );
+    assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
+}
+
 fn caught(variant: Variant) -> Option<String> {
     // Only the members' side: the mistake must let two processes read one shard.
     let faults = Faults::default();
