@@ -11,6 +11,7 @@ use crate::connection::RedisConnection;
 use crate::coordinator::CoordinatorConfig;
 use crate::keys::{STREAMS_INDEX_KEY, StreamKeys};
 use crate::model::{Epoch, GroupState, MemberState, Migration, StartFrom};
+use crate::report::Chain;
 use crate::store::{GroupStore, StoreError, load_stream_metadata};
 
 /// One stream in [`list_streams`].
@@ -55,7 +56,7 @@ pub async fn list_streams(conn: &mut RedisConnection) -> Result<Vec<StreamSummar
         let keys = match StreamKeys::new(&prefix) {
             Ok(keys) => keys,
             Err(err) => {
-                out.push(summary(Some(err.to_string())));
+                out.push(summary(Some(Chain(&err).to_string())));
                 continue;
             }
         };
@@ -69,7 +70,7 @@ pub async fn list_streams(conn: &mut RedisConnection) -> Result<Vec<StreamSummar
             }),
             Ok(None) => {}
             Err(StoreError::Redis(err)) => return Err(StoreError::Redis(err).into()),
-            Err(err) => out.push(summary(Some(err.to_string()))),
+            Err(err) => out.push(summary(Some(Chain(&err).to_string()))),
         }
     }
     Ok(out)
@@ -137,7 +138,7 @@ pub async fn list_groups(
                     .count();
             }
             Err(StoreError::Redis(err)) => return Err(StoreError::Redis(err).into()),
-            Err(err) => summary.problem = Some(err.to_string()),
+            Err(err) => summary.problem = Some(Chain(&err).to_string()),
         }
         out.push(summary);
     }
