@@ -1,4 +1,4 @@
-//! The group store of `store/group.rs`, modelled field by field for the simulation: what a full
+//! The group store of `store/group/`, modelled field by field for the simulation: what a full
 //! transition writes (`Writes::diff`), what a load reads back (`decode_group` with
 //! `apply_fast_path_state`), and what the fast-path Lua script (`scripts::group_fast_path`)
 //! checks and does. Each operation is atomic, as a script is; a compare-and-set that loses every
