@@ -319,3 +319,58 @@ async fn no_listeners_is_an_error() {
         .unwrap_err();
     assert!(matches!(err, RunError::NoListeners), "{err:?}");
 }
+
+/// With static membership every listener of a process names its members `<instance_id>-m<k>`:
+/// two listeners (on two streams) each have a member `pod-a-m0`. The app's status must still list
+/// each listener's own members only, and `wait_for_assignment` see each listener's shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_with_the_same_static_member_ids_each_report_their_own_members() {
+    let server = RedisServer::start().unwrap();
+    let text = format!(
+        r#"
+[redis]
+url = "{}"
+startup_timeout = "5s"
+
+[member]
+instance_id = "pod-a"
+
+[coordination]
+heartbeat_interval = "200ms"
+member_lease_ttl = "1500ms"
+rebalance_timeout = "3s"
+
+[streams.static_alpha]
+shards = 2
+
+[streams.static_beta]
+shards = 2
+
+[listeners.first]
+handler_timeout = "2s"
+
+[listeners.second]
+handler_timeout = "2s"
+"#,
+        server.url()
+    );
+    let config = Config::from_toml_str(&text, "static.toml").unwrap();
+    let listeners = vec![
+        ListenerRegistration::new("first", "static_alpha", "g", ignore),
+        ListenerRegistration::new("second", "static_beta", "g", ignore),
+    ];
+    let app = run_listeners(config, listeners).await.unwrap();
+    assert!(
+        app.wait_for_assignment(2, Duration::from_secs(15)).await,
+        "{:?}",
+        app.status()
+    );
+    let status = app.status();
+    assert_eq!(status.len(), 2);
+    for listener in &status {
+        let ids: Vec<&str> = listener.members.iter().map(|m| m.member_id.as_str()).collect();
+        assert_eq!(ids, ["pod-a-m0"], "{}: {status:?}", listener.name);
+        assert_eq!(listener.owned_shards(), [0, 1], "{}", listener.name);
+    }
+    app.shutdown_and_wait().await;
+}

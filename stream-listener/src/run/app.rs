@@ -65,18 +65,17 @@ impl RunningApp {
 
     /// What every member of every listener owns and has handled now, listeners by name.
     pub fn status(&self) -> Vec<ListenerStatus> {
-        let members = self.members.status();
+        // The merged handle lists the listeners' members in start order (`ListenerHandle::merge`
+        // appends), so each listener's are the next `ids.len()`. Matching by id would not do:
+        // with static membership every listener names its members `<instance_id>-m<k>`.
+        let mut members = self.members.status().into_iter();
         self.listeners
             .iter()
             .map(|(registration, ids)| ListenerStatus {
                 name: registration.name().to_owned(),
                 stream: registration.stream().to_owned(),
                 group: registration.group().to_owned(),
-                members: members
-                    .iter()
-                    .filter(|m| ids.contains(&m.member_id))
-                    .cloned()
-                    .collect(),
+                members: members.by_ref().take(ids.len()).collect(),
             })
             .collect()
     }
