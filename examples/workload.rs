@@ -65,6 +65,7 @@ use stream_listener::core::internals::admin::{self, AdminError};
 use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::internals::coordinator::CoordinatorConfig;
 use stream_listener::core::internals::dataplane::FencingMode;
+use stream_listener::core::internals::report::Chain;
 use stream_listener::core::member::{EventCallback, Listener, ListenerEvent, ListenerOptions};
 use stream_listener::core::producer::{Publisher, PublisherOptions};
 use stream_listener::testing::workload::LogLine;
@@ -495,9 +496,10 @@ async fn consume(target: RedisTarget, args: ConsumeArgs) -> Result<(), String> {
     // Installed before the members start, so that an early SIGTERM is graceful too.
     let mut terminate = signal(SignalKind::terminate())
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    // With its causes: a listener error keeps them as its sources (docs/design.md §8.14).
     let listener = Listener::new(target, &args.stream, &args.group, handler, options)
-        .map_err(|e| e.to_string())?;
-    let handle = listener.start().await.map_err(|e| e.to_string())?;
+        .map_err(|e| Chain(&e).to_string())?;
+    let handle = listener.start().await.map_err(|e| Chain(&e).to_string())?;
     if args.log_starts {
         emit(&json!({"event": "ready", "members": handle.member_ids(), "tsUs": now_us()}));
     }

@@ -368,7 +368,11 @@ handler_timeout = "2s"
     let status = app.status();
     assert_eq!(status.len(), 2);
     for listener in &status {
-        let ids: Vec<&str> = listener.members.iter().map(|m| m.member_id.as_str()).collect();
+        let ids: Vec<&str> = listener
+            .members
+            .iter()
+            .map(|m| m.member_id.as_str())
+            .collect();
         assert_eq!(ids, ["pod-a-m0"], "{}: {status:?}", listener.name);
         assert_eq!(listener.owned_shards(), [0, 1], "{}", listener.name);
     }

@@ -58,8 +58,9 @@ pub struct Metadata {
 impl Metadata {
     /// The metadata of entry `entry_id` with `fields` on shard `shard` (`stream_key`), handled
     /// by `member_id` at `member_epoch`: the partition key is read from the fields, the attempt
-    /// is 1.
-    pub(crate) fn new(
+    /// is 1 and the delivery count 1 (set both fields for a re-delivery). Public so that a
+    /// handler can be unit-tested with a [`Delivery`] of its own ([`Delivery::new`]).
+    pub fn new(
         stream_key: &str,
         shard: ShardIndex,
         entry_id: String,
@@ -98,6 +99,12 @@ pub(crate) fn field<'a>(fields: &'a [(String, Vec<u8>)], name: &str) -> Option<&
 }
 
 impl Delivery {
+    /// A delivery of `fields` with `metadata` ([`Metadata::new`]), as the poller builds one per
+    /// handler attempt; for unit tests of handlers.
+    pub fn new(metadata: Metadata, fields: Arc<[(String, Vec<u8>)]>) -> Self {
+        Delivery { metadata, fields }
+    }
+
     /// The value of field `name`, if present.
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         field(&self.fields, name)
@@ -118,12 +125,14 @@ impl Delivery {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandlerError {
-    /// Retried in place with backoff up to `max_attempts`, then dead-lettered.
-    #[error("{0}")]
+    /// Retried in place with backoff up to `max_attempts`, then dead-lettered. The handler's
+    /// error is the source: a dead letter's `error` field and the logs print it with its causes
+    /// (docs/design.md §8.14).
+    #[error(transparent)]
     Retryable(BoxError),
     /// Dead-lettered at once: retrying cannot help.
     #[error("non-retryable: {0}")]
-    NonRetryable(BoxError),
+    NonRetryable(#[source] BoxError),
     /// The payload could not be decoded: dead-lettered at once with reason `decode`.
     #[error("payload could not be decoded: {0}")]
     Decode(String),

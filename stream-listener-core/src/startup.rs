@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-// Until the Redis failure classifier of `crate::connection` lands, the admin layer's predicate.
 use crate::connection::RedisFailure;
 use crate::connection::{DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget};
 
@@ -49,12 +48,28 @@ pub enum StartupError {
 #[derive(Debug, Clone)]
 pub struct Connected {
     conn: RedisConnection,
+    target: RedisTarget,
 }
 
 impl Connected {
     /// The connection (a cheap clone sharing the multiplexed connection).
     pub fn connection(&self) -> RedisConnection {
         self.conn.clone()
+    }
+
+    /// A new connection to the same, already checked server (one attempt and a `PING`, no
+    /// version check): each listener of a process runs on a connection of its own, so one
+    /// listener's large read replies never queue in front of another's heartbeats.
+    ///
+    /// # Errors
+    /// As [`connect`] without a startup timeout: [`StartupError::Unreachable`] or
+    /// [`StartupError::Refused`].
+    pub async fn another(&self) -> Result<Connected, StartupError> {
+        let conn = connect_with_retry(&self.target, None).await?;
+        Ok(Connected {
+            conn,
+            target: self.target.clone(),
+        })
     }
 }
 
@@ -73,7 +88,10 @@ pub async fn connect(
 ) -> Result<Connected, StartupError> {
     let mut conn = connect_with_retry(target, startup_timeout).await?;
     check_version(&mut conn).await?;
-    Ok(Connected { conn })
+    Ok(Connected {
+        conn,
+        target: target.clone(),
+    })
 }
 
 async fn connect_with_retry(

@@ -38,7 +38,7 @@ pub enum ListenerError {
     Name(#[from] NameError),
     /// Redis could not be reached, refused, or is too old ([`crate::startup::connect`]); check
     /// the URL and that the server runs.
-    #[error("cannot start on Redis")]
+    #[error("cannot start on Redis: check the URL and that the server runs")]
     Startup(#[from] StartupError),
     /// The store refused (missing stream, Redis error).
     #[error(transparent)]

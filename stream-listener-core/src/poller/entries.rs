@@ -8,6 +8,7 @@ use super::handler_run::Attempt;
 use crate::dataplane::{DataPlaneError, DeadLetterReason, EntryStatus, ShardEntry};
 use crate::fence::FenceToken;
 use crate::handler::{Delivery, Metadata};
+use crate::report::Chain;
 use crate::runtime::ListenerEvent;
 
 /// The `error` field of a `max-deliveries` dead letter.
@@ -159,14 +160,15 @@ impl ShardTask {
             let draining = self.revoke.is_cancelled();
             let backoff = match limits.after_failure(&error, attempt, draining) {
                 Verdict::DeadLetter { reason } => {
-                    self.dead_letter(entry, reason, &error.to_string(), attempt)
-                        .await?;
+                    // The text first: a `Chain` (a plain `dyn Error` reference) is not `Sync`.
+                    let text = Chain(&error).to_string();
+                    self.dead_letter(entry, reason, &text, attempt).await?;
                     return Ok(Outcome::Ack);
                 }
                 Verdict::Abandon => return Ok(Outcome::Abandon),
                 Verdict::Retry { backoff } => backoff,
             };
-            tracing::debug!(entry = %entry.id, attempt, %error, "handler failed; retrying in place");
+            tracing::debug!(entry = %entry.id, attempt, error = %Chain(&error), "handler failed; retrying in place");
             self.pause(backoff).await;
             // The lease may have lapsed during the backoff (heartbeats failing): no attempt
             // without it, or the shard's next owner and this one could run the entry at once.

@@ -99,7 +99,17 @@ pub async fn run_listeners(
         listener,
     } in planned
     {
-        let handle = match listener.start_on(&connected).await {
+        // The first listener on the checked connection, every further one on its own (as
+        // separate `Listener::start` calls would be).
+        let own = match &members {
+            None => Ok(connected.clone()),
+            Some(_) => connected.another().await,
+        };
+        let started = match own {
+            Ok(own) => listener.start_on(&own).await,
+            Err(error) => Err(ListenerError::Startup(error)),
+        };
+        let handle = match started {
             Ok(handle) => handle,
             Err(source) => {
                 if let Some(started) = members {
