@@ -25,6 +25,7 @@ use stream_listener::core::internals::connection::{RedisConnection, RedisTarget}
 use stream_listener::core::internals::dataplane::FencingMode;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::StartFrom;
+use stream_listener::testing::fixtures::pause_writes;
 use support::*;
 
 const DEAD_LETTERS: &str = "orders:dlq:billing";
@@ -754,13 +755,7 @@ async fn a_lost_read_pipeline_handles_nothing_twice(
     let listener = start_listener(&target, handler, opts).await;
     assert!(wait_until(Duration::from_secs(20), || gated.load(Ordering::SeqCst)).await);
     // Writes (the ack script, XREADGROUP) wait while clients are paused.
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1500)
-        .arg("WRITE")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    pause_writes(&mut conn, 1500).await;
     gate.notify_one();
     // The ack of 0..=3 and the read of 4..=7 go out and are held by the pause (if they are not
     // out yet, the kill below fails them all the same).

@@ -50,12 +50,12 @@ use redis::AsyncCommands;
 use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::internals::coordinator::CoordinatorConfig;
 use stream_listener_core::internals::keys::{GroupKeys, StreamKeys};
-use stream_listener_core::internals::store::{GroupStore, StreamCas, write_stream_metadata};
+use stream_listener_core::internals::store::GroupStore;
 use stream_listener_core::model::{
-    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, PROTOCOL_VERSION,
-    RevokeState, RevokingShard, ShardIndex, ShardInfo, ShardState, StreamMetadata,
+    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeState, ShardIndex,
 };
 use stream_listener_core::testing::RedisServer;
+use stream_listener_core::testing::fixtures::{create_active_stream, heartbeat_request, revoking};
 use tokio::time::MissedTickBehavior;
 
 const PREFIX: &str = "bench";
@@ -254,26 +254,14 @@ impl Member {
 
     fn request(&self) -> HeartbeatRequest {
         HeartbeatRequest {
-            member_id: self.id.clone(),
-            member_name: "bench".into(),
-            instance_id: None,
-            process_id: format!("proc-{}", self.id),
-            request_seq: self.seq,
-            member_epoch: self.epoch,
-            metadata_version: self.metadata_version,
-            runtime_max_concurrency: 1,
-            active_consumer_workers: 0,
-            owned_shards: self.owned.clone(),
-            revoking_shards: self
-                .revoked
-                .iter()
-                .map(|s| RevokingShard {
-                    shard_index: *s,
-                    state: RevokeState::Revoked,
-                })
-                .collect(),
-            fence_conflicts: Vec::new(),
-            protocol_version: PROTOCOL_VERSION,
+            revoking_shards: revoking(&self.revoked, RevokeState::Revoked),
+            ..heartbeat_request(
+                &self.id,
+                "bench",
+                self.metadata_version,
+                (self.seq, self.epoch),
+                &self.owned,
+            )
         }
     }
 
@@ -594,29 +582,6 @@ async fn idle(conn: &mut RedisConnection, window: Duration) -> Measured {
     }
 }
 
-async fn create_stream(conn: &mut RedisConnection, shards: u32) {
-    let keys = StreamKeys::new(PREFIX).expect("prefix");
-    let mut meta = StreamMetadata {
-        stream_prefix: PREFIX.into(),
-        shard_count: shards,
-        shards: (0..shards)
-            .map(|i| ShardInfo {
-                shard_index: i,
-                state: ShardState::Active,
-            })
-            .collect(),
-        metadata_version: 1,
-        groups: Vec::new(),
-        migration: None,
-        updated_at: "2026-11-29T00:00:00Z".into(),
-        revision: 0,
-    };
-    let written = write_stream_metadata(conn, &keys, None, &mut meta)
-        .await
-        .expect("write stream metadata");
-    assert_eq!(written, StreamCas::Written);
-}
-
 fn member_id(i: usize) -> String {
     format!("member-{i:04}")
 }
@@ -743,7 +708,7 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
     let mut conn = RedisConnection::connect(&target, Duration::from_secs(10))
         .await
         .expect("connect");
-    create_stream(&mut conn, scenario.shards).await;
+    create_active_stream(&mut conn, PREFIX, scenario.shards).await;
     let stream_keys = StreamKeys::new(PREFIX).expect("prefix");
     let group_keys = stream_keys.group(GROUP).expect("group");
 

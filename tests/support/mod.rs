@@ -27,7 +27,7 @@ use stream_listener::core::internals::store::{
     StreamCas, load_stream_metadata, write_stream_metadata,
 };
 use stream_listener::core::member::{EventCallback, Listener, ListenerHandle, ListenerOptions};
-use stream_listener::core::model::{GroupState, HeartbeatRequest, PROTOCOL_VERSION, ShardState};
+use stream_listener::core::model::{GroupState, ShardState};
 use stream_listener::testing::RedisServer;
 pub use stream_listener::testing::workload::now_us;
 use stream_listener::testing::workload::{LogLine, Workload, poll_until};
@@ -144,30 +144,9 @@ pub async fn start_listener(
         .unwrap()
 }
 
-/// A heartbeat of `member` (name `name`) at `(request_seq, member_epoch)`, owning `owned`.
-pub fn heartbeat_request(
-    member: &str,
-    name: &str,
-    metadata_version: u64,
-    (seq, epoch): (u64, i64),
-    owned: &[u32],
-) -> HeartbeatRequest {
-    HeartbeatRequest {
-        member_id: member.into(),
-        member_name: name.into(),
-        instance_id: None,
-        process_id: format!("proc-{member}"),
-        request_seq: seq,
-        member_epoch: epoch,
-        metadata_version,
-        runtime_max_concurrency: 1,
-        active_consumer_workers: 0,
-        owned_shards: owned.to_vec(),
-        revoking_shards: Vec::new(),
-        fence_conflicts: Vec::new(),
-        protocol_version: PROTOCOL_VERSION,
-    }
-}
+// Not every test file that includes this module builds heartbeats.
+#[allow(unused_imports)]
+pub use stream_listener::testing::fixtures::heartbeat_request;
 
 /// Scale-in to `target` and retirement of the removed shards through the admin API: they become
 /// DRAINING, then RETIRING, then their streams are deleted and they are RETIRED (three
