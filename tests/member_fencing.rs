@@ -297,21 +297,15 @@ async fn zombie(mode: FencingMode) {
             m.entry(s).or_insert(at);
             m
         });
+    // P's, after its freeze, and before its shard was given to another member.
+    let stale = |member: &str, at_us: u64, shard: u32| {
+        member == p_id && at_us > frozen_at && reassigned_at.get(&shard).is_none_or(|r| at_us < *r)
+    };
     let stale_reads: Vec<&Ev> = events
         .iter()
-        .filter(|e| match e {
-            Ev::Read {
-                at_us,
-                member,
-                shard,
-                ..
-            } => {
-                *member == p_id
-                    && *at_us > frozen_at
-                    && reassigned_at.get(shard).is_none_or(|r| at_us < r)
-            }
-            _ => false,
-        })
+        .filter(
+            |e| matches!(e, Ev::Read { at_us, member, shard, .. } if stale(member, *at_us, *shard)),
+        )
         .collect();
     assert!(
         stale_reads.is_empty(),
@@ -319,11 +313,7 @@ async fn zombie(mode: FencingMode) {
     );
     let stale_starts: Vec<&Call> = calls
         .iter()
-        .filter(|c| {
-            c.member == p_id
-                && c.at_us > frozen_at
-                && reassigned_at.get(&c.shard).is_none_or(|r| c.at_us < *r)
-        })
+        .filter(|c| stale(&c.member, c.at_us, c.shard))
         .collect();
     assert!(
         stale_starts.is_empty(),

@@ -492,6 +492,30 @@ impl Measured {
     }
 }
 
+/// A baseline: [`run_paced`] from `lead` from now, with one second of warm-up before the
+/// `window` measured, and no group.
+async fn run_baseline<U: Unit>(
+    units: Vec<U>,
+    interval: Duration,
+    lead: Duration,
+    window: Duration,
+    conn: &RedisConnection,
+) -> Measured {
+    let start = Instant::now() + lead;
+    let from = start + Duration::from_secs(1);
+    let (_, measured) = run_paced(
+        units,
+        interval,
+        start,
+        from,
+        from + window,
+        conn.clone(),
+        None,
+    )
+    .await;
+    measured
+}
+
 /// Drives `units` every `interval`, unit `i` first at `start + i × interval / n`, until `stop`.
 /// Meanwhile measures the window `[from, stop)`: the samples started in it, Redis CPU and the
 /// command statistics (reset at `from`), and the group's `revision` change when `group` is given.
@@ -718,20 +742,10 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
 
     // 2. Baselines at the same rate.
     let lead = Duration::from_millis(200);
-    let now = Instant::now();
     let pings: Vec<Ping> = (0..scenario.members)
         .map(|_| Ping { conn: conn.clone() })
         .collect();
-    let (_, ping) = run_paced(
-        pings,
-        interval,
-        now + lead,
-        now + lead + Duration::from_secs(1),
-        now + lead + Duration::from_secs(1) + options.baseline_window,
-        conn.clone(),
-        None,
-    )
-    .await;
+    let ping = run_baseline(pings, interval, lead, options.baseline_window, &conn).await;
     print_window("baseline PING", &ping);
 
     let mut seed = redis::pipe();
@@ -750,17 +764,7 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
             ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
         })
         .collect();
-    let now = Instant::now();
-    let (_, renewal) = run_paced(
-        renewals,
-        interval,
-        now + lead,
-        now + lead + Duration::from_secs(1),
-        now + lead + Duration::from_secs(1) + options.baseline_window,
-        conn.clone(),
-        None,
-    )
-    .await;
+    let renewal = run_baseline(renewals, interval, lead, options.baseline_window, &conn).await;
     print_window("baseline HGET + ZADD XX (pipelined)", &renewal);
 
     // 3. Convergence.
