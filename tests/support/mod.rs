@@ -758,8 +758,20 @@ pub async fn pel(conn: &mut RedisConnection, shard: u32) -> Vec<(String, String,
 /// Waits up to `deadline` until `recorder` has handled every published entry, then asserts that
 /// it has (with the missing ones in the message).
 pub async fn assert_nothing_lost(recorder: &Recorder, published: &[Published], deadline: Duration) {
-    let all = wait_until(deadline, || all_handled(published, &recorder.handled())).await;
-    assert_all_handled(published, &recorder.handled());
+    assert_nothing_lost_by(&[recorder], published, deadline).await;
+}
+
+/// As [`assert_nothing_lost`], for entries handled by any of `recorders` (members that each
+/// record on their own).
+pub async fn assert_nothing_lost_by(
+    recorders: &[&Recorder],
+    published: &[Published],
+    deadline: Duration,
+) {
+    let handled =
+        || -> BTreeSet<(u32, String)> { recorders.iter().flat_map(|r| r.handled()).collect() };
+    let all = wait_until(deadline, || all_handled(published, &handled())).await;
+    assert_all_handled(published, &handled());
     assert!(all);
 }
 
