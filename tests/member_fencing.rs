@@ -381,15 +381,11 @@ async fn zombie(mode: FencingMode) {
     assert!(clean, "P did not exit cleanly on SIGTERM");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zombie_with_strict_fencing_stops_reading_and_redis_refuses_its_stale_read_and_ack() {
-    zombie(FencingMode::Strict).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zombie_with_acks_fencing_has_its_stale_ack_refused() {
-    zombie(FencingMode::Acks).await;
-}
+tests_of!(zombie {
+    zombie_with_strict_fencing_stops_reading_and_redis_refuses_its_stale_read_and_ack =>
+        FencingMode::Strict,
+    zombie_with_acks_fencing_has_its_stale_ack_refused => FencingMode::Acks,
+});
 
 /// How long the owner may take to sweep entries other consumers hold on its shards in `acks` mode
 /// (docs/design.md §8: "claimed at takeover and by a periodic sweep"; the period is not specified):

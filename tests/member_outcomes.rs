@@ -910,15 +910,11 @@ async fn a_shard_retired_while_a_member_holds_it_is_never_created_again(mode: Fe
     assert_eq!(late, None, "a late write landed in a retired shard");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_retired_while_a_member_holds_it_is_never_created_again_strict() {
-    a_shard_retired_while_a_member_holds_it_is_never_created_again(FencingMode::Strict).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_retired_while_a_member_holds_it_is_never_created_again_in_acks_mode() {
-    a_shard_retired_while_a_member_holds_it_is_never_created_again(FencingMode::Acks).await;
-}
+tests_of!(a_shard_retired_while_a_member_holds_it_is_never_created_again {
+    a_shard_retired_while_a_member_holds_it_is_never_created_again_strict => FencingMode::Strict,
+    a_shard_retired_while_a_member_holds_it_is_never_created_again_in_acks_mode =>
+        FencingMode::Acks,
+});
 
 /// Sets the attempt count of `entry` for `group` on shard 0, as processes that died in the
 /// entry's handler leave it (`count_attempt` ran, the process never reached `forget_attempts`:

@@ -32,6 +32,25 @@ use stream_listener::testing::RedisServer;
 pub use stream_listener::testing::workload::now_us;
 use stream_listener::testing::workload::{LogLine, Workload, poll_until};
 
+/// One multi-threaded `#[tokio::test]` per `name => argument`, each awaiting `body(argument)`: a
+/// scenario run under each of its settings, every setting a test of its own name. Attributes
+/// (doc comments) before a name go to that test. A function cannot declare tests, hence a macro.
+#[allow(unused_macros)]
+macro_rules! tests_of {
+    ($body:ident { $($(#[$attr:meta])* $name:ident => $arg:expr),+ $(,)? }) => {
+        $(
+            $(#[$attr])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $body($arg).await;
+            }
+        )+
+    };
+}
+// Not every test file that includes this module has such scenarios.
+#[allow(unused_imports)]
+pub(crate) use tests_of;
+
 pub const STREAM: &str = "orders";
 pub const GROUP: &str = "billing";
 
