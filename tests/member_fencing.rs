@@ -307,18 +307,12 @@ async fn zombie(mode: FencingMode) {
             |e| matches!(e, Ev::Read { at_us, member, shard, .. } if stale(member, *at_us, *shard)),
         )
         .collect();
-    assert!(
-        stale_reads.is_empty(),
-        "P read after its lease: {stale_reads:?}"
-    );
+    assert_none(&stale_reads, "P read after its lease");
     let stale_starts: Vec<&Call> = calls
         .iter()
         .filter(|c| stale(&c.member, c.at_us, c.shard))
         .collect();
-    assert!(
-        stale_starts.is_empty(),
-        "P started handlers after its lease: {stale_starts:?}"
-    );
+    assert_none(&stale_starts, "P started handlers after its lease");
     let rejections: Vec<&Ev> = events
         .iter()
         .filter(|e| matches!(e, Ev::Fence { member, .. } if *member == p_id))
@@ -873,4 +867,9 @@ async fn a_fenced_handler_returning_late_does_not_remove_the_next_tenures_attemp
         "the fenced task's late return removed the next tenure's attempt count"
     );
     listener.shutdown_and_wait().await;
+}
+
+/// Asserts that nothing was `found`, naming `what` it would have been and listing it.
+fn assert_none<T: std::fmt::Debug>(found: &[T], what: &str) {
+    assert!(found.is_empty(), "{what}: {found:?}");
 }
