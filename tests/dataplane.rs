@@ -14,22 +14,14 @@ use stream_listener::core::internals::dataplane::{
     ClaimReport, DataPlaneError, DeadLetterReason, EntryStatus, Fenced, FencingMode, ReadOutcome,
     ShardClient, ShardEntry, Waiter, key_slot,
 };
-use stream_listener::core::internals::fence::{FenceToken, FenceVerdict};
+use stream_listener::core::internals::fence::FenceVerdict;
 use stream_listener::core::internals::keys::StreamKeys;
+use stream_listener::testing::fixtures::fence_token as token;
 use stream_listener::testing::{RedisCluster, RedisServer};
 use support::connect;
 
 const GROUP: &str = "g";
 const STRICT: FencingMode = FencingMode::Strict;
-
-fn token(incarnation: u64, epoch: i64, member: &str) -> FenceToken {
-    FenceToken {
-        incarnation,
-        member_epoch: epoch,
-        member_id: member.into(),
-        process_id: format!("proc-{member}"),
-    }
-}
 
 fn client(conn: &RedisConnection, prefix: &str, member: &str) -> ShardClient {
     ShardClient::new(

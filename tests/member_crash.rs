@@ -182,16 +182,12 @@ async fn killed_member_shards_move_within_lease_plus_two_heartbeats(crash: Crash
     survivor.shutdown_and_wait().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn aborted_member_shards_are_processed_by_others_within_lease_plus_two_heartbeats() {
-    killed_member_shards_move_within_lease_plus_two_heartbeats(Crash::Abort).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkilled_member_process_shards_are_processed_by_others_within_lease_plus_two_heartbeats()
-{
-    killed_member_shards_move_within_lease_plus_two_heartbeats(Crash::Kill).await;
-}
+tests_of!(killed_member_shards_move_within_lease_plus_two_heartbeats {
+    aborted_member_shards_are_processed_by_others_within_lease_plus_two_heartbeats =>
+        Crash::Abort,
+    sigkilled_member_process_shards_are_processed_by_others_within_lease_plus_two_heartbeats =>
+        Crash::Kill,
+});
 
 /// What [`redis_paused_longer_than_the_lease`] checks after Redis answers again.
 #[derive(PartialEq)]
@@ -312,17 +308,13 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
     listener.shutdown_and_wait().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_paused_longer_than_the_lease_stops_handlers_then_members_recover() {
-    redis_paused_longer_than_the_lease(AfterPause::Recover).await;
-}
-
-/// The entries a member had read but not finished when its lease ended stay in its own PEL; when
-/// its lease is renewed and it keeps the shard, it must handle them (they are not new entries).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_in_hand_when_the_lease_ended_are_handled_after_redis_returns() {
-    redis_paused_longer_than_the_lease(AfterPause::NothingLost).await;
-}
+tests_of!(redis_paused_longer_than_the_lease {
+    redis_paused_longer_than_the_lease_stops_handlers_then_members_recover => AfterPause::Recover,
+    /// The entries a member had read but not finished when its lease ended stay in its own PEL;
+    /// when its lease is renewed and it keeps the shard, it must handle them (they are not new
+    /// entries).
+    entries_in_hand_when_the_lease_ended_are_handled_after_redis_returns => AfterPause::NothingLost,
+});
 
 /// A TCP proxy in front of one cluster node (announced as the node's address with
 /// `cluster-announce-port`, so clients route through it). While armed, the first client chunk
@@ -641,15 +633,10 @@ fn node_of(cluster: &RedisCluster, key: &str) -> usize {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_whose_reply_is_lost_on_a_cluster_strands_nothing_strict() {
-    a_read_whose_reply_is_lost_on_a_cluster_strands_nothing(FencingMode::Strict).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_whose_reply_is_lost_on_a_cluster_strands_nothing_in_acks_mode() {
-    a_read_whose_reply_is_lost_on_a_cluster_strands_nothing(FencingMode::Acks).await;
-}
+tests_of!(a_read_whose_reply_is_lost_on_a_cluster_strands_nothing {
+    a_read_whose_reply_is_lost_on_a_cluster_strands_nothing_strict => FencingMode::Strict,
+    a_read_whose_reply_is_lost_on_a_cluster_strands_nothing_in_acks_mode => FencingMode::Acks,
+});
 
 /// docs/design.md §8.10, the pause: the master of a shard frozen (`SIGSTOP`) for longer than the
 /// client's response timeout (5 s) while the member reads it. The reads sent meanwhile run when

@@ -297,38 +297,22 @@ async fn zombie(mode: FencingMode) {
             m.entry(s).or_insert(at);
             m
         });
+    // P's, after its freeze, and before its shard was given to another member.
+    let stale = |member: &str, at_us: u64, shard: u32| {
+        member == p_id && at_us > frozen_at && reassigned_at.get(&shard).is_none_or(|r| at_us < *r)
+    };
     let stale_reads: Vec<&Ev> = events
         .iter()
-        .filter(|e| match e {
-            Ev::Read {
-                at_us,
-                member,
-                shard,
-                ..
-            } => {
-                *member == p_id
-                    && *at_us > frozen_at
-                    && reassigned_at.get(shard).is_none_or(|r| at_us < r)
-            }
-            _ => false,
-        })
+        .filter(
+            |e| matches!(e, Ev::Read { at_us, member, shard, .. } if stale(member, *at_us, *shard)),
+        )
         .collect();
-    assert!(
-        stale_reads.is_empty(),
-        "P read after its lease: {stale_reads:?}"
-    );
+    assert_none(&stale_reads, "P read after its lease");
     let stale_starts: Vec<&Call> = calls
         .iter()
-        .filter(|c| {
-            c.member == p_id
-                && c.at_us > frozen_at
-                && reassigned_at.get(&c.shard).is_none_or(|r| c.at_us < *r)
-        })
+        .filter(|c| stale(&c.member, c.at_us, c.shard))
         .collect();
-    assert!(
-        stale_starts.is_empty(),
-        "P started handlers after its lease: {stale_starts:?}"
-    );
+    assert_none(&stale_starts, "P started handlers after its lease");
     let rejections: Vec<&Ev> = events
         .iter()
         .filter(|e| matches!(e, Ev::Fence { member, .. } if *member == p_id))
@@ -391,15 +375,11 @@ async fn zombie(mode: FencingMode) {
     assert!(clean, "P did not exit cleanly on SIGTERM");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zombie_with_strict_fencing_stops_reading_and_redis_refuses_its_stale_read_and_ack() {
-    zombie(FencingMode::Strict).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zombie_with_acks_fencing_has_its_stale_ack_refused() {
-    zombie(FencingMode::Acks).await;
-}
+tests_of!(zombie {
+    zombie_with_strict_fencing_stops_reading_and_redis_refuses_its_stale_read_and_ack =>
+        FencingMode::Strict,
+    zombie_with_acks_fencing_has_its_stale_ack_refused => FencingMode::Acks,
+});
 
 /// How long the owner may take to sweep entries other consumers hold on its shards in `acks` mode
 /// (docs/design.md §8: "claimed at takeover and by a periodic sweep"; the period is not specified):
@@ -887,4 +867,9 @@ async fn a_fenced_handler_returning_late_does_not_remove_the_next_tenures_attemp
         "the fenced task's late return removed the next tenure's attempt count"
     );
     listener.shutdown_and_wait().await;
+}
+
+/// Asserts that nothing was `found`, naming `what` it would have been and listing it.
+fn assert_none<T: std::fmt::Debug>(found: &[T], what: &str) {
+    assert!(found.is_empty(), "{what}: {found:?}");
 }

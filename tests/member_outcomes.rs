@@ -25,6 +25,7 @@ use stream_listener::core::internals::connection::{RedisConnection, RedisTarget}
 use stream_listener::core::internals::dataplane::FencingMode;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
 use stream_listener::core::model::StartFrom;
+use stream_listener::testing::fixtures::pause_writes;
 use support::*;
 
 const DEAD_LETTERS: &str = "orders:dlq:billing";
@@ -754,13 +755,7 @@ async fn a_lost_read_pipeline_handles_nothing_twice(
     let listener = start_listener(&target, handler, opts).await;
     assert!(wait_until(Duration::from_secs(20), || gated.load(Ordering::SeqCst)).await);
     // Writes (the ack script, XREADGROUP) wait while clients are paused.
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1500)
-        .arg("WRITE")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    pause_writes(&mut conn, 1500).await;
     gate.notify_one();
     // The ack of 0..=3 and the read of 4..=7 go out and are held by the pause (if they are not
     // out yet, the kill below fails them all the same).
@@ -915,15 +910,11 @@ async fn a_shard_retired_while_a_member_holds_it_is_never_created_again(mode: Fe
     assert_eq!(late, None, "a late write landed in a retired shard");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_retired_while_a_member_holds_it_is_never_created_again_strict() {
-    a_shard_retired_while_a_member_holds_it_is_never_created_again(FencingMode::Strict).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_retired_while_a_member_holds_it_is_never_created_again_in_acks_mode() {
-    a_shard_retired_while_a_member_holds_it_is_never_created_again(FencingMode::Acks).await;
-}
+tests_of!(a_shard_retired_while_a_member_holds_it_is_never_created_again {
+    a_shard_retired_while_a_member_holds_it_is_never_created_again_strict => FencingMode::Strict,
+    a_shard_retired_while_a_member_holds_it_is_never_created_again_in_acks_mode =>
+        FencingMode::Acks,
+});
 
 /// Sets the attempt count of `entry` for `group` on shard 0, as processes that died in the
 /// entry's handler leave it (`count_attempt` ran, the process never reached `forget_attempts`:

@@ -378,18 +378,12 @@ async fn a_static_member_restarting_within_its_lease_moves_no_shard_and_changes_
     );
 
     // Nothing lost.
-    let all = wait_until(Duration::from_secs(15), || {
-        let mut handled = others_recorder.handled();
-        handled.extend(static_recorder.handled());
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
-    })
+    assert_nothing_lost_by(
+        &[&others_recorder, &static_recorder],
+        &published,
+        Duration::from_secs(15),
+    )
     .await;
-    let mut handled = others_recorder.handled();
-    handled.extend(static_recorder.handled());
-    assert_all_handled(&published, &handled);
-    assert!(all);
     second.shutdown_and_wait().await;
     others.shutdown_and_wait().await;
 }
@@ -517,18 +511,12 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let published = publisher.stop();
-    let all = wait_until(Duration::from_secs(15), || {
-        let mut handled = recorder.handled();
-        handled.extend(leaver_recorder.handled());
-        published
-            .iter()
-            .all(|p| handled.contains(&(p.shard, p.id.clone())))
-    })
+    assert_nothing_lost_by(
+        &[&recorder, &leaver_recorder],
+        &published,
+        Duration::from_secs(15),
+    )
     .await;
-    let mut handled = recorder.handled();
-    handled.extend(leaver_recorder.handled());
-    assert_all_handled(&published, &handled);
-    assert!(all);
     for shard in 0..8 {
         assert_eq!(pending_count(&mut conn, shard).await, 0, "shard {shard}");
     }

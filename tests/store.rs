@@ -17,8 +17,9 @@ use stream_listener::core::internals::store::{
 };
 use stream_listener::core::model::{
     GroupState, HeartbeatRequest, HeartbeatStatus, RevokeState, RevokingShard, ShardInfo,
-    ShardState, StreamMetadata,
+    ShardState,
 };
+use stream_listener::testing::fixtures::{create_active_stream, timings};
 use stream_listener::testing::{RedisCluster, RedisServer};
 use support::heartbeat_request;
 use tokio::io::AsyncWriteExt;
@@ -28,29 +29,6 @@ const SHARDS: u32 = 16;
 
 async fn connect(target: RedisTarget) -> RedisConnection {
     support::connect(&target).await
-}
-
-async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {
-    let keys = StreamKeys::new(prefix).unwrap();
-    let mut meta = StreamMetadata {
-        stream_prefix: prefix.into(),
-        shard_count: shards,
-        shards: (0..shards)
-            .map(|i| ShardInfo {
-                shard_index: i,
-                state: ShardState::Active,
-            })
-            .collect(),
-        metadata_version: 1,
-        groups: Vec::new(),
-        migration: None,
-        updated_at: "2026-11-29T00:00:00Z".into(),
-        revision: 0,
-    };
-    let written = write_stream_metadata(conn, &keys, None, &mut meta)
-        .await
-        .unwrap();
-    assert_eq!(written, StreamCas::Written);
 }
 
 async fn group_store(conn: &RedisConnection, prefix: &str, group: &str) -> GroupStore {
@@ -104,7 +82,7 @@ async fn drive_member(mut store: GroupStore, member: String, rounds: u64) -> u64
 
 async fn concurrent_drivers_lose_no_update(conn: RedisConnection, prefix: &str, drivers: usize) {
     let mut conn_for_setup = conn.clone();
-    create_stream(&mut conn_for_setup, prefix, SHARDS).await;
+    create_active_stream(&mut conn_for_setup, prefix, SHARDS).await;
     let mut tasks = Vec::new();
     for i in 0..drivers {
         let store = group_store(&conn, prefix, "g").await;
@@ -185,7 +163,7 @@ async fn twenty_concurrent_drivers_lose_no_update_on_a_cluster() {
 async fn a_steady_member_is_answered_by_the_fast_path_exactly_as_by_the_full_transition() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 4).await;
+    create_active_stream(&mut conn, "orders", 4).await;
     let mut store = group_store(&conn, "orders", "g").await;
     let joined = store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
     assert!(!joined.fast_path);
@@ -245,7 +223,7 @@ async fn a_steady_member_is_answered_by_the_fast_path_exactly_as_by_the_full_tra
 async fn missing_metadata_fails_closed() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 2).await;
+    create_active_stream(&mut conn, "orders", 2).await;
     let mut store = group_store(&conn, "orders", "g").await;
     store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
     let keys = StreamKeys::new("orders").unwrap();
@@ -271,7 +249,7 @@ async fn missing_metadata_fails_closed() {
 async fn corrupt_json_is_an_error_not_a_rebuild() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 2).await;
+    create_active_stream(&mut conn, "orders", 2).await;
     let mut store = group_store(&conn, "orders", "g").await;
     store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
     let group_key = StreamKeys::new("orders")
@@ -299,7 +277,7 @@ async fn corrupt_json_is_an_error_not_a_rebuild() {
 async fn redis_unreachable_is_a_clear_error() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 2).await;
+    create_active_stream(&mut conn, "orders", 2).await;
     let mut store = group_store(&conn, "orders", "g").await;
     drop(server);
     let err = store.heartbeat(&request("a", 1, 0, &[])).await.unwrap_err();
@@ -324,7 +302,7 @@ async fn group_hash_fields(conn: &mut RedisConnection) -> Vec<String> {
 async fn fast_path_workers_are_stored_and_removed_with_the_member() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 4).await;
+    create_active_stream(&mut conn, "orders", 4).await;
     let mut store = group_store(&conn, "orders", "g").await;
     store.heartbeat(&request("b", 1, 0, &[])).await.unwrap();
     let joined = store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
@@ -368,15 +346,6 @@ async fn fast_path_workers_are_stored_and_removed_with_the_member() {
     );
 }
 
-fn timings(heartbeat_ms: u64, lease_ms: u64, rebalance_ms: u64) -> CoordinatorConfig {
-    CoordinatorConfig::new(
-        Duration::from_millis(heartbeat_ms),
-        Duration::from_millis(lease_ms),
-        Duration::from_millis(rebalance_ms),
-    )
-    .unwrap()
-}
-
 fn store_with(
     conn: &RedisConnection,
     prefix: &str,
@@ -395,7 +364,7 @@ fn store_with(
 async fn the_fast_path_answers_again_within_a_lease_after_a_re_provision() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 4).await;
+    create_active_stream(&mut conn, "orders", 4).await;
     let config = timings(300, 1_500, 6_000);
     let lease = config.member_lease_ttl;
     let interval = config.heartbeat_interval;
@@ -529,7 +498,7 @@ async fn drive_with_own_timings(
 async fn members_with_different_timings_are_each_answered_with_their_own() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 8).await;
+    create_active_stream(&mut conn, "orders", 8).await;
     let short = timings(300, 1_500, 6_000);
     let long = timings(1_000, 6_000, 20_000);
     let mut a_store = store_with(&conn, "orders", "g", short.clone());
@@ -591,7 +560,7 @@ async fn members_with_different_timings_are_each_answered_with_their_own() {
 async fn the_fast_path_falls_back_after_an_outage_whatever_the_other_members_ttl() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 2).await;
+    create_active_stream(&mut conn, "orders", 2).await;
     let short = timings(300, 1_500, 6_000);
     let long = timings(1_000, 6_000, 20_000);
     let mut a = store_with(&conn, "orders", "g", short);
@@ -771,7 +740,7 @@ async fn rewrite_stream(conn: &mut RedisConnection, prefix: &str, count: u32, ve
 async fn a_stream_view_read_before_a_scale_out_does_not_take_the_group_back() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 2).await;
+    create_active_stream(&mut conn, "orders", 2).await;
     let mut b = group_store(&conn, "orders", "g").await;
     let joined = b.heartbeat(&request("b", 1, 0, &[])).await.unwrap();
     let gate = ScriptGate::start(server.addr()).await;
@@ -815,7 +784,7 @@ async fn a_stream_view_read_before_a_scale_out_does_not_take_the_group_back() {
 async fn a_group_follows_stream_metadata_re_created_at_a_lower_version() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 2).await;
+    create_active_stream(&mut conn, "orders", 2).await;
     let config = timings(300, 1_500, 6_000);
     // A correction round (the member reports a version above the re-created one) lasts a lease.
     let settle = config.member_lease_ttl * 3;
@@ -860,7 +829,7 @@ async fn a_group_follows_stream_metadata_re_created_at_a_lower_version() {
     // Lost, and re-created from config: version 1 again.
     let key = StreamKeys::new("orders").unwrap().metadata();
     let _: () = conn.del(&key).await.unwrap();
-    create_stream(&mut conn, "orders", 4).await;
+    create_active_stream(&mut conn, "orders", 4).await;
     let owned_after = settle_on_fast_path(&mut store).await;
     let meta = store.load().await.unwrap().group.meta;
     assert_eq!((meta.metadata_version, meta.shard_count), (1, 4));
@@ -891,7 +860,7 @@ async fn a_group_follows_stream_metadata_re_created_at_a_lower_version() {
 async fn a_late_request_does_not_renew_a_lease_through_an_outdated_fast_entry() {
     let server = RedisServer::start().unwrap();
     let mut conn = connect(RedisTarget::Standalone(server.url())).await;
-    create_stream(&mut conn, "orders", 2).await;
+    create_active_stream(&mut conn, "orders", 2).await;
     let mut store = group_store(&conn, "orders", "g").await;
     let static_request = |seq, epoch, owned: &[u32]| HeartbeatRequest {
         instance_id: Some("a-1".into()),

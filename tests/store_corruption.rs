@@ -29,10 +29,10 @@ use stream_listener::core::internals::keys::StreamKeys;
 use stream_listener::core::internals::report::Chain;
 use stream_listener::core::internals::store::{GroupStore, StoreError};
 use stream_listener::core::model::{
-    FenceConflict, HeartbeatRequest, HeartbeatStatus, PROTOCOL_VERSION, RevokeState, RevokingShard,
-    StartFrom,
+    FenceConflict, HeartbeatRequest, HeartbeatStatus, RevokeState, StartFrom,
 };
 use stream_listener::testing::RedisServer;
+use stream_listener::testing::fixtures::{heartbeat_request, revoking};
 
 const GROUP: &str = "g";
 const MEMBER: &str = "a";
@@ -605,26 +605,16 @@ impl Member {
         let mut problems = Vec::new();
         self.seq += 1;
         let request = HeartbeatRequest {
-            member_id: MEMBER.into(),
-            member_name: "corruption".into(),
-            instance_id: None,
             process_id: PROCESS.into(),
-            request_seq: self.seq,
-            member_epoch: self.epoch,
-            metadata_version: self.metadata_version,
-            runtime_max_concurrency: 1,
-            active_consumer_workers: 0,
-            owned_shards: self.owned.clone(),
-            revoking_shards: self
-                .revoked
-                .iter()
-                .map(|s| RevokingShard {
-                    shard_index: *s,
-                    state: RevokeState::Revoked,
-                })
-                .collect(),
+            revoking_shards: revoking(&self.revoked, RevokeState::Revoked),
             fence_conflicts: self.conflicts.clone(),
-            protocol_version: PROTOCOL_VERSION,
+            ..heartbeat_request(
+                MEMBER,
+                "corruption",
+                self.metadata_version,
+                (self.seq, self.epoch),
+                &self.owned,
+            )
         };
         let mut store = self.store();
         self.fast = false;
@@ -940,19 +930,14 @@ async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
     let before: BTreeMap<String, String> = conn.hgetall(&group).await.unwrap();
     // Leaving sends the member to the history.
     let leave = HeartbeatRequest {
-        member_id: MEMBER.into(),
-        member_name: "corruption".into(),
-        instance_id: None,
         process_id: PROCESS.into(),
-        request_seq: member.seq + 1,
-        member_epoch: -1,
-        metadata_version: member.metadata_version,
-        runtime_max_concurrency: 1,
-        active_consumer_workers: 0,
-        owned_shards: Vec::new(),
-        revoking_shards: Vec::new(),
-        fence_conflicts: Vec::new(),
-        protocol_version: PROTOCOL_VERSION,
+        ..heartbeat_request(
+            MEMBER,
+            "corruption",
+            member.metadata_version,
+            (member.seq + 1, -1),
+            &[],
+        )
     };
     let err = member.store().heartbeat(&leave).await.unwrap_err();
     assert!(

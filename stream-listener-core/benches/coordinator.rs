@@ -23,13 +23,14 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use criterion::{BatchSize, Criterion};
+use criterion::{BatchSize, Bencher, Criterion};
 use stream_listener_core::internals::assignor::{AssignorMember, Target, assign};
 use stream_listener_core::internals::coordinator::{
     Context, CoordinatorConfig, Group, StreamView, heartbeat,
 };
 use stream_listener_core::model::{
-    Epoch, GroupState, HeartbeatRequest, HeartbeatStatus, Micros, PROTOCOL_VERSION, ShardIndex,
+    Epoch, GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, Micros,
+    PROTOCOL_VERSION, ShardIndex,
 };
 
 const SHARDS: u32 = 10_000;
@@ -123,6 +124,29 @@ struct Sim {
 }
 
 impl Sim {
+    /// The group after `request` on a clone of the stable group, and the response (a group
+    /// response, not a retry).
+    fn answer(&self, request: &HeartbeatRequest, ctx: &Context<'_>) -> (Group, HeartbeatResponse) {
+        let mut group = self.group.clone();
+        let response = heartbeat(&mut group, request, ctx, &self.config)
+            .expect("heartbeat")
+            .response()
+            .unwrap();
+        (group, response)
+    }
+
+    /// Measures `request` on a fresh clone of the stable group each time (the clone not timed).
+    fn bench_one(&self, b: &mut Bencher<'_>, request: &HeartbeatRequest, ctx: &Context<'_>) {
+        b.iter_batched(
+            || self.group.clone(),
+            |mut g| {
+                let response = heartbeat(&mut g, black_box(request), ctx, &self.config);
+                (g, response)
+            },
+            BatchSize::LargeInput,
+        );
+    }
+
     /// Sends the next request of member `i` at `now + STEP` and adopts the response.
     fn step(&mut self, i: usize) {
         self.now += STEP;
@@ -232,27 +256,14 @@ fn bench_heartbeat(c: &mut Criterion) {
         stream: &sim.stream,
     };
     {
-        let mut check = sim.group.clone();
-        let response = heartbeat(&mut check, &request, &ctx, &sim.config)
-            .expect("steady")
-            .response()
-            .unwrap();
+        let (check, response) = sim.answer(&request, &ctx);
         assert_eq!(response.status, HeartbeatStatus::Ok);
         assert_eq!(response.member_epoch, steady.epoch);
         assert_eq!(response.assigned_shards, steady.owned);
         assert_eq!(check.meta.state, GroupState::Stable);
         assert_eq!(check.meta.group_epoch, sim.group.meta.group_epoch);
     }
-    group.bench_function("heartbeat_steady_one", |b| {
-        b.iter_batched(
-            || sim.group.clone(),
-            |mut g| {
-                let response = heartbeat(&mut g, black_box(&request), &ctx, &sim.config);
-                (g, response)
-            },
-            BatchSize::LargeInput,
-        );
-    });
+    group.bench_function("heartbeat_steady_one", |b| sim.bench_one(b, &request, &ctx));
 
     // (a') A sequence of steady heartbeats of different members on one group, 1 µs apart.
     group.bench_function("heartbeat_steady_rotating", |b| {
@@ -284,25 +295,12 @@ fn bench_heartbeat(c: &mut Criterion) {
     let mut joiner = SimMember::new(MEMBERS);
     let join = joiner.next_request();
     {
-        let mut check = sim.group.clone();
-        let response = heartbeat(&mut check, &join, &ctx, &sim.config)
-            .expect("join")
-            .response()
-            .unwrap();
+        let (check, response) = sim.answer(&join, &ctx);
         assert_eq!(response.status, HeartbeatStatus::Ok);
         assert_eq!(check.meta.assignment_epoch, sim.group.meta.group_epoch + 1);
         assert_eq!(check.target_of(&joiner.id).len(), 9);
     }
-    group.bench_function("heartbeat_join_1001st", |b| {
-        b.iter_batched(
-            || sim.group.clone(),
-            |mut g| {
-                let response = heartbeat(&mut g, black_box(&join), &ctx, &sim.config);
-                (g, response)
-            },
-            BatchSize::LargeInput,
-        );
-    });
+    group.bench_function("heartbeat_join_1001st", |b| sim.bench_one(b, &join, &ctx));
     group.finish();
 }
 

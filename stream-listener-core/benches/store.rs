@@ -50,12 +50,12 @@ use redis::AsyncCommands;
 use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::internals::coordinator::CoordinatorConfig;
 use stream_listener_core::internals::keys::{GroupKeys, StreamKeys};
-use stream_listener_core::internals::store::{GroupStore, StreamCas, write_stream_metadata};
+use stream_listener_core::internals::store::GroupStore;
 use stream_listener_core::model::{
-    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, PROTOCOL_VERSION,
-    RevokeState, RevokingShard, ShardIndex, ShardInfo, ShardState, StreamMetadata,
+    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeState, ShardIndex,
 };
 use stream_listener_core::testing::RedisServer;
+use stream_listener_core::testing::fixtures::{create_active_stream, heartbeat_request, revoking};
 use tokio::time::MissedTickBehavior;
 
 const PREFIX: &str = "bench";
@@ -254,26 +254,14 @@ impl Member {
 
     fn request(&self) -> HeartbeatRequest {
         HeartbeatRequest {
-            member_id: self.id.clone(),
-            member_name: "bench".into(),
-            instance_id: None,
-            process_id: format!("proc-{}", self.id),
-            request_seq: self.seq,
-            member_epoch: self.epoch,
-            metadata_version: self.metadata_version,
-            runtime_max_concurrency: 1,
-            active_consumer_workers: 0,
-            owned_shards: self.owned.clone(),
-            revoking_shards: self
-                .revoked
-                .iter()
-                .map(|s| RevokingShard {
-                    shard_index: *s,
-                    state: RevokeState::Revoked,
-                })
-                .collect(),
-            fence_conflicts: Vec::new(),
-            protocol_version: PROTOCOL_VERSION,
+            revoking_shards: revoking(&self.revoked, RevokeState::Revoked),
+            ..heartbeat_request(
+                &self.id,
+                "bench",
+                self.metadata_version,
+                (self.seq, self.epoch),
+                &self.owned,
+            )
         }
     }
 
@@ -504,6 +492,30 @@ impl Measured {
     }
 }
 
+/// A baseline: [`run_paced`] from `lead` from now, with one second of warm-up before the
+/// `window` measured, and no group.
+async fn run_baseline<U: Unit>(
+    units: Vec<U>,
+    interval: Duration,
+    lead: Duration,
+    window: Duration,
+    conn: &RedisConnection,
+) -> Measured {
+    let start = Instant::now() + lead;
+    let from = start + Duration::from_secs(1);
+    let (_, measured) = run_paced(
+        units,
+        interval,
+        start,
+        from,
+        from + window,
+        conn.clone(),
+        None,
+    )
+    .await;
+    measured
+}
+
 /// Drives `units` every `interval`, unit `i` first at `start + i × interval / n`, until `stop`.
 /// Meanwhile measures the window `[from, stop)`: the samples started in it, Redis CPU and the
 /// command statistics (reset at `from`), and the group's `revision` change when `group` is given.
@@ -592,29 +604,6 @@ async fn idle(conn: &mut RedisConnection, window: Duration) -> Measured {
         cpu_seconds: cpu_after - cpu_before,
         ..Measured::default()
     }
-}
-
-async fn create_stream(conn: &mut RedisConnection, shards: u32) {
-    let keys = StreamKeys::new(PREFIX).expect("prefix");
-    let mut meta = StreamMetadata {
-        stream_prefix: PREFIX.into(),
-        shard_count: shards,
-        shards: (0..shards)
-            .map(|i| ShardInfo {
-                shard_index: i,
-                state: ShardState::Active,
-            })
-            .collect(),
-        metadata_version: 1,
-        groups: Vec::new(),
-        migration: None,
-        updated_at: "2026-11-29T00:00:00Z".into(),
-        revision: 0,
-    };
-    let written = write_stream_metadata(conn, &keys, None, &mut meta)
-        .await
-        .expect("write stream metadata");
-    assert_eq!(written, StreamCas::Written);
 }
 
 fn member_id(i: usize) -> String {
@@ -743,7 +732,7 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
     let mut conn = RedisConnection::connect(&target, Duration::from_secs(10))
         .await
         .expect("connect");
-    create_stream(&mut conn, scenario.shards).await;
+    create_active_stream(&mut conn, PREFIX, scenario.shards).await;
     let stream_keys = StreamKeys::new(PREFIX).expect("prefix");
     let group_keys = stream_keys.group(GROUP).expect("group");
 
@@ -753,20 +742,10 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
 
     // 2. Baselines at the same rate.
     let lead = Duration::from_millis(200);
-    let now = Instant::now();
     let pings: Vec<Ping> = (0..scenario.members)
         .map(|_| Ping { conn: conn.clone() })
         .collect();
-    let (_, ping) = run_paced(
-        pings,
-        interval,
-        now + lead,
-        now + lead + Duration::from_secs(1),
-        now + lead + Duration::from_secs(1) + options.baseline_window,
-        conn.clone(),
-        None,
-    )
-    .await;
+    let ping = run_baseline(pings, interval, lead, options.baseline_window, &conn).await;
     print_window("baseline PING", &ping);
 
     let mut seed = redis::pipe();
@@ -785,17 +764,7 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
             ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
         })
         .collect();
-    let now = Instant::now();
-    let (_, renewal) = run_paced(
-        renewals,
-        interval,
-        now + lead,
-        now + lead + Duration::from_secs(1),
-        now + lead + Duration::from_secs(1) + options.baseline_window,
-        conn.clone(),
-        None,
-    )
-    .await;
+    let renewal = run_baseline(renewals, interval, lead, options.baseline_window, &conn).await;
     print_window("baseline HGET + ZADD XX (pipelined)", &renewal);
 
     // 3. Convergence.

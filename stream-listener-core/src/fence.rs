@@ -100,15 +100,7 @@ impl FenceToken {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn token(incarnation: Micros, epoch: Epoch, member: &str) -> FenceToken {
-        FenceToken {
-            incarnation,
-            member_epoch: epoch,
-            member_id: member.into(),
-            process_id: format!("p-{member}"),
-        }
-    }
+    use crate::testing::fixtures::fence_token as token;
 
     #[test]
     fn raise_accepts_only_strictly_higher_or_same_token() {

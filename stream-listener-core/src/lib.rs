@@ -32,7 +32,8 @@ mod runtime;
 mod startup;
 mod store;
 
-#[cfg(feature = "testing")]
+// The crate's unit tests use the pure fixtures without the feature.
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 /// The building blocks below the public API: the store, the data plane, keys, connections, the

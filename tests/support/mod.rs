@@ -27,10 +27,29 @@ use stream_listener::core::internals::store::{
     StreamCas, load_stream_metadata, write_stream_metadata,
 };
 use stream_listener::core::member::{EventCallback, Listener, ListenerHandle, ListenerOptions};
-use stream_listener::core::model::{GroupState, HeartbeatRequest, PROTOCOL_VERSION, ShardState};
+use stream_listener::core::model::{GroupState, ShardState};
 use stream_listener::testing::RedisServer;
 pub use stream_listener::testing::workload::now_us;
 use stream_listener::testing::workload::{LogLine, Workload, poll_until};
+
+/// One multi-threaded `#[tokio::test]` per `name => argument`, each awaiting `body(argument)`: a
+/// scenario run under each of its settings, every setting a test of its own name. Attributes
+/// (doc comments) before a name go to that test. A function cannot declare tests, hence a macro.
+#[allow(unused_macros)]
+macro_rules! tests_of {
+    ($body:ident { $($(#[$attr:meta])* $name:ident => $arg:expr),+ $(,)? }) => {
+        $(
+            $(#[$attr])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $body($arg).await;
+            }
+        )+
+    };
+}
+// Not every test file that includes this module has such scenarios.
+#[allow(unused_imports)]
+pub(crate) use tests_of;
 
 pub const STREAM: &str = "orders";
 pub const GROUP: &str = "billing";
@@ -144,30 +163,9 @@ pub async fn start_listener(
         .unwrap()
 }
 
-/// A heartbeat of `member` (name `name`) at `(request_seq, member_epoch)`, owning `owned`.
-pub fn heartbeat_request(
-    member: &str,
-    name: &str,
-    metadata_version: u64,
-    (seq, epoch): (u64, i64),
-    owned: &[u32],
-) -> HeartbeatRequest {
-    HeartbeatRequest {
-        member_id: member.into(),
-        member_name: name.into(),
-        instance_id: None,
-        process_id: format!("proc-{member}"),
-        request_seq: seq,
-        member_epoch: epoch,
-        metadata_version,
-        runtime_max_concurrency: 1,
-        active_consumer_workers: 0,
-        owned_shards: owned.to_vec(),
-        revoking_shards: Vec::new(),
-        fence_conflicts: Vec::new(),
-        protocol_version: PROTOCOL_VERSION,
-    }
-}
+// Not every test file that includes this module builds heartbeats.
+#[allow(unused_imports)]
+pub use stream_listener::testing::fixtures::heartbeat_request;
 
 /// Scale-in to `target` and retirement of the removed shards through the admin API: they become
 /// DRAINING, then RETIRING, then their streams are deleted and they are RETIRED (three
@@ -779,8 +777,20 @@ pub async fn pel(conn: &mut RedisConnection, shard: u32) -> Vec<(String, String,
 /// Waits up to `deadline` until `recorder` has handled every published entry, then asserts that
 /// it has (with the missing ones in the message).
 pub async fn assert_nothing_lost(recorder: &Recorder, published: &[Published], deadline: Duration) {
-    let all = wait_until(deadline, || all_handled(published, &recorder.handled())).await;
-    assert_all_handled(published, &recorder.handled());
+    assert_nothing_lost_by(&[recorder], published, deadline).await;
+}
+
+/// As [`assert_nothing_lost`], for entries handled by any of `recorders` (members that each
+/// record on their own).
+pub async fn assert_nothing_lost_by(
+    recorders: &[&Recorder],
+    published: &[Published],
+    deadline: Duration,
+) {
+    let handled =
+        || -> BTreeSet<(u32, String)> { recorders.iter().flat_map(|r| r.handled()).collect() };
+    let all = wait_until(deadline, || all_handled(published, &handled())).await;
+    assert_all_handled(published, &handled());
     assert!(all);
 }
 

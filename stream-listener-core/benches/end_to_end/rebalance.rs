@@ -79,6 +79,13 @@ pub(crate) fn longest_gap(
     longest
 }
 
+/// A membership change of the rebalance run: which member joins, leaves or crashes.
+enum Change {
+    Join(&'static str),
+    Leave(&'static str),
+    Abort(&'static str),
+}
+
 pub(crate) struct PhaseReport {
     pub(crate) name: &'static str,
     pub(crate) moved: usize,
@@ -236,37 +243,40 @@ pub(crate) async fn rebalance(target: RedisTarget, label: &str) {
     tokio::time::sleep(Duration::from_secs(10)).await;
     let mut reports = Vec::new();
 
-    // 3 -> 4
-    let t = Instant::now();
-    handles.insert("d", start_member(&target, &log, "d").await);
-    let (r, after) = measure_change("3 → 4 (join)", &mut conn, &log, &d, t, 4).await;
-    reports.push(r);
-    d = after;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-
-    // 4 -> 3 by graceful leave
-    let t = Instant::now();
-    let leaving = handles.remove("a").unwrap();
-    let leave = tokio::spawn(leaving.shutdown_and_wait());
-    let (r, after) = measure_change("4 → 3 (graceful leave)", &mut conn, &log, &d, t, 3).await;
-    reports.push(r);
-    d = after;
-    leave.await.unwrap();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-
-    // 3 -> 4 again
-    let t = Instant::now();
-    handles.insert("e", start_member(&target, &log, "e").await);
-    let (r, after) = measure_change("3 → 4 (join)", &mut conn, &log, &d, t, 4).await;
-    reports.push(r);
-    d = after;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-
-    // 4 -> 3 by a crash (abort: no leave, shards move when the lease runs out)
-    let t = Instant::now();
-    handles.remove("b").unwrap().abort();
-    let (r, _) = measure_change("4 → 3 (abort, lease 10 s)", &mut conn, &log, &d, t, 3).await;
-    reports.push(r);
+    // 3 -> 4, 4 -> 3 by graceful leave, 3 -> 4 again, 4 -> 3 by a crash (abort: no leave, shards
+    // move when the lease runs out); 10 s of steady load before each.
+    let changes = [
+        ("3 → 4 (join)", Change::Join("d"), 4),
+        ("4 → 3 (graceful leave)", Change::Leave("a"), 3),
+        ("3 → 4 (join)", Change::Join("e"), 4),
+        ("4 → 3 (abort, lease 10 s)", Change::Abort("b"), 3),
+    ];
+    for (i, (name, change, members_after)) in changes.into_iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        let t = Instant::now();
+        let leave = match change {
+            Change::Join(member) => {
+                handles.insert(member, start_member(&target, &log, member).await);
+                None
+            }
+            Change::Leave(member) => {
+                let leaving = handles.remove(member).unwrap();
+                Some(tokio::spawn(leaving.shutdown_and_wait()))
+            }
+            Change::Abort(member) => {
+                handles.remove(member).unwrap().abort();
+                None
+            }
+        };
+        let (r, after) = measure_change(name, &mut conn, &log, &d, t, members_after).await;
+        reports.push(r);
+        d = after;
+        if let Some(leave) = leave {
+            leave.await.unwrap();
+        }
+    }
 
     stop.store(1, Ordering::Relaxed);
     load.await.unwrap();

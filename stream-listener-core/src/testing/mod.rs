@@ -7,7 +7,8 @@
 //! - [`RedisCluster`]: a local Redis Cluster of 3 masters (no replicas) for redis-rs's
 //!   `cluster::ClusterClient`;
 //! - fault injection on both: `pause` (`SIGSTOP`), `resume` (`SIGCONT`), `kill` (`SIGKILL`) and
-//!   `restart` (same port, same directory).
+//!   `restart` (same port, same directory);
+//! - [`fixtures`]: protocol values and Redis setup that tests and benchmarks share.
 //!
 //! Every process is stopped when its handle is dropped, and on Linux also when the test process
 //! dies, even by `SIGKILL` (children get `PR_SET_PDEATHSIG` and are forked by one long-lived thread).
@@ -30,19 +31,34 @@
 //! # }
 //! ```
 
-#[cfg(not(unix))]
+#[cfg(all(feature = "testing", not(unix)))]
 compile_error!("the stream-listener testing harness needs a Unix-like OS (Linux or macOS)");
 
+// Without the feature (the crate's own unit tests), only the pure fixtures are compiled.
+pub mod fixtures;
+
+#[cfg(feature = "testing")]
 mod binaries;
+#[cfg(feature = "testing")]
 mod cluster;
+#[cfg(feature = "testing")]
 mod error;
+#[cfg(feature = "testing")]
 mod ports;
+#[cfg(feature = "testing")]
 mod probe;
+#[cfg(feature = "testing")]
 mod process;
+#[cfg(feature = "testing")]
 mod server;
+#[cfg(feature = "testing")]
 pub mod workload;
 
+#[cfg(feature = "testing")]
 pub use binaries::{REDIS_CLI_ENV, REDIS_SERVER_ENV};
+#[cfg(feature = "testing")]
 pub use cluster::{RedisCluster, RedisClusterBuilder};
+#[cfg(feature = "testing")]
 pub use error::HarnessError;
+#[cfg(feature = "testing")]
 pub use server::{Appendfsync, RedisServer, RedisServerBuilder};

@@ -14,6 +14,7 @@ use std::time::Duration;
 use super::invariants::check_group;
 use super::*;
 use crate::model::*;
+use crate::testing::fixtures::{heartbeat_request, revoking};
 
 const MS: Micros = 1_000;
 const T0: Micros = 1_700_000_000_000_000;
@@ -36,32 +37,12 @@ fn stream(shards: u32) -> StreamView {
     }
 }
 
+/// A join-or-renew heartbeat of `member` in process `process` (`metadataVersion` 1, seq 0).
 fn request(member: &str, process: &str, epoch: Epoch, owned: &[ShardIndex]) -> HeartbeatRequest {
     HeartbeatRequest {
-        member_id: member.into(),
-        member_name: "on_order".into(),
-        instance_id: None,
         process_id: process.into(),
-        request_seq: 0,
-        member_epoch: epoch,
-        metadata_version: 1,
-        runtime_max_concurrency: 1,
-        active_consumer_workers: 0,
-        owned_shards: owned.to_vec(),
-        revoking_shards: Vec::new(),
-        fence_conflicts: Vec::new(),
-        protocol_version: PROTOCOL_VERSION,
+        ..heartbeat_request(member, "on_order", 1, (0, epoch), owned)
     }
-}
-
-fn revoking(shards: &[ShardIndex], state: RevokeState) -> Vec<RevokingShard> {
-    shards
-        .iter()
-        .map(|s| RevokingShard {
-            shard_index: *s,
-            state,
-        })
-        .collect()
 }
 
 impl Fixture {

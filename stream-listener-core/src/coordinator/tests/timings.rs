@@ -1,6 +1,7 @@
 //! Re-provisioned groups and members with different timings (docs/design.md §6.5).
 
 use super::*;
+use crate::testing::fixtures::timings;
 
 impl Fixture {
     /// A heartbeat run by a process whose `[coordination]` timings are `config`.
@@ -26,15 +27,6 @@ impl Fixture {
             request(member, &process, joined.member_epoch, &owned),
         )
     }
-}
-
-fn timings(heartbeat_ms: u64, lease_ms: u64, rebalance_ms: u64) -> CoordinatorConfig {
-    CoordinatorConfig::new(
-        Duration::from_millis(heartbeat_ms),
-        Duration::from_millis(lease_ms),
-        Duration::from_millis(rebalance_ms),
-    )
-    .unwrap()
 }
 
 fn response_timings(r: &HeartbeatResponse) -> (u64, u64, u64) {

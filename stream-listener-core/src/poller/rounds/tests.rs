@@ -9,6 +9,7 @@ use crate::connection::RedisTarget;
 use crate::dataplane::GroupRecreated;
 use crate::dataplane::round::PartRead;
 use crate::testing::RedisServer;
+use crate::testing::fixtures::pause_writes;
 
 const GROUP: &str = "g";
 const CONSUMER: &str = "m-m0";
@@ -286,13 +287,7 @@ async fn a_request_the_member_no_longer_holds_is_not_sent() {
 async fn a_cancelled_leader_lets_the_next_round_go() {
     let (_server, mut conn, rounds) = setup_rounds(2, 3, 10).await;
     // Writes (XREADGROUP is one) wait while clients are paused: the leader's round hangs.
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1500)
-        .arg("WRITE")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    pause_writes(&mut conn, 1500).await;
     let leader = spawn_submit(&rounds, request(0));
     wait_for("the round to start", || rounds.lock().in_flight).await;
     let queued = spawn_submit(&rounds, request(1));
