@@ -97,7 +97,7 @@ pub use stream_listener_core::extract::{
     FromDelivery, IntoHandlerResult, Json, Message, RawMessage,
 };
 pub use stream_listener_core::handler::{BoxError, Delivery, HandlerError, Metadata};
-pub use stream_listener_core::member::MemberStatus;
+pub use stream_listener_core::member::{ListenerHandle, MemberStatus};
 
 /// The configuration file (docs/design.md §11; its sections are the types of
 /// [`core::config`]).

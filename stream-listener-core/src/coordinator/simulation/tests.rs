@@ -54,7 +54,7 @@ fn random_histories_with_lost_writes_keep_fences_exclusive() {
 /// today's protocol survives, or those of `SIM_FAULTS` (defaults: 500 × 2,000 = 10⁶ steps). It
 /// runs every seed and lists
 /// the failing ones by their first line. In debug:
-/// `SIM_SEEDS=500 SIM_STEPS=2000 cargo test -p stream-listener-core --lib coordinator::simulation::long -- --ignored --nocapture`.
+/// `SIM_SEEDS=500 SIM_STEPS=2000 cargo test -p stream-listener-core --lib coordinator::simulation::tests::long -- --ignored --nocapture`.
 #[test]
 #[ignore = "10^6 steps: run by hand"]
 fn long_random_histories_keep_every_invariant() {
