@@ -167,3 +167,38 @@ where
         Box::pin(self(delivery))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Chain;
+
+    /// A handler's error with a cause of its own, as a client library returns one.
+    #[derive(Debug, thiserror::Error)]
+    #[error("charging the card failed")]
+    struct ChargeFailed(#[source] std::io::Error);
+
+    fn charge_failed() -> ChargeFailed {
+        ChargeFailed(std::io::Error::other("connection reset by peer"))
+    }
+
+    /// What a dead letter's `error` field and the retry log print (`poller/entries.rs`): the
+    /// handler's error with its causes, each once.
+    #[test]
+    fn a_handler_errors_causes_reach_the_dead_letter_text() {
+        let retryable = HandlerError::retryable(charge_failed());
+        assert_eq!(
+            Chain(&retryable).to_string(),
+            "charging the card failed: connection reset by peer"
+        );
+        let non_retryable = HandlerError::non_retryable(charge_failed());
+        assert_eq!(
+            Chain(&non_retryable).to_string(),
+            "non-retryable: charging the card failed: connection reset by peer"
+        );
+        assert_eq!(
+            Chain(&HandlerError::Decode("expected value at line 1".into())).to_string(),
+            "payload could not be decoded: expected value at line 1"
+        );
+    }
+}
