@@ -131,9 +131,9 @@ pub struct StreamDescription {
 /// (pending, lag, last delivered id). One script call per shard (`XLEN` + `XINFO GROUPS`).
 ///
 /// # Errors
-/// [`AdminError::InvalidName`]; [`AdminError::Store`]: [`StoreError::MissingStream`] for an
-/// unknown stream, [`StoreError::CorruptMetadata`] / [`StoreError::UnknownSchema`] /
-/// [`StoreError::Malformed`] when the metadata cannot be read (never rebuilt), Redis failure.
+/// [`AdminError::InvalidName`]; [`AdminError::Store`]: [`crate::store::StoreError::MissingStream`] for an
+/// unknown stream, [`crate::store::StoreError::CorruptMetadata`] / [`crate::store::StoreError::UnknownSchema`] /
+/// [`crate::store::StoreError::Malformed`] when the metadata cannot be read (never rebuilt), Redis failure.
 pub async fn describe_stream(
     conn: &mut RedisConnection,
     prefix: &str,

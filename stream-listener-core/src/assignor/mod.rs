@@ -54,7 +54,7 @@ pub type Target = BTreeMap<u32, String>;
 /// `readable` are ignored. Returns an empty map when `members` is empty.
 ///
 /// Implements the sticky assignment of docs/design.md §7 (the idea of KIP-848's uniform sticky
-/// assignor), see the [module documentation](self) for the exact rules:
+/// assignor), see the module documentation (`internals::assignor`) for the exact rules:
 /// quotas proportional to weights by largest remainder (extra slots on equal remainders to members
 /// that would otherwise give a shard up, then to members owning more previous shards, then by
 /// `memberId`); live previous owners keep their shards up to quota, lowest indexes first; the other

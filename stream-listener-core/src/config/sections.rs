@@ -121,11 +121,11 @@ pub struct MemberConfig {
 #[non_exhaustive]
 pub struct StreamConfig {
     /// `shards`: create the stream with this many shards at startup if it does not exist
-    /// (1 to [`MAX_SHARDS`]). An existing stream keeps its count (change it with
+    /// (1 to [`MAX_SHARDS`](crate::admin::MAX_SHARDS)). An existing stream keeps its count (change it with
     /// `stream-listener stream scale`). Without it, the stream must exist.
     pub shards: Option<u32>,
     /// `max_payload_bytes`: the publisher's payload limit (default 1 MiB), see
-    /// [`Config::publisher_options`].
+    /// [`Config::publisher_options`](crate::config::Config::publisher_options).
     pub max_payload_bytes: Option<usize>,
 }
 

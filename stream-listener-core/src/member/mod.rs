@@ -23,7 +23,6 @@ use crate::reconciler::{Identity, Reconciler};
 use crate::runtime::MemberShared;
 pub use crate::runtime::{EventCallback, ListenerEvent, ListenerOptions};
 use crate::startup::{Connected, StartupError};
-use crate::store::StoreError;
 use crate::store::provision::{ProvisionError, register_group};
 
 /// Why a listener could not start or stopped.
@@ -40,9 +39,6 @@ pub enum ListenerError {
     /// the URL and that the server runs.
     #[error("cannot start on Redis: check the URL and that the server runs")]
     Startup(#[from] StartupError),
-    /// The store refused (missing stream, Redis error).
-    #[error(transparent)]
-    Store(#[from] StoreError),
     /// The group could not be registered (unknown stream, Redis failure, contention).
     #[error("registering the consumer group failed")]
     Register(#[source] ProvisionError),
@@ -319,7 +315,7 @@ impl Listener {
     ///
     /// # Errors
     /// [`ListenerError::Register`] when the group cannot be registered, e.g. when the stream does
-    /// not exist ([`StoreError::MissingStream`] says how to create it).
+    /// not exist (`StoreError::MissingStream` in its source says how to create it).
     pub async fn start_on(self, connected: &Connected) -> Result<ListenerHandle, ListenerError> {
         let conn = connected.connection();
         let mut admin_conn = conn.clone();

@@ -84,7 +84,7 @@ pub struct GroupSummary {
     pub consumer_group: String,
     /// Its registered `startFrom`.
     pub start_from: StartFrom,
-    /// Group state (as [`describe_group`] shows it); `None` when the metadata cannot be read.
+    /// Group state (as [`describe_group`](crate::admin::describe_group) shows it); `None` when the metadata cannot be read.
     pub state: Option<GroupState>,
     /// Group epoch; `None` when the metadata cannot be read.
     pub group_epoch: Option<Epoch>,
@@ -97,7 +97,7 @@ pub struct GroupSummary {
 }
 
 /// Lists the consumer groups registered on stream `prefix`, in registration order, each with a
-/// summary of its metadata (judged like [`describe_group`], with `config`). A group whose
+/// summary of its metadata (judged like [`describe_group`](crate::admin::describe_group), with `config`). A group whose
 /// metadata is missing or corrupt is listed with its [`GroupSummary::problem`].
 ///
 /// # Errors

@@ -153,7 +153,7 @@ fn parse_started_at(prefix: &str, migration: &Migration) -> Result<Micros, Admin
 /// # Errors
 /// [`AdminError::InvalidName`]; [`AdminError::Inconsistent`] when DRAINING shards exist without a
 /// migration or with an unreadable `startedAt`; [`AdminError::Store`]: unknown stream, Redis
-/// failure, corrupt metadata, or [`super::StoreError::Contended`].
+/// failure, corrupt metadata, or [`crate::store::StoreError::Contended`].
 pub async fn retire_drained(
     conn: &mut RedisConnection,
     prefix: &str,

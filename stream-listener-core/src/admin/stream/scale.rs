@@ -106,20 +106,20 @@ pub(super) fn indexes_in(meta: &StreamMetadata, state: ShardState) -> Vec<ShardI
 ///   (stream created if missing, and a consumer group from `0` for every registered group: a new
 ///   shard holds nothing older than the change), then one compare-and-set marks them ACTIVE, sets
 ///   `shardCount = target` and bumps `metadataVersion`. The registered groups are re-read on every
-///   attempt, so a group registered concurrently ([`super::register_group`]) is never missing on a
+///   attempt, so a group registered concurrently ([`crate::admin::register_group`]) is never missing on a
 ///   new shard. No migration is recorded: the change is complete when the call returns.
 /// - **Scale-in** (`target` below `shardCount`, 0 included: a full drain): ACTIVE shards
 ///   `target..shardCount` become DRAINING (producers stop routing to them, members keep reading),
 ///   `shardCount = target`, a [`Migration`] records when draining started (Redis `TIME`), and
-///   `metadataVersion` is bumped. [`retire_drained`] finishes it.
+///   `metadataVersion` is bumped. [`retire_drained`](crate::admin::retire_drained) finishes it.
 /// - `target` equal to `shardCount` (or to the target of the running migration): nothing changes
 ///   ([`ScaleAction::Unchanged`]).
 ///
 /// # Errors
-/// [`AdminError::InvalidName`]; [`AdminError::TooManyShards`] above [`MAX_SHARDS`];
+/// [`AdminError::InvalidName`]; [`AdminError::TooManyShards`] above [`MAX_SHARDS`](crate::admin::MAX_SHARDS);
 /// [`AdminError::MigrationInProgress`] while another migration runs (retire it or
-/// [`cancel_scale`]); [`AdminError::Store`]: unknown stream ([`super::StoreError::MissingStream`]),
-/// Redis failure, corrupt metadata, or [`super::StoreError::Contended`] after [`CAS_ATTEMPTS`]
+/// [`cancel_scale`]); [`AdminError::Store`]: unknown stream ([`crate::store::StoreError::MissingStream`]),
+/// Redis failure, corrupt metadata, or [`crate::store::StoreError::Contended`] after [`CAS_ATTEMPTS`]
 /// conflicts. Nothing is changed then, except shard streams and consumer groups provisioned for a
 /// scale-out that did not commit (harmless: not readable, and the next attempt reuses them).
 pub async fn scale(

@@ -12,7 +12,7 @@ use crate::model::{
 
 /// The response a converged member of a STABLE group gets for a heartbeat that repeats its epoch
 /// and reports exactly its target as owned, with nothing revoking and no fence conflict: what
-/// [`heartbeat`] would answer when no time-based work is due. `None` when the group is not
+/// [`heartbeat`](crate::coordinator::heartbeat) would answer when no time-based work is due. `None` when the group is not
 /// STABLE, a correction round runs, or the member is not converged. The store's fast path
 /// (docs/design.md §5) answers with it without running the full transition.
 pub fn steady_response(
@@ -46,7 +46,7 @@ pub fn steady_response(
 /// The earliest time-based trigger other than a member lease (µs): revoke deadlines, replaced
 /// processes' leases, the end of a correction round, the end of a hand-out hold. The store's
 /// fast path falls back to the full transition once it has passed. A hand-out hold that has
-/// passed is cleared by the time-based work ([`advance`]), so it counts here only until then.
+/// passed is cleared by the time-based work ([`advance`](crate::coordinator::advance)), so it counts here only until then.
 pub fn next_deadline(group: &Group) -> Option<Micros> {
     let members = group.members.values();
     let revokes = members.clone().filter_map(|m| m.revoke_deadline);

@@ -11,12 +11,12 @@ pub const DEFAULT_REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 /// Default [`PublisherOptions::routing_lease`]: 30 s.
 pub const DEFAULT_ROUTING_LEASE: Duration = Duration::from_secs(30);
 
-/// Settings of a [`Publisher`]. `PublisherOptions::default()` gives the documented defaults.
+/// Settings of a [`Publisher`](crate::producer::Publisher). `PublisherOptions::default()` gives the documented defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublisherOptions {
     /// Largest payload accepted, in bytes (default 1 MiB, [`DEFAULT_MAX_PAYLOAD_BYTES`]): the
-    /// JSON bytes for [`Publisher::publish`] and [`Publisher::publish_batch`], the sum of field
-    /// name and value lengths for [`Publisher::publish_raw`]. The partition key is not counted.
+    /// JSON bytes for [`Publisher::publish`](crate::producer::Publisher::publish) and [`Publisher::publish_batch`](crate::producer::Publisher::publish_batch), the sum of field
+    /// name and value lengths for [`Publisher::publish_raw`](crate::producer::Publisher::publish_raw). The partition key is not counted.
     /// A larger payload is refused with [`PublishError::PayloadTooLarge`] before any `XADD`.
     /// Must be at least 1.
     pub max_payload_bytes: usize,
