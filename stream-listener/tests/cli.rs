@@ -373,7 +373,7 @@ async fn scale_retire_and_group_commands() {
     assert_eq!(code, 0);
     assert_eq!(
         out,
-        "deleted group billing of stream orders: 1 metadata keys, unregistered, consumer groups destroyed on shards 0-1,3; dead-letter stream orders:dlq:billing kept (0 entries)\n"
+        "deleted group billing of stream orders: 1 metadata keys, unregistered, consumer groups destroyed on shards 0-1,3; dead-letter stream orders:dlq:billing deleted (0 entries)\n"
     );
     let (code, out, _) = cli(
         &url,
