@@ -499,3 +499,209 @@ tests_of!(group_delete_leaves_no_key_of_the_group {
     group_delete_leaves_no_key_standalone => false,
     group_delete_leaves_no_key_cluster => true,
 });
+
+/// `orders` (4 shards, 3 DRAINING after a scale-in to 3) with groups `billing` (read all, 2
+/// pending per shard) and `audit` (read nothing), fences, attempts and dead letters of both;
+/// `payments`, which must survive, next to it.
+async fn two_streams(conn: &mut RedisConnection) {
+    setup(conn, 4).await;
+    admin::register_group(conn, "orders", "audit", StartFrom::Earliest)
+        .await
+        .unwrap();
+    for i in 0..4 {
+        support::plant_fence(conn, &format!("{}:fence", shard(i)), "billing").await;
+        let _: () = conn
+            .hset_multiple(
+                format!("{}:attempts", shard(i)),
+                &[("billing|4000-5", 2), ("audit|4000-5", 2)],
+            )
+            .await
+            .unwrap();
+    }
+    for group in ["billing", "audit"] {
+        let _: String = conn
+            .xadd(format!("orders:dlq:{group}"), "*", &[("shard", "1")])
+            .await
+            .unwrap();
+    }
+    admin::scale(conn, "orders", 3).await.unwrap();
+    admin::create_stream(conn, "payments", 2).await.unwrap();
+    admin::register_group(conn, "payments", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+}
+
+fn of_orders(keys: &[String]) -> Vec<String> {
+    keys.iter()
+        .filter(|k| k.contains("orders"))
+        .cloned()
+        .collect()
+}
+
+async fn stream_delete_leaves_no_key_of_the_stream(cluster: bool) {
+    let mut redis = Redis::start(cluster).await;
+    two_streams(&mut redis.conn).await;
+    let before = redis.all_keys().await;
+    assert_eq!(
+        of_orders(&before).len(),
+        4 * 3 + 1 + 2 * 2,
+        "4 shards with fence and attempts, the metadata, 2 groups with hash and dead letters: {before:?}"
+    );
+
+    // Data left and no --force: refused, naming group and shard, nothing deleted.
+    let err = admin::delete_stream(&mut redis.conn, "orders", false)
+        .await
+        .unwrap_err();
+    match &err {
+        AdminError::StreamHasData {
+            group,
+            shard,
+            detail,
+            ..
+        } => assert_eq!(
+            (group.as_str(), *shard, detail.as_str()),
+            ("audit", 0, "unread entries from 1000-1")
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(err.to_string().contains("--force"), "{err}");
+    assert_eq!(redis.all_keys().await, before);
+
+    // A live member of one group: refused even with --force.
+    let far = (support::now_us() + 60_000_000) as f64;
+    let _: u64 = redis
+        .conn
+        .zadd("sl:{orders:audit}:leases", "m1", far)
+        .await
+        .unwrap();
+    let err = admin::delete_stream(&mut redis.conn, "orders", true)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AdminError::GroupActive { group, members, .. } if group == "audit" && members == &["m1"]),
+        "{err:?}"
+    );
+    let _: u64 = redis
+        .conn
+        .zrem("sl:{orders:audit}:leases", "m1")
+        .await
+        .unwrap();
+    let before = redis.all_keys().await;
+
+    let deleted = admin::delete_stream(&mut redis.conn, "orders", true)
+        .await
+        .unwrap();
+    assert_eq!(deleted.groups, ["billing", "audit"]);
+    assert_eq!(deleted.shards_deleted, vec![0, 1, 2, 3]);
+    assert_eq!(deleted.keys_deleted, of_orders(&before).len() as u64);
+    let after = redis.all_keys().await;
+    assert_eq!(of_orders(&after), Vec::<String>::new());
+    let indexed: Vec<String> = redis.conn.smembers("sl:streams").await.unwrap();
+    assert_eq!(indexed, ["payments"]);
+    assert_eq!(
+        after.len(),
+        before.len() - of_orders(&before).len(),
+        "payments untouched: {after:?}"
+    );
+
+    // Gone: a second call says so.
+    let err = admin::delete_stream(&mut redis.conn, "orders", true)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AdminError::Store(StoreError::MissingStream { .. })),
+        "{err:?}"
+    );
+}
+
+tests_of!(stream_delete_leaves_no_key_of_the_stream {
+    stream_delete_leaves_no_key_standalone => false,
+    stream_delete_leaves_no_key_cluster => true,
+});
+
+/// A deletion interrupted at any step is finished by running it again: here by hand, half of it
+/// (one group's keys, two shards) of a forced one, then only the index entry left.
+#[tokio::test]
+async fn an_interrupted_stream_delete_is_finished_by_running_it_again() {
+    let mut redis = Redis::start(false).await;
+    two_streams(&mut redis.conn).await;
+    let conn = &mut redis.conn;
+    let _: u64 = conn
+        .del(&[
+            "sl:{orders:billing}:group",
+            "orders:dlq:billing",
+            "{orders:0}",
+            "{orders:0}:fence",
+            "{orders:0}:attempts",
+            "{orders:2}",
+        ])
+        .await
+        .unwrap();
+    let deleted = admin::delete_stream(conn, "orders", true).await.unwrap();
+    assert_eq!(deleted.shards_deleted, vec![1, 3]);
+    assert_eq!(of_orders(&redis.all_keys().await), Vec::<String>::new());
+
+    // Crashed after the metadata: only the index entry is left.
+    let _: u64 = redis.conn.sadd("sl:streams", "orders").await.unwrap();
+    let deleted = admin::delete_stream(&mut redis.conn, "orders", false)
+        .await
+        .unwrap();
+    assert_eq!((deleted.keys_deleted, deleted.groups.len()), (0, 0));
+    let indexed: Vec<String> = redis.conn.smembers("sl:streams").await.unwrap();
+    assert_eq!(indexed, ["payments"]);
+}
+
+/// After `stream delete`, producers and members get today's clear errors: a new publisher and a
+/// new listener are told the stream does not exist; a publisher built before cannot append.
+#[tokio::test]
+async fn producers_and_members_of_a_deleted_stream_fail_clearly() {
+    use stream_listener::{PublishError, Publisher, PublisherOptions};
+    let mut redis = Redis::start(false).await;
+    let target = redis.target.clone();
+    setup(&mut redis.conn, 2).await;
+    let old = Publisher::new(redis.conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    admin::delete_stream(&mut redis.conn, "orders", true)
+        .await
+        .unwrap();
+    assert_eq!(redis.all_keys().await, Vec::<String>::new());
+
+    let err = Publisher::new(redis.conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PublishError::UnknownStream { .. }), "{err:?}");
+    let err = old.publish("k", &1).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PublishError::UnknownStream { .. } | PublishError::ShardMissing { .. }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        redis.all_keys().await,
+        Vec::<String>::new(),
+        "nothing re-created"
+    );
+    let recorder = std::sync::Arc::new(support::Recorder::default());
+    let handler = support::recording_handler(recorder, Duration::ZERO, None);
+    let err = stream_listener::core::member::Listener::new(
+        target,
+        "orders",
+        "billing",
+        handler,
+        support::options(1),
+    )
+    .unwrap()
+    .start()
+    .await
+    .unwrap_err();
+    let text = stream_listener::core::internals::report::Chain(&err).to_string();
+    assert!(text.contains("stream create"), "{text}");
+    assert_eq!(
+        redis.all_keys().await,
+        Vec::<String>::new(),
+        "nothing re-created"
+    );
+}

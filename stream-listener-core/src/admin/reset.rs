@@ -49,7 +49,10 @@ impl std::fmt::Display for ResetTarget {
         match self {
             ResetTarget::Earliest => write!(f, "earliest"),
             ResetTarget::Latest => write!(f, "latest"),
-            ResetTarget::Time { ms } => write!(f, "{}", rfc3339(ms.saturating_mul(1000))),
+            ResetTarget::Time { ms } => {
+                let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(*ms);
+                write!(f, "{}", humantime::format_rfc3339_millis(time))
+            }
             ResetTarget::ShiftBy { n } => write!(f, "shift by {n:+}"),
         }
     }
