@@ -524,6 +524,11 @@ async fn two_streams(conn: &mut RedisConnection) {
             .await
             .unwrap();
     }
+    // A dead-letter stream kept by `group delete --keep-dead-letters`, and one of the longer
+    // prefix `orders:dlq:x` (not of `orders`).
+    for key in ["orders:dlq:old", DECOY] {
+        let _: String = conn.xadd(key, "*", &[("shard", "0")]).await.unwrap();
+    }
     admin::scale(conn, "orders", 3).await.unwrap();
     admin::create_stream(conn, "payments", 2).await.unwrap();
     admin::register_group(conn, "payments", "billing", StartFrom::Earliest)
@@ -531,9 +536,12 @@ async fn two_streams(conn: &mut RedisConnection) {
         .unwrap();
 }
 
+/// The dead-letter stream of group `g` of stream `orders:dlq:x`: not a key of `orders`.
+const DECOY: &str = "orders:dlq:x:dlq:g";
+
 fn of_orders(keys: &[String]) -> Vec<String> {
     keys.iter()
-        .filter(|k| k.contains("orders"))
+        .filter(|k| k.contains("orders") && k.as_str() != DECOY)
         .cloned()
         .collect()
 }
@@ -544,8 +552,8 @@ async fn stream_delete_leaves_no_key_of_the_stream(cluster: bool) {
     let before = redis.all_keys().await;
     assert_eq!(
         of_orders(&before).len(),
-        4 * 3 + 1 + 2 * 2,
-        "4 shards with fence and attempts, the metadata, 2 groups with hash and dead letters: {before:?}"
+        4 * 3 + 1 + 2 * 2 + 1,
+        "4 shards with fence and attempts, the metadata, 2 groups with hash and dead letters, a kept dead-letter stream: {before:?}"
     );
 
     // Data left and no --force: refused, naming group and shard, nothing deleted.
@@ -593,6 +601,7 @@ async fn stream_delete_leaves_no_key_of_the_stream(cluster: bool) {
         .unwrap();
     assert_eq!(deleted.groups, ["billing", "audit"]);
     assert_eq!(deleted.shards_deleted, vec![0, 1, 2, 3]);
+    assert_eq!(deleted.orphan_dead_letters, ["orders:dlq:old"]);
     assert_eq!(deleted.keys_deleted, of_orders(&before).len() as u64);
     let after = redis.all_keys().await;
     assert_eq!(of_orders(&after), Vec::<String>::new());
@@ -601,8 +610,9 @@ async fn stream_delete_leaves_no_key_of_the_stream(cluster: bool) {
     assert_eq!(
         after.len(),
         before.len() - of_orders(&before).len(),
-        "payments untouched: {after:?}"
+        "payments and {DECOY} untouched: {after:?}"
     );
+    assert!(after.contains(&DECOY.to_owned()));
 
     // Gone: a second call says so.
     let err = admin::delete_stream(&mut redis.conn, "orders", true)

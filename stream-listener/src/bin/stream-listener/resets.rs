@@ -61,8 +61,16 @@ pub(crate) fn reset_text(r: &GroupReset) -> String {
 }
 
 pub(crate) fn stream_deleted_text(d: &DeletedStream) -> String {
+    let orphans = if d.orphan_dead_letters.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", dead letters of unregistered groups {}",
+            d.orphan_dead_letters.join(", ")
+        )
+    };
     format!(
-        "deleted stream {}{}: {} keys, shard streams {}, groups {}\n",
+        "deleted stream {}{}: {} keys, shard streams {}, groups {}{orphans}\n",
         d.stream_prefix,
         if d.forced { " (forced)" } else { "" },
         d.keys_deleted,
