@@ -715,3 +715,42 @@ async fn producers_and_members_of_a_deleted_stream_fail_clearly() {
         "nothing re-created"
     );
 }
+
+/// `--keep-dead-letters` keeps the dead-letter stream and nothing else; a later delete of the
+/// name removes it; then the group is unknown.
+#[tokio::test]
+async fn group_delete_can_keep_the_dead_letters() {
+    let mut redis = Redis::start(false).await;
+    let conn = &mut redis.conn;
+    setup(conn, 2).await;
+    let _: String = conn
+        .xadd("orders:dlq:billing", "*", &[("shard", "1")])
+        .await
+        .unwrap();
+    let deleted = admin::delete_group_with(conn, "orders", "billing", true)
+        .await
+        .unwrap();
+    assert!(deleted.dead_letters_kept);
+    assert_eq!(deleted.dead_letters, 1);
+    assert_eq!(billing_traces(&mut redis, 2).await, ["orders:dlq:billing"]);
+
+    let deleted = admin::delete_group(&mut redis.conn, "orders", "billing")
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            deleted.dead_letters,
+            deleted.dead_letters_kept,
+            deleted.unregistered
+        ),
+        (1, false, false)
+    );
+    assert_eq!(billing_traces(&mut redis, 2).await, Vec::<String>::new());
+    let err = admin::delete_group(&mut redis.conn, "orders", "billing")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AdminError::Store(StoreError::UnknownGroup { .. })),
+        "{err:?}"
+    );
+}

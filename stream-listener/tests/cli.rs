@@ -515,6 +515,23 @@ async fn group_reset_and_stream_delete_print_results_and_exit_codes() {
     assert_eq!(code, 1);
     assert!(err.contains("nobody"), "{err}");
 
+    admin::register_group(&mut conn, "orders", "audit", StartFrom::Latest)
+        .await
+        .unwrap();
+    let _: String = conn
+        .xadd("orders:dlq:audit", "*", &[("shard", "0")])
+        .await
+        .unwrap();
+    let (code, out, err) = cli(
+        &url,
+        &["group", "delete", "orders", "audit", "--keep-dead-letters"],
+    );
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert_eq!(
+        out,
+        "deleted group audit of stream orders: 1 metadata keys, unregistered, consumer groups destroyed on shards 0-1; dead-letter stream orders:dlq:audit kept (1 entries)\n"
+    );
+
     let (code, _, err) = cli(&url, &["stream", "delete", "orders"]);
     assert_eq!(code, 1);
     assert!(
@@ -523,10 +540,10 @@ async fn group_reset_and_stream_delete_print_results_and_exit_codes() {
     );
     let (code, out, err) = cli(&url, &["stream", "delete", "orders", "--force"]);
     assert_eq!((code, err.as_str()), (0, ""));
-    // 4 keys: 2 shard streams, the stream metadata, the group hash.
+    // 5 keys: 2 shard streams, the stream metadata, the group hash, audit's kept dead letters.
     assert_eq!(
         out,
-        "deleted stream orders (forced): 4 keys, shard streams 0-1, groups billing\n"
+        "deleted stream orders (forced): 5 keys, shard streams 0-1, groups billing, dead letters of unregistered groups orders:dlq:audit\n"
     );
     let (code, _, err) = cli(&url, &["stream", "delete", "orders"]);
     assert_eq!(code, 1, "{err}");
