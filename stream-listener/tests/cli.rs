@@ -373,7 +373,7 @@ async fn scale_retire_and_group_commands() {
     assert_eq!(code, 0);
     assert_eq!(
         out,
-        "deleted group billing of stream orders: 1 metadata keys, unregistered, consumer groups destroyed on shards 0-1,3; dead-letter stream orders:dlq:billing kept (0 entries)\n"
+        "deleted group billing of stream orders: 1 metadata keys, unregistered, consumer groups destroyed on shards 0-1,3; dead-letter stream orders:dlq:billing deleted (0 entries)\n"
     );
     let (code, out, _) = cli(
         &url,
@@ -422,4 +422,135 @@ async fn cluster_nodes_select_the_cluster() {
         out.contains("3      RETIRED  -       -      -        -    -\n"),
         "{out}"
     );
+}
+
+#[tokio::test]
+async fn group_reset_and_stream_delete_print_results_and_exit_codes() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let mut conn = connect(&url).await;
+    admin::create_stream(&mut conn, "orders", 2).await.unwrap();
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    for id in ["1000-0", "2000-0", "3000-0"] {
+        let _: String = conn.xadd("{orders:1}", id, &[("n", id)]).await.unwrap();
+    }
+    let _: Vec<redis::Value> = redis::cmd("XREADGROUP")
+        .arg(&["GROUP", "billing", "c1", "STREAMS", "{orders:1}", ">"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let (code, out, err) = cli(
+        &url,
+        &[
+            "group",
+            "reset",
+            "orders",
+            "billing",
+            "--to",
+            "1970-01-01T00:00:02Z",
+            "--dry-run",
+        ],
+    );
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert_eq!(
+        out,
+        "dry run: group billing of stream orders would be reset to 1970-01-01T00:00:02.000Z; nothing changed\n\
+         SHARD  OLD POSITION  NEW POSITION               TO DELIVER  SKIPPED  PENDING CLEARED\n\
+         0      0-0           0-0                        0           0        0\n\
+         1      3000-0        1999-18446744073709551615  2           0        3\n"
+    );
+    let (code, out, _) = cli(
+        &url,
+        &[
+            "--json",
+            "group",
+            "reset",
+            "orders",
+            "billing",
+            "--shift-by",
+            "-1",
+            "--shards",
+            "1",
+        ],
+    );
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["dryRun"], false);
+    assert_eq!(
+        json["target"],
+        serde_json::json!({"kind": "shiftBy", "n": -1})
+    );
+    assert_eq!(json["shards"][0]["shardIndex"], 1);
+    assert_eq!(json["shards"][0]["newPosition"], "2000-0");
+    assert_eq!(json["shards"][0]["toDeliver"], 1);
+    assert_eq!(json["shards"][0]["entriesRead"], 2);
+
+    for (args, code, needle) in [
+        (vec!["--shift-by", "0"], 1, "--shift-by 0 moves nothing"),
+        (vec!["--to", "2999-01-01T00:00:00Z"], 1, "in the future"),
+        (vec!["--to", "latest", "--shards", "0,5"], 1, "shard 5"),
+        (vec!["--shift-by", "x"], 2, "invalid value"),
+        (vec!["--to", "yesterday"], 2, "RFC 3339"),
+        (vec![], 2, "--to"),
+        (
+            vec!["--to", "latest", "--shift-by", "1"],
+            2,
+            "cannot be used with",
+        ),
+    ] {
+        let mut all = vec!["group", "reset", "orders", "billing"];
+        all.extend(args.iter().copied());
+        let (got, out, err) = cli(&url, &all);
+        assert_eq!(got, code, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let (code, _, err) = cli(
+        &url,
+        &["group", "reset", "orders", "nobody", "--to", "latest"],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("nobody"), "{err}");
+
+    admin::register_group(&mut conn, "orders", "audit", StartFrom::Latest)
+        .await
+        .unwrap();
+    let _: String = conn
+        .xadd("orders:dlq:audit", "*", &[("shard", "0")])
+        .await
+        .unwrap();
+    let (code, out, err) = cli(
+        &url,
+        &["group", "delete", "orders", "audit", "--keep-dead-letters"],
+    );
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert_eq!(
+        out,
+        "deleted group audit of stream orders: 1 metadata keys, unregistered, consumer groups destroyed on shards 0-1; dead-letter stream orders:dlq:audit kept (1 entries)\n"
+    );
+
+    let (code, _, err) = cli(&url, &["stream", "delete", "orders"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("consumer group \"billing\" on shard 1") && err.contains("--force"),
+        "{err}"
+    );
+    let (code, out, err) = cli(&url, &["stream", "delete", "orders", "--force"]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    // 5 keys: 2 shard streams, the stream metadata, the group hash, audit's kept dead letters.
+    assert_eq!(
+        out,
+        "deleted stream orders (forced): 5 keys, shard streams 0-1, groups billing, dead letters of unregistered groups orders:dlq:audit\n"
+    );
+    let (code, _, err) = cli(&url, &["stream", "delete", "orders"]);
+    assert_eq!(code, 1, "{err}");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys, Vec::<String>::new());
 }

@@ -106,6 +106,64 @@ pub enum AdminError {
         /// What contradicts what.
         detail: String,
     },
+    /// `group reset --shards` naming a shard that is not readable (not ACTIVE or DRAINING).
+    /// Nothing was changed.
+    #[error(
+        "shard {shard} of stream {prefix:?} is not a readable shard (the readable shards are {readable:?}); give --shards from that list"
+    )]
+    ShardNotReadable {
+        /// The stream prefix.
+        prefix: String,
+        /// The shard asked for.
+        shard: ShardIndex,
+        /// The readable shard set.
+        readable: Vec<ShardIndex>,
+    },
+    /// `group reset --to <time>` with a time after Redis `TIME`. Nothing was changed.
+    #[error(
+        "reset time {time} is in the future (Redis time is {now}); give a past time, or --to latest"
+    )]
+    ResetTimeInFuture {
+        /// The time asked for (RFC 3339).
+        time: String,
+        /// Redis `TIME` (RFC 3339).
+        now: String,
+    },
+    /// `group reset --shift-by 0`. Nothing was changed.
+    #[error(
+        "--shift-by 0 moves nothing; give a negative count to re-deliver, a positive one to skip"
+    )]
+    ZeroShift,
+    /// A shard of the group that the reset cannot work on: its stream or its consumer group is
+    /// missing (see `stream-listener group describe`). Nothing was changed.
+    #[error(
+        "shard {shard} of stream {prefix:?} has no {what} for consumer group {group:?}; run `stream-listener group describe {prefix} {group}` and re-register the group if its consumer groups were lost"
+    )]
+    ShardNotReady {
+        /// The stream prefix.
+        prefix: String,
+        /// The consumer group.
+        group: String,
+        /// The shard.
+        shard: ShardIndex,
+        /// `stream` or `consumer group`.
+        what: &'static str,
+    },
+    /// `stream delete` without `--force` while a group still has entries to process. Nothing was
+    /// deleted.
+    #[error(
+        "stream {prefix:?} still has data for consumer group {group:?} on shard {shard}: {detail}; let the group finish, or delete anyway with `stream-listener stream delete {prefix} --force`"
+    )]
+    StreamHasData {
+        /// The stream prefix.
+        prefix: String,
+        /// The consumer group.
+        group: String,
+        /// The shard.
+        shard: ShardIndex,
+        /// `N pending entries` or `unread entries from <id>`.
+        detail: String,
+    },
 }
 
 impl AdminError {

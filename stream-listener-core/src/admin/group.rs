@@ -45,10 +45,13 @@ pub struct DeletedGroup {
     pub unregistered: bool,
     /// Shards whose consumer group was destroyed (`XGROUP DESTROY`), ascending.
     pub destroyed_on: Vec<ShardIndex>,
-    /// The dead-letter stream, which is kept (delete it by hand when its entries are not needed).
+    /// The dead-letter stream `<prefix>:dlq:<group>`.
     pub dead_letter_stream: String,
-    /// Its length.
+    /// Its length before the call.
     pub dead_letters: u64,
+    /// Whether it was kept (`--keep-dead-letters`); otherwise it was deleted.
+    #[serde(default)]
+    pub dead_letters_kept: bool,
     /// The stream's `metadataVersion` after the call.
     pub metadata_version: u64,
 }
@@ -60,8 +63,10 @@ pub struct DeletedGroup {
 /// In this order, so that a crash leaves a state the next call finishes: the group hash, leases
 /// and history are deleted (one script on the group's slot); the group is removed from the stream
 /// metadata's `groups` (compare-and-set, `metadataVersion` bumped); its consumer group is
-/// destroyed, and its fence fields cleared, on every shard that is not RETIRED. The dead-letter
-/// stream `<prefix>:dlq:<group>` is kept. A group whose metadata is missing or corrupt can be
+/// destroyed, and its fence fields and handler-attempt fields cleared, on every shard that is not
+/// RETIRED (ACTIVE, DRAINING and RETIRING: a RETIRED shard's keys are gone); last the dead-letter
+/// stream `<prefix>:dlq:<group>` is deleted ([`delete_group_with`] can keep it). So no key of the
+/// group is left (docs/design.md §2). A group whose metadata is missing or corrupt can be
 /// deleted (that is how lost group metadata is cleared). Members of the group must be stopped
 /// first: a member starting during the deletion may re-register the group.
 ///
@@ -73,6 +78,21 @@ pub async fn delete_group(
     conn: &mut RedisConnection,
     prefix: &str,
     group: &str,
+) -> Result<DeletedGroup, AdminError> {
+    delete_group_with(conn, prefix, group, false).await
+}
+
+/// [`delete_group`], keeping the group's dead-letter stream when `keep_dead_letters` (for
+/// `stream-listener group delete --keep-dead-letters`: dead letters to inspect or replay by
+/// hand). A kept dead-letter stream is met again by a group registered later under the name.
+///
+/// # Errors
+/// As [`delete_group`].
+pub async fn delete_group_with(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    group: &str,
+    keep_dead_letters: bool,
 ) -> Result<DeletedGroup, AdminError> {
     let (keys, group_keys, meta, mut store) =
         open_group(conn, prefix, group, CoordinatorConfig::default()).await?;
@@ -137,18 +157,26 @@ pub async fn delete_group(
             destroyed_on.push(shard.shard_index);
         }
     }
-    if !registered && keys_deleted == 0 && destroyed_on.is_empty() {
+    let dead_letter_stream = keys.dead_letters(&group_keys);
+    let dead_letters: u64 = conn
+        .xlen(&dead_letter_stream)
+        .await
+        .map_err(StoreError::from)?;
+    // A dead-letter stream left by an earlier run (or a kept one) is the group's too.
+    let dead_letters_gone = !keep_dead_letters && dead_letters > 0;
+    if !registered && keys_deleted == 0 && destroyed_on.is_empty() && !dead_letters_gone {
         return Err(StoreError::UnknownGroup {
             prefix: prefix.to_owned(),
             group: group.to_owned(),
         }
         .into());
     }
-    let dead_letter_stream = keys.dead_letters(&group_keys);
-    let dead_letters: u64 = conn
-        .xlen(&dead_letter_stream)
-        .await
-        .map_err(StoreError::from)?;
+    if dead_letters_gone {
+        let _: u64 = conn
+            .del(&dead_letter_stream)
+            .await
+            .map_err(StoreError::from)?;
+    }
     Ok(DeletedGroup {
         stream_prefix: prefix.to_owned(),
         consumer_group: group.to_owned(),
@@ -157,11 +185,17 @@ pub async fn delete_group(
         destroyed_on,
         dead_letter_stream,
         dead_letters,
+        dead_letters_kept: keep_dead_letters,
         metadata_version: meta.metadata_version,
     })
 }
 
-fn group_active(prefix: &str, group: &str, live: Vec<(String, u64)>, now: u64) -> AdminError {
+pub(super) fn group_active(
+    prefix: &str,
+    group: &str,
+    live: Vec<(String, u64)>,
+    now: u64,
+) -> AdminError {
     let last = live.iter().map(|(_, expiry)| *expiry).max().unwrap_or(now);
     AdminError::GroupActive {
         prefix: prefix.to_owned(),

@@ -14,6 +14,8 @@
 //! | [`describe_stream`] / [`describe_group`] | what operators see: shards, members, lag |
 //! | [`list_streams`] / [`list_groups`] | the streams of `sl:streams`, the groups of a stream |
 //! | [`delete_group`] | removes an inactive group everywhere |
+//! | [`reset_group`] | moves an inactive group's position on its shards (`XGROUP SETID`) |
+//! | [`delete_stream`] | removes a stream and every key it owns |
 //!
 //! Changes of the stream metadata are compare-and-sets on its `revision`
 //! ([`crate::store::write_stream_metadata`]); a conflict reloads and redoes the operation, up to
@@ -26,16 +28,22 @@ mod error;
 mod group;
 mod scripts;
 mod stream;
+// Issue 16: group offsets, stream delete.
+mod delete;
+mod liveness;
+mod reset;
 
 pub use crate::keys::NameError;
 pub use crate::store::StoreError;
+pub use delete::{DeletedStream, delete_stream};
 pub use describe::{
     ConsumerGroupInfo, DEAD_LETTER_SCAN_LIMIT, GroupDescription, GroupShardDescription,
     GroupSummary, Lag, MemberDescription, PastMember, StreamDescription, StreamShardDescription,
     StreamSummary, describe_group, describe_stream, list_groups, list_streams,
 };
 pub use error::AdminError;
-pub use group::{DeletedGroup, delete_group, register_group};
+pub use group::{DeletedGroup, delete_group, delete_group_with, register_group};
+pub use reset::{GroupReset, ResetOptions, ResetTarget, ShardReset, reset_group};
 pub use stream::{
     RetireReport, ScaleAction, ScaleOutcome, ShardRetirement, WaitReason, cancel_scale,
     create_stream, retire_drained, scale,

@@ -6,6 +6,7 @@
 //! are one line on standard error saying what went wrong and what to do.
 
 mod failure;
+mod resets;
 mod table;
 mod text;
 
@@ -61,7 +62,7 @@ enum Command {
     /// Sharded streams: create, scale, retire drained shards, describe, list.
     #[command(subcommand)]
     Stream(StreamCommand),
-    /// Consumer groups of a stream: describe, list, delete.
+    /// Consumer groups of a stream: describe, list, delete, reset.
     #[command(subcommand)]
     Group(GroupCommand),
 }
@@ -115,6 +116,18 @@ enum StreamCommand {
     },
     /// List the streams of the index `sl:streams`.
     List,
+    /// Delete a stream and every key it owns: shard streams, fences, attempt hashes, every
+    /// registered group's metadata, leases, history and dead-letter stream, the stream metadata
+    /// and its `sl:streams` entry. Refused while a group has live members; without --force also
+    /// refused while a group has pending or unread entries (the error names group and shard).
+    /// Run it again to finish a deletion that was interrupted.
+    Delete {
+        /// Stream prefix.
+        prefix: String,
+        /// Delete even though groups have pending or unread entries (they are lost).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -138,12 +151,43 @@ enum GroupCommand {
         timing: Timing,
     },
     /// Delete an inactive consumer group (every member's lease has run out): its metadata, its
-    /// registration, and its consumer group on every shard. The dead-letter stream is kept.
+    /// registration, its consumer group, fence field and attempt counts on every shard, and its
+    /// dead-letter stream (unless --keep-dead-letters).
     Delete {
         /// Stream prefix.
         prefix: String,
         /// Consumer group.
         group: String,
+        /// Keep the dead-letter stream <prefix>:dlq:<group>.
+        #[arg(long)]
+        keep_dead_letters: bool,
+    },
+    /// Move an inactive consumer group's position on its shards (like kafka-consumer-groups
+    /// --reset-offsets), with XGROUP SETID. Per shard the group's pending entries are
+    /// acknowledged (dropped from its PEL), so afterwards it delivers exactly the entries after
+    /// the new position: `--to latest` skips everything, an earlier point reprocesses from
+    /// there. Refused while the group has live members.
+    #[command(group(clap::ArgGroup::new("position").required(true).args(["to", "shift_by"])))]
+    Reset {
+        /// Stream prefix.
+        prefix: String,
+        /// Consumer group.
+        group: String,
+        /// earliest (every entry again), latest (nothing old), or an RFC 3339 time in UTC such
+        /// as 2026-12-01T12:00:00Z: the entries whose id has that millisecond or a later one.
+        #[arg(long, value_parser = resets::parse_reset_to, value_name = "POSITION")]
+        to: Option<admin::ResetTarget>,
+        /// Move by N entries from the last delivered id: -N re-delivers N entries, +N skips N;
+        /// clamped to the shard. Not 0.
+        #[arg(long, allow_hyphen_values = true, value_name = "N")]
+        shift_by: Option<i64>,
+        /// Only these shards (readable ones), comma-separated, e.g. 0,3.
+        #[arg(long, value_delimiter = ',', value_name = "SHARDS")]
+        shards: Option<Vec<u32>>,
+        /// Print per shard the old and new position and the entries that would be delivered,
+        /// change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -274,9 +318,39 @@ async fn run(cli: Cli) -> Result<String, Failure> {
             let listed = admin::list_groups(conn, &prefix, &timing.config()).await?;
             output(as_json, &listed, |l| groups_text(&prefix, l))
         }
-        Command::Group(GroupCommand::Delete { prefix, group }) => {
-            let deleted = admin::delete_group(conn, &prefix, &group).await?;
+        Command::Group(GroupCommand::Delete {
+            prefix,
+            group,
+            keep_dead_letters,
+        }) => {
+            let deleted =
+                admin::delete_group_with(conn, &prefix, &group, keep_dead_letters).await?;
             output(as_json, &deleted, deleted_text)
+        }
+        Command::Group(GroupCommand::Reset {
+            prefix,
+            group,
+            to,
+            shift_by,
+            shards,
+            dry_run,
+        }) => {
+            let target = match (to, shift_by) {
+                (Some(to), None) => to,
+                (None, Some(n)) => admin::ResetTarget::ShiftBy { n },
+                _ => return Err(Failure::Usage("give one of --to or --shift-by".into())),
+            };
+            let options = admin::ResetOptions {
+                target,
+                shards,
+                dry_run,
+            };
+            let reset = admin::reset_group(conn, &prefix, &group, &options).await?;
+            output(as_json, &reset, resets::reset_text)
+        }
+        Command::Stream(StreamCommand::Delete { prefix, force }) => {
+            let deleted = admin::delete_stream(conn, &prefix, force).await?;
+            output(as_json, &deleted, resets::stream_deleted_text)
         }
     }
 }

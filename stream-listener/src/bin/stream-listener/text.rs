@@ -356,7 +356,7 @@ pub(crate) fn groups_text(prefix: &str, listed: &[GroupSummary]) -> String {
 
 pub(crate) fn deleted_text(d: &DeletedGroup) -> String {
     format!(
-        "deleted group {} of stream {}: {} metadata keys, {}, consumer groups destroyed on shards {}; dead-letter stream {} kept ({} entries)\n",
+        "deleted group {} of stream {}: {} metadata keys, {}, consumer groups destroyed on shards {}; dead-letter stream {} {} ({} entries)\n",
         d.consumer_group,
         d.stream_prefix,
         d.keys_deleted,
@@ -367,6 +367,11 @@ pub(crate) fn deleted_text(d: &DeletedGroup) -> String {
         },
         shards(&d.destroyed_on),
         d.dead_letter_stream,
+        if d.dead_letters_kept {
+            "kept"
+        } else {
+            "deleted"
+        },
         d.dead_letters
     )
 }
