@@ -14,6 +14,7 @@
 //! | [`describe_stream`] / [`describe_group`] | what operators see: shards, members, lag |
 //! | [`list_streams`] / [`list_groups`] | the streams of `sl:streams`, the groups of a stream |
 //! | [`delete_group`] | removes an inactive group everywhere |
+//! | [`cleanup_consumers`] | deletes the Redis consumers of members that left (no pending entries) |
 //!
 //! Changes of the stream metadata are compare-and-sets on its `revision`
 //! ([`crate::store::write_stream_metadata`]); a conflict reloads and redoes the operation, up to
@@ -21,6 +22,7 @@
 //! `metadataVersion`, so groups pick it up on their next heartbeat (docs/design.md §5). Times are
 //! Redis `TIME` of the node that owns the stream metadata key, never a process clock.
 
+mod cleanup;
 mod describe;
 mod error;
 mod group;
@@ -29,6 +31,9 @@ mod stream;
 
 pub use crate::keys::NameError;
 pub use crate::store::StoreError;
+pub use cleanup::{
+    ConsumerCleanup, KeptBecause, KeptConsumer, ShardConsumerCleanup, cleanup_consumers,
+};
 pub use describe::{
     ConsumerGroupInfo, DEAD_LETTER_SCAN_LIMIT, GroupDescription, GroupShardDescription,
     GroupSummary, Lag, MemberDescription, PastMember, StreamDescription, StreamShardDescription,

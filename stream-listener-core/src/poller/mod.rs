@@ -16,6 +16,7 @@
 
 mod acks;
 mod attempt;
+mod consumers;
 mod entries;
 mod handler_run;
 mod reads;

@@ -1,5 +1,6 @@
 //! Taking a shard over (docs/design.md §8.2): raise the fence with the member's token, claim
-//! other consumers' pending entries, then handle this consumer's own pending entries from `0`;
+//! other consumers' pending entries (then delete the idle consumers of members that left,
+//! `consumers.rs`), then handle this consumer's own pending entries from `0`;
 //! what a fence refusal means; and a consumer group lost on the shard, created again.
 
 use std::time::Instant;
@@ -88,6 +89,8 @@ impl ShardTask {
                     );
                 }
                 if report.complete {
+                    // The old owners' PELs are empty now: their consumers can go (§8.15).
+                    self.clean_consumers().await;
                     self.phase = Phase::Pending("0".into());
                 }
                 Ok(())

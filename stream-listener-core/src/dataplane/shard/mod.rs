@@ -1,15 +1,17 @@
 //! [`ShardClient`]: the fenced operations on one group's shards (docs/design.md §8). This
 //! module holds the client and how a script is sent and its reply sorted out; the operations live
 //! by concept in the submodules: takeover (fence, claims, own pending entries), reads, acks, dead
-//! letters and attempt counts, and consumer-group re-creation.
+//! letters and attempt counts, consumer-group re-creation, and consumer hygiene.
 
 mod ack;
+mod consumers;
 mod dead_letter;
 mod group;
 mod read;
 mod reply;
 mod takeover;
 
+pub use consumers::{ConsumerSweep, KeepList, delete_idle_consumers, read_keep_list};
 pub(crate) use group::GroupRecreated;
 
 use redis::{Script, Value};
