@@ -21,6 +21,7 @@ impl ShardTask {
             Ok(Ok(())) => {
                 self.raised = Some(token.clone());
                 self.phase = Phase::Claim;
+                self.clean_after_claim = true;
             }
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
             Err(error) => {
@@ -89,8 +90,11 @@ impl ShardTask {
                     );
                 }
                 if report.complete {
-                    // The old owners' PELs are empty now: their consumers can go (§8.15).
-                    self.clean_consumers().await;
+                    // At takeover the old owners' PELs are empty now: their consumers can go
+                    // (§8.15). Not after the acks-mode sweeps: once per takeover is enough.
+                    if std::mem::take(&mut self.clean_after_claim) {
+                        self.clean_consumers().await;
+                    }
                     self.phase = Phase::Pending("0".into());
                 }
                 Ok(())
