@@ -2,13 +2,15 @@
 //! outside the keep-list with 0 pending entries (one with pending entries is never deleted); the
 //! keep-list holds live leases and static members still in the group; `group cleanup` (the admin
 //! function) in a dry run changes nothing and lists the right names, on a standalone server and
-//! on a 3-master cluster; a static member's consumer survives a restart of its process; and the
+//! on a 3-master cluster; members' takeovers on a cluster claim, then delete, the consumers of
+//! departed members; a static member's consumer survives a restart of its process; and the
 //! goal: after 50 restarts of 3 non-static member processes under load (SIGTERM and SIGKILL
 //! mixed), every shard has at most (live members + 1) Redis consumers, and nothing was lost.
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
@@ -80,7 +82,10 @@ async fn consumer_with(
             .xadd(
                 &key,
                 "*",
-                &[("key", format!("k{n}")), ("payload", "{}".into())],
+                &[
+                    ("key", format!("k{n}")),
+                    ("payload", format!(r#"{{"n":{n}}}"#)),
+                ],
             )
             .await
             .unwrap();
@@ -518,4 +523,61 @@ async fn after_50_restarts_every_shard_has_at_most_live_members_plus_one_consume
     );
     assert_eq!(ever.len(), LIVE + total);
     drop(processes);
+}
+
+/// The runtime on a 3-master cluster (the leases and each shard on their own slots): a member's
+/// takeover claims a departed consumer's pending entry, then deletes that consumer and an idle
+/// one on every shard, keeping only the live members' consumers; the claimed entry is handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeovers_delete_the_consumers_of_departed_members_on_a_cluster() {
+    const SHARDS: u32 = 4;
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start().unwrap();
+    let target = RedisTarget::Cluster(cluster.urls());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, SHARDS)
+        .await
+        .unwrap();
+    admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
+        .await
+        .unwrap();
+    for shard in 0..SHARDS {
+        consumer_with(&mut conn, shard, "departed-idle-m0", 1, 1).await;
+    }
+    consumer_with(&mut conn, 0, "departed-busy-m0", 1, 0).await;
+    let busy_entry = pending_of(&mut conn, 0, "departed-busy-m0").await;
+    assert_eq!(busy_entry.len(), 1);
+
+    let recorder = Arc::new(Recorder::default());
+    let listener = start_recording(&target, &recorder, options(2), Duration::ZERO).await;
+    let members: BTreeSet<String> = listener.member_ids().into_iter().collect();
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut last = BTreeMap::new();
+    loop {
+        let mut all_clean = true;
+        for shard in 0..SHARDS {
+            let names: BTreeSet<String> = consumers(&mut conn, shard).await.into_keys().collect();
+            all_clean &= names.is_subset(&members) && !names.is_empty();
+            last.insert(shard, names);
+        }
+        if all_clean || Instant::now() >= end {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (shard, names) in &last {
+        assert!(
+            names.is_subset(&members) && !names.is_empty(),
+            "shard {shard}: consumers {names:?}, live members {members:?}"
+        );
+    }
+    let handled = wait_until(Duration::from_secs(10), || {
+        recorder.handled().contains(&(0, busy_entry[0].clone()))
+    })
+    .await;
+    assert!(
+        handled,
+        "the departed member's pending entry was not handled"
+    );
+    listener.shutdown_and_wait().await;
 }

@@ -170,10 +170,7 @@ impl ShardClient {
         &mut self,
         shard: ShardIndex,
     ) -> Result<Option<ConsumerSweep>, DataPlaneError> {
-        let group_keys = self.keys.group(&self.group).map_err(|e| {
-            DataPlaneError::unexpected("consumer_keep_list", Some(shard), e.to_string())
-        })?;
-        let keep = read_keep_list(&mut self.conn, &group_keys).await?;
+        let keep = read_keep_list(&mut self.conn, &self.group_keys).await?;
         if !keep.group_exists {
             return Ok(None);
         }

@@ -20,7 +20,7 @@ use super::error::DataPlaneError;
 use super::{Fenced, FencingMode};
 use crate::connection::{RedisConnection, RedisFailure};
 use crate::fence::FenceToken;
-use crate::keys::{NameError, StreamKeys};
+use crate::keys::{GroupKeys, NameError, StreamKeys};
 use crate::model::ShardIndex;
 use reply::text;
 
@@ -37,6 +37,8 @@ pub struct ShardClient {
     conn: RedisConnection,
     keys: StreamKeys,
     group: String,
+    /// The group's coordination keys (leases, group hash): read by consumer hygiene.
+    group_keys: GroupKeys,
     consumer: String,
     dead_letters: String,
     max_entry_bytes: u64,
@@ -108,6 +110,7 @@ impl ShardClient {
             conn,
             keys,
             group: group.to_owned(),
+            group_keys,
             consumer: consumer.to_owned(),
             dead_letters,
             max_entry_bytes: 0,
