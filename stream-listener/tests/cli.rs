@@ -554,3 +554,189 @@ async fn group_reset_and_stream_delete_print_results_and_exit_codes() {
         .unwrap();
     assert_eq!(keys, Vec::<String>::new());
 }
+
+/// Makes `consumer` a Redis consumer of `group` on `key` with `pending` entries read and not
+/// acked.
+async fn consumer_on(
+    conn: &mut RedisConnection,
+    key: &str,
+    group: &str,
+    consumer: &str,
+    pending: usize,
+) {
+    let _: i64 = redis::cmd("XGROUP")
+        .arg("CREATECONSUMER")
+        .arg(key)
+        .arg(group)
+        .arg(consumer)
+        .query_async(conn)
+        .await
+        .unwrap();
+    for _ in 0..pending {
+        let _: String = conn.xadd(key, "*", &[("n", "1")]).await.unwrap();
+    }
+    if pending > 0 {
+        let _: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(group)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(pending)
+            .arg("STREAMS")
+            .arg(key)
+            .arg(">")
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// The group's consumer names on `key`, sorted.
+async fn consumer_names(conn: &mut RedisConnection, key: &str, group: &str) -> Vec<String> {
+    let reply: redis::streams::StreamInfoConsumersReply =
+        conn.xinfo_consumers(key, group).await.unwrap();
+    let mut names: Vec<String> = reply.consumers.into_iter().map(|c| c.name).collect();
+    names.sort();
+    names
+}
+
+/// `group cleanup`: the dry run prints per shard what would go and what stays and why, and
+/// changes nothing; `--json`; then the cleanup deletes exactly those; an unknown group or
+/// stream, or an invalid name, exits 1 naming it and changes nothing.
+#[tokio::test]
+async fn group_cleanup_lists_then_deletes_idle_consumers_of_members_that_left() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let mut conn = connect(&url).await;
+    admin::create_stream(&mut conn, "orders", 2).await.unwrap();
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now = secs * 1_000_000 + micros;
+    let _: i64 = conn
+        .zadd("sl:{orders:billing}:leases", "live-m0", now + 60_000_000)
+        .await
+        .unwrap();
+    consumer_on(&mut conn, "{orders:0}", "billing", "live-m0", 0).await;
+    consumer_on(&mut conn, "{orders:0}", "billing", "gone-m0", 0).await;
+    consumer_on(&mut conn, "{orders:1}", "billing", "busy-m0", 2).await;
+    consumer_on(&mut conn, "{orders:1}", "billing", "old-m0", 0).await;
+
+    let (code, out, err) = cli(
+        &url,
+        &["group", "cleanup", "orders", "billing", "--dry-run"],
+    );
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert_eq!(
+        out,
+        "consumer cleanup of group billing on stream orders (dry run: nothing deleted)\n\
+         shard 0: would delete gone-m0\n  kept live-m0 (live member, pending 0)\n\
+         shard 1: would delete old-m0\n  kept busy-m0 (no member, pending entries, pending 2)\n\
+         would delete 2 consumers in all\n"
+    );
+    assert_eq!(
+        consumer_names(&mut conn, "{orders:0}", "billing").await,
+        ["gone-m0", "live-m0"]
+    );
+    assert_eq!(
+        consumer_names(&mut conn, "{orders:1}", "billing").await,
+        ["busy-m0", "old-m0"]
+    );
+
+    let (code, out, _) = cli(
+        &url,
+        &[
+            "--json",
+            "group",
+            "cleanup",
+            "orders",
+            "billing",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(code, 0);
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["dryRun"], true);
+    assert_eq!(json["shards"][1]["deleted"], serde_json::json!(["old-m0"]));
+    assert_eq!(
+        json["shards"][1]["kept"],
+        serde_json::json!([{"consumer": "busy-m0", "reason": "pending", "pending": 2}])
+    );
+    assert_eq!(json["shards"][0]["kept"][0]["reason"], "liveMember");
+
+    for (args, names) in [
+        (["group", "cleanup", "orders", "nobody"], "\"nobody\""),
+        (["group", "cleanup", "nowhere", "billing"], "\"nowhere\""),
+        (["group", "cleanup", "orders", "a:b"], "a:b"),
+    ] {
+        let (code, out, err) = cli(&url, &args);
+        assert_eq!((code, out.as_str()), (1, ""), "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(names),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+
+    let (code, out, _) = cli(&url, &["group", "cleanup", "orders", "billing"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("shard 0: deleted gone-m0\n"), "{out}");
+    assert!(out.ends_with("deleted 2 consumers in all\n"), "{out}");
+    assert_eq!(
+        consumer_names(&mut conn, "{orders:0}", "billing").await,
+        ["live-m0"]
+    );
+    assert_eq!(
+        consumer_names(&mut conn, "{orders:1}", "billing").await,
+        ["busy-m0"]
+    );
+}
+
+#[tokio::test]
+async fn group_cleanup_works_on_a_cluster() {
+    let cluster = RedisCluster::start().unwrap();
+    let mut args: Vec<String> = Vec::new();
+    for url in cluster.urls() {
+        args.push("--cluster-node".into());
+        args.push(url);
+    }
+    let with = |extra: &[&str]| {
+        let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+        all.extend_from_slice(extra);
+        run(&all)
+    };
+    let mut conn = RedisConnection::connect(
+        &RedisTarget::Cluster(cluster.urls()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    admin::create_stream(&mut conn, "orders", 3).await.unwrap();
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    for shard in 0..3 {
+        let key = format!("{{orders:{shard}}}");
+        consumer_on(&mut conn, &key, "billing", "gone-m0", 0).await;
+        consumer_on(&mut conn, &key, "billing", "busy-m0", 1).await;
+    }
+    let output = with(&["group", "cleanup", "orders", "billing"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let out = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(
+        out,
+        "consumer cleanup of group billing on stream orders\n\
+         shard 0: deleted gone-m0\n  kept busy-m0 (no member, pending entries, pending 1)\n\
+         shard 1: deleted gone-m0\n  kept busy-m0 (no member, pending entries, pending 1)\n\
+         shard 2: deleted gone-m0\n  kept busy-m0 (no member, pending entries, pending 1)\n\
+         deleted 3 consumers in all\n"
+    );
+    for shard in 0..3 {
+        let key = format!("{{orders:{shard}}}");
+        assert_eq!(
+            consumer_names(&mut conn, &key, "billing").await,
+            ["busy-m0"]
+        );
+    }
+}

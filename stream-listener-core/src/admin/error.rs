@@ -164,6 +164,10 @@ pub enum AdminError {
         /// `N pending entries` or `unread entries from <id>`.
         detail: String,
     },
+    /// A data-plane script failed in a way that is not a Redis failure (an unexpected reply:
+    /// a bug or an unsupported Redis version), for example in `group cleanup`.
+    #[error(transparent)]
+    DataPlane(#[from] crate::dataplane::DataPlaneError),
 }
 
 impl AdminError {

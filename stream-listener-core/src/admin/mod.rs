@@ -16,6 +16,7 @@
 //! | [`delete_group`] | removes an inactive group everywhere |
 //! | [`reset_group`] | moves an inactive group's position on its shards (`XGROUP SETID`) |
 //! | [`delete_stream`] | removes a stream and every key it owns |
+//! | [`cleanup_consumers`] | deletes the Redis consumers of members that left (no pending entries) |
 //!
 //! Changes of the stream metadata are compare-and-sets on its `revision`
 //! ([`crate::store::write_stream_metadata`]); a conflict reloads and redoes the operation, up to
@@ -23,6 +24,7 @@
 //! `metadataVersion`, so groups pick it up on their next heartbeat (docs/design.md §5). Times are
 //! Redis `TIME` of the node that owns the stream metadata key, never a process clock.
 
+mod cleanup;
 mod describe;
 mod error;
 mod group;
@@ -35,6 +37,9 @@ mod reset;
 
 pub use crate::keys::NameError;
 pub use crate::store::StoreError;
+pub use cleanup::{
+    ConsumerCleanup, KeptBecause, KeptConsumer, ShardConsumerCleanup, cleanup_consumers,
+};
 pub use delete::{DeletedStream, delete_stream};
 pub use describe::{
     ConsumerGroupInfo, DEAD_LETTER_SCAN_LIMIT, GroupDescription, GroupShardDescription,

@@ -19,7 +19,9 @@
 //! [`ShardClient::read_pending`] from `"0"`, moving the cursor to the last id returned, until it
 //! returns no entries; then [`ShardClient::read_new`]. Entries whose body was trimmed or deleted
 //! while pending come back as [`EntryStatus::Trimmed`]: ack and count them, never retry them.
-//! No operation ever deletes a consumer (that would drop its pending entries).
+//! No operation deletes a consumer that has pending entries (that would drop them): consumer
+//! hygiene ([`ShardClient::clean_consumers`], docs/design.md §8.15) deletes only consumers
+//! whose pending count is 0, checked in the script that deletes them.
 
 mod error;
 pub(crate) mod round;
@@ -30,7 +32,9 @@ mod waiter;
 
 pub use error::DataPlaneError;
 pub(crate) use shard::GroupRecreated;
-pub use shard::{MAX_CLAIM_BATCH, ShardClient};
+pub use shard::{
+    ConsumerSweep, KeepList, MAX_CLAIM_BATCH, ShardClient, delete_idle_consumers, read_keep_list,
+};
 pub use slot::key_slot;
 pub use waiter::Waiter;
 

@@ -360,3 +360,79 @@ return 0
     });
     &SCRIPT
 }
+
+/// Deletes the consumers of group ARGV[1] on shard stream KEYS[1] that are idle for good
+/// (consumer hygiene, docs/design.md §8.15): every consumer of `XINFO CONSUMERS` that is not in
+/// the keep-list ARGV[3..] is deleted with `XGROUP DELCONSUMER` **only when its pending count is
+/// 0**, checked in this same script, so no PEL is ever dropped (watermill-redisstream#24 lost
+/// messages by deleting consumers with pending entries). ARGV[2] `'1'`: dry run, nothing
+/// deleted. Not fenced: it deletes only consumers without pending entries, which holds whoever
+/// runs it (docs/design.md §8.15). Breaks the convention above: one key, no token.
+/// Returns `{'OK', deleted, pending, kept}`: the names deleted (or that would be); `{name,
+/// pending}` of the consumers not in the keep-list kept for their pending entries; `{name,
+/// pending}` of those in the keep-list; or `{'NOGROUP', message}`.
+pub(crate) fn delete_idle_consumers() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        with_prelude(
+            r"
+local keep = {}
+for i = 3, #ARGV do keep[ARGV[i]] = true end
+local consumers = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+if consumers.err then return failed(consumers) end
+local deleted, busy, kept = {}, {}, {}
+for _, c in ipairs(consumers) do
+  local name, pending = nil, 0
+  for i = 1, #c, 2 do
+    if c[i] == 'name' then name = c[i + 1] elseif c[i] == 'pending' then pending = c[i + 1] end
+  end
+  if name then
+    if keep[name] then
+      kept[#kept + 1] = {name, pending}
+    elseif pending > 0 then
+      busy[#busy + 1] = {name, pending}
+    else
+      if ARGV[2] ~= '1' then redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], name) end
+      deleted[#deleted + 1] = name
+    end
+  end
+end
+return {'OK', deleted, busy, kept}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// The members whose Redis consumers consumer hygiene keeps (docs/design.md §8.15), read on the
+/// group's slot: `KEYS[1]` the leases sorted set `sl:{<prefix>:<group>}:leases`, `KEYS[2]` the
+/// group hash `sl:{<prefix>:<group>}:group`. Breaks the shard-key convention above (it runs on
+/// the group's slot, before the shard script, which gets its result as arguments).
+/// Returns `{exists, live, static}`: `exists` 1 when the group hash exists; `live` the members
+/// whose lease (score, µs) is at or after Redis `TIME`; `static` the members with an expired
+/// lease still in the member map whose JSON names an `instanceId` (a static member away, or
+/// whose JSON does not decode: kept, since it cannot be judged). Times are compared as the
+/// score strings Redis parses, never computed in Lua beyond concatenation.
+pub(crate) fn consumer_keep_list() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local t = redis.call('TIME')
+local now = t[1] .. string.format('%06d', tonumber(t[2]))
+local exists = redis.call('EXISTS', KEYS[2])
+local live = redis.call('ZRANGE', KEYS[1], now, '+inf', 'BYSCORE')
+local static = {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], '-inf', '(' .. now, 'BYSCORE')) do
+  local json = redis.call('HGET', KEYS[2], 'member:' .. id)
+  if json then
+    local ok, m = pcall(cjson.decode, json)
+    if not ok or type(m) ~= 'table' or type(m.instanceId) == 'string' then
+      static[#static + 1] = id
+    end
+  end
+end
+return {exists, live, static}
+",
+        )
+    });
+    &SCRIPT
+}

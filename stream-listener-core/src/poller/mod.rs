@@ -16,6 +16,7 @@
 
 mod acks;
 mod attempt;
+mod consumers;
 mod entries;
 mod handler_run;
 mod reads;
@@ -135,6 +136,9 @@ pub(crate) struct ShardTask {
     shard_key: Arc<str>,
     /// When other consumers' pending entries were last claimed (`acks` mode sweeps).
     last_sweep: Instant,
+    /// Whether the next completed claim is a takeover's, to be followed by consumer hygiene
+    /// (`consumers.rs`); not the `acks` mode sweeps'.
+    clean_after_claim: bool,
     /// This shard's turn in the member's next read round: dropped whenever the task waits
     /// ([`TurnSlot::release_while_waiting`]).
     turn: Arc<TurnSlot>,
@@ -170,6 +174,7 @@ impl ShardTask {
             phase: Phase::Claim,
             shard_key,
             last_sweep: Instant::now(),
+            clean_after_claim: false,
             turn: Arc::default(),
         })
     }

@@ -1,5 +1,6 @@
 //! Taking a shard over (docs/design.md §8.2): raise the fence with the member's token, claim
-//! other consumers' pending entries, then handle this consumer's own pending entries from `0`;
+//! other consumers' pending entries (then delete the idle consumers of members that left,
+//! `consumers.rs`), then handle this consumer's own pending entries from `0`;
 //! what a fence refusal means; and a consumer group lost on the shard, created again.
 
 use std::time::Instant;
@@ -20,6 +21,7 @@ impl ShardTask {
             Ok(Ok(())) => {
                 self.raised = Some(token.clone());
                 self.phase = Phase::Claim;
+                self.clean_after_claim = true;
             }
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
             Err(error) => {
@@ -88,6 +90,11 @@ impl ShardTask {
                     );
                 }
                 if report.complete {
+                    // At takeover the old owners' PELs are empty now: their consumers can go
+                    // (§8.15). Not after the acks-mode sweeps: once per takeover is enough.
+                    if std::mem::take(&mut self.clean_after_claim) {
+                        self.clean_consumers().await;
+                    }
                     self.phase = Phase::Pending("0".into());
                 }
                 Ok(())

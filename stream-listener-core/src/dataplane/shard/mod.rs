@@ -1,15 +1,17 @@
 //! [`ShardClient`]: the fenced operations on one group's shards (docs/design.md §8). This
 //! module holds the client and how a script is sent and its reply sorted out; the operations live
 //! by concept in the submodules: takeover (fence, claims, own pending entries), reads, acks, dead
-//! letters and attempt counts, and consumer-group re-creation.
+//! letters and attempt counts, consumer-group re-creation, and consumer hygiene.
 
 mod ack;
+mod consumers;
 mod dead_letter;
 mod group;
 mod read;
 mod reply;
 mod takeover;
 
+pub use consumers::{ConsumerSweep, KeepList, delete_idle_consumers, read_keep_list};
 pub(crate) use group::GroupRecreated;
 
 use redis::{Script, Value};
@@ -18,7 +20,7 @@ use super::error::DataPlaneError;
 use super::{Fenced, FencingMode};
 use crate::connection::{RedisConnection, RedisFailure};
 use crate::fence::FenceToken;
-use crate::keys::{NameError, StreamKeys};
+use crate::keys::{GroupKeys, NameError, StreamKeys};
 use crate::model::ShardIndex;
 use reply::text;
 
@@ -35,6 +37,8 @@ pub struct ShardClient {
     conn: RedisConnection,
     keys: StreamKeys,
     group: String,
+    /// The group's coordination keys (leases, group hash): read by consumer hygiene.
+    group_keys: GroupKeys,
     consumer: String,
     dead_letters: String,
     max_entry_bytes: u64,
@@ -106,6 +110,7 @@ impl ShardClient {
             conn,
             keys,
             group: group.to_owned(),
+            group_keys,
             consumer: consumer.to_owned(),
             dead_letters,
             max_entry_bytes: 0,

@@ -19,6 +19,7 @@ use stream_listener::core::internals::admin;
 use stream_listener::core::internals::coordinator::CoordinatorConfig;
 
 use failure::{Failure, connect};
+use text::cleanup_text;
 use text::{
     created_text, deleted_text, group_text, groups_text, retire_text, scale_text, stream_text,
     streams_text,
@@ -62,7 +63,7 @@ enum Command {
     /// Sharded streams: create, scale, retire drained shards, describe, list.
     #[command(subcommand)]
     Stream(StreamCommand),
-    /// Consumer groups of a stream: describe, list, delete, reset.
+    /// Consumer groups of a stream: describe, list, delete, reset, cleanup.
     #[command(subcommand)]
     Group(GroupCommand),
 }
@@ -186,6 +187,23 @@ enum GroupCommand {
         shards: Option<Vec<u32>>,
         /// Print per shard the old and new position and the entries that would be delivered,
         /// change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete the Redis consumers of members that left the group (consumer hygiene).
+    ///
+    /// On every shard that is not RETIRED, a Redis consumer of the group is deleted
+    /// (`XGROUP DELCONSUMER`) when it belongs to no member whose lease runs and to no static
+    /// member still in the group, and only when it has no pending entries (checked in the same
+    /// script): nothing pending is ever dropped. Safe while members run; they do the same after
+    /// each takeover. Prints per shard the consumers deleted and the ones kept, with the reason
+    /// (live member, static member, pending N).
+    Cleanup {
+        /// Stream prefix.
+        prefix: String,
+        /// Consumer group.
+        group: String,
+        /// Only list what would be deleted; change nothing.
         #[arg(long)]
         dry_run: bool,
     },
@@ -351,6 +369,14 @@ async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Stream(StreamCommand::Delete { prefix, force }) => {
             let deleted = admin::delete_stream(conn, &prefix, force).await?;
             output(as_json, &deleted, resets::stream_deleted_text)
+        }
+        Command::Group(GroupCommand::Cleanup {
+            prefix,
+            group,
+            dry_run,
+        }) => {
+            let cleaned = admin::cleanup_consumers(conn, &prefix, &group, dry_run).await?;
+            output(as_json, &cleaned, cleanup_text)
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The tables and sentences the tool prints for each command without `--json`.
 
 use serde::Serialize;
+use stream_listener::core::internals::admin::{ConsumerCleanup, KeptBecause};
 use stream_listener::core::internals::admin::{
     CreatedStream, DeletedGroup, GroupDescription, GroupSummary, Lag, RetireReport, ScaleAction,
     ScaleOutcome, StreamDescription, StreamSummary,
@@ -374,4 +375,45 @@ pub(crate) fn deleted_text(d: &DeletedGroup) -> String {
         },
         d.dead_letters
     )
+}
+
+/// `group cleanup`: per shard, the consumers deleted (or that would be) and the ones kept, why.
+pub(crate) fn cleanup_text(c: &ConsumerCleanup) -> String {
+    let verb = if c.dry_run { "would delete" } else { "deleted" };
+    let mut out = format!(
+        "consumer cleanup of group {} on stream {}{}\n",
+        c.consumer_group,
+        c.stream_prefix,
+        if c.dry_run {
+            " (dry run: nothing deleted)"
+        } else {
+            ""
+        }
+    );
+    for shard in &c.shards {
+        if shard.no_consumer_group {
+            out += &format!("shard {}: no consumer group\n", shard.shard_index);
+            continue;
+        }
+        let deleted = if shard.deleted.is_empty() {
+            "none".to_owned()
+        } else {
+            shard.deleted.join(", ")
+        };
+        out += &format!("shard {}: {verb} {deleted}\n", shard.shard_index);
+        for kept in &shard.kept {
+            let why = match kept.reason {
+                KeptBecause::LiveMember => "live member",
+                KeptBecause::StaticMember => "static member",
+                KeptBecause::Pending => "no member, pending entries",
+            };
+            out += &format!(
+                "  kept {} ({why}, pending {})\n",
+                kept.consumer, kept.pending
+            );
+        }
+    }
+    let total: usize = c.shards.iter().map(|s| s.deleted.len()).sum();
+    out += &format!("{verb} {total} consumers in all\n");
+    out
 }
