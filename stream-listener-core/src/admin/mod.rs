@@ -14,6 +14,8 @@
 //! | [`describe_stream`] / [`describe_group`] | what operators see: shards, members, lag |
 //! | [`list_streams`] / [`list_groups`] | the streams of `sl:streams`, the groups of a stream |
 //! | [`delete_group`] | removes an inactive group everywhere |
+//! | [`list_dead_letters`] / [`show_dead_letter`] | a group's dead letters, a page or one whole |
+//! | [`replay_dead_letters`] / [`purge_dead_letters`] | re-publish dead letters, or delete them |
 //!
 //! Changes of the stream metadata are compare-and-sets on its `revision`
 //! ([`crate::store::write_stream_metadata`]); a conflict reloads and redoes the operation, up to
@@ -22,6 +24,7 @@
 //! Redis `TIME` of the node that owns the stream metadata key, never a process clock.
 
 mod describe;
+mod dlq;
 mod error;
 mod group;
 mod scripts;
@@ -33,6 +36,12 @@ pub use describe::{
     ConsumerGroupInfo, DEAD_LETTER_SCAN_LIMIT, GroupDescription, GroupShardDescription,
     GroupSummary, Lag, MemberDescription, PastMember, StreamDescription, StreamShardDescription,
     StreamSummary, describe_group, describe_stream, list_groups, list_streams,
+};
+pub use dlq::{
+    DEFAULT_DEAD_LETTER_PAGE, DeadLetter, DeadLetterPage, DeadLetterSelection, DeadLetterSummary,
+    EntryField, MAX_DEAD_LETTER_PAGE, PURGE_ID_LIMIT, PurgeReport, ReplayReport, ReplaySkip,
+    Replayed, SkipReason, list_dead_letters, parse_dead_letter_reason, purge_dead_letters,
+    replay_dead_letters, show_dead_letter,
 };
 pub use error::AdminError;
 pub use group::{DeletedGroup, delete_group, register_group};
