@@ -733,3 +733,98 @@ async fn list_replay_and_purge_on_a_cluster() {
     assert_eq!(dlq_len(&mut conn).await, 0);
     listener.shutdown_and_wait().await;
 }
+
+/// A connection as a Redis user allowed everything but `command` (ACL), to fail one step of a
+/// replay for real.
+async fn connect_without(
+    conn: &mut RedisConnection,
+    url: &str,
+    user: &str,
+    command: &str,
+) -> RedisConnection {
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", user, "on", ">pw", "~*", "&*", "+@all"])
+        .arg(format!("-{command}"))
+        .query_async(conn)
+        .await
+        .unwrap();
+    let url = url.replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    support::connect(&RedisTarget::Standalone(url)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_publishes_before_it_removes_so_a_failure_between_leaves_a_duplicate_never_a_loss() {
+    let (_serial, server, target, mut conn, recorder) = Context::start(2).await.parts();
+    let poison = poisoned(&[1, 2]);
+    let listener = start(&target, &mut conn, &recorder, &poison, options(1)).await;
+    let producer = publisher(&conn).await;
+    let first = producer.publish("k", &json!({"n": 1})).await.unwrap();
+    producer.publish("k", &json!({"n": 2})).await.unwrap();
+    wait_dead_letters(&mut conn, 2).await;
+    listener.shutdown_and_wait().await;
+    let ids = dead_letter_ids(&mut conn).await;
+    let shard = first.shard;
+    let len = |conn: RedisConnection| async move {
+        let mut conn = conn;
+        support::total_len(&mut conn, STREAM, 2).await
+    };
+    let before = len(conn.clone()).await;
+
+    // The publish fails: the dead letter is kept, nothing was appended.
+    let mut no_xadd = connect_without(&mut conn, &server.url(), "no-xadd", "xadd").await;
+    let err =
+        admin::replay_dead_letters(&mut no_xadd, STREAM, GROUP, DeadLetterSelection::All, false)
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(&err, AdminError::ReplayPublish { dead_letter, replayed: 0, .. } if dead_letter == &ids[0]),
+        "{err}"
+    );
+    assert_eq!(dead_letter_ids(&mut conn).await, ids);
+    assert_eq!(len(conn.clone()).await, before);
+
+    // The publish succeeds and the XDEL fails (a crash between the two): the entry is appended
+    // and the dead letter kept; the replay stops there.
+    let mut no_xdel = connect_without(&mut conn, &server.url(), "no-xdel", "xdel").await;
+    let err =
+        admin::replay_dead_letters(&mut no_xdel, STREAM, GROUP, DeadLetterSelection::All, false)
+            .await
+            .unwrap_err();
+    let AdminError::ReplayNotRemoved {
+        dead_letter,
+        new_id,
+        stream_key,
+        replayed: 0,
+        ..
+    } = &err
+    else {
+        panic!("{err}");
+    };
+    assert_eq!(dead_letter, &ids[0]);
+    assert_eq!(stream_key, &format!("{{orders:{shard}}}"));
+    assert!(
+        err.to_string()
+            .contains(&format!("dlq purge --id {}", ids[0])),
+        "{err}"
+    );
+    assert_eq!(
+        entry_fields(&mut conn, stream_key, new_id).await,
+        pairs(&[("key", "k"), ("payload", r#"{"n":1}"#)])
+    );
+    assert_eq!(dead_letter_ids(&mut conn).await, ids);
+    assert_eq!(len(conn.clone()).await, before + 1);
+
+    // Run again: both are published (the first a second time: a duplicate) and removed.
+    let report =
+        admin::replay_dead_letters(&mut conn, STREAM, GROUP, DeadLetterSelection::All, false)
+            .await
+            .unwrap();
+    let replayed: Vec<(&str, bool)> = report
+        .replayed
+        .iter()
+        .map(|r| (r.id.as_str(), r.removed))
+        .collect();
+    assert_eq!(replayed, [(ids[0].as_str(), true), (ids[1].as_str(), true)]);
+    assert_eq!(dlq_len(&mut conn).await, 0);
+    assert_eq!(len(conn.clone()).await, before + 3);
+}

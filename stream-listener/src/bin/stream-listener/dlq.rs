@@ -206,6 +206,14 @@ pub(crate) fn age(ms: u64) -> String {
     )
 }
 
+/// `n dead letter(s)`.
+fn dead_letters(n: impl Into<u64>) -> String {
+    match n.into() {
+        1 => "1 dead letter".to_owned(),
+        n => format!("{n} dead letters"),
+    }
+}
+
 fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
@@ -305,8 +313,8 @@ fn replay_text(r: &ReplayReport) -> String {
         );
     }
     out.push_str(&format!(
-        "{verb} {} dead letters of {}",
-        r.replayed.len(),
+        "{verb} {} of {}",
+        dead_letters(r.replayed.len() as u64),
         r.dead_letter_stream
     ));
     if r.replayed.is_empty() {
@@ -317,15 +325,18 @@ fn replay_text(r: &ReplayReport) -> String {
         } else {
             ":\n"
         });
-        let mut table = Table::new(&["DEAD LETTER", "KEY", "SHARD", "NEW ID", "REMOVED"]);
+        let mut table = if r.dry_run {
+            Table::new(&["DEAD LETTER", "KEY", "SHARD"])
+        } else {
+            Table::new(&["DEAD LETTER", "KEY", "SHARD", "NEW ID", "REMOVED"])
+        };
         for d in &r.replayed {
-            table.row(vec![
-                d.id.clone(),
-                d.partition_key.clone(),
-                d.shard.to_string(),
-                or_dash(d.new_id.as_ref()),
-                if d.removed { "yes" } else { "no" }.into(),
-            ]);
+            let mut row = vec![d.id.clone(), d.partition_key.clone(), d.shard.to_string()];
+            if !r.dry_run {
+                row.push(or_dash(d.new_id.as_ref()));
+                row.push(if d.removed { "yes" } else { "no" }.into());
+            }
+            table.row(row);
         }
         out.push_str(&table.render());
     }
@@ -360,8 +371,9 @@ fn purge_text(r: &PurgeReport) -> String {
         ids.push_str(", ...");
     }
     format!(
-        "{verb} {} dead letters from {}: {ids}\n",
-        r.purged, r.dead_letter_stream
+        "{verb} {} from {}: {ids}\n",
+        dead_letters(r.purged),
+        r.dead_letter_stream
     )
 }
 
