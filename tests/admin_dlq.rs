@@ -262,6 +262,7 @@ async fn a_replayed_dead_letter_lands_on_the_shard_of_its_key_and_is_handled_as_
         .await
         .unwrap();
     assert!(report.skipped.is_empty());
+    assert!(report.other_groups.is_empty());
     let replayed = &report.replayed[..];
     assert_eq!(replayed.len(), 1);
     assert_eq!(replayed[0].id, id);
@@ -618,6 +619,9 @@ async fn bad_input_is_a_clear_error_naming_the_value_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_during_a_scale_in_lands_where_the_producer_routes_now() {
     let (_serial, _server, target, mut conn, recorder) = Context::start(3).await.parts();
+    admin::register_group(&mut conn, STREAM, "audit", StartFrom::Latest)
+        .await
+        .unwrap();
     let poison = poisoned(&[5]);
     let listener = start(&target, &mut conn, &recorder, &poison, options(1)).await;
     let producer = publisher(&conn).await;
@@ -636,6 +640,7 @@ async fn replay_during_a_scale_in_lands_where_the_producer_routes_now() {
             .await
             .unwrap();
     assert_eq!(report.replayed.len(), 1);
+    assert_eq!(report.other_groups, ["audit"]);
     assert_eq!(report.replayed[0].shard, now_routed);
     assert_eq!(
         report.replayed[0].stream_key,
@@ -655,6 +660,9 @@ async fn replay_during_a_scale_in_lands_where_the_producer_routes_now() {
         recorder.calls()
     );
     assert_eq!(dlq_len(&mut conn).await, 0);
+    // The other group gets the replayed entry as a new one.
+    let audit = support::read_new(&mut conn, &report.replayed[0].stream_key, "audit", 10).await;
+    assert_eq!(audit, std::slice::from_ref(&new_id));
     listener.shutdown_and_wait().await;
 }
 

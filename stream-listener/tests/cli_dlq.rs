@@ -189,7 +189,11 @@ async fn dlq_list_show_replay_and_purge_through_the_tool() {
         "{out}"
     );
 
-    // replay --dry-run changes nothing; replay --all publishes one and skips the other.
+    // replay --dry-run changes nothing; replay --all publishes one and skips the other. Another
+    // group of the stream receives the replayed entry too, and the report says so.
+    admin::register_group(&mut conn, "orders", "audit", StartFrom::Latest)
+        .await
+        .unwrap();
     let (code, out, _) = cli(&["dlq", "replay", "orders", "billing", "--all", "--dry-run"]);
     assert_eq!(code, 0);
     assert!(
@@ -198,7 +202,7 @@ async fn dlq_list_show_replay_and_purge_through_the_tool() {
     );
     assert!(
         out.contains(&format!(
-            "DEAD LETTER      KEY  SHARD\n{a}  a    {shard}\nskipped 1 (kept):\n"
+            "DEAD LETTER      KEY  SHARD\n{a}  a    {shard}\nnote: consumer groups audit of orders receive the replayed entries too (a second copy of what they handled)\nskipped 1 (kept):\n"
         )),
         "{out}"
     );
@@ -217,6 +221,7 @@ async fn dlq_list_show_replay_and_purge_through_the_tool() {
     let new_id = replayed["newId"].as_str().unwrap().to_owned();
     assert_eq!(report["skipped"][0]["id"], b.as_str());
     assert_eq!(report["skipped"][0]["skipped"], "no-payload");
+    assert_eq!(report["otherGroups"], serde_json::json!(["audit"]));
     let entry: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
         .arg(format!("{{orders:{shard}}}"))
         .arg(&new_id)
@@ -305,6 +310,17 @@ async fn dlq_list_show_replay_and_purge_through_the_tool() {
     assert_eq!(report["purged"], 1);
     assert_eq!(report["ids"][0], b.as_str());
     assert_eq!(report["selection"]["reason"], "too-large");
+    let (_, out, _) = cli(&[
+        "--json",
+        "dlq",
+        "purge",
+        "orders",
+        "billing",
+        "--older-than",
+        "2d",
+        "--dry-run",
+    ]);
+    assert_eq!(json(&out)["selection"]["olderThanMs"], 2 * 86_400_000u64);
     assert_eq!(conn.xlen::<_, u64>(DLQ).await.unwrap(), 0);
     let (_, out, _) = cli(&["group", "describe", "orders", "billing"]);
     assert!(

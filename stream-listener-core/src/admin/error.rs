@@ -185,7 +185,52 @@ impl AdminError {
     pub fn is_redis_unreachable(&self) -> bool {
         match self {
             AdminError::Store(StoreError::Redis(err)) => RedisFailure::of(err).is_unreachable(),
+            AdminError::ReplayPublish { source, .. } => match source.as_ref() {
+                crate::producer::PublishError::Redis(err) => RedisFailure::of(err).is_unreachable(),
+                _ => false,
+            },
+            AdminError::ReplayNotRemoved { source, .. } => {
+                RedisFailure::of(source).is_unreachable()
+            }
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> redis::RedisError {
+        std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused").into()
+    }
+
+    #[test]
+    fn a_replay_that_lost_redis_is_unreachable_not_an_operation_error() {
+        let publish = AdminError::ReplayPublish {
+            dead_letter: "1-0".into(),
+            dead_letter_stream: "o:dlq:g".into(),
+            replayed: 0,
+            source: Box::new(crate::producer::PublishError::Redis(refused())),
+        };
+        assert!(publish.is_redis_unreachable());
+        let remove = AdminError::ReplayNotRemoved {
+            dead_letter: "1-0".into(),
+            dead_letter_stream: "o:dlq:g".into(),
+            new_id: "2-0".into(),
+            stream_key: "{o:0}".into(),
+            replayed: 0,
+            source: Box::new(refused()),
+        };
+        assert!(remove.is_redis_unreachable());
+        let refused_by_acl = AdminError::ReplayPublish {
+            dead_letter: "1-0".into(),
+            dead_letter_stream: "o:dlq:g".into(),
+            replayed: 0,
+            source: Box::new(crate::producer::PublishError::Redis(
+                redis::RedisError::from((redis::ErrorKind::Client, "NOPERM")),
+            )),
+        };
+        assert!(!refused_by_acl.is_redis_unreachable());
     }
 }

@@ -231,6 +231,8 @@ pub(crate) struct DeadLetterStream {
     pub(crate) keys: StreamKeys,
     pub(crate) group: String,
     pub(crate) key: String,
+    /// The other consumer groups registered on the stream (a replay reaches them too).
+    pub(crate) other_groups: Vec<String>,
 }
 
 impl DeadLetterStream {
@@ -258,10 +260,17 @@ impl DeadLetterStream {
                 .into());
             }
         }
+        let other_groups = meta
+            .groups
+            .iter()
+            .map(|g| g.consumer_group.clone())
+            .filter(|g| g != group)
+            .collect();
         Ok(DeadLetterStream {
             keys,
             group: group.to_owned(),
             key,
+            other_groups,
         })
     }
 

@@ -93,6 +93,10 @@ pub struct ReplayReport {
     pub replayed: Vec<Replayed>,
     /// The selected dead letters that cannot be replayed; all kept.
     pub skipped: Vec<ReplaySkip>,
+    /// The other consumer groups registered on the stream. A replayed entry is a new entry of the
+    /// shard stream, so they receive it too: for a group that had handled the original, a second
+    /// copy.
+    pub other_groups: Vec<String>,
 }
 
 /// A dead letter that can be re-published: its partition key and the other fields.
@@ -141,7 +145,9 @@ fn replayable(raw: &RawDeadLetter) -> Result<Replayable<'_>, SkipReason> {
 /// [`ReplayReport::skipped`]. Scans ([`DeadLetterSelection::All`], `Reason`, `OlderThan`) stop at
 /// the last dead letter present at the start, so an entry that fails again and is dead-lettered
 /// anew is not replayed twice in one run. `dry_run` reads and routes but publishes and removes
-/// nothing. A selection that matches nothing is an empty report, not an error.
+/// nothing. A selection that matches nothing is an empty report, not an error. The entry goes
+/// to the shard stream, so every consumer group of the stream receives it, not only `group`
+/// ([`ReplayReport::other_groups`] names the others).
 ///
 /// # Errors
 /// As [`super::purge_dead_letters`] for the selection (nothing done then);
@@ -165,6 +171,7 @@ pub async fn replay_dead_letters(
         dry_run,
         replayed: Vec::new(),
         skipped: Vec::new(),
+        other_groups: dlq.other_groups.clone(),
     };
     let mut publisher: Option<Publisher> = None;
     while let Some(page) = cursor.next(conn, &dlq).await? {
@@ -308,5 +315,54 @@ fn replay_failed(
         dead_letter_stream: dlq.key.clone(),
         replayed: report.replayed.len(),
         source: Box::new(source),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dead_letter(own: &[(&str, &[u8])]) -> RawDeadLetter {
+        let mut pairs: Vec<(String, Vec<u8>)> = super::super::FIXED_FIELDS
+            .iter()
+            .map(|name| ((*name).to_owned(), b"x".to_vec()))
+            .collect();
+        pairs.extend(own.iter().map(|(n, v)| ((*n).to_owned(), v.to_vec())));
+        RawDeadLetter {
+            id: "1-0".into(),
+            pairs,
+        }
+    }
+
+    #[test]
+    fn the_key_routes_and_the_other_fields_are_published_in_order() {
+        let raw = dead_letter(&[("a", b"1"), ("key", b"k"), ("payload", b"{}")]);
+        let entry = replayable(&raw).unwrap();
+        assert_eq!(entry.key, "k");
+        assert_eq!(
+            entry.fields,
+            vec![("a", &b"1"[..]), ("payload", &b"{}"[..])]
+        );
+    }
+
+    #[test]
+    fn what_cannot_be_routed_is_skipped() {
+        let skipped = |own: &[(&str, &[u8])]| replayable(&dead_letter(own)).err();
+        assert_eq!(skipped(&[]), Some(SkipReason::NoPayload));
+        assert_eq!(
+            skipped(&[("payload", b"{}")]),
+            Some(SkipReason::NoPartitionKey)
+        );
+        assert_eq!(
+            skipped(&[("key", b"a"), ("key", b"b")]),
+            Some(SkipReason::NoPartitionKey)
+        );
+        assert_eq!(
+            skipped(&[("key", b"\xff")]),
+            Some(SkipReason::NoPartitionKey)
+        );
+        let mut malformed = dead_letter(&[("key", b"k")]);
+        malformed.pairs.swap(0, 1);
+        assert_eq!(replayable(&malformed).err(), Some(SkipReason::Malformed));
     }
 }

@@ -26,8 +26,13 @@ pub enum DeadLetterSelection {
     /// Every dead letter present when the operation starts whose `reason` is this one.
     Reason(#[serde(serialize_with = "reason_text")] DeadLetterReason),
     /// Every dead letter whose id time is more than this long before Redis `TIME` (at least
-    /// 1 ms).
+    /// 1 ms). In JSON `{"olderThanMs": <ms>}`.
+    #[serde(rename = "olderThanMs", serialize_with = "millis")]
     OlderThan(Duration),
+}
+
+fn millis<S: serde::Serializer>(age: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn reason_text<S: serde::Serializer>(

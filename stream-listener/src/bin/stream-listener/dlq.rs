@@ -340,6 +340,13 @@ fn replay_text(r: &ReplayReport) -> String {
         }
         out.push_str(&table.render());
     }
+    if !r.replayed.is_empty() && !r.other_groups.is_empty() {
+        out.push_str(&format!(
+            "note: consumer groups {} of {} receive the replayed entries too (a second copy of what they handled)\n",
+            r.other_groups.join(", "),
+            r.stream_prefix
+        ));
+    }
     if !r.skipped.is_empty() {
         out.push_str(&format!("skipped {} (kept):\n", r.skipped.len()));
         for s in &r.skipped {
