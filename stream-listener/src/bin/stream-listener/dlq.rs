@@ -178,6 +178,9 @@ pub(crate) async fn run(
     }
 }
 
+/// Ids a purge prints without `--json`.
+const PURGE_IDS_SHOWN: usize = 10;
+
 /// The error column is cut here (the full text is in `dlq show` and `--json`).
 const ERROR_WIDTH: usize = 60;
 
@@ -373,9 +376,13 @@ fn purge_text(r: &PurgeReport) -> String {
     } else {
         "purged"
     };
-    let mut ids = r.ids.join(", ");
-    if r.ids_truncated {
-        ids.push_str(", ...");
+    // A long purge would print a wall of ids: the first few, then how many more (all of them,
+    // up to the JSON's limit, with --json).
+    let shown = r.ids.len().min(PURGE_IDS_SHOWN);
+    let mut ids = r.ids[..shown].join(", ");
+    let more = r.purged.saturating_sub(shown as u64);
+    if more > 0 {
+        ids.push_str(&format!(" and {more} more"));
     }
     format!(
         "{verb} {} from {}: {ids}\n",
@@ -396,6 +403,28 @@ mod tests {
         assert_eq!(age(5 * 60_000 + 1), "5m");
         assert_eq!(age(3 * 3_600_000), "3h");
         assert_eq!(age(9 * 86_400_000), "9d");
+    }
+
+    #[test]
+    fn a_long_purge_prints_the_first_ids_and_how_many_more() {
+        let report = |purged: u64| PurgeReport {
+            stream_prefix: "orders".into(),
+            consumer_group: "billing".into(),
+            dead_letter_stream: "orders:dlq:billing".into(),
+            selection: DeadLetterSelection::All,
+            dry_run: false,
+            purged,
+            ids: (0..purged.min(1000)).map(|i| format!("{i}-0")).collect(),
+            ids_truncated: purged > 1000,
+        };
+        assert_eq!(
+            purge_text(&report(1)),
+            "purged 1 dead letter from orders:dlq:billing: 0-0\n"
+        );
+        assert_eq!(
+            purge_text(&report(1500)),
+            "purged 1500 dead letters from orders:dlq:billing: 0-0, 1-0, 2-0, 3-0, 4-0, 5-0, 6-0, 7-0, 8-0, 9-0 and 1490 more\n"
+        );
     }
 
     #[test]
