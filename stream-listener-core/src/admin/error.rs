@@ -168,6 +168,76 @@ pub enum AdminError {
     /// a bug or an unsupported Redis version), for example in `group cleanup`.
     #[error(transparent)]
     DataPlane(#[from] crate::dataplane::DataPlaneError),
+    /// A dead-letter id (or `--after`) that is not a stream entry id `<ms>-<seq>`. Nothing was
+    /// done.
+    #[error(
+        "{id:?} is not a stream entry id; write it as <ms>-<seq> (e.g. 1700000000000-0), as `stream-listener dlq list` shows it"
+    )]
+    InvalidEntryId {
+        /// The text given.
+        id: String,
+    },
+    /// Dead-letter ids that are not in the dead-letter stream. Nothing was done.
+    #[error(
+        "no dead letter {} in {dead_letter_stream}; nothing was done; list the dead letters with `stream-listener dlq list`", ids.join(", ")
+    )]
+    DeadLettersNotFound {
+        /// The dead-letter stream key.
+        dead_letter_stream: String,
+        /// The ids not found.
+        ids: Vec<String>,
+    },
+    /// A dead-letter `reason` that is not one stream-listener writes. Nothing was done.
+    #[error("{reason:?} is not a dead-letter reason; give one of {known}")]
+    UnknownDeadLetterReason {
+        /// The text given.
+        reason: String,
+        /// The known reasons, comma-separated.
+        known: String,
+    },
+    /// A dead-letter selection or page that cannot be used (no ids, an age of 0, a page size
+    /// out of range). Nothing was done.
+    #[error("{detail}")]
+    InvalidSelection {
+        /// What is wrong and what to give instead.
+        detail: String,
+    },
+    /// A replay stopped because re-publishing a dead letter failed. The dead letters before it
+    /// were replayed and removed; it and the rest are kept.
+    #[error(
+        "the replay stopped at dead letter {dead_letter} of {dead_letter_stream} ({replayed} replayed and removed before it): re-publishing it failed; it is kept (if the error says the entry may have been appended, a new replay can publish it twice); fix the cause and run the replay again"
+    )]
+    ReplayPublish {
+        /// The dead letter whose publish failed.
+        dead_letter: String,
+        /// The dead-letter stream key.
+        dead_letter_stream: String,
+        /// Dead letters replayed before it in this run.
+        replayed: usize,
+        /// The producer's error (boxed: it is large).
+        #[source]
+        source: Box<crate::producer::PublishError>,
+    },
+    /// A replayed dead letter was re-published, but removing it (`XDEL`) failed: it is still
+    /// in the dead-letter stream, and a new replay would publish it again.
+    #[error(
+        "dead letter {dead_letter} was re-published to {stream_key} as {new_id} ({replayed} replayed before it), but removing it from {dead_letter_stream} failed; remove it with `stream-listener dlq purge --id {dead_letter}` (a replay would publish it twice), then replay the rest"
+    )]
+    ReplayNotRemoved {
+        /// The dead letter.
+        dead_letter: String,
+        /// The dead-letter stream key.
+        dead_letter_stream: String,
+        /// Its new entry's id.
+        new_id: String,
+        /// The shard stream it was appended to.
+        stream_key: String,
+        /// Dead letters replayed before it in this run.
+        replayed: usize,
+        /// Redis's error (boxed: it is large).
+        #[source]
+        source: Box<redis::RedisError>,
+    },
 }
 
 impl AdminError {
@@ -177,7 +247,52 @@ impl AdminError {
     pub fn is_redis_unreachable(&self) -> bool {
         match self {
             AdminError::Store(StoreError::Redis(err)) => RedisFailure::of(err).is_unreachable(),
+            AdminError::ReplayPublish { source, .. } => match source.as_ref() {
+                crate::producer::PublishError::Redis(err) => RedisFailure::of(err).is_unreachable(),
+                _ => false,
+            },
+            AdminError::ReplayNotRemoved { source, .. } => {
+                RedisFailure::of(source).is_unreachable()
+            }
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> redis::RedisError {
+        std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused").into()
+    }
+
+    #[test]
+    fn a_replay_that_lost_redis_is_unreachable_not_an_operation_error() {
+        let publish = AdminError::ReplayPublish {
+            dead_letter: "1-0".into(),
+            dead_letter_stream: "o:dlq:g".into(),
+            replayed: 0,
+            source: Box::new(crate::producer::PublishError::Redis(refused())),
+        };
+        assert!(publish.is_redis_unreachable());
+        let remove = AdminError::ReplayNotRemoved {
+            dead_letter: "1-0".into(),
+            dead_letter_stream: "o:dlq:g".into(),
+            new_id: "2-0".into(),
+            stream_key: "{o:0}".into(),
+            replayed: 0,
+            source: Box::new(refused()),
+        };
+        assert!(remove.is_redis_unreachable());
+        let refused_by_acl = AdminError::ReplayPublish {
+            dead_letter: "1-0".into(),
+            dead_letter_stream: "o:dlq:g".into(),
+            replayed: 0,
+            source: Box::new(crate::producer::PublishError::Redis(
+                redis::RedisError::from((redis::ErrorKind::Client, "NOPERM")),
+            )),
+        };
+        assert!(!refused_by_acl.is_redis_unreachable());
     }
 }

@@ -17,6 +17,8 @@
 //! | [`reset_group`] | moves an inactive group's position on its shards (`XGROUP SETID`) |
 //! | [`delete_stream`] | removes a stream and every key it owns |
 //! | [`cleanup_consumers`] | deletes the Redis consumers of members that left (no pending entries) |
+//! | [`list_dead_letters`] / [`show_dead_letter`] | a group's dead letters, a page or one whole |
+//! | [`replay_dead_letters`] / [`purge_dead_letters`] | re-publish dead letters, or delete them |
 //!
 //! Changes of the stream metadata are compare-and-sets on its `revision`
 //! ([`crate::store::write_stream_metadata`]); a conflict reloads and redoes the operation, up to
@@ -26,6 +28,7 @@
 
 mod cleanup;
 mod describe;
+mod dlq;
 mod error;
 mod group;
 mod scripts;
@@ -45,6 +48,12 @@ pub use describe::{
     ConsumerGroupInfo, DEAD_LETTER_SCAN_LIMIT, GroupDescription, GroupShardDescription,
     GroupSummary, Lag, MemberDescription, PastMember, StreamDescription, StreamShardDescription,
     StreamSummary, describe_group, describe_stream, list_groups, list_streams,
+};
+pub use dlq::{
+    DEFAULT_DEAD_LETTER_PAGE, DeadLetter, DeadLetterPage, DeadLetterSelection, DeadLetterSummary,
+    EntryField, MAX_DEAD_LETTER_PAGE, PURGE_ID_LIMIT, PurgeReport, ReplayReport, ReplaySkip,
+    Replayed, SkipReason, list_dead_letters, parse_dead_letter_reason, purge_dead_letters,
+    replay_dead_letters, show_dead_letter,
 };
 pub use error::AdminError;
 pub use group::{DeletedGroup, delete_group, delete_group_with, register_group};

@@ -137,6 +137,9 @@ pub struct GroupDescription {
     pub dead_letter_stream: String,
     /// Its length (all shards).
     pub dead_letters: u64,
+    /// Age of the oldest dead letter: Redis `TIME` at the load minus the time part of its id, ms
+    /// (0 when the clock is behind the id); `None` when there is none.
+    pub oldest_dead_letter_age_ms: Option<u64>,
 }
 
 /// The group as the coordinator would see it at `now` (the load time): [`coordinator::advance`]
@@ -253,6 +256,8 @@ pub async fn describe_group(
         .await
         .map_err(StoreError::from)?;
     let per_shard = dead_letters_per_shard(conn, &dead_letter_stream, dead_letters).await?;
+    let oldest_dead_letter_age_ms =
+        oldest_dead_letter_age_ms(conn, &dead_letter_stream, now).await?;
 
     let mut shards = Vec::new();
     for shard in meta
@@ -317,7 +322,24 @@ pub async fn describe_group(
         shards,
         dead_letter_stream,
         dead_letters,
+        oldest_dead_letter_age_ms,
     })
+}
+
+/// `now` (µs) minus the time part of the first dead letter's id, ms; `None` without one.
+async fn oldest_dead_letter_age_ms(
+    conn: &mut RedisConnection,
+    key: &str,
+    now: Micros,
+) -> Result<Option<u64>, AdminError> {
+    let first: Vec<(String, redis::Value)> = conn
+        .xrange_count(key, "-", "+", 1)
+        .await
+        .map_err(StoreError::from)?;
+    Ok(first.first().map(|(id, _)| {
+        let id_ms = crate::admin::dlq::parse_entry_id(id).map_or(0, |(ms, _)| ms);
+        (now / 1000).saturating_sub(id_ms)
+    }))
 }
 
 /// The `shard` field of every dead letter, when the stream is short enough to read whole.

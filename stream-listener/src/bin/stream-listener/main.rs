@@ -5,6 +5,7 @@
 //! corrupt metadata...); 2 usage error (bad arguments, invalid URL); 3 Redis unreachable. Errors
 //! are one line on standard error saying what went wrong and what to do.
 
+mod dlq;
 mod failure;
 mod resets;
 mod table;
@@ -66,6 +67,9 @@ enum Command {
     /// Consumer groups of a stream: describe, list, delete, reset, cleanup.
     #[command(subcommand)]
     Group(GroupCommand),
+    /// Dead letters of a consumer group (`<prefix>:dlq:<group>`): list, show, replay, purge.
+    #[command(subcommand)]
+    Dlq(dlq::DlqCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -229,7 +233,7 @@ impl Timing {
     }
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{e} (write e.g. 30s, 2m, 500ms)"))
 }
 
@@ -272,7 +276,7 @@ fn json<T: Serialize>(value: &T) -> Result<String, Failure> {
 }
 
 /// `value` as JSON (`--json`) or as `text` renders it.
-fn output<T: Serialize>(
+pub(crate) fn output<T: Serialize>(
     as_json: bool,
     value: &T,
     text: impl FnOnce(&T) -> String,
@@ -378,6 +382,7 @@ async fn run(cli: Cli) -> Result<String, Failure> {
             let cleaned = admin::cleanup_consumers(conn, &prefix, &group, dry_run).await?;
             output(as_json, &cleaned, cleanup_text)
         }
+        Command::Dlq(command) => dlq::run(conn, as_json, command).await,
     }
 }
 

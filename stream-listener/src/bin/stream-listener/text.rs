@@ -262,7 +262,15 @@ pub(crate) fn group_text(d: &GroupDescription) -> String {
         ),
         (
             "dead letters",
-            format!("{} in {}", d.dead_letters, d.dead_letter_stream),
+            match d.oldest_dead_letter_age_ms {
+                Some(ms) => format!(
+                    "{} in {}, oldest {} old",
+                    d.dead_letters,
+                    d.dead_letter_stream,
+                    crate::dlq::age(ms)
+                ),
+                None => format!("{} in {}", d.dead_letters, d.dead_letter_stream),
+            },
         ),
     ]);
     if d.leases_stale {
