@@ -14,6 +14,7 @@
 //! | [`describe_stream`] / [`describe_group`] | what operators see: shards, members, lag |
 //! | [`list_streams`] / [`list_groups`] | the streams of `sl:streams`, the groups of a stream |
 //! | [`delete_group`] | removes an inactive group everywhere |
+//! | [`stream_retention`] / [`set_stream_retention`] / [`trim_stream`] | a stream's retention, and a trim to it (§10.6) |
 //!
 //! Changes of the stream metadata are compare-and-sets on its `revision`
 //! ([`crate::store::write_stream_metadata`]); a conflict reloads and redoes the operation, up to
@@ -24,6 +25,7 @@
 mod describe;
 mod error;
 mod group;
+mod retention;
 mod scripts;
 mod stream;
 
@@ -36,6 +38,10 @@ pub use describe::{
 };
 pub use error::AdminError;
 pub use group::{DeletedGroup, delete_group, register_group};
+pub use retention::{
+    DeadLetterTrim, ShardTrim, StreamRetention, TrimReport, set_stream_retention, stream_retention,
+    trim_stream,
+};
 pub use stream::{
     RetireReport, ScaleAction, ScaleOutcome, ShardRetirement, WaitReason, cancel_scale,
     create_stream, retire_drained, scale,
