@@ -542,3 +542,125 @@ async fn a_force_trim_by_the_runtime_reports_each_groups_loss() {
     assert_eq!(len_of(&target, SHARD0).await, 5);
     handle.shutdown_and_wait().await;
 }
+
+fn ignore(_: stream_listener::Delivery) -> stream_listener::core::handler::HandlerFuture {
+    Box::pin(async { Ok(()) })
+}
+
+fn config_with(url: &str, stream_keys: &str) -> Result<stream_listener::Config, String> {
+    let text = format!(
+        "[redis]\nurl = \"{url}\"\nstartup_timeout = \"5s\"\n\n[coordination]\nheartbeat_interval = \"200ms\"\nmember_lease_ttl = \"1500ms\"\nrebalance_timeout = \"3s\"\n\n[streams.orders]\nshards = 2\n{stream_keys}\n[listeners.on_order]\nretention_interval = \"500ms\"\nhandler_timeout = \"2s\"\n"
+    );
+    let config = stream_listener::Config::from_toml_str(&text, "retention.toml")
+        .map_err(|e| e.to_string())?;
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(config)
+}
+
+#[tokio::test]
+async fn startup_writes_the_configured_retention_when_it_differs() {
+    let server = stream_listener::testing::RedisServer::start().unwrap();
+    let url = server.url();
+    let config = config_with(
+        &url,
+        "retention = \"force\"\nretention_max_age = \"7d\"\nretention_max_len = 1000\ndlq_retention_max_len = 50\n",
+    )
+    .unwrap();
+    let start = |config: stream_listener::Config| async move {
+        let listeners = vec![stream_listener::ListenerRegistration::new(
+            "on_order", STREAM, GROUP, ignore,
+        )];
+        stream_listener::run_listeners(config, listeners)
+            .await
+            .unwrap()
+    };
+    let app = start(config).await;
+    let mut conn = support::connect(&RedisTarget::Standalone(url.clone())).await;
+    let shown = admin::stream_retention(&mut conn, STREAM).await.unwrap();
+    let mut expected = max_len(RetentionMode::Force, 1000);
+    expected.max_age_ms = Some(7 * 86_400_000);
+    expected.dlq_max_len = Some(50);
+    assert_eq!(shown.retention, Some(expected));
+    let version = admin::describe_stream(&mut conn, STREAM)
+        .await
+        .unwrap()
+        .metadata_version;
+    app.shutdown_and_wait().await;
+
+    // Changed by hand; the next start puts the configured value back, without a version bump.
+    admin::set_stream_retention(&mut conn, STREAM, None)
+        .await
+        .unwrap();
+    let config = config_with(&url, "retention_max_len = 10\n").unwrap();
+    let app = start(config).await;
+    let shown = admin::stream_retention(&mut conn, STREAM).await.unwrap();
+    assert_eq!(shown.retention, Some(max_len(RetentionMode::Acked, 10)));
+    let after = admin::describe_stream(&mut conn, STREAM).await.unwrap();
+    assert_eq!(after.metadata_version, version);
+    app.shutdown_and_wait().await;
+}
+
+#[test]
+fn bad_retention_config_values_name_the_key() {
+    let url = "redis://127.0.0.1:1";
+    let cases = [
+        (
+            "retention_max_len = 0\n",
+            "streams.orders.retention_max_len",
+            "at least 1",
+        ),
+        (
+            "retention_max_len = 9007199254740993\n",
+            "streams.orders.retention_max_len",
+            "above 2^53",
+        ),
+        (
+            "retention_max_age = \"0s\"\n",
+            "streams.orders.retention_max_age",
+            "above 0",
+        ),
+        (
+            "retention_max_age = \"100ms\"\n",
+            "streams.orders.retention_max_age",
+            "below one heartbeat_interval (200ms)",
+        ),
+        (
+            "dlq_retention_max_age = \"101years\"\n",
+            "streams.orders.dlq_retention_max_age",
+            "above 100 years",
+        ),
+        (
+            "dlq_retention_max_len = 0\n",
+            "streams.orders.dlq_retention_max_len",
+            "at least 1",
+        ),
+        (
+            "retention = \"sometimes\"\n",
+            "streams.orders.retention",
+            "unknown variant",
+        ),
+        (
+            "retention_max_len = -5\n",
+            "streams.orders.retention_max_len",
+            "invalid value",
+        ),
+    ];
+    for (line, key, message) in cases {
+        let error = config_with(url, line).unwrap_err();
+        assert!(
+            error.contains(&format!("`{key}`")) && error.contains(message),
+            "{line}: {error}"
+        );
+    }
+    let error = config_with(url, "").map(|_| ()).and_then(|()| {
+        let text = "[listeners.on_order]\nretention_interval = \"0s\"\n";
+        let config = stream_listener::Config::from_toml_str(text, "retention.toml")
+            .map_err(|e| e.to_string())?;
+        config.validate().map_err(|e| e.to_string())
+    });
+    let error = error.unwrap_err();
+    assert!(
+        error.contains("listeners.on_order.retention_interval") && error.contains("positive"),
+        "{error}"
+    );
+}
