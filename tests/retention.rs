@@ -664,3 +664,40 @@ fn bad_retention_config_values_name_the_key() {
         "{error}"
     );
 }
+
+/// Age and length bounds together, a group's pending entry at the tail: the trim's fast path
+/// (few entries at or after the group's point) removes what the dry run's full computation
+/// predicts.
+#[tokio::test]
+async fn age_and_length_bounds_together_remove_the_larger_prefix() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    register(&mut conn, GROUP).await;
+    add(
+        &mut conn,
+        SHARD0,
+        &["1-1", "2-1", "3-1", "4-1", "*", "*", "*", "*"],
+    )
+    .await;
+    let all = read(&mut conn, SHARD0, GROUP, "c1", 10).await;
+    let acked: Vec<&str> = all[..7].iter().map(String::as_str).collect();
+    ack(&mut conn, SHARD0, GROUP, &acked).await;
+    let mut retention = max_len(RetentionMode::Acked, 3);
+    retention.max_age_ms = Some(3_600_000);
+    set(&mut conn, retention).await;
+    let report = trim_twice(&mut conn, SHARD0).await;
+    let shard = &report.shards[0].trim;
+    assert_eq!((shard.deleted, shard.reason), (5, TrimReason::MaxLen));
+    assert_eq!(shard.trim_point.as_deref(), Some(all[5].as_str()));
+    assert_eq!(shard.holder_id.as_deref(), Some(all[7].as_str()));
+    assert_eq!(ids_of(&mut conn, SHARD0).await, all[5..]);
+
+    // A longer length bound: the age bound alone decides.
+    add(&mut conn, SHARD0, &["*"]).await;
+    let mut retention = max_len(RetentionMode::Acked, 3);
+    retention.max_age_ms = Some(3_600_000);
+    retention.max_len = Some(100);
+    set(&mut conn, retention).await;
+    let report = trim_twice(&mut conn, SHARD0).await;
+    assert_eq!(report.shards[0].trim.reason, TrimReason::WithinBounds);
+    assert_eq!(ids_of(&mut conn, SHARD0).await.len(), 4);
+}
