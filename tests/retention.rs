@@ -701,3 +701,41 @@ async fn age_and_length_bounds_together_remove_the_larger_prefix() {
     assert_eq!(report.shards[0].trim.reason, TrimReason::WithinBounds);
     assert_eq!(ids_of(&mut conn, SHARD0).await.len(), 4);
 }
+
+/// The fast path's count of the entries at or after the holding group's point (its lag and its
+/// in-flight entries) against the full computation of the dry run: 300 entries, keep 200.
+#[tokio::test]
+async fn the_length_bound_counts_the_entries_a_group_still_needs_exactly() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    register(&mut conn, GROUP).await;
+    add_n(&mut conn, SHARD0, 300).await;
+    set(&mut conn, max_len(RetentionMode::Acked, 200)).await;
+    // Read 50: 250 entries at or after the first undelivered one, more than the 200 kept.
+    let first = read(&mut conn, SHARD0, GROUP, "c1", 50).await;
+    ack(
+        &mut conn,
+        SHARD0,
+        GROUP,
+        &first.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+    let report = trim_twice(&mut conn, SHARD0).await;
+    let shard = &report.shards[0].trim;
+    assert_eq!((shard.deleted, shard.reason), (50, TrimReason::Group));
+    assert_eq!(shard.trim_point.as_deref(), Some("51-1"));
+    // Read 100 more, ack all but the last 10: 160 entries at or after the oldest pending one.
+    let next = read(&mut conn, SHARD0, GROUP, "c1", 100).await;
+    ack(
+        &mut conn,
+        SHARD0,
+        GROUP,
+        &next[..90].iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+    let report = trim_twice(&mut conn, SHARD0).await;
+    let shard = &report.shards[0].trim;
+    assert_eq!((shard.deleted, shard.reason), (50, TrimReason::MaxLen));
+    assert_eq!(shard.trim_point.as_deref(), Some("101-1"));
+    assert_eq!(shard.holder_id.as_deref(), Some("141-1"));
+    assert_eq!(ids_of(&mut conn, SHARD0).await, ids(300)[100..]);
+}

@@ -43,6 +43,10 @@ for _, raw in ipairs(redis.call('XINFO', 'GROUPS', key)) do
   local info = {}
   for i = 1, #raw, 2 do info[raw[i]] = raw[i + 1] end
   local g = {name = info['name'], pending = tonumber(info['pending'])}
+  g.ldid = info['last-delivered-id']
+  -- Redis 7.0+: entries after last-delivered-id (nil after an XDEL in that range, or on older
+  -- servers). Never below the truth: a force trim past the group only makes it larger.
+  g.lag = tonumber(info['lag'])
   if g.pending > 0 then g.oldest = redis.call('XPENDING', key, g.name)[2] end
   local nxt = redis.call('XRANGE', key, '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
   if #nxt > 0 then g.undelivered = nxt[1][1] end
@@ -78,11 +82,27 @@ if ARGV[3] ~= '' and len > tonumber(ARGV[3]) then
   local excess = len - max_len
   -- Fast path (acked, not a dry run): when at most max_len entries are at or after G (every
   -- group close to the tail, the usual case), the oldest `excess` entries are all below G, so
-  -- the length bound may trim without fetching them. The probe costs O(100) whatever the
-  -- backlog; the trims cost O(entries that go) inside XTRIM, not as Lua tables.
+  -- the length bound may trim without fetching them. Counted from the holding group's lag and
+  -- in-flight entries, else probed (O(100) whatever the backlog); the trims cost O(entries that
+  -- go) inside XTRIM, not as Lua tables.
   if mode == 'acked' and not dry then
     local probe = math.min(max_len, 100)
-    if not G or #redis.call('XRANGE', key, G, '+', 'COUNT', probe + 1) <= probe then
+    local few = not G
+    if not few then
+      local holding = nil
+      for _, g in ipairs(groups) do if g.name == holder then holding = g end end
+      -- Entries at or after G: the holder's lag (after its last delivered id) plus its
+      -- delivered entries from G on (its in-flight ones, counted up to the probe).
+      if holding and holding.lag and holding.lag <= max_len then
+        local delivered = 0
+        if cmp(G, holding.ldid) <= 0 then
+          delivered = #redis.call('XRANGE', key, G, holding.ldid, 'COUNT', probe + 1)
+        end
+        few = delivered <= probe and holding.lag + delivered <= max_len
+      end
+    end
+    if not few then few = #redis.call('XRANGE', key, G, '+', 'COUNT', probe + 1) <= probe end
+    if few then
       local deleted, reason, point = 0, 'withinBounds', ''
       if act then
         deleted = redis.call('XTRIM', key, 'MINID', act[2])
