@@ -47,6 +47,9 @@
 //!   `describe_group` says `STABLE` with every member converged. At the end: every published
 //!   entry was handled (at least once).
 //!
+//! - `retention` (only when named): the retention soak of docs/design.md §10.9, see
+//!   `retention.rs` (its knobs are `E2E_RETENTION_*`).
+//!
 //! Environment: `E2E_MESSAGES` (default 1000000), `E2E_ROUNDS` (default 3), `E2E_BATCH` (default
 //! 32: the listener's `batch_size` and the raw loops' `COUNT`), `E2E_CLUSTER=0` skips the cluster
 //! runs, `E2E_PEAK` (msg/s) skips the latency part's peak measurement, `E2E_CASES` (comma-separated
@@ -57,12 +60,14 @@ mod common;
 mod latency;
 mod memory;
 mod rebalance;
+mod retention;
 mod throughput;
 
 use common::*;
 use latency::latency;
 use memory::{memory, memory_child};
 use rebalance::rebalance;
+use retention::retention;
 use stream_listener_core::internals::connection::RedisTarget;
 use stream_listener_core::testing::{RedisCluster, RedisServer};
 use throughput::{Case, throughput};
@@ -127,7 +132,10 @@ fn main() {
                         rebalance(RedisTarget::Cluster(c.urls()), "cluster").await;
                     }
                 }
-                other => eprintln!("unknown part {other}: throughput, latency, memory, rebalance"),
+                "retention" => retention().await,
+                other => eprintln!(
+                    "unknown part {other}: throughput, latency, memory, rebalance, retention"
+                ),
             }
         }
     });

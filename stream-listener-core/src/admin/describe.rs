@@ -125,6 +125,8 @@ pub struct StreamDescription {
     pub readable_shard_set: Vec<ShardIndex>,
     /// Every shard the metadata lists, ascending.
     pub shards: Vec<StreamShardDescription>,
+    /// The stream's retention (docs/design.md §10.9); `None`: nothing is trimmed.
+    pub retention: Option<crate::store::Retention>,
 }
 
 /// Describes stream `prefix`: its metadata and, per shard, state, length and consumer groups
@@ -163,6 +165,7 @@ pub async fn describe_stream(
         groups: meta.groups.clone(),
         readable_shard_set: meta.readable_shard_set().into_iter().collect(),
         shards,
+        retention: crate::store::load_retention(conn, &keys).await?,
     })
 }
 

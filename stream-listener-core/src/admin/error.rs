@@ -3,7 +3,7 @@
 use crate::connection::RedisFailure;
 use crate::keys::NameError;
 use crate::model::ShardIndex;
-use crate::store::StoreError;
+use crate::store::{RetentionError, StoreError};
 
 /// Why an admin operation failed. A failed operation changes nothing, or leaves a step that the
 /// next call of the same operation finishes (every operation is idempotent).
@@ -237,6 +237,17 @@ pub enum AdminError {
         /// Redis's error (boxed: it is large).
         #[source]
         source: Box<redis::RedisError>,
+    },
+    /// A retention bound of 0 or an absurd one (docs/design.md §10.9). Nothing was written.
+    #[error(transparent)]
+    InvalidRetention(#[from] RetentionError),
+    /// `stream trim` of a stream without retention. Nothing was trimmed.
+    #[error(
+        "stream {prefix:?} has no retention, so nothing is trimmed; set one with `stream-listener stream retention {prefix} --retention-max-len N` (or --retention-max-age)"
+    )]
+    NoRetention {
+        /// The stream prefix.
+        prefix: String,
     },
 }
 

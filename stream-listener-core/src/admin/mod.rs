@@ -19,6 +19,7 @@
 //! | [`cleanup_consumers`] | deletes the Redis consumers of members that left (no pending entries) |
 //! | [`list_dead_letters`] / [`show_dead_letter`] | a group's dead letters, a page or one whole |
 //! | [`replay_dead_letters`] / [`purge_dead_letters`] | re-publish dead letters, or delete them |
+//! | [`stream_retention`] / [`set_stream_retention`] / [`trim_stream`] | a stream's retention, and a trim to it (§10.9) |
 //!
 //! Changes of the stream metadata are compare-and-sets on its `revision`
 //! ([`crate::store::write_stream_metadata`]); a conflict reloads and redoes the operation, up to
@@ -31,6 +32,7 @@ mod describe;
 mod dlq;
 mod error;
 mod group;
+mod retention;
 mod scripts;
 mod stream;
 // Issue 16: group offsets, stream delete.
@@ -58,6 +60,10 @@ pub use dlq::{
 pub use error::AdminError;
 pub use group::{DeletedGroup, delete_group, delete_group_with, register_group};
 pub use reset::{GroupReset, ResetOptions, ResetTarget, ShardReset, reset_group};
+pub use retention::{
+    DeadLetterTrim, ShardTrim, StreamRetention, TrimReport, set_stream_retention, stream_retention,
+    trim_stream,
+};
 pub use stream::{
     RetireReport, ScaleAction, ScaleOutcome, ShardRetirement, WaitReason, cancel_scale,
     create_stream, retire_drained, scale,

@@ -41,7 +41,8 @@ impl Config {
                 handler_timeout,
                 shutdown_timeout,
                 start_from,
-                fencing
+                fencing,
+                retention_interval
             );
         }
         if options.handler_timeout >= options.coordination.rebalance_timeout {

@@ -127,6 +127,43 @@ pub struct StreamConfig {
     /// `max_payload_bytes`: the publisher's payload limit (default 1 MiB), see
     /// [`Config::publisher_options`](crate::config::Config::publisher_options).
     pub max_payload_bytes: Option<usize>,
+    /// `retention`: `"acked"` (default: never trim what a consumer group has not acked or
+    /// received) or `"force"` (the bounds alone) (docs/design.md §10.9). Any retention key makes
+    /// startup write the stream's retention to Redis when it differs.
+    pub retention: Option<crate::store::RetentionMode>,
+    /// `retention_max_age`: shard entries older than this go (e.g. `"7d"`; at least one
+    /// `heartbeat_interval`, at most 100 years).
+    #[serde(with = "humantime_serde")]
+    pub retention_max_age: Option<Duration>,
+    /// `retention_max_len`: entries kept per shard (1 to 2^53).
+    pub retention_max_len: Option<u64>,
+    /// `dlq_retention_max_age`: dead letters older than this go.
+    #[serde(with = "humantime_serde")]
+    pub dlq_retention_max_age: Option<Duration>,
+    /// `dlq_retention_max_len`: dead letters kept per consumer group (1 to 2^53).
+    pub dlq_retention_max_len: Option<u64>,
+}
+
+impl StreamConfig {
+    /// The retention the section declares, `None` when it has no retention key. Unchecked: see
+    /// [`Config::validate`](crate::config::Config::validate).
+    pub fn retention(&self) -> Option<crate::store::Retention> {
+        let declared = self.retention.is_some()
+            || self.retention_max_age.is_some()
+            || self.retention_max_len.is_some()
+            || self.dlq_retention_max_age.is_some()
+            || self.dlq_retention_max_len.is_some();
+        if !declared {
+            return None;
+        }
+        let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let mut retention = crate::store::Retention::new(self.retention.unwrap_or_default());
+        retention.max_age_ms = ms(self.retention_max_age);
+        retention.max_len = self.retention_max_len;
+        retention.dlq_max_age_ms = ms(self.dlq_retention_max_age);
+        retention.dlq_max_len = self.dlq_retention_max_len;
+        Some(retention)
+    }
 }
 
 /// `[listeners.<name>]`: overrides of one listener's settings; every key is optional and wins
@@ -165,4 +202,8 @@ pub struct ListenerConfig {
     pub start_from: Option<StartFrom>,
     /// `fencing`: `"strict"` (default) or `"acks"` (docs/design.md §8).
     pub fencing: Option<FencingMode>,
+    /// `retention_interval`: how often each shard task trims its shard to the stream's
+    /// retention (> 0, default 1 min; docs/design.md §10.9).
+    #[serde(with = "humantime_serde")]
+    pub retention_interval: Option<Duration>,
 }

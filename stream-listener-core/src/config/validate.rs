@@ -2,7 +2,7 @@
 //! §11).
 
 use super::error::ConfigError;
-use super::sections::ListenerConfig;
+use super::sections::{ListenerConfig, StreamConfig};
 use super::{Config, MAX_SHARDS};
 use crate::coordinator::CoordinatorConfig;
 
@@ -40,6 +40,7 @@ impl Config {
                     "must be at least 1 (default 1048576, 1 MiB)",
                 ));
             }
+            self.validate_retention(prefix, stream)?;
         }
         for (name, listener) in &self.listeners {
             self.validate_listener(name, listener)?;
@@ -139,7 +140,11 @@ impl Config {
                 return Err(self.invalid(&["listeners", name, key], "must be at least 1"));
             }
         }
-        for (key, value) in [("block", l.block), ("handler_timeout", l.handler_timeout)] {
+        for (key, value) in [
+            ("block", l.block),
+            ("handler_timeout", l.handler_timeout),
+            ("retention_interval", l.retention_interval),
+        ] {
             if value.is_some_and(|v| v.is_zero()) {
                 return Err(self.invalid(&["listeners", name, key], "must be positive"));
             }
@@ -213,4 +218,39 @@ pub(super) fn check_instance_id(id: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+impl Config {
+    /// The retention keys of `[streams.<prefix>]` (docs/design.md §10.9): ages of one
+    /// `heartbeat_interval` to 100 years, lengths of 1 to 2^53.
+    fn validate_retention(&self, prefix: &str, stream: &StreamConfig) -> Result<(), ConfigError> {
+        let heartbeat = self.coordination.heartbeat_interval;
+        for (key, age) in [
+            ("retention_max_age", stream.retention_max_age),
+            ("dlq_retention_max_age", stream.dlq_retention_max_age),
+        ] {
+            let Some(age) = age else { continue };
+            let ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
+            crate::store::check_age(key, Some(ms))
+                .map_err(|e| self.invalid(&["streams", prefix, key], e.to_string()))?;
+            if age < heartbeat {
+                return Err(self.invalid(
+                    &["streams", prefix, key],
+                    format!(
+                        "{} is below one heartbeat_interval ({}); entries would go before a member could read them: give at least that",
+                        humantime::format_duration(age),
+                        humantime::format_duration(heartbeat)
+                    ),
+                ));
+            }
+        }
+        for (key, len) in [
+            ("retention_max_len", stream.retention_max_len),
+            ("dlq_retention_max_len", stream.dlq_retention_max_len),
+        ] {
+            crate::store::check_len(key, len)
+                .map_err(|e| self.invalid(&["streams", prefix, key], e.to_string()))?;
+        }
+        Ok(())
+    }
 }

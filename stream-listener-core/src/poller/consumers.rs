@@ -7,8 +7,8 @@ use super::ShardTask;
 impl ShardTask {
     /// Deletes the Redis consumers of this shard that belong to no live or static member of the
     /// group and have no pending entry ([`crate::dataplane::ShardClient::clean_consumers`]).
-    /// Best effort: a failure is logged at warn and the next takeover (or a periodic
-    /// maintenance pass calling this) tries again; it never stops the shard from being read.
+    /// Best effort: a failure is logged at warn and the next takeover or periodic
+    /// maintenance pass (`maintenance.rs`, every `retention_interval`) tries again; it never stops the shard from being read.
     /// Returns how many consumers were deleted (0 on failure).
     pub(super) async fn clean_consumers(&mut self) -> usize {
         match self.client.clean_consumers(self.shard).await {
@@ -32,7 +32,7 @@ impl ShardTask {
                     group = %self.ctx.group,
                     member = %self.ctx.member_id,
                     shard = self.shard,
-                    "the group's metadata is missing: no consumer deleted (retried at the next takeover)"
+                    "the group's metadata is missing: no consumer deleted (retried at the next takeover or maintenance pass)"
                 );
                 0
             }
@@ -43,7 +43,7 @@ impl ShardTask {
                     member = %self.ctx.member_id,
                     shard = self.shard,
                     error = %crate::report::Chain(&error),
-                    "deleting idle Redis consumers failed; retried at the next takeover"
+                    "deleting idle Redis consumers failed; retried at the next takeover or maintenance pass"
                 );
                 0
             }

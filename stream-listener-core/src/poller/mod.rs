@@ -19,6 +19,7 @@ mod attempt;
 mod consumers;
 mod entries;
 mod handler_run;
+mod maintenance;
 mod reads;
 mod rounds;
 mod takeover;
@@ -142,6 +143,8 @@ pub(crate) struct ShardTask {
     /// This shard's turn in the member's next read round: dropped whenever the task waits
     /// ([`TurnSlot::release_while_waiting`]).
     turn: Arc<TurnSlot>,
+    /// When the next retention trim ([`maintenance`]) is due.
+    maintenance: maintenance::Schedule,
 }
 
 impl ShardTask {
@@ -161,6 +164,7 @@ impl ShardTask {
         )?
         .with_max_entry_bytes(ctx.options.max_entry_bytes);
         let shard_key = ctx.stream.shard(shard).into();
+        let maintenance = maintenance::Schedule::new(ctx.options.retention_interval);
         Ok(ShardTask {
             ctx,
             shard,
@@ -176,6 +180,7 @@ impl ShardTask {
             last_sweep: Instant::now(),
             clean_after_claim: false,
             turn: Arc::default(),
+            maintenance,
         })
     }
 
@@ -272,6 +277,10 @@ impl ShardTask {
             let piggyback = self.phase == Phase::New && self.behind;
             if !piggyback && !self.flush_acks().await {
                 continue;
+            }
+            // Between reads of new entries: a due trim costs one script call per interval.
+            if self.phase == Phase::New {
+                self.maintain().await;
             }
             let step = match self.phase.clone() {
                 Phase::Claim => self.claim(&token).await,

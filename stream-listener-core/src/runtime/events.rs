@@ -56,4 +56,16 @@ pub enum ListenerEvent {
         /// Shard.
         shard: ShardIndex,
     },
+    /// A `"force"` retention trim of a shard this member owns removed entries that `group` had
+    /// not acked or not received (docs/design.md §10.9); also logged as a warning.
+    EntriesLost {
+        /// Member id (of the trimming member; `group` may be another group).
+        member: String,
+        /// Shard.
+        shard: ShardIndex,
+        /// The consumer group that lost them.
+        group: String,
+        /// Entries lost.
+        entries: u64,
+    },
 }

@@ -60,6 +60,9 @@ pub struct ListenerOptions {
     /// are read with a plain `XREADGROUP` and the limit applies after the read: the entry is
     /// still dead-lettered by id and never handled, but its body passes through the process once.
     pub max_entry_bytes: Option<usize>,
+    /// How often each shard task trims its shard to the stream's retention, and reads that
+    /// retention (docs/design.md §10.9). Default 1 min; `[listeners.<name>] retention_interval`.
+    pub retention_interval: Duration,
 }
 
 impl Default for ListenerOptions {
@@ -83,6 +86,7 @@ impl Default for ListenerOptions {
             events: None,
             auto_create_shards: None,
             max_entry_bytes: Some(16 * 1024 * 1024),
+            retention_interval: Duration::from_secs(60),
         }
     }
 }

@@ -8,11 +8,17 @@
 mod error;
 mod group;
 pub mod provision;
+mod retention;
 mod scripts;
 mod stream;
 
 pub use error::StoreError;
 pub use group::{GroupStore, HeartbeatOutcome};
+pub(crate) use retention::{Bounds, check_age, check_len, trim_key};
+pub use retention::{
+    GroupLoss, KeyTrim, MAX_RETENTION_AGE_MS, MAX_RETENTION_LEN, RETENTION_FIELD, Retention,
+    RetentionError, RetentionMode, TrimReason, ensure_retention, load_retention, write_retention,
+};
 pub use stream::{
     SCHEMA_VERSION, StreamCas, load_stream_metadata, read_metadata_version, write_stream_metadata,
 };

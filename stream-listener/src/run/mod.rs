@@ -9,11 +9,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use stream_listener_core::config::{Config, redact_url};
-use stream_listener_core::internals::connection::RedisTarget;
+use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::internals::keys::StreamKeys;
 use stream_listener_core::internals::startup::{self, Connected};
 use stream_listener_core::internals::store::provision::{ProvisionError, create_stream};
-use stream_listener_core::internals::store::{StoreError, load_stream_metadata};
+use stream_listener_core::internals::store::{
+    Retention, StoreError, ensure_retention, load_stream_metadata,
+};
 use stream_listener_core::member::{Listener, ListenerError, ListenerHandle, ListenerOptions};
 
 use crate::registry::{ListenerRegistration, registered_listeners};
@@ -256,6 +258,37 @@ async fn provision(
                 });
             }
         }
+    }
+    // After creation, so a stream created just now gets its retention too.
+    for (prefix, stream) in &config.streams {
+        if let Some(retention) = stream.retention() {
+            provision_retention(&mut conn, prefix, &retention, target).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes a stream's configured retention to Redis when it differs, logging the change
+/// (docs/design.md §10.9). A stream that does not exist is left to the stream check.
+async fn provision_retention(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    retention: &Retention,
+    target: &RedisTarget,
+) -> Result<(), RunError> {
+    let redis = |e: StoreError| RunError::Redis {
+        target: describe_target(target),
+        source: Box::new(e),
+    };
+    let keys = StreamKeys::new(prefix).map_err(|e| RunError::Stream {
+        stream: prefix.to_owned(),
+        source: ProvisionError::InvalidName(e),
+    })?;
+    if let Some(previous) = ensure_retention(conn, &keys, retention)
+        .await
+        .map_err(redis)?
+    {
+        tracing::info!(stream = %prefix, ?previous, current = ?retention, "stream retention set from the configuration");
     }
     Ok(())
 }

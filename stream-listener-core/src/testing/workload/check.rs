@@ -340,7 +340,10 @@ fn check_reads(logs: &[ProcessLog], stops: &[Stop], report: &mut Report) {
                 LogLine::FenceRejected(f) => {
                     *report.fence_rejections.entry(f.op.clone()).or_default() += 1;
                 }
-                LogLine::Handled(_) | LogLine::Handling(_) | LogLine::Ready(_) => {}
+                LogLine::Handled(_)
+                | LogLine::Handling(_)
+                | LogLine::Ready(_)
+                | LogLine::EntriesLost(_) => {}
             }
         }
     }

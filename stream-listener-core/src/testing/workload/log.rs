@@ -24,6 +24,24 @@ pub enum LogLine {
     Read(Read),
     /// A read, ack or claim refused by the fence.
     FenceRejected(FenceRejected),
+    /// Entries a group lost to a `"force"` retention trim.
+    EntriesLost(EntriesLost),
+}
+
+/// `{"event":"entriesLost",...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EntriesLost {
+    /// The trimming member.
+    pub member: String,
+    /// The shard.
+    pub shard: u32,
+    /// The consumer group that lost them.
+    pub group: String,
+    /// Entries lost.
+    pub entries: u64,
+    /// When the trim was seen, µs since the Unix epoch.
+    pub ts_us: u64,
 }
 
 /// `{"event":"ready",...}`.
@@ -174,6 +192,18 @@ impl LogLine {
                     ts_us,
                 })
             }
+            ListenerEvent::EntriesLost {
+                member,
+                shard,
+                group,
+                entries,
+            } => LogLine::EntriesLost(EntriesLost {
+                member,
+                shard,
+                group,
+                entries,
+                ts_us,
+            }),
         }
     }
 
@@ -196,6 +226,7 @@ impl LogLine {
             LogLine::Assigned(o) | LogLine::Revoked(o) => &o.member,
             LogLine::Read(r) => &r.member,
             LogLine::FenceRejected(f) => &f.member,
+            LogLine::EntriesLost(l) => &l.member,
         }
     }
 
@@ -208,6 +239,7 @@ impl LogLine {
             LogLine::Assigned(o) | LogLine::Revoked(o) => o.ts_us,
             LogLine::Read(r) => r.ts_us,
             LogLine::FenceRejected(f) => f.ts_us,
+            LogLine::EntriesLost(l) => l.ts_us,
         }
     }
 }

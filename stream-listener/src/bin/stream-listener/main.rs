@@ -8,6 +8,7 @@
 mod dlq;
 mod failure;
 mod resets;
+mod retention;
 mod table;
 mod text;
 
@@ -83,6 +84,9 @@ enum StreamCommand {
         /// Number of shards, 1 to 1024.
         #[arg(long, value_name = "N")]
         shards: u32,
+        /// Retention to set on the stream (see `stream retention`).
+        #[command(flatten)]
+        retention: retention::RetentionArgs,
     },
     /// Change the shard count (one migration at a time).
     ///
@@ -132,6 +136,28 @@ enum StreamCommand {
         /// Delete even though groups have pending or unread entries (they are lost).
         #[arg(long)]
         force: bool,
+    },
+    /// Print, set or clear a stream's retention. Without flags it prints it; flags change the
+    /// given settings and keep the others; `--clear` removes it (nothing is trimmed any more).
+    /// Members apply a change within their `retention_interval`; no rebalance.
+    Retention {
+        /// Stream prefix.
+        prefix: String,
+        #[command(flatten)]
+        retention: retention::RetentionArgs,
+        /// Remove the retention.
+        #[arg(long, conflicts_with_all = ["mode", "retention_max_age", "retention_max_len", "dlq_retention_max_age", "dlq_retention_max_len"])]
+        clear: bool,
+    },
+    /// Trim a stream to its retention now, per readable shard and per group's dead-letter
+    /// stream, and print what went and why (which bound, or which group holds the trim point
+    /// back). For streams no member runs on; running members trim the shards they own.
+    Trim {
+        /// Stream prefix.
+        prefix: String,
+        /// Count what would go, change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -293,9 +319,30 @@ async fn run(cli: Cli) -> Result<String, Failure> {
     let conn = &mut conn;
     let as_json = cli.json;
     match cli.command {
-        Command::Stream(StreamCommand::Create { prefix, shards }) => {
+        Command::Stream(StreamCommand::Create {
+            prefix,
+            shards,
+            retention,
+        }) => {
+            // Flags are checked before anything is created.
+            let wanted = retention.any().then(|| retention.apply(None)).transpose()?;
             let created = admin::create_stream(conn, &prefix, shards).await?;
+            if let Some(wanted) = wanted {
+                admin::set_stream_retention(conn, &prefix, Some(wanted)).await?;
+            }
             output(as_json, &created, |c| created_text(&prefix, shards, c))
+        }
+        Command::Stream(StreamCommand::Retention {
+            prefix,
+            retention,
+            clear,
+        }) => {
+            let shown = retention::retention_command(conn, &prefix, &retention, clear).await?;
+            output(as_json, &shown, retention::retention_text)
+        }
+        Command::Stream(StreamCommand::Trim { prefix, dry_run }) => {
+            let report = admin::trim_stream(conn, &prefix, dry_run).await?;
+            output(as_json, &report, retention::trim_text)
         }
         Command::Stream(StreamCommand::Scale {
             prefix,

@@ -145,6 +145,13 @@ pub(crate) fn stream_text(d: &StreamDescription) -> String {
         ("migration", migration),
         ("groups", groups),
     ]);
+    if let Some(retention) = &d.retention {
+        out.push_str(&format!(
+            "{:<16} {}\n",
+            "retention:",
+            crate::retention::retention_summary(retention)
+        ));
+    }
     out.push('\n');
     let mut table = Table::new(&[
         "SHARD",
