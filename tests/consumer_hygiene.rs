@@ -581,3 +581,48 @@ async fn takeovers_delete_the_consumers_of_departed_members_on_a_cluster() {
     );
     listener.shutdown_and_wait().await;
 }
+
+/// A member that was live at a shard's takeover and left afterwards keeps its Redis consumer on
+/// that shard until the next takeover, unless the owner's periodic maintenance pass (every
+/// `retention_interval`, docs/design.md §8.15) removes it: one planted after the takeover (0
+/// pending) goes within a few passes; the owner's own consumer stays. (A consumer with pending
+/// entries is never deleted: the script tests above; one cannot be planted here, the running
+/// owner would read the entry first.)
+#[tokio::test]
+async fn the_maintenance_pass_deletes_consumers_of_members_that_left_after_the_takeover() {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(1).await.parts();
+    support::preload(&server.client(), &[0], 3, 0);
+    let mut options = support::options(1);
+    options.retention_interval = Duration::from_millis(200);
+    let handle = support::start_recording(&target, &recorder, options, Duration::ZERO).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while recorder.handled().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the listener handled {:?}",
+            recorder.handled()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The takeover is over (its cleanup ran before the first read), and the group is STABLE
+    // with its one member owning its target: no further fence raise, so no further takeover
+    // cleanup. This consumer appears after it.
+    support::settle(&mut conn, 1, Duration::from_secs(20)).await;
+    let owner: Vec<String> = consumers(&mut conn, 0).await.into_keys().collect();
+    assert_eq!(owner.len(), 1, "{owner:?}");
+    consumer_with(&mut conn, 0, "left-idle", 0, 0).await;
+    assert!(consumers(&mut conn, 0).await.contains_key("left-idle"));
+
+    // 25 passes at 200 ms.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = consumers(&mut conn, 0).await;
+        if !now.contains_key("left-idle") {
+            assert_eq!(now.into_keys().collect::<Vec<_>>(), owner);
+            break;
+        }
+        assert!(Instant::now() < deadline, "still there after 5 s: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    handle.shutdown_and_wait().await;
+}
