@@ -876,4 +876,7 @@ async fn resets_work_on_a_shard_ending_at_the_largest_entry_id() {
             .unwrap(),
     );
     assert_eq!(got, (MAX.to_owned(), 0, 0, 3));
+    // The same range after the largest id in the check of `stream delete` without --force.
+    let deleted = admin::delete_stream(conn, "orders", false).await.unwrap();
+    assert_eq!(deleted.shards_deleted, [0]);
 }

@@ -37,8 +37,12 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   if tonumber(info['pending']) > 0 then
     return {'pending', info['name'], tostring(info['pending'])}
   end
-  local after = redis.call('XRANGE', KEYS[1], '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
-  if #after > 0 then return {'unread', info['name'], after[1][1]} end
+  -- Nothing follows the largest possible id, and Redis refuses '(' after it.
+  local last = info['last-delivered-id']
+  if last ~= '18446744073709551615-18446744073709551615' then
+    local after = redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', 1)
+    if #after > 0 then return {'unread', info['name'], after[1][1]} end
+  end
 end
 if ARGV[1] == 'delete' then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
