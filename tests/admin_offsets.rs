@@ -880,3 +880,32 @@ async fn resets_work_on_a_shard_ending_at_the_largest_entry_id() {
     let deleted = admin::delete_stream(conn, "orders", false).await.unwrap();
     assert_eq!(deleted.shards_deleted, [0]);
 }
+
+/// A key `<prefix>:dlq:<group>` of another type (written by hand) made `group delete` fail with
+/// WRONGTYPE after it had unregistered the group and destroyed its consumer groups, and every
+/// later run failed the same way. The key is the group's by name: deleted (0 dead letters),
+/// kept with `--keep-dead-letters`.
+#[tokio::test]
+async fn group_delete_removes_a_dead_letter_key_of_another_type() {
+    let mut redis = Redis::start(false).await;
+    let conn = &mut redis.conn;
+    setup(conn, 2).await;
+    admin::register_group(conn, "orders", "audit", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let _: () = conn.set("orders:dlq:audit", "kept").await.unwrap();
+    let deleted = admin::delete_group_with(conn, "orders", "audit", true)
+        .await
+        .unwrap();
+    assert_eq!((deleted.dead_letters, deleted.dead_letters_kept), (0, true));
+    let kept: String = conn.get("orders:dlq:audit").await.unwrap();
+    assert_eq!(kept, "kept");
+
+    let _: () = conn.set("orders:dlq:billing", "garbage").await.unwrap();
+    let deleted = admin::delete_group(conn, "orders", "billing")
+        .await
+        .unwrap();
+    assert_eq!((deleted.dead_letters, deleted.unregistered), (0, true));
+    assert_eq!(deleted.destroyed_on, [0, 1]);
+    assert_eq!(billing_traces(&mut redis, 2).await, Vec::<String>::new());
+}
