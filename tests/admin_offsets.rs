@@ -908,4 +908,20 @@ async fn group_delete_removes_a_dead_letter_key_of_another_type() {
     assert_eq!((deleted.dead_letters, deleted.unregistered), (0, true));
     assert_eq!(deleted.destroyed_on, [0, 1]);
     assert_eq!(billing_traces(&mut redis, 2).await, Vec::<String>::new());
+
+    // An empty dead-letter stream (its entries deleted) is a key of the group too.
+    let conn = &mut redis.conn;
+    admin::register_group(conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let id: String = conn
+        .xadd("orders:dlq:billing", "*", &[("shard", "0")])
+        .await
+        .unwrap();
+    let _: u64 = conn.xdel("orders:dlq:billing", &[id]).await.unwrap();
+    let deleted = admin::delete_group(conn, "orders", "billing")
+        .await
+        .unwrap();
+    assert_eq!(deleted.dead_letters, 0);
+    assert_eq!(billing_traces(&mut redis, 2).await, Vec::<String>::new());
 }
