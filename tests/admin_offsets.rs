@@ -925,3 +925,32 @@ async fn group_delete_removes_a_dead_letter_key_of_another_type() {
     assert_eq!(deleted.dead_letters, 0);
     assert_eq!(billing_traces(&mut redis, 2).await, Vec::<String>::new());
 }
+
+/// A time target after the year 9999 (possible through the library's `ResetTarget::Time`, not
+/// the CLI's parser) panicked: the refusal formatted it with humantime, whose `Display` fails
+/// past 9999-12-31, and `to_string` panics on a failing `Display`. It is refused as any time in
+/// the future, nothing changed.
+#[tokio::test]
+async fn a_reset_to_a_time_after_the_year_9999_is_refused_without_a_panic() {
+    let mut redis = Redis::start(false).await;
+    let conn = &mut redis.conn;
+    setup(conn, 1).await;
+    let before = snapshot(conn, 1).await;
+    for ms in [253_402_300_800_000, u64::MAX] {
+        let target = ResetTarget::Time { ms };
+        let err = reset(conn, target, None, false).await.unwrap_err();
+        assert!(
+            matches!(err, AdminError::ResetTimeInFuture { ref time, .. } if time == &format!("{ms} ms since the Unix epoch")),
+            "{err:?}"
+        );
+        assert_eq!(target.to_string(), format!("{ms} ms since the Unix epoch"));
+    }
+    assert_eq!(
+        ResetTarget::Time {
+            ms: 253_402_300_799_999
+        }
+        .to_string(),
+        "9999-12-31T23:59:59.999Z"
+    );
+    assert_eq!(snapshot(conn, 1).await, before);
+}

@@ -49,6 +49,11 @@ impl std::fmt::Display for ResetTarget {
         match self {
             ResetTarget::Earliest => write!(f, "earliest"),
             ResetTarget::Latest => write!(f, "latest"),
+            // RFC 3339 ends with the year 9999 (humantime's `Display` fails after it, and a
+            // failing `Display` makes `to_string` panic): later times as a plain count.
+            ResetTarget::Time { ms } if *ms >= LAST_RFC3339_MS => {
+                write!(f, "{ms} ms since the Unix epoch")
+            }
             ResetTarget::Time { ms } => {
                 let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(*ms);
                 write!(f, "{}", humantime::format_rfc3339_millis(time))
@@ -57,6 +62,9 @@ impl std::fmt::Display for ResetTarget {
         }
     }
 }
+
+/// The first millisecond after 9999-12-31T23:59:59.999Z, the last time RFC 3339 can write.
+const LAST_RFC3339_MS: u64 = 253_402_300_800_000;
 
 /// What [`reset_group`] does.
 #[derive(Debug, Clone, PartialEq, Eq)]
