@@ -82,8 +82,10 @@ return {1, redis.call('XLEN', KEYS[1]), out}
 /// Lua: `live_leases(leases, group, now)`, the members whose lease runs past `now` (µs) as a
 /// flat `{member, expiry µs, ...}` list (at most 20 members): from the leases sorted set, or,
 /// when that key holds another Redis type (written by hand: no member can heartbeat against
-/// it), from the `memberLeaseExpiresAt` of the group hash's `member:<id>` JSON, so a corrupt
-/// leases key neither hides a member that was live nor makes the group impossible to delete.
+/// it), from the `memberLeaseExpiresAt` of the group hash's `member:<id>` JSON (the lease of
+/// the last full transition; fast-path renewals were in the sorted set only), so a corrupt
+/// leases key neither hides a member whose JSON lease runs nor makes the group impossible to
+/// delete.
 /// Lease times are whole µs below 2^53: exact as Lua numbers.
 pub(crate) const LIVE_LEASES_LUA: &str = r"
 local function live_leases(leases, group, now)
