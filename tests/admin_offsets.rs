@@ -754,3 +754,203 @@ async fn group_delete_can_keep_the_dead_letters() {
         "{err:?}"
     );
 }
+
+/// Docs: "a group whose metadata is missing or corrupt can be deleted". A leases sorted set or
+/// a shard's fence holding another Redis type (written by hand) made `group delete` fail with
+/// WRONGTYPE on every run, so the group could never be cleared. The leases key is the group's
+/// and goes; the fence is the shard's (other groups' fields) and is left as it is.
+#[tokio::test]
+async fn group_delete_clears_a_group_whose_leases_or_fence_have_the_wrong_type() {
+    let mut redis = Redis::start(false).await;
+    let conn = &mut redis.conn;
+    setup(conn, 2).await;
+    let _: () = conn
+        .set("sl:{orders:billing}:leases", "garbage")
+        .await
+        .unwrap();
+    let _: () = conn.set("{orders:1}:fence", "garbage").await.unwrap();
+    // A member whose JSON lease still runs is judged live without the sorted set.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let json = format!(r#"{{"memberLeaseExpiresAt":{}}}"#, now_us + 60_000_000);
+    let _: u64 = conn
+        .hset("sl:{orders:billing}:group", "member:m1", &json)
+        .await
+        .unwrap();
+    let before = snapshot(conn, 2).await;
+    let err = admin::delete_group(conn, "orders", "billing")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AdminError::GroupActive { ref members, .. } if members == &["m1"]),
+        "{err:?}"
+    );
+    let options = ResetOptions {
+        target: ResetTarget::Earliest,
+        shards: None,
+        dry_run: false,
+    };
+    let err = admin::reset_group(conn, "orders", "billing", &options)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AdminError::GroupActive { .. }), "{err:?}");
+    assert_eq!(snapshot(conn, 2).await, before);
+    let _: u64 = conn
+        .hdel("sl:{orders:billing}:group", "member:m1")
+        .await
+        .unwrap();
+
+    let deleted = admin::delete_group(conn, "orders", "billing")
+        .await
+        .unwrap();
+    assert_eq!(deleted.destroyed_on, [0, 1]);
+    assert!(deleted.unregistered);
+    let fence: String = redis.conn.get("{orders:1}:fence").await.unwrap();
+    assert_eq!(fence, "garbage");
+    let _: u64 = redis.conn.del("{orders:1}:fence").await.unwrap();
+    assert_eq!(billing_traces(&mut redis, 2).await, Vec::<String>::new());
+}
+
+/// A shard whose last entry has the largest possible id
+/// (`18446744073709551615-18446744073709551615`): the reset script's exclusive ranges
+/// `(<id>` after that id were an error ("invalid start ID"), so every target but `earliest`
+/// failed on it.
+#[tokio::test]
+async fn resets_work_on_a_shard_ending_at_the_largest_entry_id() {
+    const MAX: &str = "18446744073709551615-18446744073709551615";
+    let mut redis = Redis::start(false).await;
+    let conn = &mut redis.conn;
+    admin::create_stream(conn, "orders", 1).await.unwrap();
+    admin::register_group(conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    for id in ["0-1", "5-18446744073709551615", MAX] {
+        let _: String = conn.xadd(shard(0), id, &[("n", id)]).await.unwrap();
+    }
+    assert_eq!(
+        support::read_new(conn, &shard(0), "billing", 100)
+            .await
+            .len(),
+        3
+    );
+    let positions = |r: admin::GroupReset| {
+        let s = &r.shards[0];
+        (
+            s.new_position.clone(),
+            s.to_deliver,
+            s.skipped,
+            s.entries_read,
+        )
+    };
+    let cases = [
+        (ResetTarget::ShiftBy { n: 1 }, (MAX, 0, 0, 3)),
+        (ResetTarget::Latest, (MAX, 0, 0, 3)),
+        (
+            ResetTarget::ShiftBy { n: -1 },
+            ("5-18446744073709551615", 1, 0, 2),
+        ),
+        (
+            ResetTarget::Time { ms: 6 },
+            ("5-18446744073709551615", 1, 0, 2),
+        ),
+    ];
+    for (target, (pos, to_deliver, skipped, read)) in cases {
+        let got = positions(reset(conn, target, None, true).await.unwrap());
+        assert_eq!(got, (pos.to_owned(), to_deliver, skipped, read), "{target}");
+    }
+    // From a position before the end, forward to the last id and past it.
+    reset(conn, ResetTarget::Earliest, None, false)
+        .await
+        .unwrap();
+    let got = positions(
+        reset(conn, ResetTarget::ShiftBy { n: 3 }, None, false)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(got, (MAX.to_owned(), 0, 3, 3));
+    let got = positions(
+        reset(conn, ResetTarget::ShiftBy { n: 5 }, None, true)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(got, (MAX.to_owned(), 0, 0, 3));
+    // The same range after the largest id in the check of `stream delete` without --force.
+    let deleted = admin::delete_stream(conn, "orders", false).await.unwrap();
+    assert_eq!(deleted.shards_deleted, [0]);
+}
+
+/// A key `<prefix>:dlq:<group>` of another type (written by hand) made `group delete` fail with
+/// WRONGTYPE after it had unregistered the group and destroyed its consumer groups, and every
+/// later run failed the same way. The key is the group's by name: deleted (0 dead letters),
+/// kept with `--keep-dead-letters`.
+#[tokio::test]
+async fn group_delete_removes_a_dead_letter_key_of_another_type() {
+    let mut redis = Redis::start(false).await;
+    let conn = &mut redis.conn;
+    setup(conn, 2).await;
+    admin::register_group(conn, "orders", "audit", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let _: () = conn.set("orders:dlq:audit", "kept").await.unwrap();
+    let deleted = admin::delete_group_with(conn, "orders", "audit", true)
+        .await
+        .unwrap();
+    assert_eq!((deleted.dead_letters, deleted.dead_letters_kept), (0, true));
+    let kept: String = conn.get("orders:dlq:audit").await.unwrap();
+    assert_eq!(kept, "kept");
+
+    let _: () = conn.set("orders:dlq:billing", "garbage").await.unwrap();
+    let deleted = admin::delete_group(conn, "orders", "billing")
+        .await
+        .unwrap();
+    assert_eq!((deleted.dead_letters, deleted.unregistered), (0, true));
+    assert_eq!(deleted.destroyed_on, [0, 1]);
+    assert_eq!(billing_traces(&mut redis, 2).await, Vec::<String>::new());
+
+    // An empty dead-letter stream (its entries deleted) is a key of the group too.
+    let conn = &mut redis.conn;
+    admin::register_group(conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let id: String = conn
+        .xadd("orders:dlq:billing", "*", &[("shard", "0")])
+        .await
+        .unwrap();
+    let _: u64 = conn.xdel("orders:dlq:billing", &[id]).await.unwrap();
+    let deleted = admin::delete_group(conn, "orders", "billing")
+        .await
+        .unwrap();
+    assert_eq!(deleted.dead_letters, 0);
+    assert_eq!(billing_traces(&mut redis, 2).await, Vec::<String>::new());
+}
+
+/// A time target after the year 9999 (possible through the library's `ResetTarget::Time`, not
+/// the CLI's parser) panicked: the refusal formatted it with humantime, whose `Display` fails
+/// past 9999-12-31, and `to_string` panics on a failing `Display`. It is refused as any time in
+/// the future, nothing changed.
+#[tokio::test]
+async fn a_reset_to_a_time_after_the_year_9999_is_refused_without_a_panic() {
+    let mut redis = Redis::start(false).await;
+    let conn = &mut redis.conn;
+    setup(conn, 1).await;
+    let before = snapshot(conn, 1).await;
+    for ms in [253_402_300_800_000, u64::MAX] {
+        let target = ResetTarget::Time { ms };
+        let err = reset(conn, target, None, false).await.unwrap_err();
+        assert!(
+            matches!(err, AdminError::ResetTimeInFuture { ref time, .. } if time == &format!("{ms} ms since the Unix epoch")),
+            "{err:?}"
+        );
+        assert_eq!(target.to_string(), format!("{ms} ms since the Unix epoch"));
+    }
+    assert_eq!(
+        ResetTarget::Time {
+            ms: 253_402_300_799_999
+        }
+        .to_string(),
+        "9999-12-31T23:59:59.999Z"
+    );
+    assert_eq!(snapshot(conn, 1).await, before);
+}

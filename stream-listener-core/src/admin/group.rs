@@ -158,12 +158,9 @@ pub async fn delete_group_with(
         }
     }
     let dead_letter_stream = keys.dead_letters(&group_keys);
-    let dead_letters: u64 = conn
-        .xlen(&dead_letter_stream)
-        .await
-        .map_err(StoreError::from)?;
+    let (dead_letter_key, dead_letters) = dead_letter_count(conn, &dead_letter_stream).await?;
     // A dead-letter stream left by an earlier run (or a kept one) is the group's too.
-    let dead_letters_gone = !keep_dead_letters && dead_letters > 0;
+    let dead_letters_gone = !keep_dead_letters && dead_letter_key;
     if !registered && keys_deleted == 0 && destroyed_on.is_empty() && !dead_letters_gone {
         return Err(StoreError::UnknownGroup {
             prefix: prefix.to_owned(),
@@ -187,6 +184,25 @@ pub async fn delete_group_with(
         dead_letters,
         dead_letters_kept: keep_dead_letters,
         metadata_version: meta.metadata_version,
+    })
+}
+
+/// Whether the key `<prefix>:dlq:<group>` exists, and its length when it is a stream (0 when it
+/// holds another type, written by hand: it is the group's key by name all the same, so
+/// `group delete` removes it rather than failing on `XLEN` at every run).
+async fn dead_letter_count(
+    conn: &mut RedisConnection,
+    key: &str,
+) -> Result<(bool, u64), AdminError> {
+    let kind: String = redis::cmd("TYPE")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .map_err(StoreError::from)?;
+    Ok(match kind.as_str() {
+        "none" => (false, 0),
+        "stream" => (true, conn.xlen(key).await.map_err(StoreError::from)?),
+        _ => (true, 0),
     })
 }
 

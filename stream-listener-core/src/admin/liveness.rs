@@ -14,18 +14,20 @@ use crate::keys::{GroupKeys, StreamKeys};
 use crate::model::Micros;
 use crate::store::{GroupStore, StoreError};
 
-/// Members whose lease in the sorted set runs past Redis `TIME`. KEYS[1] leases.
-/// Returns {member, expiry µs, ...} (at most 20 members).
+/// Members whose lease runs past Redis `TIME` ([`scripts::LIVE_LEASES_LUA`]: the sorted set,
+/// or the member JSON when the sorted set holds another type). KEYS[1] leases, KEYS[2] group
+/// hash. Returns {member, expiry µs, ...} (at most 20 members).
 fn live_leases_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
+        Script::new(&format!(
+            "{}{}",
+            scripts::LIVE_LEASES_LUA,
             r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.0f', now), '+inf',
-  'WITHSCORES', 'LIMIT', 0, 20)
-",
-        )
+return live_leases(KEYS[1], KEYS[2], now)
+"
+        ))
     });
     &SCRIPT
 }
@@ -69,6 +71,7 @@ pub(super) async fn refuse_live(
     }
     let reply: Vec<String> = live_leases_script()
         .key(group_keys.leases())
+        .key(group_keys.metadata())
         .invoke_async(conn)
         .await
         .map_err(StoreError::from)?;

@@ -49,6 +49,11 @@ impl std::fmt::Display for ResetTarget {
         match self {
             ResetTarget::Earliest => write!(f, "earliest"),
             ResetTarget::Latest => write!(f, "latest"),
+            // RFC 3339 ends with the year 9999 (humantime's `Display` fails after it, and a
+            // failing `Display` makes `to_string` panic): later times as a plain count.
+            ResetTarget::Time { ms } if *ms >= LAST_RFC3339_MS => {
+                write!(f, "{ms} ms since the Unix epoch")
+            }
             ResetTarget::Time { ms } => {
                 let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(*ms);
                 write!(f, "{}", humantime::format_rfc3339_millis(time))
@@ -57,6 +62,9 @@ impl std::fmt::Display for ResetTarget {
         }
     }
 }
+
+/// The first millisecond after 9999-12-31T23:59:59.999Z, the last time RFC 3339 can write.
+const LAST_RFC3339_MS: u64 = 253_402_300_800_000;
 
 /// What [`reset_group`] does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,18 +293,24 @@ local function id_less(a, b)
   if ma ~= mb then return digits_less(ma, mb) end
   return digits_less(string.sub(a, da + 1), string.sub(b, db + 1))
 end
+-- The exclusive range start after `id` ('(' .. id), or nil after the largest possible id,
+-- where Redis refuses '(' ('invalid start ID'): nothing can follow it.
+local function excl(id)
+  if id == '18446744073709551615-18446744073709551615' then return nil end
+  return '(' .. id
+end
 -- Visits up to n entries from `from` towards `to` (XRANGE or XREVRANGE) in batches; returns
--- how many it visited and the id of the last one.
+-- how many it visited and the id of the last one. A nil `from` visits nothing.
 local function walk(cmd, from, to, n)
   local seen, id = 0, nil
-  while seen < n do
+  while from and seen < n do
     local batch = math.min(1000, n - seen)
     local r = redis.call(cmd, KEYS[1], from, to, 'COUNT', batch)
     if #r == 0 then break end
     seen = seen + #r
     id = r[#r][1]
     if #r < batch then break end
-    from = '(' .. id
+    if cmd == 'XRANGE' then from = excl(id) else from = '(' .. id end
   end
   return seen, id
 end
@@ -316,15 +330,15 @@ elseif mode == 'back' then
   if seen == n + 1 then pos = id else pos = '0-0' end
 else
   local n = tonumber(ARGV[3])
-  local seen, id = walk('XRANGE', '(' .. old, '+', n)
+  local seen, id = walk('XRANGE', excl(old), '+', n)
   if seen == n then pos = id else pos = last end
 end
 local after
 if mode == 'earliest' then after = s['length']
 elseif mode == 'latest' then after = 0
-else after = walk('XRANGE', '(' .. pos, '+', math.huge) end
+else after = walk('XRANGE', excl(pos), '+', math.huge) end
 local skipped = 0
-if id_less(old, pos) then skipped = walk('XRANGE', '(' .. old, pos, math.huge) end
+if id_less(old, pos) then skipped = walk('XRANGE', excl(old), pos, math.huge) end
 local pending = tonumber(redis.call('XPENDING', KEYS[1], ARGV[1])[1])
 local read = tonumber(s['entries-added']) - after
 if read < 0 then read = 0 end

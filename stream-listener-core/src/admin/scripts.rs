@@ -37,8 +37,12 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   if tonumber(info['pending']) > 0 then
     return {'pending', info['name'], tostring(info['pending'])}
   end
-  local after = redis.call('XRANGE', KEYS[1], '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
-  if #after > 0 then return {'unread', info['name'], after[1][1]} end
+  -- Nothing follows the largest possible id, and Redis refuses '(' after it.
+  local last = info['last-delivered-id']
+  if last ~= '18446744073709551615-18446744073709551615' then
+    local after = redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', 1)
+    if #after > 0 then return {'unread', info['name'], after[1][1]} end
+  end
 end
 if ARGV[1] == 'delete' then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
@@ -75,25 +79,57 @@ return {1, redis.call('XLEN', KEYS[1]), out}
     &SCRIPT
 }
 
-/// Deletes a group's coordinator keys if no lease in the sorted set runs past Redis `TIME`.
-/// KEYS[1] group hash, KEYS[2] leases, KEYS[3] history.
+/// Lua: `live_leases(leases, group, now)`, the members whose lease runs past `now` (µs) as a
+/// flat `{member, expiry µs, ...}` list (at most 20 members): from the leases sorted set, or,
+/// when that key holds another Redis type (written by hand: no member can heartbeat against
+/// it), from the `memberLeaseExpiresAt` of the group hash's `member:<id>` JSON (the lease of
+/// the last full transition; fast-path renewals were in the sorted set only), so a corrupt
+/// leases key neither hides a member whose JSON lease runs nor makes the group impossible to
+/// delete.
+/// Lease times are whole µs below 2^53: exact as Lua numbers.
+pub(crate) const LIVE_LEASES_LUA: &str = r"
+local function live_leases(leases, group, now)
+  local kind = redis.call('TYPE', leases).ok
+  if kind == 'zset' or kind == 'none' then
+    return redis.call('ZRANGEBYSCORE', leases, '(' .. string.format('%.0f', now), '+inf',
+      'WITHSCORES', 'LIMIT', 0, 20)
+  end
+  local out = {}
+  if redis.call('TYPE', group).ok ~= 'hash' then return out end
+  local fields = redis.call('HGETALL', group)
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 7) == 'member:' and #out < 40 then
+      local ok, m = pcall(cjson.decode, fields[i + 1])
+      local at = ok and type(m) == 'table' and tonumber(m.memberLeaseExpiresAt)
+      if at and at > now then
+        out[#out + 1] = string.sub(fields[i], 8)
+        out[#out + 1] = string.format('%.0f', at)
+      end
+    end
+  end
+  return out
+end
+";
+
+/// Deletes a group's coordinator keys if no member's lease runs past Redis `TIME`
+/// ([`LIVE_LEASES_LUA`]). KEYS[1] group hash, KEYS[2] leases, KEYS[3] history.
 /// Returns {'deleted', keys deleted} or {'live', member, expiry µs, ...} (at most 20 members).
 fn delete_group_keys_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
+        Script::new(&format!(
+            "{LIVE_LEASES_LUA}{}",
             r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. string.format('%.0f', now), '+inf',
-  'WITHSCORES', 'LIMIT', 0, 20)
+local live = live_leases(KEYS[2], KEYS[1], now)
 if #live > 0 then
   local out = {'live'}
   for _, v in ipairs(live) do out[#out + 1] = v end
   return out
 end
 return {'deleted', tostring(redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]))}
-",
-        )
+"
+        ))
     });
     &SCRIPT
 }

@@ -382,7 +382,8 @@ fn destroy_group_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
             r"
-redis.call('HDEL', KEYS[2], ARGV[1])
+-- A fence of another type (written by hand) is the shard's, not the group's: left as it is.
+if redis.call('TYPE', KEYS[2]).ok == 'hash' then redis.call('HDEL', KEYS[2], ARGV[1]) end
 -- The entry id after the last '|' has none: a field of group 'a|b' is not one of group 'a'.
 if redis.call('TYPE', KEYS[3]).ok == 'hash' then
   local prefix = ARGV[1] .. '|'
