@@ -239,7 +239,8 @@ async fn scan_dead_letters(
 }
 
 /// Where to `SCAN`: `None` (the connection itself) on a standalone server; each master of a
-/// cluster by address, from `CLUSTER NODES` (flag `master`, not `fail`).
+/// cluster by address, from `CLUSTER NODES` (every `master` that owns slots, failing or not:
+/// an unreachable one fails the delete).
 async fn scan_targets(conn: &mut RedisConnection) -> Result<Vec<Option<RoutingInfo>>, AdminError> {
     if !conn.is_cluster() {
         return Ok(vec![None]);
@@ -255,7 +256,12 @@ async fn scan_targets(conn: &mut RedisConnection) -> Result<Vec<Option<RoutingIn
         let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
             continue;
         };
-        if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+        // Every master that owns slots, failing or not: a master in PFAIL/FAIL that still owns
+        // slots holds keys of its slots, and a SCAN it cannot answer fails the delete loudly
+        // (run it again once the cluster is healthy) instead of skipping its keys. A master
+        // without slots (one that failed over, or a new empty one) holds none.
+        let owns_slots = fields.len() > 8;
+        if !flags.split(',').any(|f| f == "master") || !owns_slots {
             continue;
         }
         // `ip:port@cport[,hostname]`
