@@ -20,8 +20,9 @@ use crate::{output, parse_duration};
 #[derive(Debug, Subcommand)]
 pub(crate) enum DlqCommand {
     /// List a group's dead letters, oldest first: id, source shard and entry id, reason,
-    /// attempts, age (Redis TIME minus the dead letter's id time) and the error (one line,
-    /// truncated; in full with --json). Paged: --count per page, --after for the next page.
+    /// attempts, age (Redis TIME minus the dead letter's id time), whether the original payload
+    /// is kept (only those can be replayed) and the error (one line, truncated; in full with
+    /// --json). Paged: --count per page, --after for the next page.
     List {
         /// Stream prefix.
         prefix: String,

@@ -29,8 +29,9 @@ use text::{
 
 /// Admin tool for stream-listener: sharded Redis Streams with Kafka-style consumer groups.
 ///
-/// Creates, scales, retires and describes sharded streams (`{<prefix>:<i>}` shard streams with
-/// metadata in `sl:{<prefix>}:stream`) and their consumer groups.
+/// Creates, scales, retires, describes, trims and deletes sharded streams (`{<prefix>:<i>}` shard
+/// streams with metadata in `sl:{<prefix>}:stream`); describes, resets, cleans up and deletes
+/// their consumer groups; lists, replays and purges their dead letters.
 ///
 /// Exit codes: 0 success, 1 operation failed, 2 usage error, 3 Redis unreachable.
 #[derive(Debug, Parser)]
@@ -62,7 +63,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Sharded streams: create, scale, retire drained shards, describe, list.
+    /// Sharded streams: create, scale, retire drained shards, describe, list, delete, retention,
+    /// trim.
     #[command(subcommand)]
     Stream(StreamCommand),
     /// Consumer groups of a stream: describe, list, delete, reset, cleanup.
