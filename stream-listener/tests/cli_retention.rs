@@ -266,3 +266,53 @@ async fn retention_commands_work_on_a_cluster() {
         )
     );
 }
+
+/// `stream create` on a stream that exists, with retention flags: the flags change the given
+/// settings and keep the others (as `stream retention` does), and the text says so instead of
+/// "nothing changed". Before, it replaced the whole retention and printed "nothing changed".
+#[tokio::test]
+async fn create_on_an_existing_stream_changes_only_the_given_retention_and_says_so() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let first = [
+        "stream",
+        "create",
+        "orders",
+        "--shards",
+        "2",
+        "--retention",
+        "force",
+        "--retention-max-age",
+        "7d",
+    ];
+    assert_eq!(cli(&url, &first).0, 0);
+    let (code, out, err) = cli(
+        &url,
+        &[
+            "stream",
+            "create",
+            "orders",
+            "--shards",
+            "2",
+            "--retention-max-len",
+            "10",
+        ],
+    );
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert_eq!(
+        out,
+        "stream orders already exists with 2 shards: shards unchanged\n\
+         stream orders changed: retention force, max age 7days, max len 10 per shard; dead letters: max age none, max len none\n"
+    );
+    let (_, out, _) = cli(&url, &["stream", "retention", "orders"]);
+    assert_eq!(
+        out,
+        "stream orders: retention force, max age 7days, max len 10 per shard; dead letters: max age none, max len none\n"
+    );
+    // Without retention flags, an existing stream is left as it is.
+    let (_, out, _) = cli(&url, &["stream", "create", "orders", "--shards", "2"]);
+    assert_eq!(
+        out,
+        "stream orders already exists with 2 shards: nothing changed\n"
+    );
+}

@@ -221,8 +221,9 @@ pub(super) fn check_instance_id(id: &str) -> Result<(), String> {
 }
 
 impl Config {
-    /// The retention keys of `[streams.<prefix>]` (docs/design.md §10.9): ages of one
-    /// `heartbeat_interval` to 100 years, lengths of 1 to 2^53.
+    /// The retention keys of `[streams.<prefix>]` (docs/design.md §10.9): ages above 0 and up
+    /// to 100 years, the shards' `retention_max_age` at least one `heartbeat_interval`; lengths
+    /// of 1 to 2^53.
     fn validate_retention(&self, prefix: &str, stream: &StreamConfig) -> Result<(), ConfigError> {
         let heartbeat = self.coordination.heartbeat_interval;
         for (key, age) in [
@@ -233,7 +234,8 @@ impl Config {
             let ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX);
             crate::store::check_age(key, Some(ms))
                 .map_err(|e| self.invalid(&["streams", prefix, key], e.to_string()))?;
-            if age < heartbeat {
+            // Dead letters are not read by members, so only the shards' age needs the floor.
+            if key == "retention_max_age" && age < heartbeat {
                 return Err(self.invalid(
                     &["streams", prefix, key],
                     format!(

@@ -78,7 +78,7 @@ pub struct Retention {
 #[non_exhaustive]
 pub enum RetentionError {
     /// A bound of 0, above [`MAX_RETENTION_AGE_MS`] / [`MAX_RETENTION_LEN`], or unparsable.
-    #[error("retention {key} = {value} is invalid: {reason}")]
+    #[error("{key} = {value} is invalid: {reason}")]
     InvalidValue {
         /// The key (`retention_max_age`, `--retention-max-len`, ...).
         key: String,

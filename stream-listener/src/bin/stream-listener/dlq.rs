@@ -148,7 +148,7 @@ pub(crate) async fn run(
         } => {
             let page =
                 admin::list_dead_letters(conn, &prefix, &group, after.as_deref(), count).await?;
-            output(as_json, &page, list_text)
+            output(as_json, &page, |page| list_text(page, count))
         }
         DlqCommand::Show { prefix, group, id } => {
             let letter = admin::show_dead_letter(conn, &prefix, &group, &id).await?;
@@ -222,7 +222,8 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
-fn list_text(page: &DeadLetterPage) -> String {
+/// The page as a table; the next-page hint repeats `count` when it is not the default.
+fn list_text(page: &DeadLetterPage, count: usize) -> String {
     let mut out = format!(
         "dead letters of group {} on stream {} ({}): {} in total\n",
         page.consumer_group, page.stream_prefix, page.dead_letter_stream, page.total
@@ -256,8 +257,13 @@ fn list_text(page: &DeadLetterPage) -> String {
     }
     out.push_str(&table.render());
     if let Some(after) = &page.next_after {
+        let count = if count == DEFAULT_DEAD_LETTER_PAGE {
+            String::new()
+        } else {
+            format!(" --count {count}")
+        };
         out.push_str(&format!(
-            "\nmore: stream-listener dlq list {} {} --after {after}\n",
+            "\nmore: stream-listener dlq list {} {}{count} --after {after}\n",
             page.stream_prefix, page.consumer_group
         ));
     }

@@ -326,13 +326,23 @@ async fn run(cli: Cli) -> Result<String, Failure> {
             shards,
             retention,
         }) => {
-            // Flags are checked before anything is created.
-            let wanted = retention.any().then(|| retention.apply(None)).transpose()?;
+            // Flags are checked before anything is created. On a stream that exists they change
+            // the given settings and keep the others, as `stream retention` does, and the text
+            // says what the retention is now.
+            retention.any().then(|| retention.apply(None)).transpose()?;
             let created = admin::create_stream(conn, &prefix, shards).await?;
-            if let Some(wanted) = wanted {
-                admin::set_stream_retention(conn, &prefix, Some(wanted)).await?;
-            }
-            output(as_json, &created, |c| created_text(&prefix, shards, c))
+            let retention_now = if retention.any() {
+                Some(retention::retention_command(conn, &prefix, &retention, false).await?)
+            } else {
+                None
+            };
+            output(as_json, &created, |c| {
+                let mut text = created_text(&prefix, shards, c, retention_now.is_some());
+                if let Some(now) = &retention_now {
+                    text.push_str(&retention::retention_text(now));
+                }
+                text
+            })
         }
         Command::Stream(StreamCommand::Retention {
             prefix,

@@ -11,13 +11,25 @@ use stream_listener::core::model::StartFrom;
 use crate::failure::one_line;
 use crate::table::{Table, shards};
 
-pub(crate) fn created_text(prefix: &str, shards: u32, created: &CreatedStream) -> String {
+/// The outcome of `stream create`; `retention_given`: the command also set the retention (its
+/// own line follows), so an existing stream's text does not claim that nothing changed.
+pub(crate) fn created_text(
+    prefix: &str,
+    shards: u32,
+    created: &CreatedStream,
+    retention_given: bool,
+) -> String {
     let meta = &created.metadata;
     if created.created {
         format!(
             "created stream {prefix} with {shards} shards ({{{prefix}:0}}..{{{prefix}:{}}}), metadataVersion {}\n",
             shards - 1,
             meta.metadata_version
+        )
+    } else if retention_given {
+        format!(
+            "stream {prefix} already exists with {} shards: shards unchanged\n",
+            meta.shard_count
         )
     } else {
         format!(
