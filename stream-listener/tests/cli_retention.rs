@@ -145,7 +145,7 @@ async fn bad_retention_flags_exit_2_naming_the_flag_and_change_nothing() {
     let url = server.url();
     let (code, _, _) = cli(&url, &["stream", "create", "orders", "--shards", "1"]);
     assert_eq!(code, 0);
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["--retention-max-len", "0"],
             "error: --retention-max-len 0 is invalid: a length bound must be at least 1 (omit it for no length bound)\n",
@@ -165,6 +165,10 @@ async fn bad_retention_flags_exit_2_naming_the_flag_and_change_nothing() {
         (
             &["--dlq-retention-max-len", "0"],
             "error: --dlq-retention-max-len 0 is invalid: a length bound must be at least 1 (omit it for no length bound)\n",
+        ),
+        (
+            &["--retention", "force", "--retention-max-age", "1ms"],
+            "error: --retention-max-age 1ms with --retention force is below one heartbeat interval (3s): entries would be trimmed before a member could read them; give at least that, or use --retention acked\n",
         ),
     ];
     for (flags, expected) in cases {

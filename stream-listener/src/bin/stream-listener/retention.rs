@@ -81,7 +81,30 @@ impl RetentionArgs {
             retention.dlq_max_len = Some(len);
         }
         retention.validate().map_err(flag_error)?;
+        check_force_age(&retention)?;
         Ok(retention)
+    }
+}
+
+/// The shortest shard age a `"force"` retention may have from the tool: the default
+/// `heartbeat_interval`. The tool cannot know the members' own timings (a config's retention is
+/// checked against its own heartbeat); a force bound below one heartbeat trims entries before any
+/// member could read them. An `"acked"` age of any length is safe: it never trims an entry a
+/// group still needs.
+const FORCE_AGE_FLOOR: Duration = Duration::from_secs(3);
+
+/// Refuses a `"force"` retention whose shard age is below [`FORCE_AGE_FLOOR`].
+fn check_force_age(retention: &Retention) -> Result<(), Failure> {
+    let floor = millis(FORCE_AGE_FLOOR);
+    match retention.max_age_ms {
+        Some(ms) if retention.mode == RetentionMode::Force && ms < floor => {
+            Err(Failure::Usage(format!(
+                "--retention-max-age {} with --retention force is below one heartbeat interval ({}): entries would be trimmed before a member could read them; give at least that, or use --retention acked",
+                humantime::format_duration(Duration::from_millis(ms)),
+                humantime::format_duration(FORCE_AGE_FLOOR)
+            )))
+        }
+        _ => Ok(()),
     }
 }
 
