@@ -14,6 +14,8 @@ mod stream;
 
 pub use error::StoreError;
 pub use group::{GroupStore, HeartbeatOutcome};
+#[cfg(feature = "testing")]
+pub use retention::TRIM_AS_EVAL;
 pub(crate) use retention::{Bounds, check_age, check_len, trim_key};
 pub use retention::{
     GroupLoss, KeyTrim, MAX_RETENTION_AGE_MS, MAX_RETENTION_LEN, RETENTION_FIELD, Retention,

@@ -251,12 +251,42 @@ return 1
     &SCRIPT
 }
 
-/// The trim script (`retention_trim.lua`): computes the trim point of one stream key and trims
-/// in the same step, or only counts (dry run).
+/// The trim script's body: computes the trim point of one stream key and trims in the same step,
+/// or only counts (dry run).
+const TRIM_LUA: &str = include_str!("retention_trim.lua");
+
+/// The trim script, sent as `EVALSHA` ([`TRIM_LUA`]).
 fn trim_script() -> &'static Script {
-    static SCRIPT: LazyLock<Script> =
-        LazyLock::new(|| Script::new(include_str!("retention_trim.lua")));
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(TRIM_LUA));
     &SCRIPT
+}
+
+/// Benchmarks only (`testing` feature): while `true`, [`trim_key`] sends the trim script as
+/// `EVAL` with its body instead of `EVALSHA`. Every other script of the crate goes by `EVALSHA`
+/// (and `SCRIPT LOAD` on `NOSCRIPT`, never `EVAL`), so `INFO commandstats`' `cmdstat_eval`
+/// (`calls`, `usec`) is then the trim script alone, its nested commands and Lua included. `EVAL`
+/// costs one SHA1 of the body per call more than `EVALSHA` (the script is compiled once either
+/// way); the retention benchmark measures that difference and subtracts it.
+#[cfg(feature = "testing")]
+pub static TRIM_AS_EVAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sends the trim script with `args` for `key`: `EVALSHA`, or `EVAL` while [`TRIM_AS_EVAL`].
+async fn invoke_trim(
+    conn: &mut RedisConnection,
+    key: &str,
+    args: &[String; 4],
+) -> redis::RedisResult<redis::Value> {
+    #[cfg(feature = "testing")]
+    if TRIM_AS_EVAL.load(std::sync::atomic::Ordering::Relaxed) {
+        return redis::cmd("EVAL")
+            .arg(TRIM_LUA)
+            .arg(1)
+            .arg(key)
+            .arg(args)
+            .query_async(conn)
+            .await;
+    }
+    trim_script().key(key).arg(args).invoke_async(conn).await
 }
 
 /// What limited a trim ([`KeyTrim::reason`]).
@@ -377,14 +407,13 @@ pub(crate) async fn trim_key(
     bounds: Bounds,
     dry_run: bool,
 ) -> Result<KeyTrim, StoreError> {
-    let reply: redis::RedisResult<redis::Value> = trim_script()
-        .key(key)
-        .arg(bounds.mode.as_str())
-        .arg(optional(bounds.max_age_ms))
-        .arg(optional(bounds.max_len))
-        .arg(if dry_run { "1" } else { "0" })
-        .invoke_async(conn)
-        .await;
+    let args = [
+        bounds.mode.as_str().to_owned(),
+        optional(bounds.max_age_ms),
+        optional(bounds.max_len),
+        if dry_run { "1" } else { "0" }.to_owned(),
+    ];
+    let reply = invoke_trim(conn, key, &args).await;
     let reply = match reply {
         Ok(reply) => reply,
         Err(e) => return Err(wrong_type(conn, e, &[(key, "stream", "stream")]).await),
