@@ -739,3 +739,30 @@ async fn the_length_bound_counts_the_entries_a_group_still_needs_exactly() {
     assert_eq!(shard.holder_id.as_deref(), Some("141-1"));
     assert_eq!(ids_of(&mut conn, SHARD0).await, ids(300)[100..]);
 }
+
+/// Review: a group moved back (`XGROUP SETID`) behind its pending entries has ids that are both
+/// pending and undelivered; a force trim counted each of them twice (7 lost of 5 entries).
+#[tokio::test]
+async fn force_counts_an_entry_both_pending_and_undelivered_once() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    register(&mut conn, "back").await;
+    add_n(&mut conn, SHARD0, 8).await;
+    // back: read 1..4 (pending), then set back to 2-1: 3, 4 are pending and undelivered.
+    read(&mut conn, SHARD0, "back", "c1", 4).await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("SETID")
+        .arg(SHARD0)
+        .arg("back")
+        .arg("2-1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    set(&mut conn, max_len(RetentionMode::Force, 3)).await;
+
+    let report = trim_twice(&mut conn, SHARD0).await;
+    let shard = &report.shards[0].trim;
+    assert_eq!((shard.deleted, shard.reason), (5, TrimReason::MaxLen));
+    // Lost: 1-1, 2-1 (pending, delivered), 3-1, 4-1 (pending, undelivered), 5-1 (undelivered).
+    assert_eq!(shard.lost, [GroupLoss::new("back", 5)]);
+    assert_eq!(ids_of(&mut conn, SHARD0).await, ["6-1", "7-1", "8-1"]);
+}

@@ -150,7 +150,11 @@ if mode == 'force' and len > 0 then
   for _, g in ipairs(groups) do
     g.lost = 0
     if g.oldest and goes(g.oldest) then
-      g.lost = #redis.call('XPENDING', key, g.name, first, stop, g.pending)
+      -- Pending ids after last-delivered-id (an XGROUP SETID back past them) are undelivered
+      -- too, counted by the steps below: only those up to it here, or they count twice.
+      local upto = stop
+      if goes(g.ldid) then upto = g.ldid end
+      g.lost = #redis.call('XPENDING', key, g.name, first, upto, g.pending)
     end
     if g.undelivered and goes(g.undelivered) then steps[#steps + 1] = g end
   end
