@@ -766,3 +766,39 @@ async fn force_counts_an_entry_both_pending_and_undelivered_once() {
     assert_eq!(shard.lost, [GroupLoss::new("back", 5)]);
     assert_eq!(ids_of(&mut conn, SHARD0).await, ["6-1", "7-1", "8-1"]);
 }
+
+/// Review: a group whose last-delivered-id is the largest entry id (nothing can follow it) made
+/// every trim of its shard fail with 'invalid start ID' (`XRANGE (<largest id> +`), so the shard
+/// was never trimmed again.
+#[tokio::test]
+async fn a_group_at_the_largest_entry_id_does_not_stop_trimming() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    register(&mut conn, "done").await;
+    add_n(&mut conn, SHARD0, 5).await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(SHARD0)
+        .arg("end")
+        .arg("18446744073709551615-18446744073709551615")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    set(&mut conn, max_len(RetentionMode::Acked, 2)).await;
+
+    // done has nothing delivered: it holds everything back; end needs nothing.
+    let report = trim_twice(&mut conn, SHARD0).await;
+    let shard = &report.shards[0].trim;
+    assert_eq!((shard.deleted, shard.holder.as_deref()), (0, Some("done")));
+    let all = read(&mut conn, SHARD0, "done", "c1", 10).await;
+    ack(
+        &mut conn,
+        SHARD0,
+        "done",
+        &all.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+    let report = trim_twice(&mut conn, SHARD0).await;
+    let shard = &report.shards[0].trim;
+    assert_eq!((shard.deleted, shard.reason), (3, TrimReason::MaxLen));
+    assert_eq!(ids_of(&mut conn, SHARD0).await, ["4-1", "5-1"]);
+}
