@@ -839,3 +839,52 @@ async fn replay_publishes_before_it_removes_so_a_failure_between_leaves_a_duplic
     assert_eq!(dlq_len(&mut conn).await, 0);
     assert_eq!(len(conn.clone()).await, before + 3);
 }
+
+/// Review: a dead letter whose original entry has a field name that is not UTF-8 (written by
+/// hand with `XADD`) was replayed with that name replaced by U+FFFD (read lossily), a silent
+/// change of the entry. It is skipped and kept: the producer publishes UTF-8 names only.
+#[tokio::test]
+async fn a_dead_letter_with_a_binary_field_name_is_skipped_and_kept_by_replay() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    let fixed: [(&[u8], &[u8]); 7] = [
+        (b"sourceStream", b"{orders:0}"),
+        (b"sourceId", b"5-0"),
+        (b"shard", b"0"),
+        (b"group", GROUP.as_bytes()),
+        (b"reason", b"handler-failed"),
+        (b"error", b"boom"),
+        (b"attempts", b"1"),
+    ];
+    let mut add = redis::cmd("XADD");
+    add.arg(DLQ).arg("7-0");
+    for (name, value) in fixed {
+        add.arg(name).arg(value);
+    }
+    add.arg(b"key")
+        .arg(b"k")
+        .arg(b"\xff\xfename")
+        .arg(b"\x00\x01");
+    let _: String = add.query_async(&mut conn).await.unwrap();
+    let shard_len = |conn: &mut RedisConnection| {
+        let mut conn = conn.clone();
+        async move { conn.xlen::<_, u64>("{orders:0}").await.unwrap() }
+    };
+    let before = shard_len(&mut conn).await;
+
+    let report =
+        admin::replay_dead_letters(&mut conn, STREAM, GROUP, DeadLetterSelection::All, false)
+            .await
+            .unwrap();
+    assert!(report.replayed.is_empty(), "{:?}", report.replayed);
+    let skipped: Vec<_> = report
+        .skipped
+        .iter()
+        .map(|s| (s.id.clone(), s.skipped))
+        .collect();
+    assert_eq!(
+        skipped,
+        vec![("7-0".to_owned(), SkipReason::BinaryFieldName)]
+    );
+    assert_eq!(dead_letter_ids(&mut conn).await, ["7-0"]);
+    assert_eq!(shard_len(&mut conn).await, before, "nothing was published");
+}

@@ -739,3 +739,135 @@ async fn the_length_bound_counts_the_entries_a_group_still_needs_exactly() {
     assert_eq!(shard.holder_id.as_deref(), Some("141-1"));
     assert_eq!(ids_of(&mut conn, SHARD0).await, ids(300)[100..]);
 }
+
+/// Review: a group moved back (`XGROUP SETID`) behind its pending entries has ids that are both
+/// pending and undelivered; a force trim counted each of them twice (7 lost of 5 entries).
+#[tokio::test]
+async fn force_counts_an_entry_both_pending_and_undelivered_once() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    register(&mut conn, "back").await;
+    add_n(&mut conn, SHARD0, 8).await;
+    // back: read 1..4 (pending), then set back to 2-1: 3, 4 are pending and undelivered.
+    read(&mut conn, SHARD0, "back", "c1", 4).await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("SETID")
+        .arg(SHARD0)
+        .arg("back")
+        .arg("2-1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    set(&mut conn, max_len(RetentionMode::Force, 3)).await;
+
+    let report = trim_twice(&mut conn, SHARD0).await;
+    let shard = &report.shards[0].trim;
+    assert_eq!((shard.deleted, shard.reason), (5, TrimReason::MaxLen));
+    // Lost: 1-1, 2-1 (pending, delivered), 3-1, 4-1 (pending, undelivered), 5-1 (undelivered).
+    assert_eq!(shard.lost, [GroupLoss::new("back", 5)]);
+    assert_eq!(ids_of(&mut conn, SHARD0).await, ["6-1", "7-1", "8-1"]);
+}
+
+/// Review: a group whose last-delivered-id is the largest entry id (nothing can follow it) made
+/// every trim of its shard fail with 'invalid start ID' (`XRANGE (<largest id> +`), so the shard
+/// was never trimmed again.
+#[tokio::test]
+async fn a_group_at_the_largest_entry_id_does_not_stop_trimming() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    register(&mut conn, "done").await;
+    add_n(&mut conn, SHARD0, 5).await;
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(SHARD0)
+        .arg("end")
+        .arg("18446744073709551615-18446744073709551615")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    set(&mut conn, max_len(RetentionMode::Acked, 2)).await;
+
+    // done has nothing delivered: it holds everything back; end needs nothing.
+    let report = trim_twice(&mut conn, SHARD0).await;
+    let shard = &report.shards[0].trim;
+    assert_eq!((shard.deleted, shard.holder.as_deref()), (0, Some("done")));
+    let all = read(&mut conn, SHARD0, "done", "c1", 10).await;
+    ack(
+        &mut conn,
+        SHARD0,
+        "done",
+        &all.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
+    let report = trim_twice(&mut conn, SHARD0).await;
+    let shard = &report.shards[0].trim;
+    assert_eq!((shard.deleted, shard.reason), (3, TrimReason::MaxLen));
+    assert_eq!(ids_of(&mut conn, SHARD0).await, ["4-1", "5-1"]);
+}
+
+/// Review: a stored retention that parses but is out of range (written by hand, or by another
+/// version: `maxLen` 0) was used as is, so a force trim removed every entry of the shard. It is
+/// now corrupt metadata: refused by name, nothing trimmed.
+#[tokio::test]
+async fn a_stored_retention_out_of_range_is_corrupt_and_trims_nothing() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    register(&mut conn, "idle").await;
+    add_n(&mut conn, SHARD0, 4).await;
+    for json in [
+        r#"{"mode":"force","maxLen":0}"#,
+        r#"{"mode":"force","maxAgeMs":0}"#,
+        r#"{"mode":"force","maxLen":18446744073709551615}"#,
+    ] {
+        let _: () = conn
+            .hset("sl:{orders}:stream", "retention", json)
+            .await
+            .unwrap();
+        for dry_run in [true, false] {
+            let error = admin::trim_stream(&mut conn, STREAM, dry_run)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    &error,
+                    AdminError::Store(StoreError::CorruptMetadata { field, .. }) if field == "retention"
+                ),
+                "{json}: {error:?}"
+            );
+        }
+        assert_eq!(ids_of(&mut conn, SHARD0).await.len(), 4, "{json}");
+    }
+}
+
+/// Review: a corrupt stored retention could not be replaced or cleared: `stream retention`
+/// loaded it first and failed, although every error about it (and the startup's) says to fix
+/// it with `stream retention --clear`.
+#[tokio::test]
+async fn a_corrupt_stored_retention_is_replaced_or_cleared() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    for json in ["notjson", r#"{"mode":"force","maxLen":0}"#] {
+        let _: () = conn
+            .hset("sl:{orders}:stream", "retention", json)
+            .await
+            .unwrap();
+        let cleared = admin::set_stream_retention(&mut conn, STREAM, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            (cleared.previous, cleared.retention),
+            (None, None),
+            "{json}"
+        );
+        let stored: Option<String> = conn.hget("sl:{orders}:stream", "retention").await.unwrap();
+        assert_eq!(stored, None, "{json}");
+
+        let _: () = conn
+            .hset("sl:{orders}:stream", "retention", json)
+            .await
+            .unwrap();
+        let good = max_len(RetentionMode::Acked, 10);
+        let set = admin::set_stream_retention(&mut conn, STREAM, Some(good))
+            .await
+            .unwrap();
+        assert_eq!(set.retention, Some(good));
+        let shown = admin::stream_retention(&mut conn, STREAM).await.unwrap();
+        assert_eq!(shown.retention, Some(good), "{json}");
+    }
+}

@@ -45,7 +45,8 @@ pub async fn stream_retention(
 
 /// Sets (`Some`) or clears (`None`) the retention of stream `prefix`. Writes the `retention`
 /// field of `sl:{<prefix>}:stream` only: `metadataVersion` stays, no group rebalances. Members
-/// pick the change up within their `retention_interval`. Idempotent.
+/// pick the change up within their `retention_interval`. Idempotent. A corrupt stored
+/// retention (not JSON, or out of range) is overwritten and reported as `previous: None`.
 ///
 /// # Errors
 /// [`AdminError::InvalidRetention`] for a bound of 0 or an absurd one (nothing written);
@@ -60,7 +61,16 @@ pub async fn set_stream_retention(
         retention.validate()?;
     }
     load_required(conn, &keys).await?;
-    let previous = load_retention(conn, &keys).await?;
+    // A corrupt stored retention is what this call fixes (its errors say so): overwritten, and
+    // reported as no previous retention.
+    let previous = match load_retention(conn, &keys).await {
+        Ok(previous) => previous,
+        Err(crate::store::StoreError::CorruptMetadata { .. }) => {
+            write_retention(conn, &keys, retention.as_ref()).await?;
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
     if previous != retention && !write_retention(conn, &keys, retention.as_ref()).await? {
         // Deleted between the load and the write.
         load_required(conn, &keys).await?;

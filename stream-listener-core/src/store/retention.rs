@@ -167,8 +167,9 @@ pub(crate) fn check_len(key: &str, value: Option<u64>) -> Result<(), RetentionEr
 /// Reads the stream's retention (one `HGET`); `Ok(None)` when none is set.
 ///
 /// # Errors
-/// [`StoreError::Redis`]; [`StoreError::CorruptMetadata`] when the field is not retention JSON;
-/// [`StoreError::WrongType`] when the key is not a hash.
+/// [`StoreError::Redis`]; [`StoreError::CorruptMetadata`] when the field is not retention JSON
+/// or a bound is out of range ([`Retention::validate`]); [`StoreError::WrongType`] when the key
+/// is not a hash.
 pub async fn load_retention(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
@@ -180,7 +181,17 @@ pub async fn load_retention(
     };
     value
         .map(|json| {
-            serde_json::from_str(&json).map_err(|e| StoreError::corrupt(&key, RETENTION_FIELD, e))
+            let retention: Retention = serde_json::from_str(&json)
+                .map_err(|e| StoreError::corrupt(&key, RETENTION_FIELD, e))?;
+            // Out of range (written by hand or by another version): used as is, a `maxLen` of
+            // 0 in force mode would empty every shard.
+            retention.validate().map_err(|e| {
+                let e = <serde_json::Error as serde::de::Error>::custom(format!(
+                    "{e}; set it again with `stream-listener stream retention` or remove it with `--clear`"
+                ));
+                StoreError::corrupt(&key, RETENTION_FIELD, e)
+            })?;
+            Ok(retention)
         })
         .transpose()
 }

@@ -32,7 +32,7 @@ local function count(start, stop)
   while true do
     local r = redis.call('XRANGE', key, start, stop, 'COUNT', 1000)
     n = n + #r
-    if #r < 1000 then return n end
+    if #r < 1000 or r[#r][1] == '18446744073709551615-18446744073709551615' then return n end
     start = '(' .. r[#r][1]
   end
 end
@@ -48,8 +48,11 @@ for _, raw in ipairs(redis.call('XINFO', 'GROUPS', key)) do
   -- servers). Never below the truth: a force trim past the group only makes it larger.
   g.lag = tonumber(info['lag'])
   if g.pending > 0 then g.oldest = redis.call('XPENDING', key, g.name)[2] end
-  local nxt = redis.call('XRANGE', key, '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
-  if #nxt > 0 then g.undelivered = nxt[1][1] end
+  -- Nothing follows the largest id, and '(' before it is an invalid XRANGE start.
+  if g.ldid ~= '18446744073709551615-18446744073709551615' then
+    local nxt = redis.call('XRANGE', key, '(' .. g.ldid, '+', 'COUNT', 1)
+    if #nxt > 0 then g.undelivered = nxt[1][1] end
+  end
   g.hold = g.oldest
   if g.undelivered and (not g.hold or cmp(g.undelivered, g.hold) < 0) then g.hold = g.undelivered end
   groups[#groups + 1] = g
@@ -150,7 +153,11 @@ if mode == 'force' and len > 0 then
   for _, g in ipairs(groups) do
     g.lost = 0
     if g.oldest and goes(g.oldest) then
-      g.lost = #redis.call('XPENDING', key, g.name, first, stop, g.pending)
+      -- Pending ids after last-delivered-id (an XGROUP SETID back past them) are undelivered
+      -- too, counted by the steps below: only those up to it here, or they count twice.
+      local upto = stop
+      if goes(g.ldid) then upto = g.ldid end
+      g.lost = #redis.call('XPENDING', key, g.name, first, upto, g.pending)
     end
     if g.undelivered and goes(g.undelivered) then steps[#steps + 1] = g end
   end

@@ -154,6 +154,8 @@ pub struct DeadLetterPage {
 pub(crate) struct RawDeadLetter {
     pub(crate) id: String,
     pub(crate) pairs: Vec<(String, Vec<u8>)>,
+    /// Whether a field name was not UTF-8 (shown lossily in `pairs`; never replayed).
+    pub(crate) binary_names: bool,
 }
 
 impl RawDeadLetter {
@@ -300,6 +302,9 @@ impl DeadLetterStream {
             .into_iter()
             .map(|(id, flat)| RawDeadLetter {
                 id,
+                binary_names: flat
+                    .chunks_exact(2)
+                    .any(|kv| std::str::from_utf8(&kv[0]).is_err()),
                 pairs: flat
                     .chunks_exact(2)
                     .map(|kv| (String::from_utf8_lossy(&kv[0]).into_owned(), kv[1].clone()))
@@ -473,6 +478,7 @@ mod tests {
         let good = RawDeadLetter {
             id: "5-1".into(),
             pairs: pairs(&names),
+            binary_names: false,
         };
         assert!(good.well_formed());
         assert_eq!(good.payload().len(), 2);
@@ -481,6 +487,7 @@ mod tests {
         let bad = RawDeadLetter {
             id: "5-1".into(),
             pairs: pairs(&names),
+            binary_names: false,
         };
         assert!(!bad.well_formed());
         assert!(bad.payload().is_empty());

@@ -44,6 +44,9 @@ pub enum SkipReason {
     NoPartitionKey,
     /// It does not start with the fixed dead-letter fields (not written by stream-listener).
     Malformed,
+    /// A field name of its original entry is not UTF-8 (written by hand): the producer
+    /// publishes UTF-8 names only, and a lossy name would silently change the entry.
+    BinaryFieldName,
 }
 
 impl SkipReason {
@@ -58,6 +61,9 @@ impl SkipReason {
             }
             SkipReason::Malformed => {
                 "not a dead letter of stream-listener (the fixed fields are missing); kept"
+            }
+            SkipReason::BinaryFieldName => {
+                "a field name is not UTF-8 (the producer cannot publish it); kept, publish it by hand"
             }
         }
     }
@@ -113,6 +119,9 @@ fn replayable(raw: &RawDeadLetter) -> Result<Replayable<'_>, SkipReason> {
     let payload = raw.payload();
     if payload.is_empty() {
         return Err(SkipReason::NoPayload);
+    }
+    if raw.binary_names {
+        return Err(SkipReason::BinaryFieldName);
     }
     let mut keys = payload.iter().filter(|(name, _)| name == "key");
     let (Some((_, key)), None) = (keys.next(), keys.next()) else {
@@ -331,6 +340,7 @@ mod tests {
         RawDeadLetter {
             id: "1-0".into(),
             pairs,
+            binary_names: false,
         }
     }
 
