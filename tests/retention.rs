@@ -831,6 +831,13 @@ async fn a_stored_retention_out_of_range_is_corrupt_and_trims_nothing() {
                 ),
                 "{json}: {error:?}"
             );
+            // The advice is the command that fixes it, not deleting the metadata key.
+            assert!(
+                error.to_string().ends_with(
+                    "set it again with `stream-listener stream retention <prefix> ...`, or remove it with `stream-listener stream retention <prefix> --clear` (do not delete the key: it holds the stream's metadata)"
+                ),
+                "{error}"
+            );
         }
         assert_eq!(ids_of(&mut conn, SHARD0).await.len(), 4, "{json}");
     }

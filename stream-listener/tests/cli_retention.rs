@@ -145,7 +145,7 @@ async fn bad_retention_flags_exit_2_naming_the_flag_and_change_nothing() {
     let url = server.url();
     let (code, _, _) = cli(&url, &["stream", "create", "orders", "--shards", "1"]);
     assert_eq!(code, 0);
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["--retention-max-len", "0"],
             "error: --retention-max-len 0 is invalid: a length bound must be at least 1 (omit it for no length bound)\n",
@@ -165,6 +165,10 @@ async fn bad_retention_flags_exit_2_naming_the_flag_and_change_nothing() {
         (
             &["--dlq-retention-max-len", "0"],
             "error: --dlq-retention-max-len 0 is invalid: a length bound must be at least 1 (omit it for no length bound)\n",
+        ),
+        (
+            &["--retention-max-age", "1ns"],
+            "error: --retention-max-age 1ns is below 1 ms: ages count in the milliseconds of entry ids; give at least 1ms\n",
         ),
         (
             &["--retention", "force", "--retention-max-age", "1ms"],

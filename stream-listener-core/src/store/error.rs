@@ -49,7 +49,8 @@ pub enum StoreError {
     },
     /// A stored field is not valid JSON of the expected shape.
     #[error(
-        "corrupt metadata in {key} field {field} (not JSON of the expected shape); fix or delete the key by hand (it is not rebuilt automatically)"
+        "corrupt metadata in {key} field {field} (not JSON of the expected shape); {}",
+        corrupt_field_advice(field)
     )]
     CorruptMetadata {
         /// The key.
@@ -124,5 +125,16 @@ impl StoreError {
             key: key.to_owned(),
             detail: detail.into(),
         }
+    }
+}
+
+/// What to do about a corrupt field: the `retention` field has its own command (the key also
+/// holds the stream's metadata, so deleting the key would lose the stream); any other field is
+/// fixed by hand.
+fn corrupt_field_advice(field: &str) -> &'static str {
+    if field == super::retention::RETENTION_FIELD {
+        "set it again with `stream-listener stream retention <prefix> ...`, or remove it with `stream-listener stream retention <prefix> --clear` (do not delete the key: it holds the stream's metadata)"
+    } else {
+        "fix or delete the key by hand (it is not rebuilt automatically)"
     }
 }

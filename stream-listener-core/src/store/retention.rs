@@ -186,9 +186,7 @@ pub async fn load_retention(
             // Out of range (written by hand or by another version): used as is, a `maxLen` of
             // 0 in force mode would empty every shard.
             retention.validate().map_err(|e| {
-                let e = <serde_json::Error as serde::de::Error>::custom(format!(
-                    "{e}; set it again with `stream-listener stream retention` or remove it with `--clear`"
-                ));
+                let e = <serde_json::Error as serde::de::Error>::custom(e.to_string());
                 StoreError::corrupt(&key, RETENTION_FIELD, e)
             })?;
             Ok(retention)

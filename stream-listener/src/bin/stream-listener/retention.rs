@@ -69,13 +69,13 @@ impl RetentionArgs {
             };
         }
         if let Some(age) = self.retention_max_age {
-            retention.max_age_ms = Some(millis(age));
+            retention.max_age_ms = Some(whole_millis("--retention-max-age", age)?);
         }
         if let Some(len) = self.retention_max_len {
             retention.max_len = Some(len);
         }
         if let Some(age) = self.dlq_retention_max_age {
-            retention.dlq_max_age_ms = Some(millis(age));
+            retention.dlq_max_age_ms = Some(whole_millis("--dlq-retention-max-age", age)?);
         }
         if let Some(len) = self.dlq_retention_max_len {
             retention.dlq_max_len = Some(len);
@@ -106,6 +106,18 @@ fn check_force_age(retention: &Retention) -> Result<(), Failure> {
         }
         _ => Ok(()),
     }
+}
+
+/// `age` in ms for `flag`; an age above 0 but below 1 ms is refused by its own text (it would
+/// read as 0: ages count in the milliseconds of entry ids).
+fn whole_millis(flag: &str, age: Duration) -> Result<u64, Failure> {
+    if !age.is_zero() && age < Duration::from_millis(1) {
+        return Err(Failure::Usage(format!(
+            "{flag} {} is below 1 ms: ages count in the milliseconds of entry ids; give at least 1ms",
+            humantime::format_duration(age)
+        )));
+    }
+    Ok(millis(age))
 }
 
 fn millis(duration: Duration) -> u64 {
