@@ -97,23 +97,8 @@ pub async fn delete_group_with(
     let (keys, group_keys, meta, mut store) =
         open_group(conn, prefix, group, CoordinatorConfig::default()).await?;
     let registered = meta.groups.iter().any(|g| g.consumer_group == group);
-    match store.load().await {
-        Ok(loaded) => {
-            let live: Vec<(String, u64)> = loaded
-                .group
-                .members
-                .values()
-                .filter(|m| m.member_lease_expires_at > loaded.now)
-                .map(|m| (m.member_id.clone(), m.member_lease_expires_at))
-                .collect();
-            if !live.is_empty() {
-                return Err(group_active(prefix, group, live, loaded.now));
-            }
-        }
-        Err(StoreError::Redis(err)) => return Err(StoreError::Redis(err).into()),
-        // Missing or unreadable: deleted all the same; the leases are checked by the script.
-        Err(_) => {}
-    }
+    // Missing or unreadable: deleted all the same; the leases are checked by the script.
+    super::liveness::refuse_live_in_loaded(&mut store, prefix, group).await?;
     let keys_deleted = match scripts::delete_group_keys(conn, &group_keys).await? {
         GroupKeysDeletion::Deleted(n) => n,
         GroupKeysDeletion::Live(live) => {

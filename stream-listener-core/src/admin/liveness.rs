@@ -52,23 +52,8 @@ pub(super) async fn refuse_live(
         group_keys.clone(),
         CoordinatorConfig::default(),
     );
-    match store.load().await {
-        Ok(loaded) => {
-            let live: Vec<(String, Micros)> = loaded
-                .group
-                .members
-                .values()
-                .filter(|m| m.member_lease_expires_at > loaded.now)
-                .map(|m| (m.member_id.clone(), m.member_lease_expires_at))
-                .collect();
-            if !live.is_empty() {
-                return Err(group_active(prefix, group, live, loaded.now));
-            }
-        }
-        Err(StoreError::Redis(err)) => return Err(StoreError::Redis(err).into()),
-        // Missing or unreadable metadata: the sorted set below decides.
-        Err(_) => {}
-    }
+    // Missing or unreadable metadata: the sorted set below decides.
+    refuse_live_in_loaded(&mut store, prefix, group).await?;
     let reply: Vec<String> = live_leases_script()
         .key(group_keys.leases())
         .key(group_keys.metadata())
@@ -88,4 +73,35 @@ pub(super) async fn refuse_live(
         .collect();
     let now = scripts::stream_time(conn, keys).await?;
     Err(group_active(prefix, group, live, now))
+}
+
+/// The first half of [`refuse_live`], shared with `delete_group`: loads the group and fails with
+/// [`AdminError::GroupActive`] when a member's `memberLeaseExpiresAt` is past the load's Redis
+/// `TIME`. Metadata that is missing or unreadable passes (the caller's leases script decides).
+///
+/// # Errors
+/// [`AdminError::GroupActive`]; [`AdminError::Store`] on a Redis failure.
+pub(super) async fn refuse_live_in_loaded(
+    store: &mut GroupStore,
+    prefix: &str,
+    group: &str,
+) -> Result<(), AdminError> {
+    match store.load().await {
+        Ok(loaded) => {
+            let live: Vec<(String, Micros)> = loaded
+                .group
+                .members
+                .values()
+                .filter(|m| m.member_lease_expires_at > loaded.now)
+                .map(|m| (m.member_id.clone(), m.member_lease_expires_at))
+                .collect();
+            if live.is_empty() {
+                Ok(())
+            } else {
+                Err(group_active(prefix, group, live, loaded.now))
+            }
+        }
+        Err(StoreError::Redis(err)) => Err(StoreError::Redis(err).into()),
+        Err(_) => Ok(()),
+    }
 }
