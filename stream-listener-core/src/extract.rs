@@ -8,6 +8,7 @@
 //! | [`Message<T>`] | the decoded payload plus where it came from: entry id, shard, stream key, partition key, delivery count, attempt, member id and epoch |
 //! | [`RawMessage`] | every field as bytes, undecoded, with the same metadata |
 //! | [`Delivery`] | the delivery itself |
+//! | [`Headers`] | the entry's headers (fields `h:<name>`, in order; docs/design.md §13.4), never a decode error; metadata only, so it will combine with a payload extractor once a listener function takes several arguments (today: `Message<T>::headers`, `RawMessage::headers()`, `Delivery::headers()`) |
 //!
 //! A payload that does not decode is [`HandlerError::Decode`]: the entry is dead-lettered at
 //! once with reason `decode` and acked, and the function is not called. Implement
@@ -26,6 +27,7 @@ use serde::de::DeserializeOwned;
 
 pub use crate::handler::Metadata;
 use crate::handler::{BoxError, Delivery, HandlerError};
+pub use crate::headers::Headers;
 
 /// Builds a listener function's argument from a [`Delivery`].
 ///
@@ -34,7 +36,7 @@ use crate::handler::{BoxError, Delivery, HandlerError};
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the argument of a listener function",
     label = "not an extractor",
-    note = "use `Json<T>` (T: serde::Deserialize), `Message<T>`, `RawMessage` or `Delivery`, or implement `FromDelivery` for `{Self}`"
+    note = "use `Json<T>` (T: serde::Deserialize), `Message<T>`, `RawMessage`, `Delivery` or `Headers`, or implement `FromDelivery` for `{Self}`"
 )]
 pub trait FromDelivery: Sized {
     /// Extracts the argument.
@@ -116,7 +118,7 @@ impl FromDelivery for Metadata {
 }
 
 /// The decoded payload with its [`Metadata`] (reachable directly: `message.entry_id`,
-/// `message.shard`, ... through `Deref`).
+/// `message.shard`, ... through `Deref`) and its [`Headers`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Message<T> {
@@ -124,6 +126,15 @@ pub struct Message<T> {
     pub payload: T,
     /// Where the entry came from.
     pub metadata: Metadata,
+    /// The entry's headers (fields `h:<name>`, in order); empty when it has none.
+    pub headers: Headers,
+}
+
+impl<T> Message<T> {
+    /// The entry's headers (fields `h:<name>`, in order; docs/design.md §13.4).
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
 }
 
 impl<T> Deref for Message<T> {
@@ -138,6 +149,7 @@ impl<T: DeserializeOwned> FromDelivery for Message<T> {
         Ok(Message {
             payload: decode_payload(delivery)?,
             metadata: delivery.metadata.clone(),
+            headers: delivery.headers(),
         })
     }
 }
@@ -163,6 +175,11 @@ impl RawMessage {
     pub fn payload(&self) -> Option<&[u8]> {
         self.field("payload")
     }
+
+    /// The headers among the fields (every `h:<name>`, in order; docs/design.md §13.4), copied.
+    pub fn headers(&self) -> Headers {
+        Headers::from_fields(&self.fields)
+    }
 }
 
 impl Deref for RawMessage {
@@ -178,6 +195,13 @@ impl FromDelivery for RawMessage {
             fields: delivery.fields.to_vec(),
             metadata: delivery.metadata.clone(),
         })
+    }
+}
+
+/// The entry's headers alone: never a decode error.
+impl FromDelivery for Headers {
+    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
+        Ok(delivery.headers())
     }
 }
 
@@ -270,6 +294,30 @@ mod tests {
         let raw = RawMessage::from_delivery(&d).unwrap();
         assert_eq!(raw.field("key"), Some(&b"c1"[..]));
         assert_eq!(raw.member_id, "m-m0");
+    }
+
+    #[test]
+    fn every_extractor_sees_the_headers_in_order() {
+        let d = delivery(&[
+            ("key", "c1"),
+            ("payload", r#"{"id":1}"#),
+            ("h:tenant", "acme"),
+            ("h:tag", "a"),
+            ("h:tag", "b"),
+        ]);
+        let expected = Headers::new()
+            .with("tenant", "acme")
+            .with("tag", "a")
+            .with("tag", "b");
+        assert_eq!(Headers::from_delivery(&d).unwrap(), expected);
+        assert_eq!(d.headers(), expected);
+        assert_eq!(
+            Message::<Order>::from_delivery(&d).unwrap().headers(),
+            &expected
+        );
+        assert_eq!(RawMessage::from_delivery(&d).unwrap().headers(), expected);
+        let plain = delivery(&[("key", "c1"), ("payload", r#"{"id":1}"#)]);
+        assert!(Headers::from_delivery(&plain).unwrap().is_empty());
     }
 
     #[derive(Debug, thiserror::Error)]

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::headers::Headers;
 use crate::model::{Epoch, ShardIndex};
 
 /// A boxed error from a handler.
@@ -118,6 +119,12 @@ impl Delivery {
     /// The payload (field `payload`), as written by the publisher.
     pub fn payload(&self) -> Option<&[u8]> {
         self.field("payload")
+    }
+
+    /// The entry's headers: every field `h:<name>`, in order, as header `<name>`
+    /// (docs/design.md §13.4). Copied out of the fields on each call; empty when there is none.
+    pub fn headers(&self) -> Headers {
+        Headers::from_fields(&self.fields)
     }
 }
 

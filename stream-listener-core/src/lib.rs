@@ -21,6 +21,7 @@ mod dataplane;
 pub mod extract;
 mod fence;
 pub mod handler;
+pub mod headers;
 mod keys;
 pub mod member;
 pub mod model;
@@ -31,6 +32,7 @@ mod report;
 mod runtime;
 mod startup;
 mod store;
+mod trace_context;
 
 // The crate's unit tests use the pure fixtures without the feature.
 #[cfg(any(test, feature = "testing"))]

@@ -38,6 +38,10 @@
 //!   retires and describes streams and groups; [`core::internals::admin`] is the same as a
 //!   library;
 //! - `testing` (feature `testing`) starts throwaway Redis servers and clusters for tests;
+//! - [`Headers`] travel with a message ([`Publisher::publish_with_headers`], read by
+//!   [`Message::headers`] and the [`Headers`] extractor); with the feature `opentelemetry` (off
+//!   by default) the publisher writes the current span's W3C trace context into them and each
+//!   handler attempt's span is parented by it (docs/design.md §13.4);
 //! - [`core`] is `stream-listener-core` for integrators: [`core::member::Listener`] runs one
 //!   listener without `run()`; [`core::internals`] holds the store, data plane and admin
 //!   operations without a semver promise.
@@ -97,6 +101,9 @@ pub use stream_listener_core::extract::{
     FromDelivery, IntoHandlerResult, Json, Message, RawMessage,
 };
 pub use stream_listener_core::handler::{BoxError, Delivery, HandlerError, Metadata};
+/// Message headers (docs/design.md §13.4): written by [`Publisher::publish_with_headers`], read
+/// by the [`Headers`] extractor and [`Message::headers`].
+pub use stream_listener_core::headers::Headers;
 pub use stream_listener_core::member::{ListenerHandle, MemberStatus};
 
 /// The configuration file (docs/design.md §11; its sections are the types of

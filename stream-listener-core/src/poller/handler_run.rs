@@ -5,9 +5,11 @@
 use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
+use tracing::Instrument;
 
 use super::ShardTask;
 use crate::handler::{Delivery, HandlerError};
+use crate::trace_context;
 
 /// What became of one handler attempt.
 pub(super) enum Attempt {
@@ -43,6 +45,26 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl ShardTask {
+    /// The span the handler attempt runs in (docs/design.md §13.4): `handle`, at info level,
+    /// with the stream prefix, group, member id, shard, member epoch, entry id and attempt, so
+    /// that a handler's own logs and spans say which entry they are about. With the
+    /// `opentelemetry` feature its parent is the producer's trace context from the entry's
+    /// `traceparent` header. Disabled (next to free) when no subscriber wants it.
+    fn attempt_span(&self, delivery: &Delivery) -> tracing::Span {
+        let span = tracing::info_span!(
+            "handle",
+            stream = self.ctx.stream.prefix(),
+            group = %self.ctx.group,
+            member = %delivery.member_id,
+            shard = delivery.shard,
+            member_epoch = delivery.member_epoch,
+            entry_id = %delivery.entry_id,
+            attempt = delivery.attempt,
+        );
+        trace_context::set_parent(&span, &delivery.fields);
+        span
+    }
+
     /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
     /// ends (fail closed); a drain lets it finish.
     pub(super) async fn run_handler(&self, delivery: Delivery) -> Attempt {
@@ -69,7 +91,9 @@ impl ShardTask {
         };
         // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a
         // failed attempt; dropping the future cancels the handler.
-        let handler = AssertUnwindSafe(self.ctx.handler.handle(delivery)).catch_unwind();
+        let span = self.attempt_span(&delivery);
+        let handler =
+            AssertUnwindSafe(self.ctx.handler.handle(delivery).instrument(span)).catch_unwind();
         tokio::pin!(handler);
         // Most handlers finish in their first poll: no timer is armed for them. A pending one is
         // polled again below with the task's waker (and the task, waiting, gives up its turn).

@@ -8,7 +8,7 @@ use crate::store::StoreError;
 /// Why a publish (or building a [`super::Publisher`]) failed. Every variant says what to do.
 ///
 /// Errors found before anything is sent (bad options, payload that does not serialize or is too
-/// large, a field named `key`) write nothing. A [`PublishError::Redis`] or
+/// large, a field named `key`, an invalid header name) write nothing. A [`PublishError::Redis`] or
 /// [`PublishError::ShardMissing`] of a batch can come after some of its entries were appended:
 /// retrying the batch may then append those again (at-least-once, docs/design.md §12).
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +126,20 @@ pub enum PublishError {
         "Redis command failed; check that Redis is up and reachable, then retry (a retried batch may append some entries twice)"
     )]
     Redis(#[from] redis::RedisError),
+    /// A header name the publisher refuses (docs/design.md §13.4): empty, or with a control
+    /// character (`char::is_control`). Refused before any `XADD`: nothing was written.
+    #[error(
+        "header name {name:?}{} {problem}; header names must be non-empty text without control characters (they are the entry field `h:<name>`, read as text by consumers in any language)",
+        at_index(*.index)
+    )]
+    InvalidHeaderName {
+        /// Position in the batch (`None` for a single publish).
+        index: Option<usize>,
+        /// The refused name.
+        name: String,
+        /// What is wrong with it: `is empty` or `contains a control character`.
+        problem: &'static str,
+    },
 }
 
 impl From<StoreError> for PublishError {

@@ -14,8 +14,10 @@ use serde::Serialize;
 use super::PublishError;
 use super::routing::shard_for_key;
 use crate::connection::RedisConnection;
+use crate::headers::Headers;
 use crate::keys::StreamKeys;
 use crate::store::load_stream_metadata;
+use crate::trace_context::{self, TRACEPARENT};
 use cache::{Cached, Routing, lock, unknown_stream};
 
 pub use options::{
@@ -148,6 +150,8 @@ impl Publisher {
     /// Serializes `payload` to JSON (serde_json) and appends
     /// `key <partition_key> payload <json>` to the key's shard. One `XADD`, plus a metadata check
     /// when the refresh interval has passed; after a retired shard, one refresh and one retry.
+    /// With the `opentelemetry` feature, the current span's trace context is added as headers
+    /// (as [`Self::publish_with_headers`] does).
     ///
     /// # Errors
     /// [`PublishError::Serialize`] or [`PublishError::PayloadTooLarge`] (nothing sent);
@@ -161,17 +165,42 @@ impl Publisher {
         partition_key: &str,
         payload: &T,
     ) -> Result<Published, PublishError> {
+        self.publish_with_headers(partition_key, payload, &Headers::new())
+            .await
+    }
+
+    /// [`Self::publish`] with `headers`: appends
+    /// `key <partition_key> payload <json> h:<name> <value> ...`, one field per header in the
+    /// given order (docs/design.md §13.4). With the `opentelemetry` feature, when a `tracing`
+    /// span with an OpenTelemetry context is current, its W3C `traceparent` (and `tracestate`
+    /// when not empty) follow as headers, unless `headers` has a `traceparent` already. The
+    /// size checked against `max_payload_bytes` is the JSON plus the header fields' names and
+    /// values.
+    ///
+    /// # Errors
+    /// [`PublishError::InvalidHeaderName`] for an empty header name or one with a control
+    /// character (nothing sent); otherwise as [`Self::publish`].
+    pub async fn publish_with_headers<T: Serialize + ?Sized>(
+        &self,
+        partition_key: &str,
+        payload: &T,
+        headers: &Headers,
+    ) -> Result<Published, PublishError> {
+        check_header_names(headers, None)?;
         let json = serde_json::to_vec(payload).map_err(|source| PublishError::Serialize {
             index: None,
             source,
         })?;
-        self.check_size(json.len(), None)?;
-        self.append_one(partition_key, &[("payload", &json)]).await
+        let message = Encoded::new(json, headers, &trace_headers(headers));
+        self.check_size(message.size(), None)?;
+        self.append_one(partition_key, &message.fields()).await
     }
 
     /// Appends `key <partition_key>` followed by `fields` (name, bytes) as given, for payloads
     /// that are not JSON. Same routing, retry and errors as [`Self::publish`]; the size checked
-    /// against `max_payload_bytes` is the sum of field name and value lengths.
+    /// against `max_payload_bytes` is the sum of field name and value lengths. Fields named
+    /// `h:<name>` reach handlers as header `<name>` (a dead-letter replay republishes headers
+    /// this way); no trace context is added: the fields are written exactly as given.
     ///
     /// # Errors
     /// [`PublishError::ReservedField`] for a field named `key`; otherwise as [`Self::publish`]
@@ -199,7 +228,8 @@ impl Publisher {
     /// and nothing is sent), then one pipeline goes out — on a standalone server one pipeline for
     /// the whole batch, on a cluster one per shard (a redis-rs cluster pipeline must stay in one
     /// slot), sent concurrently. Entries of one shard are appended in batch order. Entries that
-    /// met a retired shard are re-routed after one refresh and sent once more.
+    /// met a retired shard are re-routed after one refresh and sent once more. With the
+    /// `opentelemetry` feature every entry carries the current span's trace context.
     ///
     /// Returns one [`Published`] per message, in input order. An empty batch sends nothing.
     ///
@@ -211,19 +241,71 @@ impl Publisher {
         &self,
         messages: &[(K, T)],
     ) -> Result<Vec<Published>, PublishError> {
-        let mut payloads = Vec::with_capacity(messages.len());
+        let none = Headers::new();
+        let trace = trace_headers(&none);
+        let mut encoded = Vec::with_capacity(messages.len());
         for (index, (_, payload)) in messages.iter().enumerate() {
-            let json = serde_json::to_vec(payload).map_err(|source| PublishError::Serialize {
-                index: Some(index),
-                source,
-            })?;
-            self.check_size(json.len(), Some(index))?;
-            payloads.push(json);
+            encoded.push(self.encode(index, payload, &none, &trace)?);
         }
+        self.append_batch(|i| messages[i].0.as_ref(), &encoded)
+            .await
+    }
+
+    /// [`Self::publish_batch`] of (partition key, payload, headers): each entry as
+    /// [`Self::publish_with_headers`] writes it, pipelined the same way; the current span's trace
+    /// context (feature `opentelemetry`) goes into every entry whose headers have no
+    /// `traceparent`.
+    ///
+    /// # Errors
+    /// [`PublishError::InvalidHeaderName`] with the batch position (nothing sent); otherwise as
+    /// [`Self::publish_batch`].
+    pub async fn publish_batch_with_headers<K: AsRef<str>, T: Serialize>(
+        &self,
+        messages: &[(K, T, Headers)],
+    ) -> Result<Vec<Published>, PublishError> {
+        let trace = trace_headers(&Headers::new());
+        let none = Headers::new();
+        let mut encoded = Vec::with_capacity(messages.len());
+        for (index, (_, payload, headers)) in messages.iter().enumerate() {
+            check_header_names(headers, Some(index))?;
+            let trace = if headers.contains(TRACEPARENT) {
+                &none
+            } else {
+                &trace
+            };
+            encoded.push(self.encode(index, payload, headers, trace)?);
+        }
+        self.append_batch(|i| messages[i].0.as_ref(), &encoded)
+            .await
+    }
+
+    /// Message `index` of a batch serialized and size-checked.
+    fn encode<T: Serialize>(
+        &self,
+        index: usize,
+        payload: &T,
+        headers: &Headers,
+        trace: &Headers,
+    ) -> Result<Encoded, PublishError> {
+        let json = serde_json::to_vec(payload).map_err(|source| PublishError::Serialize {
+            index: Some(index),
+            source,
+        })?;
+        let message = Encoded::new(json, headers, trace);
+        self.check_size(message.size(), Some(index))?;
+        Ok(message)
+    }
+
+    /// Appends the encoded `messages` (partition key of message `i`: `key(i)`), pipelined as
+    /// [`Self::publish_batch`] says.
+    async fn append_batch<'a>(
+        &self,
+        key: impl Fn(usize) -> &'a str,
+        messages: &[Encoded],
+    ) -> Result<Vec<Published>, PublishError> {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        let key = |i: usize| messages[i].0.as_ref();
         let mut routing = self.routing().await?;
         let mut published: Vec<Option<Published>> = vec![None; messages.len()];
         let mut pending: Vec<usize> = (0..messages.len()).collect();
@@ -235,7 +317,7 @@ impl Publisher {
                 .collect::<Result<Vec<_>, _>>()?;
             let ids = self
                 .send(&routing, &pending, &shards, |i, shard_key| {
-                    self.xadd(shard_key, key(i), &[("payload", &payloads[i])])
+                    self.xadd(shard_key, key(i), &messages[i].fields())
                 })
                 .await?;
             let mut missing = Vec::new();
@@ -379,6 +461,61 @@ impl Publisher {
             }
         }
         Ok(ids)
+    }
+}
+
+/// One message's fields after `key`: `payload <json>`, then each header as `h:<name> <value>`
+/// (docs/design.md §13.4).
+struct Encoded {
+    json: Vec<u8>,
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+impl Encoded {
+    /// `json` with the fields of `headers`, then those of `trace` (the trace context).
+    fn new(json: Vec<u8>, headers: &Headers, trace: &Headers) -> Self {
+        let headers = headers
+            .to_fields()
+            .chain(trace.to_fields())
+            .map(|(name, value)| (name, value.to_vec()))
+            .collect();
+        Encoded { json, headers }
+    }
+
+    /// The size checked against `max_payload_bytes`: the JSON, header field names and values.
+    fn size(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+        self.json.len() + headers
+    }
+
+    /// The `XADD` fields after `key`.
+    fn fields(&self) -> Vec<(&str, &[u8])> {
+        let mut fields = Vec::with_capacity(1 + self.headers.len());
+        fields.push(("payload", self.json.as_slice()));
+        fields.extend(self.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())));
+        fields
+    }
+}
+
+/// The current span's trace context as headers, unless `headers` carry a `traceparent` of the
+/// caller's; empty without the `opentelemetry` feature.
+fn trace_headers(headers: &Headers) -> Headers {
+    let mut trace = Headers::new();
+    if !headers.contains(TRACEPARENT) {
+        trace_context::inject_current(&mut trace);
+    }
+    trace
+}
+
+/// Refuses a header name other producers and tools could not carry (docs/design.md §13.4).
+fn check_header_names(headers: &Headers, index: Option<usize>) -> Result<(), PublishError> {
+    match headers.invalid_name() {
+        Some((name, problem)) => Err(PublishError::InvalidHeaderName {
+            index,
+            name: name.to_owned(),
+            problem,
+        }),
+        None => Ok(()),
     }
 }
 

@@ -17,6 +17,7 @@ pub struct PublisherOptions {
     /// Largest payload accepted, in bytes (default 1 MiB, [`DEFAULT_MAX_PAYLOAD_BYTES`]): the
     /// JSON bytes for [`Publisher::publish`](crate::producer::Publisher::publish) and [`Publisher::publish_batch`](crate::producer::Publisher::publish_batch), the sum of field
     /// name and value lengths for [`Publisher::publish_raw`](crate::producer::Publisher::publish_raw). The partition key is not counted.
+    /// With headers ([`Publisher::publish_with_headers`](crate::producer::Publisher::publish_with_headers)), the JSON plus the header fields' names (`h:<name>`) and values, trace context included.
     /// A larger payload is refused with [`PublishError::PayloadTooLarge`] before any `XADD`.
     /// Must be at least 1.
     pub max_payload_bytes: usize,

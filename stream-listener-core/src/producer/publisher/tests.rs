@@ -110,3 +110,67 @@ fn error_messages_say_what_to_do() {
     };
     assert!(single.to_string().starts_with("payload is 10 bytes"));
 }
+
+#[test]
+fn a_message_with_headers_is_written_as_payload_then_prefixed_header_fields() {
+    let headers = Headers::new()
+        .with("content-type", "application/json")
+        .with("tag", "a")
+        .with("tag", b"\x00\xff".to_vec());
+    let trace = Headers::new().with(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    );
+    let message = Encoded::new(br#"{"id":1}"#.to_vec(), &headers, &trace);
+    assert_eq!(
+        message.fields(),
+        vec![
+            ("payload", &br#"{"id":1}"#[..]),
+            ("h:content-type", &b"application/json"[..]),
+            ("h:tag", &b"a"[..]),
+            ("h:tag", &b"\x00\xff"[..]),
+            (
+                "h:traceparent",
+                &b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"[..]
+            ),
+        ]
+    );
+    // The JSON, then each header field's name and value.
+    assert_eq!(
+        message.size(),
+        8 + (14 + 16) + (5 + 1) + (5 + 2) + (13 + 55)
+    );
+    let plain = Encoded::new(b"1".to_vec(), &Headers::new(), &Headers::new());
+    assert_eq!(plain.fields(), vec![("payload", &b"1"[..])]);
+    assert_eq!(plain.size(), 1);
+}
+
+#[test]
+fn a_bad_header_name_is_refused_with_its_position() {
+    assert!(check_header_names(&Headers::new().with("ok", "v"), None).is_ok());
+    let err = check_header_names(
+        &Headers::new().with("ok", "v").with("bad\r\n", "v"),
+        Some(3),
+    )
+    .unwrap_err();
+    match &err {
+        PublishError::InvalidHeaderName {
+            index,
+            name,
+            problem,
+        } => assert_eq!(
+            (*index, name.as_str(), *problem),
+            (Some(3), "bad\r\n", "contains a control character")
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "header name \"bad\\r\\n\" of message #3 of the batch contains a control character; header names must be non-empty text without control characters (they are the entry field `h:<name>`, read as text by consumers in any language)"
+    );
+}
+
+#[test]
+fn without_a_current_span_no_trace_context_is_added() {
+    assert!(trace_headers(&Headers::new()).is_empty());
+}
