@@ -159,7 +159,8 @@ impl<T: DeserializeOwned> FromDelivery for Message<T> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RawMessage {
-    /// Every field, in order (`key` and `payload` for entries of the publisher).
+    /// Every field, in order (`key` and `payload` for entries of the publisher, then its
+    /// headers as `h:<name>` fields: [`RawMessage::headers`]).
     pub fields: Vec<(String, Vec<u8>)>,
     /// Where the entry came from.
     pub metadata: Metadata,

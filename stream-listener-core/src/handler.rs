@@ -27,7 +27,8 @@ pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> +
 pub struct Delivery {
     /// Where the entry came from and who is handling it.
     pub metadata: Metadata,
-    /// Every field of the entry, in order (`key` and `payload` for entries of the publisher).
+    /// Every field of the entry, in order (`key` and `payload` for entries of the publisher,
+    /// then its headers as `h:<name>` fields: [`Delivery::headers`]).
     pub fields: Arc<[(String, Vec<u8>)]>,
 }
 

@@ -52,8 +52,9 @@ pub enum PublishError {
     PayloadTooLarge {
         /// Position in the batch (`None` for a single publish).
         index: Option<usize>,
-        /// Its size in bytes: the JSON bytes, or for `publish_raw` the sum of field names and
-        /// values.
+        /// Its size in bytes: the JSON bytes (plus the header fields' names and values, for
+        /// a publish with headers or a trace context), or for `publish_raw` the sum of field
+        /// names and values.
         size: usize,
         /// `max_payload_bytes`.
         limit: usize,

@@ -8,6 +8,9 @@
 //! - Entries: `XADD {<prefix>:<i>} NOMKSTREAM [MAXLEN ~ n] * key <k> payload <json>`
 //!   ([`Publisher::publish`], [`Publisher::publish_batch`]), or `key <k>` followed by raw fields
 //!   ([`Publisher::publish_raw`]).
+//! - Headers: `h:<name> <value>` fields after `payload`
+//!   ([`Publisher::publish_with_headers`], [`Publisher::publish_batch_with_headers`]), with the
+//!   current span's W3C trace context under the feature `opentelemetry` (docs/design.md §13.4).
 //! - Routing metadata (`sl:{<prefix>}:stream`) is cached by `metadataVersion`, checked every
 //!   `refresh_interval`, refreshed at once when `NOMKSTREAM` finds a retired (deleted) shard, and
 //!   never used past `routing_lease` after its read was sent ([`PublisherOptions`]).
