@@ -38,6 +38,7 @@ pub(crate) fn set_parent(span: &tracing::Span, fields: &[(String, Vec<u8>)]) {
 
 #[cfg(feature = "opentelemetry")]
 mod otel {
+    use opentelemetry::Context;
     use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
     use opentelemetry::trace::TraceContextExt;
     use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -84,23 +85,109 @@ mod otel {
         if span.is_disabled() {
             return;
         }
-        // An invalid context (no OpenTelemetry layer) makes the propagator write nothing.
-        TraceContextPropagator::new().inject_context(&span.context(), &mut HeaderInjector(headers));
+        inject(&span.context(), headers);
+    }
+
+    /// Appends `cx`'s W3C headers; nothing for an invalid context (a span without an
+    /// OpenTelemetry layer has one).
+    fn inject(cx: &Context, headers: &mut Headers) {
+        TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
     }
 
     pub(super) fn set_parent(span: &tracing::Span, fields: &[(String, Vec<u8>)]) {
-        if span.is_disabled() || !header_fields(fields).any(|(name, _)| name == TRACEPARENT) {
+        if span.is_disabled() {
             return;
         }
-        let cx = TraceContextPropagator::new().extract(&FieldExtractor(fields));
-        // A malformed traceparent extracts nothing: keep the span's own parent then.
-        if !cx.span().span_context().is_valid() {
+        let Some(cx) = extract(fields) else {
             return;
-        }
+        };
         // Fails only without an OpenTelemetry layer (nothing to parent) or for a span already
         // started (not the case: it is fresh).
         if let Err(error) = span.set_parent(cx) {
             tracing::trace!(%error, "the handler span takes no trace parent");
+        }
+    }
+
+    /// The producer's context from the `traceparent` / `tracestate` headers among `fields`;
+    /// `None` without a `traceparent` or with a malformed one (the span keeps its own parent).
+    fn extract(fields: &[(String, Vec<u8>)]) -> Option<Context> {
+        if !header_fields(fields).any(|(name, _)| name == TRACEPARENT) {
+            return None;
+        }
+        let cx = TraceContextPropagator::new().extract(&FieldExtractor(fields));
+        cx.span().span_context().is_valid().then_some(cx)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+
+        use super::*;
+
+        const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+        const SPAN: &str = "00f067aa0ba902b7";
+
+        fn context(trace_state: TraceState, flags: TraceFlags) -> Context {
+            Context::new().with_remote_span_context(SpanContext::new(
+                TraceId::from_hex(TRACE).unwrap(),
+                SpanId::from_hex(SPAN).unwrap(),
+                flags,
+                true,
+                trace_state,
+            ))
+        }
+
+        fn entry(headers: &Headers) -> Vec<(String, Vec<u8>)> {
+            let mut fields = vec![("key".to_owned(), b"k".to_vec())];
+            fields.extend(headers.to_fields().map(|(n, v)| (n, v.to_vec())));
+            fields
+        }
+
+        #[test]
+        fn the_w3c_headers_of_a_context_are_traceparent_and_a_non_empty_tracestate() {
+            let mut headers = Headers::new().with("tenant", "acme");
+            let state = TraceState::from_key_value([("vendor", "v1")]).unwrap();
+            inject(&context(state, TraceFlags::SAMPLED), &mut headers);
+            assert_eq!(
+                headers,
+                Headers::new()
+                    .with("tenant", "acme")
+                    .with("traceparent", format!("00-{TRACE}-{SPAN}-01"))
+                    .with("tracestate", "vendor=v1")
+            );
+            let mut unsampled = Headers::new();
+            inject(
+                &context(TraceState::default(), TraceFlags::default()),
+                &mut unsampled,
+            );
+            assert_eq!(
+                unsampled,
+                Headers::new().with("traceparent", format!("00-{TRACE}-{SPAN}-00")),
+                "an empty tracestate is not written"
+            );
+            let mut none = Headers::new();
+            inject(&Context::new(), &mut none);
+            assert!(none.is_empty(), "no span: no header");
+        }
+
+        #[test]
+        fn the_producer_context_is_read_back_from_the_entry_fields() {
+            let state = TraceState::from_key_value([("vendor", "v1")]).unwrap();
+            let sent = context(state, TraceFlags::SAMPLED);
+            let mut headers = Headers::new();
+            inject(&sent, &mut headers);
+            let read = extract(&entry(&headers)).unwrap();
+            assert_eq!(read.span().span_context(), sent.span().span_context());
+
+            assert!(extract(&entry(&Headers::new().with("tenant", "acme"))).is_none());
+            let malformed = Headers::new().with("traceparent", "00-not-a-trace-01");
+            assert!(extract(&entry(&malformed)).is_none());
+            // A field `traceparent` without the prefix is not a header.
+            let unprefixed = vec![(
+                "traceparent".to_owned(),
+                format!("00-{TRACE}-{SPAN}-01").into_bytes(),
+            )];
+            assert!(extract(&unprefixed).is_none());
         }
     }
 }
