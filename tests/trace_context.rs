@@ -1,7 +1,8 @@
 //! W3C trace context through a real Redis (docs/design.md §13.4, feature `opentelemetry`, which
 //! the root's dev-dependency on `stream-listener` turns on): a message published inside a span
 //! carries that span's `traceparent`, and the listener's `handle` span for it is a child of the
-//! producer's span in the same trace, as exported by the OpenTelemetry SDK's in-memory exporter.
+//! producer's span in the same trace, as exported by the OpenTelemetry SDK's in-memory exporter;
+//! a batch carries the context in each entry, and a caller's own `traceparent` is kept.
 //!
 //! One test in this binary: it installs the process-wide subscriber (a registry with a
 //! `tracing-opentelemetry` layer), which the listener's tasks on other threads then report to.
@@ -41,15 +42,18 @@ async fn the_handler_span_is_a_child_of_the_producer_span_in_its_trace() {
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let (_serial, _server, target, mut conn, _recorder) = Context::start(2).await.parts();
-    let seen: Arc<Mutex<Vec<(String, Headers)>>> = Arc::default();
+    // (shard stream key, entry id, headers) of every entry handled.
+    let seen: Arc<Mutex<Vec<(String, String, Headers)>>> = Arc::default();
     let handler = {
         let seen = seen.clone();
         move |delivery: Delivery| {
             let seen = seen.clone();
             async move {
-                seen.lock()
-                    .unwrap()
-                    .push((delivery.entry_id.clone(), delivery.headers()));
+                seen.lock().unwrap().push((
+                    delivery.stream_key.clone(),
+                    delivery.entry_id.clone(),
+                    delivery.headers(),
+                ));
                 Ok::<(), HandlerError>(())
             }
         }
@@ -85,11 +89,11 @@ async fn the_handler_span_is_a_child_of_the_producer_span_in_its_trace() {
         seen.lock()
             .unwrap()
             .iter()
-            .any(|(id, _)| *id == published.entry_id)
+            .any(|(key, id, _)| *key == published.stream_key && *id == published.entry_id)
     })
     .await;
     assert!(handled, "entry {} not handled", published.entry_id);
-    let headers = seen.lock().unwrap()[0].1.clone();
+    let headers = seen.lock().unwrap()[0].2.clone();
     assert_eq!(
         headers,
         Headers::new()
@@ -125,6 +129,53 @@ async fn the_handler_span_is_a_child_of_the_producer_span_in_its_trace() {
     );
     assert_eq!(attribute("stream").as_deref(), Some(STREAM));
     assert_eq!(attribute("shard"), Some(published.shard.to_string()));
+
+    // Inside a span, a batch carries the span's context in every entry, except where the caller
+    // gave a traceparent of its own: that one is kept, alone.
+    let own = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let batch_span = tracing::info_span!("batch");
+    let batch = producer
+        .publish_batch_with_headers(&[
+            ("customer:2", json!({"n": 2}), Headers::new()),
+            (
+                "customer:3",
+                json!({"n": 3}),
+                Headers::new().with("traceparent", own),
+            ),
+        ])
+        .instrument(batch_span.clone())
+        .await
+        .unwrap();
+    let batch_context = batch_span.context().span().span_context().clone();
+    drop(batch_span);
+    let headers_of = |key: &str, id: &str| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .find(|(k, i, _)| k == key && i == id)
+            .map(|(_, _, headers)| headers.clone())
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || batch
+            .iter()
+            .all(|p| headers_of(&p.stream_key, &p.entry_id).is_some()))
+        .await
+    );
+    assert_eq!(
+        headers_of(&batch[0].stream_key, &batch[0].entry_id).unwrap(),
+        Headers::new().with(
+            "traceparent",
+            format!(
+                "00-{}-{}-01",
+                batch_context.trace_id(),
+                batch_context.span_id()
+            )
+        )
+    );
+    assert_eq!(
+        headers_of(&batch[1].stream_key, &batch[1].entry_id).unwrap(),
+        Headers::new().with("traceparent", own)
+    );
     listener.shutdown_and_wait().await;
     provider.shutdown().unwrap();
 }
