@@ -20,9 +20,28 @@ pub const HEADER_PREFIX: &str = "h:";
 ///
 /// Building `Headers` accepts any name; the publisher checks them
 /// ([`crate::producer::Publisher::publish_with_headers`]: non-empty, no control characters).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Headers {
     entries: Vec<(String, Vec<u8>)>,
+}
+
+/// `[("name", "text value"), ("name", [0, 255])]`: a value as text when it is UTF-8, as bytes
+/// otherwise.
+impl std::fmt::Debug for Headers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        struct Value<'a>(&'a [u8]);
+        impl std::fmt::Debug for Value<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                match std::str::from_utf8(self.0) {
+                    Ok(text) => text.fmt(f),
+                    Err(_) => self.0.fmt(f),
+                }
+            }
+        }
+        f.debug_list()
+            .entries(self.iter().map(|(name, value)| (name, Value(value))))
+            .finish()
+    }
 }
 
 impl Headers {
@@ -203,6 +222,15 @@ mod tests {
         let round_trip: Vec<(String, Vec<u8>)> =
             headers.to_fields().map(|(n, v)| (n, v.to_vec())).collect();
         assert_eq!(Headers::from_fields(&round_trip), headers);
+    }
+
+    #[test]
+    fn debug_shows_text_values_as_text() {
+        let headers = Headers::new().with("a", "text").with("b", vec![0xff, 0]);
+        assert_eq!(
+            format!("{headers:?}"),
+            r#"[("a", "text"), ("b", [255, 0])]"#
+        );
     }
 
     #[test]
