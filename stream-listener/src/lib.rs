@@ -46,6 +46,7 @@
 //! rebalance, a crash), so make its effects idempotent where duplicates matter (docs/design.md
 //! §12).
 
+mod observability;
 mod registry;
 mod run;
 
@@ -97,6 +98,8 @@ pub use stream_listener_core::extract::{
     FromDelivery, IntoHandlerResult, Json, Message, RawMessage,
 };
 pub use stream_listener_core::handler::{BoxError, Delivery, HandlerError, Metadata};
+/// Member health for probes (docs/design.md §13.2, `/healthz` and `/readyz`).
+pub use stream_listener_core::member::{HealthSource, MemberHealth, MemberState};
 pub use stream_listener_core::member::{ListenerHandle, MemberStatus};
 
 /// The configuration file (docs/design.md §11; its sections are the types of

@@ -211,6 +211,12 @@ pub struct HealthSource {
 }
 
 impl HealthSource {
+    /// Whether a shutdown of these members was asked for
+    /// ([`ListenerHandle::shutdown`](crate::member::ListenerHandle::shutdown)).
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
     /// Every member's health now, in the order of
     /// [`ListenerHandle::member_ids`](crate::member::ListenerHandle::member_ids).
     pub fn health(&self) -> Vec<MemberHealth> {

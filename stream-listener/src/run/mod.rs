@@ -89,11 +89,41 @@ pub async fn run_listeners(
     let target = config.redis.target();
     let log = Arc::new(AssignmentLog::default());
     let planned = plan(&config, &target, listeners, &log)?;
-    let connected = startup::connect(&target, Some(config.redis.startup_timeout))
+    // Before Redis: /readyz answers 503 "starting" while startup retries.
+    let names = planned
+        .iter()
+        .map(|p| p.registration.name().to_owned())
+        .collect();
+    let observability = crate::observability::start(&config, names).await?;
+    match start_members(&config, &target, planned, &log).await {
+        Ok(mut app) => {
+            if let Some((server, probe)) = observability {
+                probe.running(app.listener_sizes(), app.handle().health_source());
+                app.serve_until_left(server);
+            }
+            Ok(app)
+        }
+        Err(error) => {
+            if let Some((server, _)) = observability {
+                server.stop().await;
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Steps 2 to 6 of [`run_listeners`].
+async fn start_members(
+    config: &Config,
+    target: &RedisTarget,
+    planned: Vec<Planned>,
+    log: &Arc<AssignmentLog>,
+) -> Result<RunningApp, RunError> {
+    let connected = startup::connect(target, Some(config.redis.startup_timeout))
         .await
-        .map_err(|e| RunError::startup(describe_target(&target), e))?;
-    provision(&connected, &config, &target).await?;
-    check_streams(&connected, &planned, &target).await?;
+        .map_err(|e| RunError::startup(describe_target(target), e))?;
+    provision(&connected, config, target).await?;
+    check_streams(&connected, &planned, target).await?;
     let mut listeners = Vec::new();
     let mut members: Option<ListenerHandle> = None;
     for Planned {
@@ -142,7 +172,7 @@ pub async fn run_listeners(
     // A rebalance moves shards over a few heartbeats (revoke, then assign): log once nothing
     // has changed for two heartbeat intervals.
     let settle = config.coordination.heartbeat_interval * 2;
-    tokio::spawn(log.run(settle, members.shutdown_token()));
+    tokio::spawn(log.clone().run(settle, members.shutdown_token()));
     Ok(RunningApp::new(listeners, members))
 }
 
