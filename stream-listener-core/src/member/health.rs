@@ -318,3 +318,178 @@ fn snapshot(
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconciler::{Identity, Reconciler};
+
+    const TTL: Duration = Duration::from_secs(15);
+    const MARGIN: Duration = Duration::from_secs(3);
+
+    struct Member {
+        shared: Arc<MemberShared>,
+        cell: Arc<HealthCell>,
+        shutdown: CancellationToken,
+        seq: u64,
+    }
+
+    fn member() -> Member {
+        let identity = Identity {
+            member_id: "base-m0".into(),
+            member_name: "on_order".into(),
+            instance_id: None,
+            process_id: "proc-1".into(),
+            runtime_max_concurrency: 1,
+        };
+        Member {
+            shared: Arc::new(MemberShared::new(Reconciler::new(identity))),
+            cell: Arc::new(HealthCell::new(TTL)),
+            shutdown: CancellationToken::new(),
+            seq: 0,
+        }
+    }
+
+    fn response(status: HeartbeatStatus, assigned: &[u32], pending: &[u32]) -> HeartbeatResponse {
+        HeartbeatResponse {
+            status,
+            member_epoch: 5,
+            group_epoch: 5,
+            assignment_epoch: 5,
+            metadata_version: 1,
+            incarnation: 100,
+            assigned_shards: assigned.to_vec(),
+            pending_shards: pending.to_vec(),
+            heartbeat_interval_ms: 3000,
+            member_lease_ttl_ms: 15000,
+            rebalance_timeout_ms: 60000,
+        }
+    }
+
+    impl Member {
+        /// What the heartbeat loop does with a response to a heartbeat sent at `sent_at`.
+        fn respond(&mut self, response: &HeartbeatResponse, sent_at: Instant) {
+            self.seq += 1;
+            let mut reconciler = self.shared.lock();
+            let request = reconciler.request(self.seq);
+            reconciler.apply(response, &request, sent_at, MARGIN);
+            let holds = reconciler.holds(response);
+            drop(reconciler);
+            self.cell.lock().responded(response, sent_at, holds);
+        }
+
+        fn health_at(&self, now: Instant) -> MemberHealth {
+            snapshot(
+                &self.shared,
+                &self.cell.lock(),
+                now,
+                self.shutdown.is_cancelled(),
+            )
+        }
+    }
+
+    #[test]
+    fn a_new_member_is_joining_live_and_not_ready() {
+        let m = member();
+        let h = m.health_at(Instant::now());
+        assert_eq!(
+            (h.state, h.live, h.ready),
+            (MemberState::Joining, true, false)
+        );
+        assert_eq!(h.lease_remaining, None);
+        assert!(
+            h.reason
+                .starts_with("joining: waiting for the coordinator's first assignment")
+        );
+        let h = m.health_at(Instant::now() + TTL + Duration::from_secs(1));
+        assert!(!h.live, "no response for a whole lease TTL after the start");
+    }
+
+    #[test]
+    fn holding_the_assignment_is_ready_until_the_lease_passes() {
+        let mut m = member();
+        let sent = Instant::now();
+        m.respond(&response(HeartbeatStatus::Ok, &[0, 2], &[]), sent);
+        let h = m.health_at(sent + Duration::from_secs(1));
+        assert_eq!((h.state, h.live, h.ready), (MemberState::Ready, true, true));
+        assert_eq!(
+            (h.owned_shards.clone(), h.target_shards.clone()),
+            (vec![0, 2], vec![0, 2])
+        );
+        assert_eq!(h.member_epoch, 5);
+        assert_eq!(
+            h.lease_remaining,
+            Some(Duration::from_secs(11)),
+            "ttl - margin - 1 s"
+        );
+
+        // The lease (12 s) passed: in doubt, still live until one TTL after the response.
+        let h = m.health_at(sent + Duration::from_secs(13));
+        assert_eq!(
+            (h.state, h.live, h.ready),
+            (MemberState::LeaseInDoubt, true, false)
+        );
+        assert_eq!(h.lease_remaining, Some(Duration::ZERO));
+        m.cell.lock().failed("heartbeat got no answer".into());
+        let h = m.health_at(sent + Duration::from_secs(16));
+        assert_eq!((h.state, h.live), (MemberState::LeaseInDoubt, false));
+        assert!(
+            h.reason
+                .contains("last heartbeat error: heartbeat got no answer"),
+            "{}",
+            h.reason
+        );
+    }
+
+    #[test]
+    fn pending_shards_keep_a_joining_member_unready_and_a_later_rebalance_does_not() {
+        let mut m = member();
+        let sent = Instant::now();
+        m.respond(&response(HeartbeatStatus::Ok, &[0, 1], &[1]), sent);
+        let h = m.health_at(sent);
+        assert_eq!((h.state, h.ready), (MemberState::Joining, false));
+        assert_eq!(h.pending_shards, vec![1]);
+        m.respond(&response(HeartbeatStatus::Ok, &[0, 1], &[]), sent);
+        assert_eq!(m.health_at(sent).state, MemberState::Ready);
+        // Shard 1 moves away: revoking until released, still ready.
+        m.respond(&response(HeartbeatStatus::Ok, &[0], &[]), sent);
+        let h = m.health_at(sent);
+        assert_eq!((h.state, h.ready), (MemberState::Rebalancing, true));
+        assert_eq!(h.revoking_shards, vec![1]);
+    }
+
+    #[test]
+    fn fencing_shutdown_and_a_taken_identity() {
+        let mut m = member();
+        let sent = Instant::now();
+        m.respond(&response(HeartbeatStatus::Ok, &[0], &[]), sent);
+        m.respond(
+            &response(HeartbeatStatus::FencedMemberEpoch, &[], &[]),
+            sent,
+        );
+        let h = m.health_at(sent);
+        assert_eq!(
+            (h.state, h.live, h.ready),
+            (MemberState::Fenced, true, false)
+        );
+        assert_eq!((h.member_epoch, h.lease_remaining), (0, None));
+        // Rejoined and holding again: ready.
+        m.respond(&response(HeartbeatStatus::Ok, &[0], &[]), sent);
+        assert_eq!(m.health_at(sent).state, MemberState::Ready);
+
+        m.shutdown.cancel();
+        let h = m.health_at(sent);
+        assert_eq!(
+            (h.state, h.live, h.ready),
+            (MemberState::ShuttingDown, true, false)
+        );
+
+        let mut m = member();
+        m.respond(&response(HeartbeatStatus::FencedInstanceId, &[], &[]), sent);
+        let h = m.health_at(sent);
+        assert_eq!(
+            (h.state, h.live, h.ready),
+            (MemberState::Stopped, false, false)
+        );
+    }
+}
