@@ -38,6 +38,9 @@
 //!   retires and describes streams and groups; [`core::internals::admin`] is the same as a
 //!   library;
 //! - `testing` (feature `testing`) starts throwaway Redis servers and clusters for tests;
+//! - `[observability] listen` in the config serves `/metrics` (feature `metrics`, on by
+//!   default: Prometheus text), `/healthz` and `/readyz` (JSON per listener and member,
+//!   [`ListenerHandle::health`]; docs/design.md §13.2);
 //! - [`core`] is `stream-listener-core` for integrators: [`core::member::Listener`] runs one
 //!   listener without `run()`; [`core::internals`] holds the store, data plane and admin
 //!   operations without a semver promise.

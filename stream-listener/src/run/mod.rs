@@ -63,7 +63,11 @@ pub async fn run_with(config: Config) -> Result<RunningApp, RunError> {
 ///
 /// 1. checks the config and the listeners, without contacting Redis: names, duplicate names,
 ///    two listeners on one (stream, group), `[listeners.<name>]` sections for listeners that do
-///    not exist, the merged settings (config overrides over the values given in code);
+///    not exist, the merged settings (config overrides over the values given in code); then,
+///    with `[observability] listen`, installs the Prometheus recorder (feature `metrics`) and
+///    starts the HTTP listener (`/metrics`, `/healthz`, `/readyz`; docs/design.md §13.2), so
+///    `/readyz` answers 503 `starting` during the next steps; it stops once the members have
+///    left ([`RunningApp::join`]), or at once when a later step fails;
 /// 2. connects (standalone or cluster), retrying with capped backoff (100 ms doubling to 2 s)
 ///    while Redis does not answer, for at most `[redis] startup_timeout`;
 /// 3. checks that Redis is 7.0 or newer (`INFO server`);
@@ -77,6 +81,8 @@ pub async fn run_with(config: Config) -> Result<RunningApp, RunError> {
 /// # Errors
 /// [`RunError::Config`], [`RunError::NoListeners`], [`RunError::DuplicateName`],
 /// [`RunError::DuplicateStreamGroup`], [`RunError::Listener`] (step 1, nothing sent to Redis);
+/// [`RunError::MetricsRecorder`] when `listen` is set and another global `metrics` recorder is
+/// installed, [`RunError::Listen`] when its address cannot be bound (step 1, nothing sent);
 /// [`RunError::RedisUnreachable`] once `startup_timeout` has passed, or [`RunError::Redis`] at
 /// once for errors retrying cannot fix (step 2); [`RunError::RedisTooOld`] (3);
 /// [`RunError::Stream`] (4); [`RunError::MissingStream`] (5); [`RunError::Listener`] when a
