@@ -138,3 +138,64 @@ fn json(answer: Answer) -> Response {
         .unwrap_or_else(|e| format!("{{\"status\":\"error\",\"error\":{:?}}}", e.to_string()));
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_of(response: Response) -> (StatusCode, String) {
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    fn state() -> AppState {
+        AppState {
+            probe: Arc::new(Probe::new(vec!["on_order".into()])),
+            metrics: super::super::exporter::install(Duration::from_secs(5)).unwrap(),
+        }
+    }
+
+    /// Without the `metrics` feature: 404 saying why (`cargo test -p stream-listener
+    /// --no-default-features --lib observability`).
+    #[cfg(not(feature = "metrics"))]
+    #[tokio::test]
+    async fn without_the_feature_metrics_is_404_saying_so() {
+        let (status, body) = body_of(metrics_page(State(state())).await).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(
+            body.starts_with("the `metrics` cargo feature of stream-listener is off"),
+            "{body}"
+        );
+    }
+
+    #[cfg(feature = "metrics")]
+    #[tokio::test]
+    async fn with_the_feature_metrics_is_prometheus_text() {
+        // Installed first: what is recorded before a recorder exists goes nowhere.
+        let state = state();
+        metrics::counter!("stream_listener_unit_probe_total").increment(2);
+        let (status, body) = body_of(metrics_page(State(state)).await).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.lines()
+                .any(|l| l == "stream_listener_unit_probe_total 2"),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn while_starting_readyz_is_503_and_healthz_200() {
+        let (status, body) = body_of(readyz(State(state())).await).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            body,
+            r#"{"status":"starting","listeners":[{"name":"on_order","live":true,"ready":false,"members":[]}]}"#
+        );
+        let (status, body) = body_of(healthz(State(state())).await).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.starts_with(r#"{"status":"starting""#), "{body}");
+    }
+}
