@@ -104,6 +104,26 @@ impl Reconciler {
         &self.revoking
     }
 
+    /// Shards being given up, ascending (for health snapshots).
+    pub(crate) fn revoking_shards(&self) -> Vec<ShardIndex> {
+        self.revoking.keys().copied().collect()
+    }
+
+    /// Whether a graceful shutdown began ([`Reconciler::begin_leave`]).
+    pub(crate) fn is_leaving(&self) -> bool {
+        self.leaving
+    }
+
+    /// Whether the member owns exactly the shards `response` assigned, with none pending
+    /// elsewhere and none being given up: it holds its whole assignment.
+    pub(crate) fn holds(&self, response: &HeartbeatResponse) -> bool {
+        let assigned: std::collections::BTreeSet<ShardIndex> =
+            response.assigned_shards.iter().copied().collect();
+        response.pending_shards.is_empty()
+            && self.revoking.is_empty()
+            && self.owned.keys().copied().eq(assigned)
+    }
+
     pub(crate) fn lease_valid(&self, now: Instant) -> bool {
         self.lease_deadline.is_some_and(|d| now < d)
     }

@@ -42,6 +42,9 @@
 //!   [`Message::headers`] and the [`Headers`] extractor); with the feature `opentelemetry` (off
 //!   by default) the publisher writes the current span's W3C trace context into them and each
 //!   handler attempt's span is parented by it (docs/design.md §13.4);
+//! - `[observability] listen` in the config serves `/metrics` (feature `metrics`, on by
+//!   default: Prometheus text), `/healthz` and `/readyz` (JSON per listener and member,
+//!   [`ListenerHandle::health`]; docs/design.md §13.2);
 //! - [`core`] is `stream-listener-core` for integrators: [`core::member::Listener`] runs one
 //!   listener without `run()`; [`core::internals`] holds the store, data plane and admin
 //!   operations without a semver promise.
@@ -50,6 +53,7 @@
 //! rebalance, a crash), so make its effects idempotent where duplicates matter (docs/design.md
 //! §12).
 
+mod observability;
 mod registry;
 mod run;
 
@@ -104,6 +108,8 @@ pub use stream_listener_core::handler::{BoxError, Delivery, HandlerError, Metada
 /// Message headers (docs/design.md §13.4): written by [`Publisher::publish_with_headers`], read
 /// by the [`Headers`] extractor and [`Message::headers`].
 pub use stream_listener_core::headers::Headers;
+/// Member health for probes (docs/design.md §13.2, `/healthz` and `/readyz`).
+pub use stream_listener_core::member::{HealthSource, MemberHealth, MemberState};
 pub use stream_listener_core::member::{ListenerHandle, MemberStatus};
 
 /// The configuration file (docs/design.md §11; its sections are the types of

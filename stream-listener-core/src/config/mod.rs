@@ -38,6 +38,10 @@
 //! shutdown_timeout = "30s"
 //! start_from = "earliest"                 # or "latest"
 //! fencing = "strict"                      # or "acks"
+//!
+//! [observability]
+//! listen = "127.0.0.1:9464"               # /metrics, /healthz, /readyz; absent: no listener
+//! metrics_interval = "5s"                 # gauges re-set this often
 //! ```
 //!
 //! Durations are humantime strings: `"250ms"`, `"3s"`, `"1m 30s"`.
@@ -58,6 +62,7 @@ use validate::{check_instance_id, check_redis_url};
 
 pub use error::{ConfigError, Location};
 pub use sections::{CoordinationConfig, ListenerConfig, MemberConfig, RedisConfig, StreamConfig};
+pub use sections::{DEFAULT_METRICS_INTERVAL, ObservabilityConfig};
 pub use validate::redact_url;
 
 /// The config file read when `STREAM_LISTENER_CONFIG` is not set (in the working directory).
@@ -98,6 +103,10 @@ pub struct Config {
     /// `[listeners.<name>]`: overrides per listener, keyed by listener name.
     #[serde(default)]
     pub listeners: BTreeMap<String, ListenerConfig>,
+    /// `[observability]`: the HTTP listener (`/metrics`, `/healthz`, `/readyz`) and the metrics
+    /// interval.
+    #[serde(default)]
+    pub observability: ObservabilityConfig,
     /// The file it came from, to locate errors found after loading.
     #[serde(skip)]
     origin: Option<Origin>,

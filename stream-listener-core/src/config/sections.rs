@@ -207,3 +207,31 @@ pub struct ListenerConfig {
     #[serde(with = "humantime_serde")]
     pub retention_interval: Option<Duration>,
 }
+
+/// `[observability]`: the process's HTTP listener for `/metrics`, `/healthz` and `/readyz`
+/// (docs/design.md §13.2).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct ObservabilityConfig {
+    /// `listen`: the socket address the HTTP listener binds, `"127.0.0.1:9464"` or
+    /// `"[::]:9464"` (an IP and a port, no host name). Absent: no listener. See
+    /// [`Config::listen_addr`](crate::config::Config::listen_addr).
+    pub listen: Option<String>,
+    /// `metrics_interval` (default 5 s, > 0): how often gauges are re-set; the Prometheus
+    /// exporter forgets a gauge not set for three intervals.
+    #[serde(with = "humantime_serde")]
+    pub metrics_interval: Duration,
+}
+
+/// The default [`ObservabilityConfig::metrics_interval`]: 5 s.
+pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(5);
+
+impl Default for ObservabilityConfig {
+    fn default() -> Self {
+        ObservabilityConfig {
+            listen: None,
+            metrics_interval: DEFAULT_METRICS_INTERVAL,
+        }
+    }
+}

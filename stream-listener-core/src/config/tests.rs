@@ -293,3 +293,54 @@ fn tempfile_dir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[test]
+fn observability_defaults_to_no_listener_and_a_5s_interval() {
+    let config = parse("").unwrap();
+    assert_eq!(config.observability.listen, None);
+    assert_eq!(config.listen_addr().unwrap(), None);
+    assert_eq!(
+        config.observability.metrics_interval,
+        Duration::from_secs(5)
+    );
+}
+
+#[test]
+fn observability_listen_and_interval_parse() {
+    let config =
+        parse("[observability]\nlisten = \"[::]:9464\"\nmetrics_interval = \"2s\"\n").unwrap();
+    assert_eq!(
+        config.listen_addr().unwrap(),
+        Some("[::]:9464".parse().unwrap())
+    );
+    assert_eq!(
+        config.observability.metrics_interval,
+        Duration::from_secs(2)
+    );
+}
+
+#[test]
+fn an_unparsable_listen_address_names_file_line_and_key() {
+    assert_invalid_at(
+        "[redis]\nurl = \"redis://h:1\"\n\n[observability]\nlisten = \"localhost:9464\"\n",
+        "observability.listen",
+        5,
+        "\"localhost:9464\" is not a socket address",
+    );
+    assert_invalid_at(
+        "[observability]\nlisten = \"127.0.0.1\"\n",
+        "observability.listen",
+        2,
+        "e.g. \"127.0.0.1:9464\"",
+    );
+}
+
+#[test]
+fn a_zero_metrics_interval_is_refused() {
+    assert_invalid_at(
+        "[observability]\nmetrics_interval = \"0s\"\n",
+        "observability.metrics_interval",
+        2,
+        "must be positive",
+    );
+}

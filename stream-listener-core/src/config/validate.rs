@@ -11,7 +11,8 @@ impl Config {
     /// timings are positive, `heartbeat_interval` ≤ `member_lease_ttl` / 3, `lease_margin` <
     /// `member_lease_ttl`; the instance id is usable; stream prefixes are valid (no `{`
     /// or `}`) and `shards` is 1 to [`MAX_SHARDS`]; listener counts are at least 1 and
-    /// `handler_timeout` is positive and below `rebalance_timeout`.
+    /// `handler_timeout` is positive and below `rebalance_timeout`; `[observability] listen` is
+    /// a socket address and `metrics_interval` is positive.
     ///
     /// # Errors
     /// The first problem found, as [`ConfigError::Invalid`] naming the key (and the file and
@@ -45,7 +46,34 @@ impl Config {
         for (name, listener) in &self.listeners {
             self.validate_listener(name, listener)?;
         }
+        self.listen_addr()?;
+        if self.observability.metrics_interval.is_zero() {
+            return Err(self.invalid(
+                &["observability", "metrics_interval"],
+                "must be positive (default \"5s\")",
+            ));
+        }
         Ok(())
+    }
+
+    /// The address of `[observability] listen`, parsed; `None` when the key is absent (no HTTP
+    /// listener).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming `observability.listen` (and its file and line) when the
+    /// value is not an IP address and port such as `"127.0.0.1:9464"` or `"[::]:9464"`.
+    pub fn listen_addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        let Some(listen) = &self.observability.listen else {
+            return Ok(None);
+        };
+        listen.parse().map(Some).map_err(|e| {
+            self.invalid(
+                &["observability", "listen"],
+                format!(
+                    "{listen:?} is not a socket address ({e}); write an IP address and a port, e.g. \"127.0.0.1:9464\", \"0.0.0.0:9464\" (every interface) or \"[::]:9464\", or remove the key for no HTTP listener"
+                ),
+            )
+        })
     }
 
     pub(super) fn validate_redis(&self) -> Result<(), ConfigError> {

@@ -30,6 +30,8 @@ pub(super) struct Member {
     pub(super) member_stop: CancellationToken,
     /// Told when this member stops for good.
     pub(super) stopped: Arc<tokio::sync::watch::Sender<Option<super::MemberStopped>>>,
+    /// What probes read (docs/design.md §13.2): written after every response or failure.
+    pub(super) health: Arc<super::HealthCell>,
 }
 
 /// A running shard task and how to stop it.
@@ -94,6 +96,9 @@ impl Member {
                 }
                 Err(error) => {
                     failures += 1;
+                    self.health
+                        .lock()
+                        .failed(crate::report::Chain(&error).to_string());
                     // Our sequence is behind what the coordinator recorded for this process
                     // (a lost fast-path answer, say): continue above it.
                     if let StoreError::Coordinator(
@@ -191,11 +196,12 @@ impl Member {
             .options
             .lease_margin
             .unwrap_or_else(|| Duration::from_millis(response.member_lease_ttl_ms) / 5);
-        let changes = self
-            .ctx
-            .shared
-            .lock()
-            .apply(response, request, sent_at, margin);
+        let (changes, holds) = {
+            let mut reconciler = self.ctx.shared.lock();
+            let changes = reconciler.apply(response, request, sent_at, margin);
+            (changes, reconciler.holds(response))
+        };
+        self.health.lock().responded(response, sent_at, holds);
         self.ctx.shared.assignment_changed.notify_waiters();
         if response.status != HeartbeatStatus::Ok {
             tracing::info!(status = ?response.status, member_epoch = response.member_epoch, "heartbeat status");

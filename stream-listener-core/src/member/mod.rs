@@ -6,6 +6,7 @@
 //! tokens, and polls the shards it owns with `runtime_max_concurrency` local workers (the
 //! shard poller, `crate::poller`).
 
+mod health;
 mod heartbeat;
 
 use std::sync::Arc;
@@ -24,6 +25,8 @@ use crate::runtime::MemberShared;
 pub use crate::runtime::{EventCallback, ListenerEvent, ListenerOptions};
 use crate::startup::{Connected, StartupError};
 use crate::store::provision::{ProvisionError, register_group};
+use health::HealthCell;
+pub use health::{HealthSource, MemberHealth, MemberState};
 
 /// Why a listener could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +77,8 @@ pub struct ListenerHandle {
     members: Vec<(String, Arc<MemberShared>, JoinHandle<()>)>,
     /// One per listener merged in ([`ListenerHandle::merge`]).
     stopped: Vec<tokio::sync::watch::Receiver<Option<MemberStopped>>>,
+    /// Each member's health record, in the order of `members`.
+    health: Vec<Arc<HealthCell>>,
 }
 
 /// A member that stopped for good while the listener was meant to run.
@@ -118,6 +123,29 @@ impl ListenerHandle {
                 }
             })
             .collect()
+    }
+
+    /// Every member's health now (docs/design.md §13.2), in the order of
+    /// [`ListenerHandle::member_ids`]: its [`MemberState`], why, liveness (it heartbeats within
+    /// its lease) and readiness (joined, holding its assignment, lease valid, not fenced, not
+    /// shutting down), its epoch, owned / assigned / pending / revoking shards and its lease on
+    /// the member's clock. Sends nothing to Redis; cheap enough for every probe.
+    pub fn health(&self) -> Vec<MemberHealth> {
+        self.health_source().health()
+    }
+
+    /// A cloneable view of the members for [`HealthSource::health`] snapshots taken elsewhere
+    /// (an HTTP listener's task), valid for the members' whole life.
+    pub fn health_source(&self) -> HealthSource {
+        HealthSource {
+            shutdown: self.shutdown.clone(),
+            members: self
+                .members
+                .iter()
+                .map(|(_, shared, _)| shared.clone())
+                .zip(self.health.iter().cloned())
+                .collect(),
+        }
     }
 
     /// Asks every member to shut down gracefully: stop reads, finish in-flight handlers within
@@ -216,6 +244,7 @@ impl ListenerHandle {
         });
         self.members.extend(other.members);
         self.stopped.extend(other.stopped);
+        self.health.extend(other.health);
         self
     }
 
@@ -338,6 +367,7 @@ impl Listener {
         let stopped_tx = Arc::new(stopped_tx);
         let shared_options = Arc::new(self.options);
         let mut members = Vec::new();
+        let mut healths = Vec::new();
         for k in 0..shared_options.concurrency {
             let member_id = format!("{base}-m{k}");
             let identity = Identity {
@@ -351,6 +381,9 @@ impl Listener {
                 runtime_max_concurrency: shared_options.runtime_max_concurrency,
             };
             let shared = Arc::new(MemberShared::new(Reconciler::new(identity)));
+            let health = Arc::new(HealthCell::new(
+                shared_options.coordination.member_lease_ttl,
+            ));
             // The worker pool and the read rounds are the member's, made before any shard task.
             let ctx = ShardTaskContext::new(
                 self.target.clone(),
@@ -366,14 +399,17 @@ impl Listener {
                 shutdown: shutdown.clone(),
                 member_stop: CancellationToken::new(),
                 stopped: stopped_tx.clone(),
+                health: health.clone(),
             };
             let task = tokio::spawn(member.run());
             members.push((member_id, shared, task));
+            healths.push(health);
         }
         Ok(ListenerHandle {
             shutdown,
             members,
             stopped: vec![stopped],
+            health: healths,
         })
     }
 }

@@ -47,6 +47,8 @@ impl ListenerStatus {
 pub struct RunningApp {
     listeners: Vec<(ListenerRegistration, Vec<String>)>,
     members: ListenerHandle,
+    /// The HTTP listener of `[observability] listen`, stopped once the members have left.
+    observability: Option<crate::observability::Server>,
 }
 
 impl RunningApp {
@@ -55,7 +57,30 @@ impl RunningApp {
         listeners: Vec<(ListenerRegistration, Vec<String>)>,
         members: ListenerHandle,
     ) -> Self {
-        RunningApp { listeners, members }
+        RunningApp {
+            listeners,
+            members,
+            observability: None,
+        }
+    }
+
+    /// Each listener's name and member count, in the order of the merged handle's members.
+    pub(crate) fn listener_sizes(&self) -> Vec<(String, usize)> {
+        self.listeners
+            .iter()
+            .map(|(registration, ids)| (registration.name().to_owned(), ids.len()))
+            .collect()
+    }
+
+    /// Keeps `server` running until the members have left ([`RunningApp::join`]).
+    pub(crate) fn serve_until_left(&mut self, server: crate::observability::Server) {
+        self.observability = Some(server);
+    }
+
+    /// The address the HTTP listener of `[observability] listen` is bound to (the real port
+    /// when `listen` gives port 0), `None` without one.
+    pub fn observability_addr(&self) -> Option<std::net::SocketAddr> {
+        self.observability.as_ref().map(|s| s.local_addr())
     }
 
     /// The members of every listener, as one handle.
@@ -114,16 +139,22 @@ impl RunningApp {
         self.members.shutdown_token()
     }
 
-    /// Waits until every member of every listener has stopped ([`ListenerHandle::join`]).
+    /// Waits until every member of every listener has stopped ([`ListenerHandle::join`]), then
+    /// stops the HTTP listener of `[observability] listen` (it answers `/readyz` with 503
+    /// `shutting_down` during the drain).
     pub async fn join(self) {
         self.members.join().await;
+        if let Some(server) = self.observability {
+            server.stop().await;
+        }
     }
 
     /// Graceful shutdown ([`ListenerHandle::shutdown_and_wait`]): stop reads, let in-flight
     /// handlers finish within `shutdown_timeout`, ack what finished, leave the groups; returns
     /// when every member has left.
     pub async fn shutdown_and_wait(self) {
-        self.members.shutdown_and_wait().await;
+        self.members.shutdown();
+        self.join().await;
     }
 
     /// Runs until SIGINT or SIGTERM (or [`RunningApp::shutdown`], or a member that stops for

@@ -124,6 +124,27 @@ pub enum RunError {
     /// The SIGINT/SIGTERM handlers could not be installed.
     #[error("cannot install the SIGINT/SIGTERM handlers")]
     Signal(#[source] std::io::Error),
+    /// The HTTP listener of `[observability] listen` cannot bind its address (port in use,
+    /// an address of another machine, a privileged port); nothing was sent to Redis.
+    #[error("cannot listen on {address} ([observability] listen): {advice}")]
+    Listen {
+        /// The address as configured.
+        address: String,
+        /// What to do about it.
+        advice: &'static str,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `[observability] listen` is set but another global `metrics` recorder is installed in
+    /// this process, so the Prometheus one that serves `/metrics` cannot be.
+    #[error(
+        "a global metrics recorder is already installed, so [observability] listen cannot serve /metrics: remove `listen` from the config and serve the metrics of your own recorder (run_with / run_listeners work without it), or do not install another recorder"
+    )]
+    MetricsRecorder,
+    /// The Prometheus recorder could not be built (a bug: its settings are constant).
+    #[error("cannot set up the Prometheus recorder: {0}")]
+    MetricsSetup(String),
 }
 
 impl RunError {

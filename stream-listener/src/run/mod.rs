@@ -63,7 +63,11 @@ pub async fn run_with(config: Config) -> Result<RunningApp, RunError> {
 ///
 /// 1. checks the config and the listeners, without contacting Redis: names, duplicate names,
 ///    two listeners on one (stream, group), `[listeners.<name>]` sections for listeners that do
-///    not exist, the merged settings (config overrides over the values given in code);
+///    not exist, the merged settings (config overrides over the values given in code); then,
+///    with `[observability] listen`, installs the Prometheus recorder (feature `metrics`) and
+///    starts the HTTP listener (`/metrics`, `/healthz`, `/readyz`; docs/design.md §13.2), so
+///    `/readyz` answers 503 `starting` during the next steps; it stops once the members have
+///    left ([`RunningApp::join`]), or at once when a later step fails;
 /// 2. connects (standalone or cluster), retrying with capped backoff (100 ms doubling to 2 s)
 ///    while Redis does not answer, for at most `[redis] startup_timeout`;
 /// 3. checks that Redis is 7.0 or newer (`INFO server`);
@@ -77,6 +81,8 @@ pub async fn run_with(config: Config) -> Result<RunningApp, RunError> {
 /// # Errors
 /// [`RunError::Config`], [`RunError::NoListeners`], [`RunError::DuplicateName`],
 /// [`RunError::DuplicateStreamGroup`], [`RunError::Listener`] (step 1, nothing sent to Redis);
+/// [`RunError::MetricsRecorder`] when `listen` is set and another global `metrics` recorder is
+/// installed, [`RunError::Listen`] when its address cannot be bound (step 1, nothing sent);
 /// [`RunError::RedisUnreachable`] once `startup_timeout` has passed, or [`RunError::Redis`] at
 /// once for errors retrying cannot fix (step 2); [`RunError::RedisTooOld`] (3);
 /// [`RunError::Stream`] (4); [`RunError::MissingStream`] (5); [`RunError::Listener`] when a
@@ -89,11 +95,41 @@ pub async fn run_listeners(
     let target = config.redis.target();
     let log = Arc::new(AssignmentLog::default());
     let planned = plan(&config, &target, listeners, &log)?;
-    let connected = startup::connect(&target, Some(config.redis.startup_timeout))
+    // Before Redis: /readyz answers 503 "starting" while startup retries.
+    let names = planned
+        .iter()
+        .map(|p| p.registration.name().to_owned())
+        .collect();
+    let observability = crate::observability::start(&config, names).await?;
+    match start_members(&config, &target, planned, &log).await {
+        Ok(mut app) => {
+            if let Some((server, probe)) = observability {
+                probe.running(app.listener_sizes(), app.handle().health_source());
+                app.serve_until_left(server);
+            }
+            Ok(app)
+        }
+        Err(error) => {
+            if let Some((server, _)) = observability {
+                server.stop().await;
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Steps 2 to 6 of [`run_listeners`].
+async fn start_members(
+    config: &Config,
+    target: &RedisTarget,
+    planned: Vec<Planned>,
+    log: &Arc<AssignmentLog>,
+) -> Result<RunningApp, RunError> {
+    let connected = startup::connect(target, Some(config.redis.startup_timeout))
         .await
-        .map_err(|e| RunError::startup(describe_target(&target), e))?;
-    provision(&connected, &config, &target).await?;
-    check_streams(&connected, &planned, &target).await?;
+        .map_err(|e| RunError::startup(describe_target(target), e))?;
+    provision(&connected, config, target).await?;
+    check_streams(&connected, &planned, target).await?;
     let mut listeners = Vec::new();
     let mut members: Option<ListenerHandle> = None;
     for Planned {
@@ -142,7 +178,7 @@ pub async fn run_listeners(
     // A rebalance moves shards over a few heartbeats (revoke, then assign): log once nothing
     // has changed for two heartbeat intervals.
     let settle = config.coordination.heartbeat_interval * 2;
-    tokio::spawn(log.run(settle, members.shutdown_token()));
+    tokio::spawn(log.clone().run(settle, members.shutdown_token()));
     Ok(RunningApp::new(listeners, members))
 }
 

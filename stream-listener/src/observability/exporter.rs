@@ -1,0 +1,106 @@
+//! The Prometheus recorder behind `/metrics` (feature `metrics`): installed once per process.
+
+use std::time::Duration;
+
+use crate::run::RunError;
+
+/// What `/metrics` serves: the recorder's handle, or nothing without the feature.
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    #[cfg(feature = "metrics")]
+    pub(crate) handle: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+/// Histogram buckets (seconds) of the handler attempt duration: 1 ms to 30 s, the default
+/// `handler_timeout`.
+#[cfg(feature = "metrics")]
+const HANDLER_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Histogram buckets (seconds) of the heartbeat round trip: 0.5 ms to the 5 s heartbeat
+/// timeout.
+#[cfg(feature = "metrics")]
+const HEARTBEAT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// The recorder this crate installed in this process, reused by later `run_with` calls (tests
+/// run several apps in one process; the global recorder can be set only once).
+#[cfg(feature = "metrics")]
+static INSTALLED: std::sync::Mutex<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+    std::sync::Mutex::new(None);
+
+/// Installs the Prometheus recorder as the global `metrics` recorder, gauges forgotten after
+/// 3 × `interval` without an update, with `_bucket` histograms for the two duration metrics.
+/// A second call in the same process returns the first recorder.
+///
+/// # Errors
+/// [`RunError::MetricsRecorder`] when another global recorder is installed.
+#[cfg(feature = "metrics")]
+pub(crate) fn install(interval: Duration) -> Result<Metrics, RunError> {
+    use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
+
+    let mut installed = INSTALLED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(handle) = installed.as_ref() {
+        return Ok(Metrics {
+            handle: handle.clone(),
+        });
+    }
+    let handle = builder(interval)
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| match e {
+            BuildError::FailedToSetGlobalRecorder(_) => RunError::MetricsRecorder,
+            other => RunError::MetricsSetup(other.to_string()),
+        })?;
+    *installed = Some(handle.clone());
+    Ok(Metrics { handle })
+}
+
+/// The recorder's settings: gauges idle for 3 × `interval` are forgotten (a revoked shard's
+/// lag stops being reported), the two duration histograms get buckets (`_bucket` series for
+/// `histogram_quantile`; without them the exporter renders summaries).
+#[cfg(feature = "metrics")]
+fn builder(
+    interval: Duration,
+) -> Result<metrics_exporter_prometheus::PrometheusBuilder, metrics_exporter_prometheus::BuildError>
+{
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use metrics_util::MetricKindMask;
+
+    PrometheusBuilder::new()
+        .idle_timeout(MetricKindMask::GAUGE, Some(interval.saturating_mul(3)))
+        .set_buckets_for_metric(
+            Matcher::Full("stream_listener_handler_duration_seconds".into()),
+            HANDLER_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("stream_listener_heartbeat_duration_seconds".into()),
+            HEARTBEAT_BUCKETS,
+        )
+}
+
+/// Without the `metrics` feature there is nothing to install.
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn install(_interval: Duration) -> Result<Metrics, RunError> {
+    Ok(Metrics {})
+}
+
+impl Metrics {
+    /// The `/metrics` body: Prometheus text, or `None` without the feature.
+    pub(crate) fn render(&self) -> Option<String> {
+        #[cfg(feature = "metrics")]
+        return Some(self.handle.render());
+        #[cfg(not(feature = "metrics"))]
+        None
+    }
+
+    /// The exporter's periodic maintenance (histogram buckets drained, idle gauges forgotten);
+    /// its docs ask for it at least every few seconds when nothing scrapes.
+    pub(crate) fn upkeep(&self) {
+        #[cfg(feature = "metrics")]
+        self.handle.run_upkeep();
+    }
+}
