@@ -206,4 +206,8 @@ pub struct ListenerConfig {
     /// retention (> 0, default 1 min; docs/design.md §10.9).
     #[serde(with = "humantime_serde")]
     pub retention_interval: Option<Duration>,
+    /// `hook_timeout`: limit of one lifecycle hook call (> 0, below `rebalance_timeout`,
+    /// default 10 s; docs/design.md §13.3).
+    #[serde(with = "humantime_serde")]
+    pub hook_timeout: Option<Duration>,
 }

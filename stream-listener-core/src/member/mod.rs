@@ -65,6 +65,17 @@ pub enum OptionsError {
     /// The protocol timings ([`ListenerOptions::coordination`]) are invalid.
     #[error("invalid coordination timings")]
     Coordination(#[source] crate::coordinator::TimingsError),
+    /// `hook_timeout` is zero or not below `coordination.rebalance_timeout` (an `on_revoked`
+    /// runs before the release, so a longer one could get the member fenced while it drains).
+    #[error(
+        "hook_timeout ({hook_timeout:?}) must be positive and below rebalance_timeout ({rebalance_timeout:?}): lower hook_timeout"
+    )]
+    HookTimeout {
+        /// The hook timeout given.
+        hook_timeout: Duration,
+        /// The rebalance timeout it must stay below.
+        rebalance_timeout: Duration,
+    },
 }
 
 /// A listener's members, running.
@@ -288,6 +299,14 @@ impl Listener {
         ];
         if let Some((name, _)) = timings.iter().find(|(_, value)| *value > max) {
             return Err(OptionsError::TooLong { name, max }.into());
+        }
+        let rebalance_timeout = options.coordination.rebalance_timeout;
+        if options.hook_timeout.is_zero() || options.hook_timeout >= rebalance_timeout {
+            return Err(OptionsError::HookTimeout {
+                hook_timeout: options.hook_timeout,
+                rebalance_timeout,
+            }
+            .into());
         }
         Ok(Listener {
             target,

@@ -63,6 +63,13 @@ pub struct ListenerOptions {
     /// How often each shard task trims its shard to the stream's retention, and reads that
     /// retention (docs/design.md §10.9). Default 1 min; `[listeners.<name>] retention_interval`.
     pub retention_interval: Duration,
+    /// The listener's lifecycle hooks, `on_assigned`, `on_revoked` and `on_lost`
+    /// (docs/design.md §13.3); none by default.
+    pub hooks: crate::hooks::Hooks,
+    /// Limit of one hook call (default 10 s; `[listeners.<name>] hook_timeout`); must be below
+    /// `coordination.rebalance_timeout`, since an `on_revoked` runs before the release. A hook
+    /// past it is abandoned (dropped) and counted as failed.
+    pub hook_timeout: Duration,
 }
 
 impl Default for ListenerOptions {
@@ -87,6 +94,8 @@ impl Default for ListenerOptions {
             auto_create_shards: None,
             max_entry_bytes: Some(16 * 1024 * 1024),
             retention_interval: Duration::from_secs(60),
+            hooks: crate::hooks::Hooks::default(),
+            hook_timeout: Duration::from_secs(10),
         }
     }
 }
