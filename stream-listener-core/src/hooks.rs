@@ -84,6 +84,33 @@ where
     }
 }
 
+/// What a hook function registered through `#[stream_listener(on_revoked = path)]` may return:
+/// `()` or `Result<(), E>` with `E` converting into a [`BoxError`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a lifecycle hook's result",
+    label = "return `()` or `Result<(), E>`",
+    note = "a hook is `async fn(ShardHookContext) -> ()` or `-> Result<(), E>` where `E: std::error::Error + Send + Sync + 'static`"
+)]
+pub trait IntoHookResult {
+    /// The hook's outcome.
+    ///
+    /// # Errors
+    /// The function's error, boxed.
+    fn into_hook_result(self) -> Result<(), BoxError>;
+}
+
+impl IntoHookResult for () {
+    fn into_hook_result(self) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+impl<E: Into<BoxError>> IntoHookResult for Result<(), E> {
+    fn into_hook_result(self) -> Result<(), BoxError> {
+        self.map_err(Into::into)
+    }
+}
+
 /// Which hook ran: the `hook` label of `stream_listener_hook_failures_total` and of the logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

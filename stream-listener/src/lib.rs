@@ -88,8 +88,15 @@ mod run;
 #[doc(inline)]
 pub use stream_listener_macros::stream_listener;
 
+pub use registry::HookFn;
 pub use registry::{ListenerRegistration, registered_listeners};
 pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
+/// Lifecycle hooks (docs/design.md §13.3): `#[stream_listener(on_revoked = path)]` or
+/// [`core::member::ListenerOptions::hooks`].
+pub use stream_listener_core::handler::Ownership;
+pub use stream_listener_core::hooks::{
+    HookFuture, HookKind, Hooks, IntoHookResult, ShardHook, ShardHookContext,
+};
 
 /// Extractors and handler return types (docs/design.md §7, §8; the table of
 /// [`core::extract`]).
@@ -122,8 +129,10 @@ pub use stream_listener_core::testing;
 /// What the expansion of `#[stream_listener]` names; not a stable API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::registry::HookFn;
     pub use crate::registry::ListenerRegistration;
     pub use inventory;
     pub use stream_listener_core::extract::{FromDelivery, IntoHandlerResult};
     pub use stream_listener_core::handler::{Delivery, HandlerFuture};
+    pub use stream_listener_core::hooks::{HookFuture, IntoHookResult, ShardHookContext};
 }
