@@ -21,6 +21,10 @@ use futures_util::FutureExt;
 use crate::handler::BoxError;
 use crate::model::{Epoch, ShardIndex};
 
+/// The limit of one hook call when `hook_timeout` is not given, unless half the rebalance
+/// timeout is shorter ([`ListenerOptions::effective_hook_timeout`](crate::member::ListenerOptions::effective_hook_timeout)).
+pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The future a [`ShardHook`] returns.
 pub type HookFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send + 'static>>;
 

@@ -43,9 +43,11 @@ impl Config {
                 shutdown_timeout,
                 start_from,
                 fencing,
-                retention_interval,
-                hook_timeout
+                retention_interval
             );
+            if let Some(hook_timeout) = l.hook_timeout {
+                options.hook_timeout = Some(hook_timeout);
+            }
         }
         if options.handler_timeout >= options.coordination.rebalance_timeout {
             let overridden = self
@@ -66,7 +68,10 @@ impl Config {
                 ),
             ));
         }
-        if options.hook_timeout >= options.coordination.rebalance_timeout {
+        // Only a given one: the default is capped at half the rebalance timeout.
+        if let Some(hook_timeout) = options.hook_timeout
+            && hook_timeout >= options.coordination.rebalance_timeout
+        {
             let overridden = self
                 .listeners
                 .get(name)
@@ -80,7 +85,7 @@ impl Config {
                 path,
                 format!(
                     "listener {name:?}: hook_timeout ({}) must be below rebalance_timeout ({}), or an on_revoked hook could get its member fenced before the release",
-                    humantime::format_duration(options.hook_timeout),
+                    humantime::format_duration(hook_timeout),
                     humantime::format_duration(options.coordination.rebalance_timeout)
                 ),
             ));

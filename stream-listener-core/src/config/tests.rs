@@ -234,11 +234,22 @@ fn hook_timeout_is_read_and_must_be_positive_and_below_the_rebalance_timeout() {
     let options = config
         .listener_options("on_order", ListenerOptions::default())
         .unwrap();
-    assert_eq!(options.hook_timeout, std::time::Duration::from_secs(3));
+    assert_eq!(options.hook_timeout, Some(Duration::from_secs(3)));
+    assert_eq!(options.effective_hook_timeout(), Duration::from_secs(3));
     let defaults = config
         .listener_options("other", ListenerOptions::default())
         .unwrap();
-    assert_eq!(defaults.hook_timeout, std::time::Duration::from_secs(10));
+    assert_eq!(defaults.hook_timeout, None);
+    // 10 s, below the default rebalance timeout (60 s); half a shorter one.
+    assert_eq!(defaults.effective_hook_timeout(), Duration::from_secs(10));
+    let short = parse(
+        "[coordination]\nrebalance_timeout = \"4s\"\n[listeners.any]\nhandler_timeout = \"1s\"\n",
+    )
+    .unwrap();
+    let options = short
+        .listener_options("any", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(options.effective_hook_timeout(), Duration::from_secs(2));
     let config = parse("\n[listeners.slow]\nhook_timeout = \"2m\"\n").unwrap();
     let err = config
         .listener_options("slow", ListenerOptions::default())

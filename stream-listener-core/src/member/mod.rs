@@ -301,9 +301,11 @@ impl Listener {
             return Err(OptionsError::TooLong { name, max }.into());
         }
         let rebalance_timeout = options.coordination.rebalance_timeout;
-        if options.hook_timeout.is_zero() || options.hook_timeout >= rebalance_timeout {
+        if let Some(hook_timeout) = options.hook_timeout
+            && (hook_timeout.is_zero() || hook_timeout >= rebalance_timeout)
+        {
             return Err(OptionsError::HookTimeout {
-                hook_timeout: options.hook_timeout,
+                hook_timeout,
                 rebalance_timeout,
             }
             .into());

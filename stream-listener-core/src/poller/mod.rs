@@ -253,7 +253,10 @@ impl ShardTask {
             self.shard,
         );
         // A failure is logged by `Hooks::run`; the member goes on either way.
-        let _ = options.hooks.run(kind, context, options.hook_timeout).await;
+        let _ = options
+            .hooks
+            .run(kind, context, options.effective_hook_timeout())
+            .await;
     }
 
     fn done(&self) -> bool {

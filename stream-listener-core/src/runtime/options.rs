@@ -66,10 +66,12 @@ pub struct ListenerOptions {
     /// The listener's lifecycle hooks, `on_assigned`, `on_revoked` and `on_lost`
     /// (docs/design.md §13.3); none by default.
     pub hooks: crate::hooks::Hooks,
-    /// Limit of one hook call (default 10 s; `[listeners.<name>] hook_timeout`); must be below
-    /// `coordination.rebalance_timeout`, since an `on_revoked` runs before the release. A hook
-    /// past it is abandoned (dropped) and counted as failed.
-    pub hook_timeout: Duration,
+    /// Limit of one hook call (`[listeners.<name>] hook_timeout`); when given, it must be
+    /// positive and below `coordination.rebalance_timeout`, since an `on_revoked` runs before
+    /// the release. `None` (default): 10 s, or half the rebalance timeout when that is shorter
+    /// ([`ListenerOptions::effective_hook_timeout`]). A hook past it is abandoned (dropped) and
+    /// counted as failed.
+    pub hook_timeout: Option<Duration>,
 }
 
 impl Default for ListenerOptions {
@@ -95,12 +97,21 @@ impl Default for ListenerOptions {
             max_entry_bytes: Some(16 * 1024 * 1024),
             retention_interval: Duration::from_secs(60),
             hooks: crate::hooks::Hooks::default(),
-            hook_timeout: Duration::from_secs(10),
+            hook_timeout: None,
         }
     }
 }
 
 impl ListenerOptions {
+    /// The limit of one hook call: [`ListenerOptions::hook_timeout`], or when not given
+    /// [`DEFAULT_HOOK_TIMEOUT`](crate::hooks::DEFAULT_HOOK_TIMEOUT) capped at half
+    /// `coordination.rebalance_timeout`.
+    pub fn effective_hook_timeout(&self) -> Duration {
+        self.hook_timeout.unwrap_or_else(|| {
+            crate::hooks::DEFAULT_HOOK_TIMEOUT.min(self.coordination.rebalance_timeout / 2)
+        })
+    }
+
     /// Reports `event` to the [`ListenerOptions::events`] callback, if any.
     pub(crate) fn emit(&self, event: super::ListenerEvent) {
         if let Some(callback) = &self.events {
