@@ -74,6 +74,13 @@ mod run;
 /// | `concurrency = N` | no, default 1 | logical group members in this process, ids `<base>-m0 … <base>-m{N-1}`, each with its own heartbeat, shards and epoch |
 /// | `name = "..."` | no, default the function name | the listener's name: its `[listeners.<name>]` config section |
 /// | `crate = "path"` | no, default `::stream_listener` | where this crate is, when it is renamed or re-exported |
+/// | `on_assigned = path` | no | lifecycle hook called for each shard a member gains, before its first handler (docs/design.md §13.3) |
+/// | `on_revoked = path` | no | hook called for each shard a member gives up in order: after its last handler and ack, before the release |
+/// | `on_lost = path` | no | hook called for each shard a member lost without a release (fenced, lease expired): commit nothing |
+///
+/// A hook is a path to an `async fn(ShardHookContext)` returning `()` or `Result<(), E>` (`E`
+/// as for handlers); it runs under `hook_timeout`, and an error, a panic or a timeout is logged
+/// and never stops the member ([`Hooks`]).
 ///
 /// The function must be an `async fn` (not a method, not generic) with exactly one argument, an
 /// extractor ([`FromDelivery`]: [`Json<T>`], [`Message<T>`], [`RawMessage`], [`Delivery`]), and
@@ -84,7 +91,8 @@ mod run;
 ///
 /// Every mistake is a compile error at the offending token: a missing `async`, `stream` or
 /// `group`; `concurrency = 0`; an unknown or repeated key; `self`; generics; no argument or more
-/// than one; an argument that is not an extractor; another return type.
+/// than one; an argument that is not an extractor; another return type; a hook value that is not
+/// a path, or a hook function with another signature (at the path).
 #[doc(inline)]
 pub use stream_listener_macros::stream_listener;
 
