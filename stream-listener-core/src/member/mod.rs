@@ -264,7 +264,9 @@ impl Listener {
     ///
     /// # Errors
     /// [`ListenerError::Name`] for a prefix with `{`/`}` or a group with `:`/`{`/`}`;
-    /// [`ListenerError::Options`] for zero concurrency, workers, batch size or attempts.
+    /// [`ListenerError::Options`] for zero concurrency, workers, batch size or attempts, a
+    /// timing above the protocol's limit, or a `hook_timeout` that is zero or not below the
+    /// rebalance timeout ([`OptionsError::HookTimeout`]).
     pub fn new(
         target: RedisTarget,
         stream: &str,
@@ -396,5 +398,42 @@ impl Listener {
             members,
             stopped: vec![stopped],
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn new_with(options: ListenerOptions) -> Result<Listener, ListenerError> {
+        let target = RedisTarget::Standalone("redis://127.0.0.1:1".into());
+        let handler = |_: crate::handler::Delivery| async { Ok(()) };
+        Listener::new(target, "orders", "billing", handler, options)
+    }
+
+    #[test]
+    fn a_given_hook_timeout_must_be_positive_and_below_the_rebalance_timeout() {
+        let mut options = ListenerOptions::default();
+        assert!(
+            new_with(options.clone()).is_ok(),
+            "the default is capped, never refused"
+        );
+        for bad in [Duration::ZERO, options.coordination.rebalance_timeout] {
+            options.hook_timeout = Some(bad);
+            match new_with(options.clone()) {
+                Err(ListenerError::Options(OptionsError::HookTimeout {
+                    hook_timeout,
+                    rebalance_timeout,
+                })) => {
+                    assert_eq!(hook_timeout, bad);
+                    assert_eq!(rebalance_timeout, options.coordination.rebalance_timeout);
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        options.hook_timeout = Some(Duration::from_secs(1));
+        assert!(new_with(options).is_ok());
     }
 }
