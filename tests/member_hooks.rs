@@ -181,6 +181,14 @@ async fn hooks_fire_in_order_across_a_rebalance_and_a_shutdown_of_real_processes
     assert_nothing_lost(&recorder, &published, Duration::from_secs(15)).await;
     // B gives its shards up at shutdown: on_revoked for each, in order.
     assert!(b.terminate_in_place(), "the second member exits cleanly");
+    // A takes the moved shards back (on_assigned again) before it shuts down too.
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
+    let taken_back = wait_until(Duration::from_secs(10), || {
+        let lines = a.lines();
+        hook_calls(&lines, "on_assigned").count() == 4 + moved.len()
+    })
+    .await;
+    assert!(taken_back, "A is assigned the moved shards again");
     assert!(a.terminate_in_place(), "the first member exits cleanly");
 
     let a_lines = a.lines();
