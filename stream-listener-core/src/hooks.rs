@@ -209,13 +209,8 @@ impl Hooks {
             context.member_id.clone(),
             context.shard,
         );
-        // A panic is caught here (no spawn: the hook runs on the shard task, like handlers).
-        let future = AssertUnwindSafe(hook.call(context)).catch_unwind();
-        let failure = match tokio::time::timeout(timeout, future).await {
-            Ok(Ok(Ok(()))) => return Ok(()),
-            Ok(Ok(Err(error))) => HookFailure::Error(crate::report::Chain(&*error).to_string()),
-            Ok(Err(panic)) => HookFailure::Panic(crate::report::panic_text(panic.as_ref())),
-            Err(_) => HookFailure::Timeout(timeout),
+        let Err(failure) = attempt(hook.as_ref(), context, timeout).await else {
+            return Ok(());
         };
         tracing::warn!(
             hook = kind.as_str(),
@@ -226,6 +221,28 @@ impl Hooks {
             "lifecycle hook failed; the member goes on"
         );
         Err(failure)
+    }
+}
+
+/// One call of `hook` under `timeout`. A panic is caught here, whether the hook panics while it
+/// makes its future or while it runs (no spawn: the hook runs on the shard task, like handlers).
+async fn attempt(
+    hook: &dyn ShardHook,
+    context: ShardHookContext,
+    timeout: Duration,
+) -> Result<(), HookFailure> {
+    let panicked = |panic: Box<dyn std::any::Any + Send>| {
+        HookFailure::Panic(crate::report::panic_text(panic.as_ref()))
+    };
+    let future =
+        std::panic::catch_unwind(AssertUnwindSafe(|| hook.call(context))).map_err(panicked)?;
+    match tokio::time::timeout(timeout, AssertUnwindSafe(future).catch_unwind()).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(error))) => Err(HookFailure::Error(
+            crate::report::Chain(&*error).to_string(),
+        )),
+        Ok(Err(panic)) => Err(panicked(panic)),
+        Err(_) => Err(HookFailure::Timeout(timeout)),
     }
 }
 
@@ -284,6 +301,22 @@ mod tests {
                 .run(HookKind::Lost, context(), timeout)
                 .await,
             Ok(())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hook_that_panics_before_its_future_is_a_failure_too() {
+        let mut hooks = Hooks::default();
+        hooks.on_lost(
+            |_: ShardHookContext| -> std::future::Ready<Result<(), BoxError>> {
+                panic!("while making the future")
+            },
+        );
+        assert_eq!(
+            hooks
+                .run(HookKind::Lost, context(), Duration::from_secs(1))
+                .await,
+            Err(HookFailure::Panic("while making the future".into()))
         );
     }
 
