@@ -37,7 +37,14 @@
 //! {"event":"assigned"|"revoked","member":"<id>","shard":i,"memberEpoch":e,"tsUs":µs}
 //! {"event":"read","member":"<id>","shard":i,"count":n,"firstId":"<id>","tsUs":µs}
 //! {"event":"fenceRejected","op":"read"|"ack"|"claim","member":"<id>","shard":i,"tsUs":µs}
+//! {"event":"hook","hook":"on_assigned"|"on_revoked"|"on_lost","member":"<id>","shard":i,
+//!  "memberEpoch":e,"pendingIds":["<id>",...],"startUs":µs,"tsUs":µs}
 //! ```
+//!
+//! `hook` lines come only with `--log-hooks` (the listener's lifecycle hooks, docs/design.md
+//! §13.3), one per call, written when the hook ends (`pendingIds`: this member's pending entries
+//! on the shard when it started). `--hook-ms` makes each hook sleep, `--hook-fail error|panic`
+//! makes each one fail after logging.
 //!
 //! Times are µs since the Unix epoch (`SystemTime`), so the logs of several processes on one
 //! host can be merged. Each line is written with one locked write and flushed before the handler
@@ -61,10 +68,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use stream_listener::core::handler::{Delivery, HandlerError};
+use stream_listener::core::hooks::{Hooks, ShardHookContext};
 use stream_listener::core::internals::admin::{self, AdminError};
 use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::internals::coordinator::CoordinatorConfig;
 use stream_listener::core::internals::dataplane::FencingMode;
+use stream_listener::core::internals::keys::StreamKeys;
 use stream_listener::core::internals::report::Chain;
 use stream_listener::core::member::{EventCallback, Listener, ListenerEvent, ListenerOptions};
 use stream_listener::core::producer::{Publisher, PublisherOptions};
@@ -206,6 +215,84 @@ struct ConsumeArgs {
     /// handler call (a `handling` line, before the handler runs).
     #[arg(long)]
     log_starts: bool,
+    /// Register `on_assigned`, `on_revoked` and `on_lost` hooks that log a `hook` line each.
+    #[arg(long)]
+    log_hooks: bool,
+    /// Each hook sleeps this long (ms) before it logs.
+    #[arg(long, default_value_t = 0)]
+    hook_ms: u64,
+    /// Each hook fails after logging: `error` returns one, `panic` panics.
+    #[arg(long, value_enum)]
+    hook_fail: Option<HookFail>,
+    /// Limit of one hook call (ms); default 10 s or half the rebalance timeout.
+    #[arg(long)]
+    hook_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum HookFail {
+    /// The hook returns an error.
+    Error,
+    /// The hook panics.
+    Panic,
+}
+
+/// The `--log-hooks` hooks: each reads this member's pending ids on the shard, sleeps
+/// `--hook-ms`, logs a `hook` line, then fails as `--hook-fail` says.
+fn logging_hooks(conn: RedisConnection, stream: &str, group: &str, args: &ConsumeArgs) -> Hooks {
+    let keys = match StreamKeys::new(stream) {
+        Ok(keys) => Arc::new(keys),
+        Err(_) => return Hooks::default(),
+    };
+    let hook_time = Duration::from_millis(args.hook_ms);
+    let fail = args.hook_fail;
+    let group: Arc<str> = group.into();
+    let hook = move |name: &'static str| {
+        let (conn, keys, group) = (conn.clone(), keys.clone(), group.clone());
+        move |context: ShardHookContext| {
+            let (mut conn, keys, group) = (conn.clone(), keys.clone(), group.clone());
+            async move {
+                let start_us = now_us();
+                let pending: redis::RedisResult<redis::streams::StreamPendingCountReply> =
+                    redis::cmd("XPENDING")
+                        .arg(keys.shard(context.shard))
+                        .arg(&*group)
+                        .arg("-")
+                        .arg("+")
+                        .arg(1000)
+                        .arg(&context.member_id)
+                        .query_async(&mut conn)
+                        .await;
+                let pending_ids: Vec<String> = pending
+                    .map(|p| p.ids.into_iter().map(|id| id.id).collect())
+                    .unwrap_or_default();
+                if !hook_time.is_zero() {
+                    tokio::time::sleep(hook_time).await;
+                }
+                emit(&json!({
+                    "event": "hook",
+                    "hook": name,
+                    "member": context.member_id,
+                    "shard": context.shard,
+                    "memberEpoch": context.member_epoch,
+                    "pendingIds": pending_ids,
+                    "startUs": start_us,
+                    "tsUs": now_us(),
+                }));
+                match fail {
+                    None => Ok(()),
+                    Some(HookFail::Error) => Err(format!("--hook-fail error: {name} fails")),
+                    Some(HookFail::Panic) => panic!("--hook-fail panic: {name} panics"),
+                }
+            }
+        }
+    };
+    let mut hooks = Hooks::default();
+    hooks
+        .on_assigned(hook("on_assigned"))
+        .on_revoked(hook("on_revoked"))
+        .on_lost(hook("on_lost"));
+    hooks
 }
 
 fn main() -> ExitCode {
@@ -418,6 +505,10 @@ async fn consume(target: RedisTarget, args: ConsumeArgs) -> Result<(), String> {
     options.coordination = coordination(&args)?;
     options.lease_margin = args.lease_margin_ms.map(Duration::from_millis);
     options.events = Some(events_callback());
+    if args.log_hooks {
+        options.hooks = logging_hooks(conn.clone(), &args.stream, &args.group, &args);
+    }
+    options.hook_timeout = args.hook_timeout_ms.map(Duration::from_millis);
 
     let handler_time = Duration::from_millis(args.handler_ms);
     let fail_every = args.fail_every;

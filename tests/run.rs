@@ -22,7 +22,52 @@ struct Event {
 /// (member, shard, seq) of every call of `on_event`.
 static HANDLED: Mutex<Vec<(String, u32, u64)>> = Mutex::new(Vec::new());
 
-#[stream_listener(stream = "run_events", group = "run_group", concurrency = 2)]
+/// (hook, member, shard) of every lifecycle hook call of `on_event` (docs/design.md §13.3).
+static HOOKS: Mutex<Vec<(&'static str, String, u32)>> = Mutex::new(Vec::new());
+
+async fn record_assigned(context: stream_listener::ShardHookContext) {
+    HOOKS
+        .lock()
+        .unwrap()
+        .push(("on_assigned", context.member_id, context.shard));
+}
+
+async fn record_revoked(context: stream_listener::ShardHookContext) -> Result<(), std::io::Error> {
+    HOOKS
+        .lock()
+        .unwrap()
+        .push(("on_revoked", context.member_id, context.shard));
+    Ok(())
+}
+
+async fn record_lost(context: stream_listener::ShardHookContext) {
+    HOOKS
+        .lock()
+        .unwrap()
+        .push(("on_lost", context.member_id, context.shard));
+}
+
+/// The shards hook `hook` was called for, among the calls for `members`.
+fn hooked(hook: &str, members: &[String]) -> Vec<u32> {
+    let mut shards: Vec<u32> = HOOKS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(h, member, _)| *h == hook && members.contains(member))
+        .map(|(_, _, shard)| *shard)
+        .collect();
+    shards.sort_unstable();
+    shards
+}
+
+#[stream_listener(
+    stream = "run_events",
+    group = "run_group",
+    concurrency = 2,
+    on_assigned = record_assigned,
+    on_revoked = record_revoked,
+    on_lost = record_lost
+)]
 async fn on_event(message: Message<Event>) -> Result<(), HandlerError> {
     HANDLED.lock().unwrap().push((
         message.member_id.clone(),
@@ -131,12 +176,29 @@ async fn a_registered_listener_consumes_published_events() {
         "both members handled events: {per_member:?}"
     );
 
+    // The attribute's hooks reached the members run_with started: each shard assigned (twice
+    // for a shard that moved to the second member when it joined).
+    let members: Vec<String> = status[0]
+        .members
+        .iter()
+        .map(|m| m.member_id.clone())
+        .collect();
+    let mut assigned = hooked("on_assigned", &members);
+    assigned.dedup();
+    assert_eq!(assigned, vec![0, 1, 2, 3]);
+
     let started = Instant::now();
     app.shutdown_and_wait().await;
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "graceful shutdown is quick"
     );
+    // Every ownership ended in order (a move, then the shutdown): revoked, not lost.
+    assert_eq!(
+        hooked("on_revoked", &members),
+        hooked("on_assigned", &members)
+    );
+    assert_eq!(hooked("on_lost", &members), Vec::<u32>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,7 +55,62 @@ pub struct Metadata {
     pub member_id: String,
     /// Its member epoch when it was given the shard.
     pub member_epoch: Epoch,
+    /// Whether the member still owns the shard ([`Ownership::still_owned`]); ends when the shard
+    /// is revoked (its drain began) or lost (docs/design.md §13.3).
+    pub ownership: Ownership,
 }
+
+/// A handler's view of its member's ownership of the shard it handles (docs/design.md §13.3),
+/// for long handlers that should stop early once the shard is going elsewhere (KCL's
+/// `leaseLost`). One token per shard ownership, cloned into every delivery of that ownership.
+///
+/// It ends when the shard's drain begins (revoked: the handler may still finish and be acked,
+/// within the drain) or the shard is lost (fenced, lease expired, stopped: the handler is
+/// cancelled anyway, and its entry goes to the next owner). A handler that stops early should
+/// return a retryable error: the entry stays pending for the next owner.
+///
+/// Equality ignores it (two deliveries of the same entry are equal whoever owns the shard).
+#[derive(Debug, Clone, Default)]
+pub struct Ownership {
+    /// `None`: not tied to a shard (a delivery built with [`Metadata::new`]): always owned.
+    token: Option<tokio_util::sync::CancellationToken>,
+}
+
+impl Ownership {
+    /// Ownership that ends when `token` is cancelled (for unit tests of handlers).
+    pub fn new(token: tokio_util::sync::CancellationToken) -> Self {
+        Ownership { token: Some(token) }
+    }
+
+    /// Whether the member still owns the shard: `false` once it is revoked or lost. One atomic
+    /// load.
+    pub fn still_owned(&self) -> bool {
+        !self.token.as_ref().is_some_and(|t| t.is_cancelled())
+    }
+
+    /// Resolves when the ownership ends (never, for a delivery not tied to a shard): `select!`
+    /// on it to stop a long handler early.
+    pub async fn lost(&self) {
+        match &self.token {
+            Some(token) => token.cancelled().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The token that is cancelled when the ownership ends (a fresh, never-cancelled token for a
+    /// delivery not tied to a shard), to hand to code that takes a `CancellationToken`.
+    pub fn token(&self) -> tokio_util::sync::CancellationToken {
+        self.token.clone().unwrap_or_default()
+    }
+}
+
+impl PartialEq for Ownership {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Ownership {}
 
 impl Metadata {
     /// The metadata of entry `entry_id` with `fields` on shard `shard` (`stream_key`), handled
@@ -81,6 +136,7 @@ impl Metadata {
             attempt: 1,
             member_id: member_id.to_owned(),
             member_epoch,
+            ownership: Ownership::default(),
         }
     }
 }
@@ -126,6 +182,18 @@ impl Delivery {
     /// (docs/design.md §13.4). Copied out of the fields on each call; empty when there is none.
     pub fn headers(&self) -> Headers {
         Headers::from_fields(&self.fields)
+    }
+
+    /// Whether the member still owns this delivery's shard: `false` once the shard is revoked
+    /// (its drain began) or lost ([`Ownership`], docs/design.md §13.3).
+    pub fn still_owned(&self) -> bool {
+        self.metadata.ownership.still_owned()
+    }
+
+    /// A token cancelled when the member's ownership of this delivery's shard ends
+    /// ([`Ownership::token`]).
+    pub fn ownership_token(&self) -> tokio_util::sync::CancellationToken {
+        self.metadata.ownership.token()
     }
 }
 

@@ -7,6 +7,7 @@
 //! - [`member`]: the member runtime: `Listener`, its options, events and handle (docs/design.md §6, §7);
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (docs/design.md §9);
 //! - [`model`]: the protocol's data (stream, group and member metadata, heartbeat request and response);
+//! - [`hooks`]: a listener's lifecycle hooks, `on_assigned`, `on_revoked`, `on_lost` (docs/design.md §13.3);
 //! - `testing` (feature `testing`): a real-Redis test harness.
 //!
 //! Everything else is in [`internals`], for the admin tool, tests and benchmarks, without a
@@ -22,6 +23,7 @@ pub mod extract;
 mod fence;
 pub mod handler;
 pub mod headers;
+pub mod hooks;
 mod keys;
 pub mod member;
 pub mod model;

@@ -28,6 +28,16 @@ impl fmt::Display for Chain<'_> {
     }
 }
 
+/// The text of a caught panic's payload (a `&str` or `String` message), for logs and dead
+/// letters.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,20 @@ use syn::parse::Parser;
 use syn::{Lit, LitStr, Path};
 
 /// The keys `#[stream_listener(...)]` accepts, in the order the error message lists them.
-const KEYS: [&str; 5] = ["stream", "group", "concurrency", "name", "crate"];
+const KEYS: [&str; 8] = [
+    "stream",
+    "group",
+    "concurrency",
+    "name",
+    "crate",
+    "on_assigned",
+    "on_revoked",
+    "on_lost",
+];
+
+/// The lifecycle hook keys (docs/design.md §13.3): each takes a path to an
+/// `async fn(ShardHookContext) -> ()` or `-> Result<(), E>`.
+pub(crate) const HOOK_KEYS: [&str; 3] = ["on_assigned", "on_revoked", "on_lost"];
 
 /// The keys whose value names something in Redis (docs/design.md §2): the key, an example value,
 /// what it names, the characters it must not contain, and why.
@@ -25,6 +38,8 @@ pub(crate) struct Args {
     pub(crate) concurrency: Option<(u32, Span)>,
     pub(crate) name: Option<LitStr>,
     pub(crate) krate: Option<Path>,
+    /// `on_assigned`, `on_revoked`, `on_lost`, in the order of [`HOOK_KEYS`].
+    pub(crate) hooks: [Option<Path>; 3],
 }
 
 /// Fills `slot` once; a second occurrence is an error at its key.
@@ -60,6 +75,24 @@ fn string_value(meta: &ParseNestedMeta<'_>, key: &str, example: &str) -> syn::Re
         other => Err(syn::Error::new(
             other.span(),
             format!("`{key}` takes a string literal, e.g. `{key} = {example}`"),
+        )),
+    }
+}
+
+/// The value of a hook key: a path to a function (`on_revoked = flush_state`), not a string or
+/// a closure; the error is at the value.
+fn hook_path(meta: &ParseNestedMeta<'_>, key: &str) -> syn::Result<Path> {
+    let value = meta.value()?;
+    let expr: syn::Expr = value.parse()?;
+    match expr {
+        syn::Expr::Path(syn::ExprPath {
+            qself: None, path, ..
+        }) => Ok(path),
+        other => Err(syn::Error::new_spanned(
+            other,
+            format!(
+                "`{key}` takes a path to an `async fn(ShardHookContext)`, e.g. `{key} = hooks::{key}`"
+            ),
         )),
     }
 }
@@ -174,6 +207,9 @@ pub(crate) fn parse(tokens: TokenStream) -> syn::Result<Args> {
                 )
             })?;
             set_once(&mut args.krate, path, &meta)
+        } else if let Some(index) = HOOK_KEYS.iter().position(|k| meta.path.is_ident(k)) {
+            let path = hook_path(&meta, HOOK_KEYS[index])?;
+            set_once(&mut args.hooks[index], path, &meta)
         } else {
             Err(unknown_key(&meta))
         }

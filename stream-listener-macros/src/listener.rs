@@ -150,6 +150,7 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
         concurrency,
         name,
         krate,
+        hooks,
     } = args.expect("no errors: the arguments parsed");
     let (Some(stream), Some(group)) = (stream, group) else {
         unreachable!("missing keys are errors above");
@@ -181,6 +182,11 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
             #outcome
         })
     };
+    let hooks = hooks
+        .iter()
+        .zip(crate::args::HOOK_KEYS)
+        .map(|(path, key)| hook_fn(&krate, path.as_ref(), key));
+    let hooks: Vec<TokenStream> = hooks.collect();
     Ok(quote! {
         #function
 
@@ -205,7 +211,31 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
                     ::core::file!(),
                     ::core::line!(),
                 )
+                .__with_hooks(#(#hooks),*)
             }
         };
     })
+}
+
+/// `Some(wrapper)` for a hook given as `path` (`None` when not given): a plain `fn` that calls
+/// it and boxes its future. Spanned at the path, so a hook with the wrong signature is reported
+/// there.
+fn hook_fn(krate: &TokenStream, path: Option<&syn::Path>, key: &str) -> TokenStream {
+    let Some(path) = path else {
+        return quote!(::core::option::Option::None);
+    };
+    let wrapper = syn::Ident::new(&format!("__stream_listener_{key}"), path.span());
+    let call = quote_spanned! {path.span()=>
+        #krate::__private::IntoHookResult::into_hook_result(#path(context).await)
+    };
+    quote! {
+        ::core::option::Option::Some({
+            fn #wrapper(
+                context: #krate::__private::ShardHookContext,
+            ) -> #krate::__private::HookFuture {
+                ::std::boxed::Box::pin(async move { #call })
+            }
+            #wrapper as #krate::__private::HookFn
+        })
+    }
 }

@@ -82,6 +82,13 @@ mod run;
 /// | `concurrency = N` | no, default 1 | logical group members in this process, ids `<base>-m0 … <base>-m{N-1}`, each with its own heartbeat, shards and epoch |
 /// | `name = "..."` | no, default the function name | the listener's name: its `[listeners.<name>]` config section |
 /// | `crate = "path"` | no, default `::stream_listener` | where this crate is, when it is renamed or re-exported |
+/// | `on_assigned = path` | no | lifecycle hook called for each shard a member gains, before its first handler (docs/design.md §13.3) |
+/// | `on_revoked = path` | no | hook called for each shard a member gives up in order: after its last handler and ack, before the release |
+/// | `on_lost = path` | no | hook called for each shard a member lost without a release (fenced, lease expired): commit nothing |
+///
+/// A hook is a path to an `async fn(ShardHookContext)` returning `()` or `Result<(), E>` (`E`
+/// as for handlers); it runs under `hook_timeout`, and an error, a panic or a timeout is logged
+/// and never stops the member ([`Hooks`]).
 ///
 /// The function must be an `async fn` (not a method, not generic) with exactly one argument, an
 /// extractor ([`FromDelivery`]: [`Json<T>`], [`Message<T>`], [`RawMessage`], [`Delivery`]), and
@@ -92,12 +99,20 @@ mod run;
 ///
 /// Every mistake is a compile error at the offending token: a missing `async`, `stream` or
 /// `group`; `concurrency = 0`; an unknown or repeated key; `self`; generics; no argument or more
-/// than one; an argument that is not an extractor; another return type.
+/// than one; an argument that is not an extractor; another return type; a hook value that is not
+/// a path, or a hook function with another signature (at the path).
 #[doc(inline)]
 pub use stream_listener_macros::stream_listener;
 
+pub use registry::HookFn;
 pub use registry::{ListenerRegistration, registered_listeners};
 pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
+/// Lifecycle hooks (docs/design.md §13.3): `#[stream_listener(on_revoked = path)]` or
+/// [`core::member::ListenerOptions::hooks`].
+pub use stream_listener_core::handler::Ownership;
+pub use stream_listener_core::hooks::{
+    HookFuture, HookKind, Hooks, IntoHookResult, ShardHook, ShardHookContext,
+};
 
 /// Extractors and handler return types (docs/design.md §7, §8; the table of
 /// [`core::extract`]).
@@ -135,8 +150,10 @@ pub use stream_listener_core::testing;
 /// What the expansion of `#[stream_listener]` names; not a stable API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::registry::HookFn;
     pub use crate::registry::ListenerRegistration;
     pub use inventory;
     pub use stream_listener_core::extract::{FromDelivery, IntoHandlerResult};
     pub use stream_listener_core::handler::{Delivery, HandlerFuture};
+    pub use stream_listener_core::hooks::{HookFuture, IntoHookResult, ShardHookContext};
 }

@@ -1,6 +1,10 @@
 //! Listener registrations: what `#[stream_listener(...)]` submits and [`crate::run`] collects.
 
 use stream_listener_core::handler::{Delivery, HandlerFuture};
+use stream_listener_core::hooks::{HookFuture, Hooks, ShardHookContext};
+
+/// A lifecycle hook as a registration holds it (docs/design.md §13.3).
+pub type HookFn = fn(ShardHookContext) -> HookFuture;
 
 /// One listener: its name, stream, group, default concurrency and handler (docs/design.md §7).
 ///
@@ -16,6 +20,15 @@ pub struct ListenerRegistration {
     concurrency: u32,
     handler: fn(Delivery) -> HandlerFuture,
     defined_at: DefinedAt,
+    hooks: RegisteredHooks,
+}
+
+/// The lifecycle hooks of a registration (`on_assigned`, `on_revoked`, `on_lost`).
+#[derive(Debug, Clone, Copy, Default)]
+struct RegisteredHooks {
+    on_assigned: Option<HookFn>,
+    on_revoked: Option<HookFn>,
+    on_lost: Option<HookFn>,
 }
 
 /// Where the annotated function is, for messages (empty for [`ListenerRegistration::new`]).
@@ -45,6 +58,11 @@ impl ListenerRegistration {
                 module_path: "",
                 file: "",
                 line: 0,
+            },
+            hooks: RegisteredHooks {
+                on_assigned: None,
+                on_revoked: None,
+                on_lost: None,
             },
         }
     }
@@ -79,7 +97,65 @@ impl ListenerRegistration {
                 file,
                 line,
             },
+            hooks: RegisteredHooks {
+                on_assigned: None,
+                on_revoked: None,
+                on_lost: None,
+            },
         }
+    }
+
+    /// Used by the expansion of `#[stream_listener(on_assigned = .., on_revoked = .., on_lost =
+    /// ..)]`; not a stable API.
+    #[doc(hidden)]
+    pub const fn __with_hooks(
+        mut self,
+        on_assigned: Option<HookFn>,
+        on_revoked: Option<HookFn>,
+        on_lost: Option<HookFn>,
+    ) -> Self {
+        self.hooks = RegisteredHooks {
+            on_assigned,
+            on_revoked,
+            on_lost,
+        };
+        self
+    }
+
+    /// The same listener with an `on_assigned` hook: called for each shard a member gains,
+    /// before its first handler (docs/design.md §13.3).
+    pub const fn with_on_assigned(mut self, hook: HookFn) -> Self {
+        self.hooks.on_assigned = Some(hook);
+        self
+    }
+
+    /// The same listener with an `on_revoked` hook: called for each shard a member gives up in
+    /// order, after its last ack and before the release (docs/design.md §13.3).
+    pub const fn with_on_revoked(mut self, hook: HookFn) -> Self {
+        self.hooks.on_revoked = Some(hook);
+        self
+    }
+
+    /// The same listener with an `on_lost` hook: called for each shard a member lost without a
+    /// release (fenced, lease expired; docs/design.md §13.3).
+    pub const fn with_on_lost(mut self, hook: HookFn) -> Self {
+        self.hooks.on_lost = Some(hook);
+        self
+    }
+
+    /// The registered hooks as the listener's options take them.
+    pub fn hooks(&self) -> Hooks {
+        let mut hooks = Hooks::default();
+        if let Some(hook) = self.hooks.on_assigned {
+            hooks.on_assigned(hook);
+        }
+        if let Some(hook) = self.hooks.on_revoked {
+            hooks.on_revoked(hook);
+        }
+        if let Some(hook) = self.hooks.on_lost {
+            hooks.on_lost(hook);
+        }
+        hooks
     }
 
     /// The listener's name: the function name unless `name = "..."` was given.

@@ -916,6 +916,18 @@ impl MemberProcess {
         self.process.kill9();
         at
     }
+
+    /// The lines of its log read so far, in the order it wrote them.
+    pub fn lines(&self) -> Vec<LogLine> {
+        self.process.lines()
+    }
+
+    /// As [`terminate`](Self::terminate), keeping the process's log readable
+    /// ([`lines`](Self::lines)): whether it exited with status 0.
+    pub fn terminate_in_place(&mut self) -> bool {
+        let status = self.process.stop(Duration::from_secs(30));
+        status.is_some_and(|s| s.success())
+    }
 }
 
 impl Recorder {

@@ -12,7 +12,8 @@ impl Config {
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] when the timings are invalid, or when the listener's effective
-    /// `handler_timeout` is not below `rebalance_timeout` (docs/design.md §8).
+    /// `handler_timeout` or `hook_timeout` is not below `rebalance_timeout` (docs/design.md §8,
+    /// §13.3).
     pub fn listener_options(
         &self,
         name: &str,
@@ -44,6 +45,9 @@ impl Config {
                 fencing,
                 retention_interval
             );
+            if let Some(hook_timeout) = l.hook_timeout {
+                options.hook_timeout = Some(hook_timeout);
+            }
         }
         if options.handler_timeout >= options.coordination.rebalance_timeout {
             let overridden = self
@@ -60,6 +64,28 @@ impl Config {
                 format!(
                     "listener {name:?}: handler_timeout ({}) must be below rebalance_timeout ({}), or a slow handler would get its member fenced while it drains",
                     humantime::format_duration(options.handler_timeout),
+                    humantime::format_duration(options.coordination.rebalance_timeout)
+                ),
+            ));
+        }
+        // Only a given one: the default is capped at half the rebalance timeout.
+        if let Some(hook_timeout) = options.hook_timeout
+            && hook_timeout >= options.coordination.rebalance_timeout
+        {
+            let overridden = self
+                .listeners
+                .get(name)
+                .is_some_and(|l| l.hook_timeout.is_some());
+            let path: &[&str] = if overridden {
+                &["listeners", name, "hook_timeout"]
+            } else {
+                &["coordination", "rebalance_timeout"]
+            };
+            return Err(self.invalid(
+                path,
+                format!(
+                    "listener {name:?}: hook_timeout ({}) must be below rebalance_timeout ({}), or an on_revoked hook could get its member fenced before the release",
+                    humantime::format_duration(hook_timeout),
                     humantime::format_duration(options.coordination.rebalance_timeout)
                 ),
             ));

@@ -206,6 +206,10 @@ pub struct ListenerConfig {
     /// retention (> 0, default 1 min; docs/design.md §10.9).
     #[serde(with = "humantime_serde")]
     pub retention_interval: Option<Duration>,
+    /// `hook_timeout`: limit of one lifecycle hook call (> 0, below `rebalance_timeout`,
+    /// default 10 s; docs/design.md §13.3).
+    #[serde(with = "humantime_serde")]
+    pub hook_timeout: Option<Duration>,
 }
 
 /// `[observability]`: the process's HTTP listener for `/metrics`, `/healthz` and `/readyz`

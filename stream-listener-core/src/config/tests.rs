@@ -229,6 +229,43 @@ fn timings_are_checked() {
 }
 
 #[test]
+fn hook_timeout_is_read_and_must_be_positive_and_below_the_rebalance_timeout() {
+    let config = parse("[listeners.on_order]\nhook_timeout = \"3s\"\n").unwrap();
+    let options = config
+        .listener_options("on_order", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(options.hook_timeout, Some(Duration::from_secs(3)));
+    assert_eq!(options.effective_hook_timeout(), Duration::from_secs(3));
+    let defaults = config
+        .listener_options("other", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(defaults.hook_timeout, None);
+    // 10 s, below the default rebalance timeout (60 s); half a shorter one.
+    assert_eq!(defaults.effective_hook_timeout(), Duration::from_secs(10));
+    let short = parse(
+        "[coordination]\nrebalance_timeout = \"4s\"\n[listeners.any]\nhandler_timeout = \"1s\"\n",
+    )
+    .unwrap();
+    let options = short
+        .listener_options("any", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(options.effective_hook_timeout(), Duration::from_secs(2));
+    let config = parse("\n[listeners.slow]\nhook_timeout = \"2m\"\n").unwrap();
+    let err = config
+        .listener_options("slow", ListenerOptions::default())
+        .unwrap_err();
+    assert_eq!(err.key(), Some("listeners.slow.hook_timeout"));
+    assert_eq!(err.location().map(|l| l.line), Some(3));
+    assert!(
+        err.to_string().contains("must be below rebalance_timeout"),
+        "{err}"
+    );
+    let err = parse("[listeners.zero]\nhook_timeout = \"0s\"\n").unwrap_err();
+    assert_eq!(err.key(), Some("listeners.zero.hook_timeout"));
+    assert!(err.to_string().contains("must be positive"), "{err}");
+}
+
+#[test]
 fn unknown_listeners_are_reported_with_their_line() {
     let config = parse("[listeners.on_order]\nconcurrency = 2\n\n[listeners.on_ordr]\n").unwrap();
     config

@@ -172,6 +172,7 @@ impl Config {
             ("block", l.block),
             ("handler_timeout", l.handler_timeout),
             ("retention_interval", l.retention_interval),
+            ("hook_timeout", l.hook_timeout),
         ] {
             if value.is_some_and(|v| v.is_zero()) {
                 return Err(self.invalid(&["listeners", name, key], "must be positive"));

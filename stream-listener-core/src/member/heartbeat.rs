@@ -40,7 +40,18 @@ struct Running {
     revoke: CancellationToken,
     /// Stop at once: cancel the handler, ack nothing.
     stop: CancellationToken,
+    /// The handlers' view of the ownership (`Delivery::still_owned`): a child of `stop`,
+    /// cancelled with `revoke` as well (docs/design.md §13.3).
+    ownership: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts the drain, and tells the shard's handlers that the shard is going.
+    fn revoke(&self) {
+        self.ownership.cancel();
+        self.revoke.cancel();
+    }
 }
 
 impl Member {
@@ -242,7 +253,7 @@ impl Member {
         }
         for shard in &changes.revoke {
             if let Some(running) = shards.get(shard) {
-                running.revoke.cancel();
+                running.revoke();
             }
         }
         for (shard, token) in &changes.start {
@@ -252,7 +263,7 @@ impl Member {
                 shard: *shard,
                 member_epoch: token.member_epoch,
             });
-            let running = self.spawn_shard(*shard);
+            let running = self.spawn_shard(*shard, token.member_epoch);
             if let Some(old) = shards.insert(*shard, running) {
                 old.stop.cancel();
             }
@@ -293,17 +304,29 @@ impl Member {
         true
     }
 
-    fn spawn_shard(&self, shard: ShardIndex) -> Running {
+    /// Starts the task of `shard`, assigned at `member_epoch`.
+    fn spawn_shard(&self, shard: ShardIndex, member_epoch: crate::model::Epoch) -> Running {
         let revoke = CancellationToken::new();
         let stop = self.member_stop.child_token();
-        let task = match ShardTask::new(self.ctx.clone(), shard, revoke.clone(), stop.clone()) {
+        let ownership = stop.child_token();
+        let tokens = crate::poller::TaskTokens {
+            revoke: revoke.clone(),
+            stop: stop.clone(),
+            ownership: ownership.clone(),
+        };
+        let task = match ShardTask::new(self.ctx.clone(), shard, member_epoch, tokens) {
             Ok(task) => tokio::spawn(task.run()),
             Err(error) => {
                 tracing::error!(error = %crate::report::Chain(&error), shard, "shard not polled");
                 tokio::spawn(async {})
             }
         };
-        Running { revoke, stop, task }
+        Running {
+            revoke,
+            stop,
+            ownership,
+            task,
+        }
     }
 
     /// Shard tasks that finished draining are released: reported `REVOKED` next heartbeat.
@@ -335,7 +358,7 @@ impl Member {
     ) {
         self.ctx.shared.lock().begin_leave();
         for running in shards.values() {
-            running.revoke.cancel();
+            running.revoke();
         }
         let deadline = tokio::time::Instant::now() + self.ctx.options.shutdown_timeout;
         for (shard, running) in std::mem::take(shards) {

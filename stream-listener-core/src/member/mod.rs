@@ -68,6 +68,17 @@ pub enum OptionsError {
     /// The protocol timings ([`ListenerOptions::coordination`]) are invalid.
     #[error("invalid coordination timings")]
     Coordination(#[source] crate::coordinator::TimingsError),
+    /// `hook_timeout` is zero or not below `coordination.rebalance_timeout` (an `on_revoked`
+    /// runs before the release, so a longer one could get the member fenced while it drains).
+    #[error(
+        "hook_timeout ({hook_timeout:?}) must be positive and below rebalance_timeout ({rebalance_timeout:?}): lower hook_timeout"
+    )]
+    HookTimeout {
+        /// The hook timeout given.
+        hook_timeout: Duration,
+        /// The rebalance timeout it must stay below.
+        rebalance_timeout: Duration,
+    },
 }
 
 /// A listener's members, running.
@@ -282,7 +293,9 @@ impl Listener {
     ///
     /// # Errors
     /// [`ListenerError::Name`] for a prefix with `{`/`}` or a group with `:`/`{`/`}`;
-    /// [`ListenerError::Options`] for zero concurrency, workers, batch size or attempts.
+    /// [`ListenerError::Options`] for zero concurrency, workers, batch size or attempts, a
+    /// timing above the protocol's limit, or a `hook_timeout` that is zero or not below the
+    /// rebalance timeout ([`OptionsError::HookTimeout`]).
     pub fn new(
         target: RedisTarget,
         stream: &str,
@@ -317,6 +330,16 @@ impl Listener {
         ];
         if let Some((name, _)) = timings.iter().find(|(_, value)| *value > max) {
             return Err(OptionsError::TooLong { name, max }.into());
+        }
+        let rebalance_timeout = options.coordination.rebalance_timeout;
+        if let Some(hook_timeout) = options.hook_timeout
+            && (hook_timeout.is_zero() || hook_timeout >= rebalance_timeout)
+        {
+            return Err(OptionsError::HookTimeout {
+                hook_timeout,
+                rebalance_timeout,
+            }
+            .into());
         }
         Ok(Listener {
             target,
@@ -411,5 +434,42 @@ impl Listener {
             stopped: vec![stopped],
             health: healths,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn new_with(options: ListenerOptions) -> Result<Listener, ListenerError> {
+        let target = RedisTarget::Standalone("redis://127.0.0.1:1".into());
+        let handler = |_: crate::handler::Delivery| async { Ok(()) };
+        Listener::new(target, "orders", "billing", handler, options)
+    }
+
+    #[test]
+    fn a_given_hook_timeout_must_be_positive_and_below_the_rebalance_timeout() {
+        let mut options = ListenerOptions::default();
+        assert!(
+            new_with(options.clone()).is_ok(),
+            "the default is capped, never refused"
+        );
+        for bad in [Duration::ZERO, options.coordination.rebalance_timeout] {
+            options.hook_timeout = Some(bad);
+            match new_with(options.clone()) {
+                Err(ListenerError::Options(OptionsError::HookTimeout {
+                    hook_timeout,
+                    rebalance_timeout,
+                })) => {
+                    assert_eq!(hook_timeout, bad);
+                    assert_eq!(rebalance_timeout, options.coordination.rebalance_timeout);
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        options.hook_timeout = Some(Duration::from_secs(1));
+        assert!(new_with(options).is_ok());
     }
 }

@@ -147,6 +147,7 @@ impl ShardTask {
                 token.member_epoch,
             );
             (metadata.delivery_count, metadata.attempt) = (entry.delivery_count, attempt);
+            metadata.ownership = self.ownership.clone();
             let delivery = Delivery {
                 metadata,
                 fields: entry.fields.clone(),

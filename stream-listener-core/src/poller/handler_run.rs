@@ -31,17 +31,9 @@ fn attempt_outcome(
         Ok(Err(error)) => Attempt::Failed(error),
         Err(panic) => Attempt::Failed(HandlerError::retryable(format!(
             "handler panicked: {}",
-            panic_message(panic.as_ref())
+            crate::report::panic_text(panic.as_ref())
         ))),
     }
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into())
 }
 
 impl ShardTask {

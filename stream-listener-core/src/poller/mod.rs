@@ -35,6 +35,7 @@ use crate::connection::{RedisConnection, RedisTarget};
 use crate::dataplane::{FencingMode, ShardClient, Waiter};
 use crate::fence::FenceToken;
 use crate::handler::Handler;
+use crate::hooks::HookKind;
 use crate::keys::StreamKeys;
 use crate::model::ShardIndex;
 use crate::runtime::{ListenerOptions, MemberShared};
@@ -108,6 +109,16 @@ impl ShardTaskContext {
     }
 }
 
+/// How the heartbeat loop steers one shard task.
+pub(crate) struct TaskTokens {
+    /// Drain: finish the current handler attempt, ack, stop.
+    pub(crate) revoke: CancellationToken,
+    /// Stop at once: cancel the handler, ack nothing.
+    pub(crate) stop: CancellationToken,
+    /// Cancelled on a revoke or a stop: what handlers see (`Delivery::still_owned`).
+    pub(crate) ownership: CancellationToken,
+}
+
 /// Where a shard task is in the takeover sequence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
@@ -145,6 +156,10 @@ pub(crate) struct ShardTask {
     turn: Arc<TurnSlot>,
     /// When the next retention trim ([`maintenance`]) is due.
     maintenance: maintenance::Schedule,
+    /// The member epoch the shard was assigned at (the lifecycle hooks' context).
+    member_epoch: crate::model::Epoch,
+    /// This ownership of the shard, cloned into every delivery (one token per ownership).
+    ownership: crate::handler::Ownership,
 }
 
 impl ShardTask {
@@ -153,9 +168,14 @@ impl ShardTask {
     pub(crate) fn new(
         ctx: Arc<ShardTaskContext>,
         shard: ShardIndex,
-        revoke: CancellationToken,
-        stop: CancellationToken,
+        member_epoch: crate::model::Epoch,
+        tokens: TaskTokens,
     ) -> Result<Self, crate::keys::NameError> {
+        let TaskTokens {
+            revoke,
+            stop,
+            ownership,
+        } = tokens;
         let client = ShardClient::new(
             ctx.conn.clone(),
             ctx.stream.clone(),
@@ -181,6 +201,8 @@ impl ShardTask {
             clean_after_claim: false,
             turn: Arc::default(),
             maintenance,
+            member_epoch,
+            ownership: crate::handler::Ownership::new(ownership),
         })
     }
 
@@ -189,12 +211,52 @@ impl ShardTask {
         let shared = self.ctx.shared.clone();
         let turn = self.turn.clone();
         async move {
+            // Before the first handler of this ownership (docs/design.md §13.3).
+            self.run_hook(HookKind::Assigned).await;
             turn.release_while_waiting(self.poll()).await;
+            // After the last ack, before the heartbeat loop sees the task end and reports the
+            // release: revoked when the drain ended in order, lost otherwise.
+            self.run_hook(self.end_hook()).await;
             // Released (drained or stopped): report it with the next heartbeat, now.
             shared.wake_heartbeat.notify_one();
         }
         .instrument(span)
         .await;
+    }
+
+    /// Which hook the end of this task calls: `on_revoked` after a drain that ended with the
+    /// lease valid (its acks could be written, and the release follows), `on_lost` after a stop
+    /// (fencing status, the member's end, a shutdown past `shutdown_timeout`) or when the lease
+    /// passed (someone else may own the shard already).
+    fn end_hook(&self) -> HookKind {
+        let lease_valid = self.ctx.shared.lock().lease_valid(Instant::now());
+        if self.stop.is_cancelled() || !lease_valid {
+            HookKind::Lost
+        } else {
+            HookKind::Revoked
+        }
+    }
+
+    /// Runs lifecycle hook `kind` for this shard (docs/design.md §13.3): bounded by
+    /// `hook_timeout`; a failure is logged and counted, nothing more.
+    async fn run_hook(&self, kind: HookKind) {
+        let options = &self.ctx.options;
+        if options.hooks.is_empty() {
+            return;
+        }
+        let context = crate::hooks::ShardHookContext::new(
+            self.ctx.stream.prefix(),
+            &self.ctx.group,
+            &options.name,
+            &self.ctx.member_id,
+            self.member_epoch,
+            self.shard,
+        );
+        // A failure is logged by `Hooks::run`; the member goes on either way.
+        let _ = options
+            .hooks
+            .run(kind, context, options.effective_hook_timeout())
+            .await;
     }
 
     fn done(&self) -> bool {

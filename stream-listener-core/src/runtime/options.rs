@@ -63,6 +63,15 @@ pub struct ListenerOptions {
     /// How often each shard task trims its shard to the stream's retention, and reads that
     /// retention (docs/design.md §10.9). Default 1 min; `[listeners.<name>] retention_interval`.
     pub retention_interval: Duration,
+    /// The listener's lifecycle hooks, `on_assigned`, `on_revoked` and `on_lost`
+    /// (docs/design.md §13.3); none by default.
+    pub hooks: crate::hooks::Hooks,
+    /// Limit of one hook call (`[listeners.<name>] hook_timeout`); when given, it must be
+    /// positive and below `coordination.rebalance_timeout`, since an `on_revoked` runs before
+    /// the release. `None` (default): 10 s, or half the rebalance timeout when that is shorter
+    /// ([`ListenerOptions::effective_hook_timeout`]). A hook past it is abandoned (dropped) and
+    /// counted as failed.
+    pub hook_timeout: Option<Duration>,
 }
 
 impl Default for ListenerOptions {
@@ -87,11 +96,22 @@ impl Default for ListenerOptions {
             auto_create_shards: None,
             max_entry_bytes: Some(16 * 1024 * 1024),
             retention_interval: Duration::from_secs(60),
+            hooks: crate::hooks::Hooks::default(),
+            hook_timeout: None,
         }
     }
 }
 
 impl ListenerOptions {
+    /// The limit of one hook call: [`ListenerOptions::hook_timeout`], or when not given
+    /// [`DEFAULT_HOOK_TIMEOUT`](crate::hooks::DEFAULT_HOOK_TIMEOUT) capped at half
+    /// `coordination.rebalance_timeout`.
+    pub fn effective_hook_timeout(&self) -> Duration {
+        self.hook_timeout.unwrap_or_else(|| {
+            crate::hooks::DEFAULT_HOOK_TIMEOUT.min(self.coordination.rebalance_timeout / 2)
+        })
+    }
+
     /// Reports `event` to the [`ListenerOptions::events`] callback, if any.
     pub(crate) fn emit(&self, event: super::ListenerEvent) {
         if let Some(callback) = &self.events {

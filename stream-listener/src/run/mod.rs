@@ -224,6 +224,7 @@ fn plan(
     for registration in listeners {
         let mut base = ListenerOptions::default();
         base.concurrency = registration.concurrency();
+        base.hooks = registration.hooks();
         let mut options = config.listener_options(registration.name(), base)?;
         options.events = Some(log.callback(registration.name()));
         let listener = Listener::new(

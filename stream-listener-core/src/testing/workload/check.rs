@@ -343,7 +343,8 @@ fn check_reads(logs: &[ProcessLog], stops: &[Stop], report: &mut Report) {
                 LogLine::Handled(_)
                 | LogLine::Handling(_)
                 | LogLine::Ready(_)
-                | LogLine::EntriesLost(_) => {}
+                | LogLine::EntriesLost(_)
+                | LogLine::Hook(_) => {}
             }
         }
     }

@@ -26,6 +26,29 @@ pub enum LogLine {
     FenceRejected(FenceRejected),
     /// Entries a group lost to a `"force"` retention trim.
     EntriesLost(EntriesLost),
+    /// A lifecycle hook call (only with `--log-hooks`), written when it ends.
+    Hook(HookCall),
+}
+
+/// `{"event":"hook",...}`: one lifecycle hook call (docs/design.md §13.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookCall {
+    /// `on_assigned`, `on_revoked` or `on_lost`.
+    pub hook: String,
+    /// The member.
+    pub member: String,
+    /// The shard.
+    pub shard: u32,
+    /// The member epoch the shard was assigned at.
+    pub member_epoch: i64,
+    /// The ids pending for this member's consumer on the shard when the hook started (at most
+    /// 1000; empty when the read failed).
+    pub pending_ids: Vec<String>,
+    /// When the hook started, µs since the Unix epoch.
+    pub start_us: u64,
+    /// When it ended, µs since the Unix epoch.
+    pub ts_us: u64,
 }
 
 /// `{"event":"entriesLost",...}`.
@@ -227,10 +250,11 @@ impl LogLine {
             LogLine::Read(r) => &r.member,
             LogLine::FenceRejected(f) => &f.member,
             LogLine::EntriesLost(l) => &l.member,
+            LogLine::Hook(h) => &h.member,
         }
     }
 
-    /// The line's time (`startUs` for a handler call).
+    /// The line's time (`startUs` for a handler call, the end for a hook call).
     pub fn ts_us(&self) -> u64 {
         match self {
             LogLine::Ready(r) => r.ts_us,
@@ -240,6 +264,7 @@ impl LogLine {
             LogLine::Read(r) => r.ts_us,
             LogLine::FenceRejected(f) => f.ts_us,
             LogLine::EntriesLost(l) => l.ts_us,
+            LogLine::Hook(h) => h.ts_us,
         }
     }
 }

@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use check::{CONT_GRACE_US, Interval, Report, Stop, check};
+pub use log::HookCall;
 pub use log::{
     Expected, FenceRejected, Handled, HandlerCall, Handling, LogLine, Ownership, ProcessLog, Read,
     Ready,

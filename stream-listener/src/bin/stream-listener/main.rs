@@ -11,6 +11,7 @@ mod resets;
 mod retention;
 mod table;
 mod text;
+mod watch;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -175,6 +176,8 @@ enum GroupCommand {
         group: String,
         #[command(flatten)]
         timing: Timing,
+        #[command(flatten)]
+        watch: watch::WatchArgs,
     },
     /// List the consumer groups registered on a stream.
     List {
@@ -391,7 +394,12 @@ async fn run(cli: Cli) -> Result<String, Failure> {
             prefix,
             group,
             timing,
+            watch,
         }) => {
+            if watch.watch {
+                let config = timing.config();
+                return watch::watch(conn, &prefix, &group, &config, &watch, as_json).await;
+            }
             let described = admin::describe_group(conn, &prefix, &group, &timing.config()).await?;
             output(as_json, &described, group_text)
         }

@@ -1,0 +1,165 @@
+//! `stream-listener group describe --watch` (docs/design.md §13.5), run as a process against a
+//! real Redis server with its output piped (not a terminal): snapshot after snapshot, each
+//! followed by a blank line, reflecting changes made between them, until it is killed; and the
+//! `--interval` checks.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::model::StartFrom;
+use stream_listener_core::testing::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_stream-listener");
+
+/// The snapshots in `output`: each starts with its header line.
+fn snapshots(output: &str) -> Vec<&str> {
+    output
+        .split("every 200ms: group billing of stream orders at ")
+        .skip(1)
+        .collect()
+}
+
+/// (length, lag) of `shard` in a snapshot's shard table.
+fn length_and_lag(snapshot: &str, shard: u32) -> Option<(String, String)> {
+    snapshot.lines().find_map(|line| {
+        let columns: Vec<&str> = line.split_whitespace().collect();
+        (columns.len() >= 6 && columns[0] == shard.to_string() && columns[1] == "ACTIVE")
+            .then(|| (columns[3].to_owned(), columns[5].to_owned()))
+    })
+}
+
+/// Waits up to 10 s until `done` holds for the output so far; returns the output.
+fn wait_for(output: &Mutex<String>, done: impl Fn(&str) -> bool) -> String {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = output.lock().unwrap().clone();
+        if done(&text) || Instant::now() >= end {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test]
+async fn watch_prints_snapshots_that_follow_the_group_until_killed() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let mut conn = RedisConnection::connect(
+        &RedisTarget::Standalone(url.clone()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    admin::create_stream(&mut conn, "orders", 2).await.unwrap();
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let _: String = conn.xadd("{orders:0}", "1-1", &[("n", "1")]).await.unwrap();
+
+    let mut child = Command::new(BIN)
+        .args([
+            "--redis-url",
+            &url,
+            "group",
+            "describe",
+            "orders",
+            "billing",
+        ])
+        .args(["--watch", "--interval", "200ms"])
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let output = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let output = output.clone();
+        let mut stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                output
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    // A snapshot is complete once the next one's header is out.
+    let text = wait_for(&output, |t| snapshots(t).len() >= 2);
+    let first = snapshots(&text)[0].to_owned();
+    assert_eq!(
+        length_and_lag(&first, 0),
+        Some(("1".into(), "1".into())),
+        "{first}"
+    );
+    assert!(
+        first.ends_with("\n\n"),
+        "a blank line after each snapshot: {first:?}"
+    );
+    assert!(
+        !text.contains('\x1b'),
+        "no terminal escapes when not a terminal"
+    );
+    // New entries between snapshots: a later snapshot shows them.
+    for id in ["1-2", "1-3"] {
+        let _: String = conn.xadd("{orders:0}", id, &[("n", id)]).await.unwrap();
+    }
+    let text = wait_for(&output, |t| {
+        snapshots(t)
+            .iter()
+            .any(|s| length_and_lag(s, 0) == Some(("3".into(), "3".into())))
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    reader.join().unwrap();
+    let all = snapshots(&text);
+    let changed = all
+        .iter()
+        .position(|s| length_and_lag(s, 0) == Some(("3".into(), "3".into())));
+    assert!(
+        changed.is_some_and(|i| i >= 1),
+        "a snapshot after the first shows the new entries: {text}"
+    );
+    // Every snapshot before the change shows the old values: each is a fresh read.
+    for snapshot in &all[..changed.unwrap()] {
+        assert_eq!(length_and_lag(snapshot, 0), Some(("1".into(), "1".into())));
+    }
+}
+
+#[test]
+fn watch_intervals_are_checked() {
+    let run = |args: &[&str]| {
+        let output = Command::new(BIN)
+            .args([
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "group",
+                "describe",
+                "orders",
+                "billing",
+            ])
+            .args(args)
+            .env_remove("REDIS_URL")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8(output.stderr).unwrap(),
+        )
+    };
+    let (code, err) = run(&["--watch", "--interval", "50ms"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("must be at least 100ms"), "{err}");
+    let (code, err) = run(&["--interval", "1s"]);
+    assert_eq!(code, Some(2), "--interval without --watch: {err}");
+    assert!(err.contains("--watch"), "{err}");
+}
