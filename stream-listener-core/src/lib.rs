@@ -31,6 +31,7 @@ mod report;
 mod runtime;
 mod startup;
 mod store;
+mod telemetry;
 
 // The crate's unit tests use the pure fixtures without the feature.
 #[cfg(any(test, feature = "testing"))]
@@ -74,5 +75,7 @@ pub mod internals {
         /// The Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction, and
         /// provisioning (docs/design.md §5).
         store,
+        /// Metrics: the metric names (`telemetry::names`, docs/design.md §13.1).
+        telemetry,
     }
 }

@@ -4,12 +4,13 @@
 
 use super::ShardTask;
 use super::attempt::{Limits, Verdict};
-use super::handler_run::Attempt;
+use super::handler_run::{Attempt, Cause};
 use crate::dataplane::{DataPlaneError, DeadLetterReason, EntryStatus, ShardEntry};
 use crate::fence::FenceToken;
-use crate::handler::{Delivery, Metadata};
+use crate::handler::{Delivery, HandlerError, Metadata};
 use crate::report::Chain;
 use crate::runtime::ListenerEvent;
+use crate::telemetry::HandlerOutcome;
 
 /// The `error` field of a `max-deliveries` dead letter.
 const MAX_DELIVERIES_ERROR: &str = "max_deliveries handler attempts did not finish";
@@ -151,14 +152,25 @@ impl ShardTask {
                 metadata,
                 fields: entry.fields.clone(),
             };
-            let error = match self.run_handler(delivery).await {
-                Attempt::Ok => return Ok(Outcome::Ack),
+            let (ran, started) = self.run_handler(delivery).await;
+            let (error, cause) = match ran {
+                Attempt::Ok => {
+                    self.ctx
+                        .metrics
+                        .handler_attempt(HandlerOutcome::Ok, started);
+                    self.ctx.metrics.handled();
+                    return Ok(Outcome::Ack);
+                }
                 Attempt::Cancelled => return Ok(Outcome::Abandon),
-                Attempt::Failed(error) => error,
+                Attempt::Failed(error, cause) => (error, cause),
             };
             // Draining: no further retries; the entry stays pending for the next owner.
             let draining = self.revoke.is_cancelled();
-            let backoff = match limits.after_failure(&error, attempt, draining) {
+            let verdict = limits.after_failure(&error, attempt, draining);
+            self.ctx
+                .metrics
+                .handler_attempt(failed_outcome(&error, cause, &verdict), started);
+            let backoff = match verdict {
                 Verdict::DeadLetter { reason } => {
                     // The text first: a `Chain` (a plain `dyn Error` reference) is not `Sync`.
                     let text = Chain(&error).to_string();
@@ -166,7 +178,10 @@ impl ShardTask {
                     return Ok(Outcome::Ack);
                 }
                 Verdict::Abandon => return Ok(Outcome::Abandon),
-                Verdict::Retry { backoff } => backoff,
+                Verdict::Retry { backoff } => {
+                    self.ctx.metrics.retry();
+                    backoff
+                }
             };
             tracing::debug!(entry = %entry.id, attempt, error = %Chain(&error), "handler failed; retrying in place");
             self.pause(backoff).await;
@@ -210,6 +225,20 @@ impl ShardTask {
         self.client
             .dead_letter(self.shard, entry, reason, error, attempts)
             .await?;
+        self.ctx.metrics.dead_lettered(reason);
         Ok(())
+    }
+}
+
+/// The metrics' `outcome` of a failed attempt: a timeout or a panic by its cause, a decode
+/// error as such, any other error by what the policy decided (a drain's abandon is a retry: the
+/// next owner tries again).
+fn failed_outcome(error: &HandlerError, cause: Cause, verdict: &Verdict) -> HandlerOutcome {
+    match (cause, error, verdict) {
+        (Cause::Timeout, ..) => HandlerOutcome::Timeout,
+        (Cause::Panic, ..) => HandlerOutcome::Panic,
+        (_, HandlerError::Decode(_), _) => HandlerOutcome::DecodeError,
+        (_, _, Verdict::DeadLetter { .. }) => HandlerOutcome::DeadLetter,
+        (_, _, Verdict::Retry { .. } | Verdict::Abandon) => HandlerOutcome::Retry,
     }
 }

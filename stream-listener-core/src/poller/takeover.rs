@@ -40,6 +40,7 @@ impl ShardTask {
     /// in a failover): raise again after re-checking lease and assignment. `Higher`: report the
     /// conflict and park until the coordinator decides (a new token, a revoke, a fencing status).
     pub(super) async fn conflict(&mut self, op: &'static str, fenced: Fenced, token: &FenceToken) {
+        self.ctx.metrics.fence_rejected(op);
         self.ctx.options.emit(ListenerEvent::FenceRejected {
             op,
             member: self.ctx.member_id.to_string(),

@@ -63,6 +63,11 @@ pub struct ListenerOptions {
     /// How often each shard task trims its shard to the stream's retention, and reads that
     /// retention (docs/design.md §10.9). Default 1 min; `[listeners.<name>] retention_interval`.
     pub retention_interval: Duration,
+    /// How often each shard task samples its shard's lag, pending count and oldest pending entry
+    /// for the metrics (one script call per shard per interval; the owner of the lowest readable
+    /// shard also sums the group's lag), with the cargo feature `metrics` (docs/design.md §13.1).
+    /// Gauges are re-set this often while valid. Default 5 s; `[observability] metrics_interval`.
+    pub metrics_interval: Duration,
 }
 
 impl Default for ListenerOptions {
@@ -87,6 +92,7 @@ impl Default for ListenerOptions {
             auto_create_shards: None,
             max_entry_bytes: Some(16 * 1024 * 1024),
             retention_interval: Duration::from_secs(60),
+            metrics_interval: Duration::from_secs(5),
         }
     }
 }
