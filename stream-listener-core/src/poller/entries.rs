@@ -210,6 +210,7 @@ impl ShardTask {
             .forget_attempts(self.shard, &[entry.id.as_str()])
             .await
         {
+            self.ctx.metrics.redis_error(&error);
             tracing::warn!(entry = %entry.id, error = %crate::report::Chain(&error), "removing the attempt count failed");
         }
     }

@@ -256,6 +256,7 @@ impl ShardTask {
                     return true;
                 }
                 Err(error) => {
+                    self.ctx.metrics.redis_error(&error);
                     tracing::warn!(error = %crate::report::Chain(&error), "connecting the data plane failed; retrying");
                     self.pause(ERROR_PAUSE).await;
                 }

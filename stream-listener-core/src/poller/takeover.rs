@@ -25,6 +25,7 @@ impl ShardTask {
             }
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
             Err(error) => {
+                self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "raising the fence failed; retrying");
                 // No fence next to a missing stream: the stream must come back first (or the
                 // shard be revoked), or this raise fails for good.
@@ -203,6 +204,7 @@ impl ShardTask {
             ),
             Ok(GroupRecreated::Exists) => {} // created meanwhile
             Err(error) => {
+                self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "re-creating the consumer group failed")
             }
         }
@@ -227,6 +229,7 @@ impl ShardTask {
                 .map(|s| s.state),
             Ok(None) => None,
             Err(error) => {
+                self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "reading the stream metadata failed");
                 None
             }
