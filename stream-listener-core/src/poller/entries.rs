@@ -243,3 +243,61 @@ fn failed_outcome(error: &HandlerError, cause: Cause, verdict: &Verdict) -> Hand
         (_, _, Verdict::Retry { .. } | Verdict::Abandon) => HandlerOutcome::Retry,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_timeout_or_a_panic_is_its_own_outcome_whatever_the_verdict() {
+        let retry = Verdict::Retry {
+            backoff: Duration::from_millis(1),
+        };
+        let dead = Verdict::DeadLetter {
+            reason: DeadLetterReason::Handler,
+        };
+        let error = HandlerError::retryable("x");
+        for verdict in [&retry, &dead, &Verdict::Abandon] {
+            assert_eq!(
+                failed_outcome(&error, Cause::Timeout, verdict),
+                HandlerOutcome::Timeout
+            );
+            assert_eq!(
+                failed_outcome(&error, Cause::Panic, verdict),
+                HandlerOutcome::Panic
+            );
+        }
+    }
+
+    #[test]
+    fn a_returned_error_is_labelled_by_its_kind_and_the_verdict() {
+        let retry = Verdict::Retry {
+            backoff: Duration::from_millis(1),
+        };
+        let decode = Verdict::DeadLetter {
+            reason: DeadLetterReason::Decode,
+        };
+        let fatal = Verdict::DeadLetter {
+            reason: DeadLetterReason::NonRetryable,
+        };
+        assert_eq!(
+            failed_outcome(&HandlerError::Decode("x".into()), Cause::Returned, &decode),
+            HandlerOutcome::DecodeError
+        );
+        assert_eq!(
+            failed_outcome(&HandlerError::non_retryable("x"), Cause::Returned, &fatal),
+            HandlerOutcome::DeadLetter
+        );
+        let error = HandlerError::retryable("x");
+        assert_eq!(
+            failed_outcome(&error, Cause::Returned, &retry),
+            HandlerOutcome::Retry
+        );
+        assert_eq!(
+            failed_outcome(&error, Cause::Returned, &Verdict::Abandon),
+            HandlerOutcome::Retry,
+            "a drain leaves it to the next owner"
+        );
+    }
+}

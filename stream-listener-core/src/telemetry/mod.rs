@@ -111,7 +111,7 @@ pub(crate) fn redis_error_kind(error: &(dyn std::error::Error + 'static)) -> Opt
 // Only the recording types use the labels (the feature on).
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 fn classify(error: &redis::RedisError) -> &'static str {
-    use redis::{ErrorKind, ServerErrorKind};
+    use redis::ErrorKind;
     if error.is_timeout() {
         return "timeout";
     }
@@ -133,8 +133,10 @@ fn classify(error: &redis::RedisError) -> &'static str {
         return "script";
     }
     match error.kind() {
-        ErrorKind::Server(ServerErrorKind::ResponseError)
-        | ErrorKind::Server(_)
+        // The server answered with an error (`Extension`: a code redis-rs does not name, such as
+        // `WRONGTYPE`), or an answer of the wrong shape.
+        ErrorKind::Server(_)
+        | ErrorKind::Extension
         | ErrorKind::Parse
         | ErrorKind::UnexpectedReturnType => "response",
         _ => "other",
@@ -177,14 +179,57 @@ mod tests {
         ));
         let store = crate::store::StoreError::Redis(io);
         assert_eq!(redis_error_kind(&store), Some("io"));
-        let oom = redis::RedisError::from((
-            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-            "OOM command not allowed",
-        ));
-        assert_eq!(redis_error_kind(&oom), Some("response"));
         let timeout = crate::store::StoreError::Timeout(std::time::Duration::from_secs(1));
         assert_eq!(redis_error_kind(&timeout), Some("timeout"));
         let name = crate::keys::StreamKeys::new("bad prefix{").unwrap_err();
         assert_eq!(redis_error_kind(&name), None);
+    }
+
+    /// The kinds of errors a real server returns.
+    #[cfg(feature = "testing")]
+    #[tokio::test]
+    async fn real_server_errors_are_classified() {
+        use crate::connection::{RedisConnection, RedisTarget};
+        let server = crate::testing::RedisServer::start().unwrap();
+        let target = RedisTarget::Standalone(server.url());
+        let mut conn = RedisConnection::connect(&target, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        let kind = |result: redis::RedisResult<redis::Value>| {
+            redis_error_kind(&result.unwrap_err()).unwrap()
+        };
+        let no_script = redis::cmd("EVALSHA")
+            .arg("0000000000000000000000000000000000000000")
+            .arg(0)
+            .query_async(&mut conn)
+            .await;
+        assert_eq!(kind(no_script), "script");
+        let failing = redis::cmd("EVAL")
+            .arg("return redis.error_reply('ERR boom')")
+            .arg(0)
+            .query_async(&mut conn)
+            .await;
+        assert_eq!(kind(failing), "response");
+        let _: () = redis::cmd("SET")
+            .arg("s")
+            .arg("v")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let wrong_type = redis::cmd("XLEN").arg("s").query_async(&mut conn).await;
+        assert_eq!(kind(wrong_type), "response");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let oom = redis::cmd("SET")
+            .arg("k")
+            .arg("v")
+            .query_async(&mut conn)
+            .await;
+        assert_eq!(kind(oom), "oom");
     }
 }
