@@ -8,6 +8,8 @@
 //!   attempt) every counter and every histogram count equals exactly what they imply; the
 //!   shard's lag, pending count and oldest pending age, and the group's lag, go to 0 after the
 //!   drain;
+//! - retention counts the entries it trimmed from the shards it owns, and what a `force` trim
+//!   removed before another group received them, under that group;
 //! - while entries are unread, the group's lag (published by the owner of the lowest readable
 //!   shard) is the sum of the shards' lags, and a pending entry of another consumer shows in the
 //!   shard's pending count with a growing age.
@@ -26,8 +28,10 @@ use stream_listener::core::handler::{Delivery, HandlerError};
 use stream_listener::core::internals::admin;
 use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::internals::dataplane::FencingMode;
+use stream_listener::core::internals::store::{Retention, RetentionMode};
 use stream_listener::core::internals::telemetry::names;
 use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
+use stream_listener::core::model::StartFrom;
 use stream_listener::testing::RedisServer;
 use support::{connect, fast, wait_until};
 
@@ -454,5 +458,48 @@ async fn group_lag_is_the_sum_of_the_shards_lags_and_pending_entries_age() {
         metrics.counter(names::ASSIGNMENTS_TOTAL, &[("group", group)]),
         3
     );
+    handle.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_counts_what_it_trimmed_and_what_a_force_trim_cost_another_group() {
+    let _serial = SERIAL.lock().await;
+    let metrics = &*METRICS;
+    let group = "trimming";
+    let (_server, target, mut conn) = server(1).await;
+    // A group that never reads: a force trim removes entries it has not received.
+    admin::register_group(&mut conn, STREAM, "laggard", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let mut options = options("trimming");
+    options.retention_interval = Duration::from_millis(100);
+    for _ in 0..10 {
+        xadd(&mut conn, 0, r#"{"kind":"ok"}"#).await;
+    }
+    let handle = start(&target, group, options, outcome_handler).await;
+    let of_group = [("group", group)];
+    wait_for("entries handled", 10, || {
+        metrics.counter(names::MESSAGES_HANDLED_TOTAL, &of_group)
+    })
+    .await;
+    // Handled and acked (the lag gauge 0 comes from a sample after the ack) before the trim.
+    wait_for("shard lag", Some(0.0), || {
+        metrics.gauge(names::SHARD_LAG, &[("group", group), ("shard", "0")])
+    })
+    .await;
+    let mut retention = Retention::new(RetentionMode::Force);
+    retention.max_len = Some(2);
+    admin::set_stream_retention(&mut conn, STREAM, Some(retention))
+        .await
+        .unwrap();
+    wait_for("trimmed", 8, || {
+        metrics.counter(names::RETENTION_TRIMMED_TOTAL, &of_group)
+    })
+    .await;
+    assert_eq!(
+        metrics.counter(names::RETENTION_LOST_TOTAL, &[("group", "laggard")]),
+        8
+    );
+    assert_eq!(metrics.counter(names::RETENTION_LOST_TOTAL, &of_group), 0);
     handle.shutdown_and_wait().await;
 }
