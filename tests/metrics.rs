@@ -10,6 +10,7 @@
 //!   drain;
 //! - retention counts the entries it trimmed from the shards it owns, and what a `force` trim
 //!   removed before another group received them, under that group;
+//! - every fence rejection is counted by op, once per `FenceRejected` event;
 //! - while entries are unread, the group's lag (published by the owner of the lowest readable
 //!   shard) is the sum of the shards' lags, and a pending entry of another consumer shows in the
 //!   shard's pending count with a growing age.
@@ -28,9 +29,12 @@ use stream_listener::core::handler::{Delivery, HandlerError};
 use stream_listener::core::internals::admin;
 use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::core::internals::dataplane::FencingMode;
+use stream_listener::core::internals::keys::StreamKeys;
 use stream_listener::core::internals::store::{Retention, RetentionMode};
 use stream_listener::core::internals::telemetry::names;
-use stream_listener::core::member::{Listener, ListenerHandle, ListenerOptions};
+use stream_listener::core::member::{
+    EventCallback, Listener, ListenerEvent, ListenerHandle, ListenerOptions,
+};
 use stream_listener::core::model::StartFrom;
 use stream_listener::testing::RedisServer;
 use support::{connect, fast, wait_until};
@@ -502,4 +506,47 @@ async fn retention_counts_what_it_trimmed_and_what_a_force_trim_cost_another_gro
     );
     assert_eq!(metrics.counter(names::RETENTION_LOST_TOTAL, &of_group), 0);
     handle.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fence_rejection_is_counted_by_op() {
+    let _serial = SERIAL.lock().await;
+    let metrics = &*METRICS;
+    let group = "fenced-out";
+    let (_server, target, mut conn) = server(1).await;
+    // Not a fencing token: the raise is refused (and tried again after a lease TTL).
+    let fence = StreamKeys::new(STREAM).unwrap().fence(0);
+    let _: u64 = redis::cmd("HSET")
+        .arg(&fence)
+        .arg(group)
+        .arg("not-a-token")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    xadd(&mut conn, 0, r#"{"kind":"ok"}"#).await;
+    let events = Arc::new(AtomicU64::new(0));
+    let mut options = options("fenced-out");
+    let seen = events.clone();
+    options.events = Some(EventCallback(Arc::new(move |event| {
+        if let ListenerEvent::FenceRejected { op: "read", .. } = event {
+            seen.fetch_add(1, Ordering::SeqCst);
+        }
+    })));
+    let handle = start(&target, group, options, outcome_handler).await;
+    let of_group = [("group", group)];
+    let rejected = wait_until(Duration::from_secs(20), || {
+        metrics.counter(
+            names::FENCE_REJECTIONS_TOTAL,
+            &[("group", group), ("op", "read")],
+        ) >= 2
+    })
+    .await;
+    assert!(rejected, "the raise was not refused twice");
+    handle.shutdown_and_wait().await;
+    assert_eq!(
+        metrics.counter(names::FENCE_REJECTIONS_TOTAL, &of_group),
+        events.load(Ordering::SeqCst),
+        "one count per FenceRejected event"
+    );
+    assert_eq!(metrics.counter(names::MESSAGES_HANDLED_TOTAL, &of_group), 0);
 }
