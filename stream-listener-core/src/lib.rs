@@ -34,6 +34,7 @@ mod report;
 mod runtime;
 mod startup;
 mod store;
+mod telemetry;
 mod trace_context;
 
 // The crate's unit tests use the pure fixtures without the feature.
@@ -78,5 +79,7 @@ pub mod internals {
         /// The Redis-recorded coordinator: metadata, compare-and-set, heartbeat transaction, and
         /// provisioning (docs/design.md §5).
         store,
+        /// Metrics: the metric names (`telemetry::names`, docs/design.md §13.1).
+        telemetry,
     }
 }

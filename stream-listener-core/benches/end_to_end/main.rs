@@ -49,6 +49,9 @@
 //!
 //! - `retention` (only when named): the retention soak of docs/design.md §10.9, see
 //!   `retention.rs` (its knobs are `E2E_RETENTION_*`).
+//! - `metrics_overhead` (only when named; needs `--features testing,metrics`): the listener's
+//!   throughput with a real Prometheus recorder against none, interleaved rounds on a standalone
+//!   server (docs/design.md §13.1), see `metrics_overhead.rs`.
 //!
 //! Environment: `E2E_MESSAGES` (default 1000000), `E2E_ROUNDS` (default 3), `E2E_BATCH` (default
 //! 32: the listener's `batch_size` and the raw loops' `COUNT`), `E2E_CLUSTER=0` skips the cluster
@@ -59,6 +62,8 @@
 mod common;
 mod latency;
 mod memory;
+#[cfg(feature = "metrics")]
+mod metrics_overhead;
 mod rebalance;
 mod retention;
 mod throughput;
@@ -133,8 +138,21 @@ fn main() {
                     }
                 }
                 "retention" => retention().await,
+                #[cfg(feature = "metrics")]
+                "metrics_overhead" => {
+                    let server = RedisServer::start().expect("redis-server");
+                    metrics_overhead::metrics_overhead(
+                        RedisTarget::Standalone(server.url()),
+                        "standalone",
+                    )
+                    .await;
+                }
+                #[cfg(not(feature = "metrics"))]
+                "metrics_overhead" => {
+                    eprintln!("metrics_overhead needs the metrics feature: --features testing,metrics")
+                }
                 other => eprintln!(
-                    "unknown part {other}: throughput, latency, memory, rebalance, retention"
+                    "unknown part {other}: throughput, latency, memory, rebalance, retention, metrics_overhead"
                 ),
             }
         }

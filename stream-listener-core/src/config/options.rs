@@ -23,6 +23,7 @@ impl Config {
         options.name = name.to_owned();
         options.coordination = self.coordinator_config()?;
         options.lease_margin = self.coordination.lease_margin;
+        options.metrics_interval = self.observability.metrics_interval;
         if let Some(id) = &self.member.instance_id {
             options.instance_id = Some(id.clone());
         }

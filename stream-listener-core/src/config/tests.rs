@@ -354,6 +354,11 @@ fn observability_listen_and_interval_parse() {
         config.observability.metrics_interval,
         Duration::from_secs(2)
     );
+    // The process-wide interval reaches every listener's sampler.
+    let options = config
+        .listener_options("any", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(options.metrics_interval, Duration::from_secs(2));
 }
 
 #[test]

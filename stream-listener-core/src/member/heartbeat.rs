@@ -13,6 +13,7 @@ use crate::poller::{ShardTask, ShardTaskContext};
 use crate::reconciler::Changes;
 use crate::runtime::ListenerEvent;
 use crate::store::{GroupStore, StoreError};
+use crate::telemetry::Stopwatch;
 
 /// Longest time one heartbeat may take before it counts as lost.
 const MAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -90,11 +91,20 @@ impl Member {
             let mut request = self.ctx.shared.lock().request(seq);
             request.active_consumer_workers = self.ctx.active_workers();
             let sent_at = Instant::now();
-            match self.send(&mut store, &request).await {
+            let timer = Stopwatch::start();
+            let sent = self.send(&mut store, &request).await;
+            self.ctx.metrics.heartbeat(
+                timer,
+                sent.as_ref()
+                    .map(|response| response.status)
+                    .map_err(|error| error as _),
+            );
+            match sent {
                 Ok(response) => {
                     failures = 0;
                     interval = Duration::from_millis(response.heartbeat_interval_ms.max(1));
                     let changes = self.apply(&response, &request, sent_at);
+                    self.record_assignment(&request, &response, &changes);
                     let mut stopped = Vec::new();
                     if self.act(&changes, &mut shards, &response, &mut stopped) {
                         return;
@@ -231,6 +241,7 @@ impl Member {
         stopped: &mut Vec<(ShardIndex, tokio::task::JoinHandle<()>)>,
     ) -> bool {
         if changes.stop_all {
+            self.ctx.metrics.lost(shards.len());
             for (shard, running) in std::mem::take(shards) {
                 running.stop.cancel();
                 stopped.push((shard, running.task));
@@ -337,6 +348,7 @@ impl Member {
             .map(|(s, _)| *s)
             .collect();
         let epoch = self.ctx.shared.lock().epoch();
+        self.ctx.metrics.revoked(finished.len());
         for shard in finished {
             shards.remove(&shard);
             self.ctx.shared.lock().drained(shard);
@@ -373,6 +385,7 @@ impl Member {
                 let _ = task.await;
             }
             self.ctx.shared.lock().drained(shard);
+            self.ctx.metrics.revoked(1);
         }
         let request = self.ctx.shared.lock().leave_request(seq);
         match self.send(store, &request).await {
@@ -385,6 +398,25 @@ impl Member {
 
     fn member_id(&self) -> String {
         self.ctx.shared.member_id()
+    }
+
+    /// The member's owned shards and epoch after a response, a rebalance when it carried a new
+    /// member epoch, and the shards it starts (docs/design.md §13.1).
+    fn record_assignment(
+        &self,
+        request: &HeartbeatRequest,
+        response: &HeartbeatResponse,
+        changes: &Changes,
+    ) {
+        let (owned, epoch) = {
+            let reconciler = self.ctx.shared.lock();
+            (reconciler.owned().len(), reconciler.epoch())
+        };
+        let rebalanced =
+            response.status == HeartbeatStatus::Ok && response.member_epoch != request.member_epoch;
+        self.ctx
+            .metrics
+            .assignment(owned, epoch, rebalanced, changes.start.len());
     }
 
     fn event(&self, event: ListenerEvent) {

@@ -65,6 +65,7 @@ impl ShardTask {
         let acked = match self.ack(&token, &ids).await {
             Ok(acked) => acked,
             Err(error) => {
+                self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "acking handled entries failed; retrying");
                 self.acks.hold(&token, ids);
                 self.pause(ERROR_PAUSE).await;

@@ -37,6 +37,7 @@ impl ShardTask {
                 0
             }
             Err(error) => {
+                self.ctx.metrics.redis_error(&error);
                 tracing::warn!(
                     stream = %self.shard_key,
                     group = %self.ctx.group,

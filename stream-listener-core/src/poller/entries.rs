@@ -4,12 +4,13 @@
 
 use super::ShardTask;
 use super::attempt::{Limits, Verdict};
-use super::handler_run::Attempt;
+use super::handler_run::{Attempt, Cause};
 use crate::dataplane::{DataPlaneError, DeadLetterReason, EntryStatus, ShardEntry};
 use crate::fence::FenceToken;
-use crate::handler::{Delivery, Metadata};
+use crate::handler::{Delivery, HandlerError, Metadata};
 use crate::report::Chain;
 use crate::runtime::ListenerEvent;
+use crate::telemetry::HandlerOutcome;
 
 /// The `error` field of a `max-deliveries` dead letter.
 const MAX_DELIVERIES_ERROR: &str = "max_deliveries handler attempts did not finish";
@@ -152,14 +153,25 @@ impl ShardTask {
                 metadata,
                 fields: entry.fields.clone(),
             };
-            let error = match self.run_handler(delivery).await {
-                Attempt::Ok => return Ok(Outcome::Ack),
+            let (ran, started) = self.run_handler(delivery).await;
+            let (error, cause) = match ran {
+                Attempt::Ok => {
+                    self.ctx
+                        .metrics
+                        .handler_attempt(HandlerOutcome::Ok, started);
+                    self.ctx.metrics.handled();
+                    return Ok(Outcome::Ack);
+                }
                 Attempt::Cancelled => return Ok(Outcome::Abandon),
-                Attempt::Failed(error) => error,
+                Attempt::Failed(error, cause) => (error, cause),
             };
             // Draining: no further retries; the entry stays pending for the next owner.
             let draining = self.revoke.is_cancelled();
-            let backoff = match limits.after_failure(&error, attempt, draining) {
+            let verdict = limits.after_failure(&error, attempt, draining);
+            self.ctx
+                .metrics
+                .handler_attempt(failed_outcome(&error, cause, &verdict), started);
+            let backoff = match verdict {
                 Verdict::DeadLetter { reason } => {
                     // The text first: a `Chain` (a plain `dyn Error` reference) is not `Sync`.
                     let text = Chain(&error).to_string();
@@ -167,7 +179,10 @@ impl ShardTask {
                     return Ok(Outcome::Ack);
                 }
                 Verdict::Abandon => return Ok(Outcome::Abandon),
-                Verdict::Retry { backoff } => backoff,
+                Verdict::Retry { backoff } => {
+                    self.ctx.metrics.retry();
+                    backoff
+                }
             };
             tracing::debug!(entry = %entry.id, attempt, error = %Chain(&error), "handler failed; retrying in place");
             self.pause(backoff).await;
@@ -196,6 +211,7 @@ impl ShardTask {
             .forget_attempts(self.shard, &[entry.id.as_str()])
             .await
         {
+            self.ctx.metrics.redis_error(&error);
             tracing::warn!(entry = %entry.id, error = %crate::report::Chain(&error), "removing the attempt count failed");
         }
     }
@@ -211,6 +227,78 @@ impl ShardTask {
         self.client
             .dead_letter(self.shard, entry, reason, error, attempts)
             .await?;
+        self.ctx.metrics.dead_lettered(reason);
         Ok(())
+    }
+}
+
+/// The metrics' `outcome` of a failed attempt: a timeout or a panic by its cause, a decode
+/// error as such, any other error by what the policy decided (a drain's abandon is a retry: the
+/// next owner tries again).
+fn failed_outcome(error: &HandlerError, cause: Cause, verdict: &Verdict) -> HandlerOutcome {
+    match (cause, error, verdict) {
+        (Cause::Timeout, ..) => HandlerOutcome::Timeout,
+        (Cause::Panic, ..) => HandlerOutcome::Panic,
+        (_, HandlerError::Decode(_), _) => HandlerOutcome::DecodeError,
+        (_, _, Verdict::DeadLetter { .. }) => HandlerOutcome::DeadLetter,
+        (_, _, Verdict::Retry { .. } | Verdict::Abandon) => HandlerOutcome::Retry,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_timeout_or_a_panic_is_its_own_outcome_whatever_the_verdict() {
+        let retry = Verdict::Retry {
+            backoff: Duration::from_millis(1),
+        };
+        let dead = Verdict::DeadLetter {
+            reason: DeadLetterReason::Handler,
+        };
+        let error = HandlerError::retryable("x");
+        for verdict in [&retry, &dead, &Verdict::Abandon] {
+            assert_eq!(
+                failed_outcome(&error, Cause::Timeout, verdict),
+                HandlerOutcome::Timeout
+            );
+            assert_eq!(
+                failed_outcome(&error, Cause::Panic, verdict),
+                HandlerOutcome::Panic
+            );
+        }
+    }
+
+    #[test]
+    fn a_returned_error_is_labelled_by_its_kind_and_the_verdict() {
+        let retry = Verdict::Retry {
+            backoff: Duration::from_millis(1),
+        };
+        let decode = Verdict::DeadLetter {
+            reason: DeadLetterReason::Decode,
+        };
+        let fatal = Verdict::DeadLetter {
+            reason: DeadLetterReason::NonRetryable,
+        };
+        assert_eq!(
+            failed_outcome(&HandlerError::Decode("x".into()), Cause::Returned, &decode),
+            HandlerOutcome::DecodeError
+        );
+        assert_eq!(
+            failed_outcome(&HandlerError::non_retryable("x"), Cause::Returned, &fatal),
+            HandlerOutcome::DeadLetter
+        );
+        let error = HandlerError::retryable("x");
+        assert_eq!(
+            failed_outcome(&error, Cause::Returned, &retry),
+            HandlerOutcome::Retry
+        );
+        assert_eq!(
+            failed_outcome(&error, Cause::Returned, &Verdict::Abandon),
+            HandlerOutcome::Retry,
+            "a drain leaves it to the next owner"
+        );
     }
 }

@@ -9,17 +9,30 @@ use tracing::Instrument;
 
 use super::ShardTask;
 use crate::handler::{Delivery, HandlerError};
+use crate::telemetry::Stopwatch;
 use crate::trace_context;
 
 /// What became of one handler attempt.
 pub(super) enum Attempt {
     /// The handler returned `Ok`.
     Ok,
-    /// The handler returned an error, panicked or timed out.
-    Failed(HandlerError),
+    /// The handler returned an error, panicked or timed out (which of them: the [`Cause`]; the
+    /// policy looks only at the error, so a panic and a timeout stay retryable errors).
+    Failed(HandlerError, Cause),
     /// Stopped (a fencing status, the member's end) or the lease ended: the entry is left
     /// pending.
     Cancelled,
+}
+
+/// Why an attempt failed, for the metrics' `outcome` (docs/design.md §13.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// The handler returned the error.
+    Returned,
+    /// The attempt ran past `handler_timeout`.
+    Timeout,
+    /// The handler panicked.
+    Panic,
 }
 
 /// The attempt a finished handler future (panics caught) stands for.
@@ -28,11 +41,14 @@ fn attempt_outcome(
 ) -> Attempt {
     match outcome {
         Ok(Ok(())) => Attempt::Ok,
-        Ok(Err(error)) => Attempt::Failed(error),
-        Err(panic) => Attempt::Failed(HandlerError::retryable(format!(
-            "handler panicked: {}",
-            crate::report::panic_text(panic.as_ref())
-        ))),
+        Ok(Err(error)) => Attempt::Failed(error, Cause::Returned),
+        Err(panic) => Attempt::Failed(
+            HandlerError::retryable(format!(
+                "handler panicked: {}",
+                crate::report::panic_text(panic.as_ref())
+            )),
+            Cause::Panic,
+        ),
     }
 }
 
@@ -58,8 +74,9 @@ impl ShardTask {
     }
 
     /// One handler attempt under `handler_timeout`, cancelled at once by a stop or when the lease
-    /// ends (fail closed); a drain lets it finish.
-    pub(super) async fn run_handler(&self, delivery: Delivery) -> Attempt {
+    /// ends (fail closed); a drain lets it finish. With it, when the handler started (after
+    /// the wait for a worker: the metrics time the handler, not the queue).
+    pub(super) async fn run_handler(&self, delivery: Delivery) -> (Attempt, Stopwatch) {
         // One of the member's workers per attempt, FIFO: shards waiting for a worker are served
         // in turn, and no worker is held through a backoff or an ack. A free worker is taken
         // at once (`try_acquire` never jumps the queue: released permits go to waiters first).
@@ -77,10 +94,11 @@ impl ShardTask {
                 // in it).
                 match permit {
                     Some(permit) if self.may_finish() => permit,
-                    _ => return Attempt::Cancelled,
+                    _ => return (Attempt::Cancelled, Stopwatch::start()),
                 }
             }
         };
+        let started = Stopwatch::start();
         // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a
         // failed attempt; dropping the future cancels the handler.
         let span = self.attempt_span(&delivery);
@@ -90,7 +108,7 @@ impl ShardTask {
         // Most handlers finish in their first poll: no timer is armed for them. A pending one is
         // polled again below with the task's waker (and the task, waiting, gives up its turn).
         if let Some(outcome) = handler.as_mut().now_or_never() {
-            return attempt_outcome(outcome);
+            return (attempt_outcome(outcome), started);
         }
         // The timeout runs from the end of the first poll (no clock read for handlers that are
         // done by then; a first poll that blocks the thread cannot be timed out anyway).
@@ -99,16 +117,17 @@ impl ShardTask {
         loop {
             let lease_end = tokio::time::sleep(self.lease_remaining());
             tokio::select! {
-                outcome = &mut handler => return attempt_outcome(outcome),
+                outcome = &mut handler => return (attempt_outcome(outcome), started),
                 _ = &mut timeout => {
-                    return Attempt::Failed(HandlerError::retryable(format!(
+                    let error = HandlerError::retryable(format!(
                         "handler timed out after {:?}", self.ctx.options.handler_timeout
-                    )));
+                    ));
+                    return (Attempt::Failed(error, Cause::Timeout), started);
                 }
-                _ = self.stop.cancelled() => return Attempt::Cancelled,
+                _ = self.stop.cancelled() => return (Attempt::Cancelled, started),
                 _ = lease_end => {
                     if !self.may_finish() {
-                        return Attempt::Cancelled;
+                        return (Attempt::Cancelled, started);
                     }
                 }
             }

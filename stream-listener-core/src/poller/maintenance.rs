@@ -53,6 +53,7 @@ impl ShardTask {
         }
         let mut conn = self.ctx.conn.clone();
         if let Err(error) = self.apply_retention(&mut conn).await {
+            self.ctx.metrics.redis_error(&error);
             tracing::warn!(error = %crate::report::Chain(&error), "retention trim failed; trying again next interval");
         }
         // A member that was live at this shard's takeover and has left since keeps its Redis
@@ -108,6 +109,12 @@ impl ShardTask {
     /// [`ListenerEvent::EntriesLost`], never silent.
     fn report_trim(&self, trim: &KeyTrim) {
         let stream = self.ctx.stream.prefix();
+        self.metrics.trimmed(
+            trim.deleted,
+            trim.lost
+                .iter()
+                .map(|loss| (loss.consumer_group.as_str(), loss.entries)),
+        );
         if trim.deleted > 0 {
             tracing::debug!(stream, shard = self.shard, deleted = trim.deleted, reason = ?trim.reason, "shard trimmed to retention");
         }

@@ -39,6 +39,7 @@ use crate::hooks::HookKind;
 use crate::keys::StreamKeys;
 use crate::model::ShardIndex;
 use crate::runtime::{ListenerOptions, MemberShared};
+use crate::telemetry::{MemberMetrics, ShardMetrics};
 use acks::AckBuffer;
 use rounds::{ReadRounds, TurnSlot};
 
@@ -65,6 +66,8 @@ pub(crate) struct ShardTaskContext {
     /// may span all the member's shard keys there); `None` otherwise (strict reads are fenced
     /// scripts, one shard each; cluster keys of different slots cannot share a command).
     rounds: Option<Arc<ReadRounds>>,
+    /// The member's metric series (docs/design.md §13.1), resolved once.
+    pub(crate) metrics: MemberMetrics,
 }
 
 impl ShardTaskContext {
@@ -87,7 +90,9 @@ impl ShardTaskContext {
                 options.batch_size,
             )
         });
+        let metrics = MemberMetrics::new(stream.prefix(), &group, &options.name, &member_id);
         ShardTaskContext {
+            metrics,
             workers: Semaphore::new(options.runtime_max_concurrency as usize),
             member_id: member_id.into(),
             rounds,
@@ -160,6 +165,8 @@ pub(crate) struct ShardTask {
     member_epoch: crate::model::Epoch,
     /// This ownership of the shard, cloned into every delivery (one token per ownership).
     ownership: crate::handler::Ownership,
+    /// The shard's metric series and its lag sampler's schedule (docs/design.md §13.1).
+    metrics: ShardMetrics,
 }
 
 impl ShardTask {
@@ -185,6 +192,12 @@ impl ShardTask {
         .with_max_entry_bytes(ctx.options.max_entry_bytes);
         let shard_key = ctx.stream.shard(shard).into();
         let maintenance = maintenance::Schedule::new(ctx.options.retention_interval);
+        let metrics = ShardMetrics::new(
+            ctx.stream.prefix(),
+            &ctx.group,
+            shard,
+            ctx.options.metrics_interval,
+        );
         Ok(ShardTask {
             ctx,
             shard,
@@ -203,6 +216,7 @@ impl ShardTask {
             maintenance,
             member_epoch,
             ownership: crate::handler::Ownership::new(ownership),
+            metrics,
         })
     }
 
@@ -252,11 +266,14 @@ impl ShardTask {
             self.member_epoch,
             self.shard,
         );
-        // A failure is logged by `Hooks::run`; the member goes on either way.
-        let _ = options
+        // A failure is logged by `Hooks::run` and counted here; the member goes on either way.
+        let outcome = options
             .hooks
             .run(kind, context, options.effective_hook_timeout())
             .await;
+        if outcome.is_err() {
+            self.ctx.metrics.hook_failure(kind.as_str());
+        }
     }
 
     fn done(&self) -> bool {
@@ -304,6 +321,7 @@ impl ShardTask {
                     return true;
                 }
                 Err(error) => {
+                    self.ctx.metrics.redis_error(&error);
                     tracing::warn!(error = %crate::report::Chain(&error), "connecting the data plane failed; retrying");
                     self.pause(ERROR_PAUSE).await;
                 }
@@ -343,6 +361,7 @@ impl ShardTask {
             // Between reads of new entries: a due trim costs one script call per interval.
             if self.phase == Phase::New {
                 self.maintain().await;
+                self.sample_metrics().await;
             }
             let step = match self.phase.clone() {
                 Phase::Claim => self.claim(&token).await,
@@ -350,6 +369,7 @@ impl ShardTask {
                 Phase::New => self.read_new(&token).await,
             };
             if let Err(error) = step {
+                self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "shard operation failed; retrying");
                 if error.is_no_group() {
                     self.recreate_consumer_group().await;
@@ -364,6 +384,23 @@ impl ShardTask {
         }
         // Drained or stopped: ack what finished while the lease (or the drain) allows.
         self.flush_acks().await;
+    }
+
+    /// The shard's lag and pending gauges when due (docs/design.md §13.1): one script call per
+    /// `metrics_interval`, and the group's lag from the member's lowest owned shard.
+    async fn sample_metrics(&mut self) {
+        let (shared, shard) = (&self.ctx.shared, self.shard);
+        let lowest_owned = || shared.lock().owned().keys().next() == Some(&shard);
+        self.metrics
+            .sample(
+                &self.ctx.conn,
+                &self.ctx.stream,
+                &self.ctx.group,
+                shard,
+                lowest_owned,
+                &self.ctx.metrics,
+            )
+            .await;
     }
 
     /// Lease passed or shard not (yet) usable: wait for the next assignment change.

@@ -25,6 +25,7 @@ impl ShardTask {
             }
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
             Err(error) => {
+                self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "raising the fence failed; retrying");
                 // No fence next to a missing stream: the stream must come back first (or the
                 // shard be revoked), or this raise fails for good.
@@ -40,6 +41,7 @@ impl ShardTask {
     /// in a failover): raise again after re-checking lease and assignment. `Higher`: report the
     /// conflict and park until the coordinator decides (a new token, a revoke, a fencing status).
     pub(super) async fn conflict(&mut self, op: &'static str, fenced: Fenced, token: &FenceToken) {
+        self.ctx.metrics.fence_rejected(op);
         self.ctx.options.emit(ListenerEvent::FenceRejected {
             op,
             member: self.ctx.member_id.to_string(),
@@ -202,6 +204,7 @@ impl ShardTask {
             ),
             Ok(GroupRecreated::Exists) => {} // created meanwhile
             Err(error) => {
+                self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "re-creating the consumer group failed")
             }
         }
@@ -226,6 +229,7 @@ impl ShardTask {
                 .map(|s| s.state),
             Ok(None) => None,
             Err(error) => {
+                self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "reading the stream metadata failed");
                 None
             }

@@ -72,6 +72,11 @@ pub struct ListenerOptions {
     /// ([`ListenerOptions::effective_hook_timeout`]). A hook past it is abandoned (dropped) and
     /// counted as failed.
     pub hook_timeout: Option<Duration>,
+    /// How often each shard task samples its shard's lag, pending count and oldest pending entry
+    /// for the metrics (one script call per shard per interval; the owner of the lowest readable
+    /// shard also sums the group's lag), with the cargo feature `metrics` (docs/design.md §13.1).
+    /// Gauges are re-set this often while valid. Default 5 s; `[observability] metrics_interval`.
+    pub metrics_interval: Duration,
 }
 
 impl Default for ListenerOptions {
@@ -98,6 +103,7 @@ impl Default for ListenerOptions {
             retention_interval: Duration::from_secs(60),
             hooks: crate::hooks::Hooks::default(),
             hook_timeout: None,
+            metrics_interval: Duration::from_secs(5),
         }
     }
 }

@@ -250,6 +250,18 @@ pub(crate) async fn run_listener_case(
     acks: bool,
     workers: u32,
 ) -> (u64, f64, Option<CaseCost>) {
+    run_listener_case_with(setup, group, acks, workers, |_| {}).await
+}
+
+/// [`run_listener_case`] with the listener's options changed by `tune` (the `metrics_overhead`
+/// part sets its `metrics_interval`).
+pub(crate) async fn run_listener_case_with(
+    setup: &TpSetup,
+    group: &str,
+    acks: bool,
+    workers: u32,
+    tune: impl FnOnce(&mut ListenerOptions),
+) -> (u64, f64, Option<CaseCost>) {
     let mut conn = setup.conn.clone();
     let mut options = ListenerOptions::default();
     options.concurrency = 4;
@@ -262,6 +274,7 @@ pub(crate) async fn run_listener_case(
     };
     options.start_from = StartFrom::Latest;
     options.coordination = coordination();
+    tune(&mut options);
     let handler = |_delivery: Delivery| async { Ok::<(), HandlerError>(()) };
     let handle = Listener::new(setup.target.clone(), setup.prefix, group, handler, options)
         .expect("listener")

@@ -1,0 +1,250 @@
+//! The recording types with the `metrics` feature on: handles resolved once, bumped per event.
+
+use std::time::{Duration, Instant};
+
+use metrics::{Counter, Gauge, Histogram, Label};
+
+use super::names;
+use super::{HandlerOutcome, heartbeat_status, redis_error_kind};
+use crate::dataplane::DeadLetterReason;
+use crate::model::{Epoch, HeartbeatStatus, ShardIndex};
+
+/// Every dead-letter reason, in [`reason_index`] order.
+const REASONS: [DeadLetterReason; 5] = [
+    DeadLetterReason::Handler,
+    DeadLetterReason::NonRetryable,
+    DeadLetterReason::Decode,
+    DeadLetterReason::MaxDeliveries,
+    DeadLetterReason::TooLarge,
+];
+
+fn reason_index(reason: DeadLetterReason) -> usize {
+    match reason {
+        DeadLetterReason::Handler => 0,
+        DeadLetterReason::NonRetryable => 1,
+        DeadLetterReason::Decode => 2,
+        DeadLetterReason::MaxDeliveries => 3,
+        DeadLetterReason::TooLarge => 4,
+    }
+}
+
+/// A clock read at the start of a timed operation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stopwatch(Instant);
+
+impl Stopwatch {
+    /// Starts timing now.
+    #[inline]
+    pub(crate) fn start() -> Self {
+        Stopwatch(Instant::now())
+    }
+
+    fn elapsed(self) -> Duration {
+        self.0.elapsed()
+    }
+}
+
+/// One member's series (labels `stream`, `group`, `listener`, `member`), resolved once when its
+/// listener starts; shared by its heartbeat loop and shard tasks.
+pub(crate) struct MemberMetrics {
+    labels: Vec<Label>,
+    handler: [Histogram; 6],
+    handled_ok: Counter,
+    handled_dead_letter: Counter,
+    retries: Counter,
+    dead_letters: [Counter; 5],
+    owned_shards: Gauge,
+    member_epoch: Gauge,
+    rebalances: Counter,
+    assignments: Counter,
+    revocations: Counter,
+    lost: Counter,
+    heartbeat_duration: Histogram,
+}
+
+impl MemberMetrics {
+    /// The series of member `member` of listener `listener` reading `stream` for `group`.
+    pub(crate) fn new(stream: &str, group: &str, listener: &str, member: &str) -> Self {
+        let labels = vec![
+            Label::new("stream", stream.to_owned()),
+            Label::new("group", group.to_owned()),
+            Label::new("listener", listener.to_owned()),
+            Label::new("member", member.to_owned()),
+        ];
+        let with = |key: &'static str, value: &'static str| {
+            let mut all = labels.clone();
+            all.push(Label::from_static_parts(key, value));
+            all
+        };
+        let counter = |name: &'static str| metrics::counter!(name, labels.clone());
+        MemberMetrics {
+            handler: HandlerOutcome::ALL.map(|outcome| {
+                metrics::histogram!(
+                    names::HANDLER_DURATION_SECONDS,
+                    with("outcome", outcome.as_str())
+                )
+            }),
+            handled_ok: metrics::counter!(names::MESSAGES_HANDLED_TOTAL, with("outcome", "ok")),
+            handled_dead_letter: metrics::counter!(
+                names::MESSAGES_HANDLED_TOTAL,
+                with("outcome", "dead_letter")
+            ),
+            retries: counter(names::RETRIES_TOTAL),
+            dead_letters: REASONS.map(|reason| {
+                metrics::counter!(names::DEAD_LETTERS_TOTAL, with("reason", reason.as_str()))
+            }),
+            owned_shards: metrics::gauge!(names::OWNED_SHARDS, labels.clone()),
+            member_epoch: metrics::gauge!(names::MEMBER_EPOCH, labels.clone()),
+            rebalances: counter(names::REBALANCES_TOTAL),
+            assignments: counter(names::ASSIGNMENTS_TOTAL),
+            revocations: counter(names::REVOCATIONS_TOTAL),
+            lost: counter(names::SHARDS_LOST_TOTAL),
+            heartbeat_duration: metrics::histogram!(
+                names::HEARTBEAT_DURATION_SECONDS,
+                labels.clone()
+            ),
+            labels,
+        }
+    }
+
+    /// The member's labels plus `key = value` (for the rare series: resolved per event).
+    fn with(&self, key: &'static str, value: &'static str) -> Vec<Label> {
+        let mut all = self.labels.clone();
+        all.push(Label::from_static_parts(key, value));
+        all
+    }
+
+    /// One handler attempt that started at `started` ended with `outcome`.
+    #[inline]
+    pub(crate) fn handler_attempt(&self, outcome: HandlerOutcome, started: Stopwatch) {
+        self.handler[outcome.index()].record(started.elapsed().as_secs_f64());
+    }
+
+    /// An entry was handled (its ack follows).
+    #[inline]
+    pub(crate) fn handled(&self) {
+        self.handled_ok.increment(1);
+    }
+
+    /// A failed attempt is tried again.
+    #[inline]
+    pub(crate) fn retry(&self) {
+        self.retries.increment(1);
+    }
+
+    /// An entry was dead-lettered for `reason` (its ack follows).
+    pub(crate) fn dead_lettered(&self, reason: DeadLetterReason) {
+        self.handled_dead_letter.increment(1);
+        self.dead_letters[reason_index(reason)].increment(1);
+    }
+
+    /// A heartbeat sent at `sent` got a response with `status`, or none (`None`: a Redis error or
+    /// a timeout, also counted by kind).
+    pub(crate) fn heartbeat(
+        &self,
+        sent: Stopwatch,
+        outcome: Result<HeartbeatStatus, &(dyn std::error::Error + 'static)>,
+    ) {
+        self.heartbeat_duration.record(sent.elapsed().as_secs_f64());
+        let status = match outcome {
+            Ok(status) => heartbeat_status(status),
+            Err(error) => {
+                self.redis_error(error);
+                "error"
+            }
+        };
+        metrics::counter!(names::HEARTBEATS_TOTAL, self.with("status", status)).increment(1);
+    }
+
+    /// The member's state after a response: `owned` shards at member epoch `epoch`; `rebalanced`
+    /// when the response carried a new epoch, `started` shards newly assigned.
+    pub(crate) fn assignment(&self, owned: usize, epoch: Epoch, rebalanced: bool, started: usize) {
+        self.owned_shards.set(owned as f64);
+        self.member_epoch.set(epoch as f64);
+        if rebalanced {
+            self.rebalances.increment(1);
+        }
+        self.assignments.increment(started as u64);
+    }
+
+    /// `count` shards were released after a revoke.
+    pub(crate) fn revoked(&self, count: usize) {
+        self.revocations.increment(count as u64);
+    }
+
+    /// `count` shards were lost without a release (a fencing status).
+    pub(crate) fn lost(&self, count: usize) {
+        self.lost.increment(count as u64);
+    }
+
+    /// The fence refused operation `op` (`read`, `ack`, `claim`, …).
+    pub(crate) fn fence_rejected(&self, op: &'static str) {
+        metrics::counter!(names::FENCE_REJECTIONS_TOTAL, self.with("op", op)).increment(1);
+    }
+
+    /// An operation failed with `error`: counted by kind when a Redis error caused it.
+    pub(crate) fn redis_error(&self, error: &(dyn std::error::Error + 'static)) {
+        if let Some(kind) = redis_error_kind(error) {
+            metrics::counter!(names::REDIS_ERRORS_TOTAL, self.with("kind", kind)).increment(1);
+        }
+    }
+
+    /// Lifecycle hook `hook` (`on_assigned`, `on_revoked`, `on_lost`) returned an error, panicked
+    /// or timed out.
+    pub(crate) fn hook_failure(&self, hook: &'static str) {
+        metrics::counter!(names::HOOK_FAILURES_TOTAL, self.with("hook", hook)).increment(1);
+    }
+}
+
+/// One owned shard's series (labels `stream`, `group`, `shard`), resolved when its task starts,
+/// and its sampler's schedule.
+pub(crate) struct ShardMetrics {
+    pub(super) lag: Gauge,
+    pub(super) pending: Gauge,
+    pub(super) oldest_pending_age: Gauge,
+    pub(super) group_lag: Gauge,
+    trimmed: Counter,
+    stream: String,
+    pub(super) interval: Duration,
+    pub(super) next_sample: Instant,
+}
+
+impl ShardMetrics {
+    /// The series of `shard` of `stream` read by `group`, sampled every `interval`; the first
+    /// sample is due at once (the first read of new entries).
+    pub(crate) fn new(stream: &str, group: &str, shard: ShardIndex, interval: Duration) -> Self {
+        let labels = [
+            Label::new("stream", stream.to_owned()),
+            Label::new("group", group.to_owned()),
+        ];
+        let mut shard_labels = labels.to_vec();
+        shard_labels.push(Label::new("shard", shard.to_string()));
+        ShardMetrics {
+            lag: metrics::gauge!(names::SHARD_LAG, shard_labels.clone()),
+            pending: metrics::gauge!(names::SHARD_PENDING, shard_labels.clone()),
+            oldest_pending_age: metrics::gauge!(
+                names::SHARD_OLDEST_PENDING_AGE_SECONDS,
+                shard_labels
+            ),
+            group_lag: metrics::gauge!(names::GROUP_LAG, labels.to_vec()),
+            trimmed: metrics::counter!(names::RETENTION_TRIMMED_TOTAL, labels.to_vec()),
+            stream: stream.to_owned(),
+            interval,
+            next_sample: Instant::now(),
+        }
+    }
+
+    /// Retention trimmed `deleted` entries of the shard; a `force` trim removed `lost` entries
+    /// that consumer group `group` still needed, per group.
+    pub(crate) fn trimmed<'a>(&self, deleted: u64, lost: impl IntoIterator<Item = (&'a str, u64)>) {
+        self.trimmed.increment(deleted);
+        for (group, entries) in lost {
+            metrics::counter!(
+                names::RETENTION_LOST_TOTAL,
+                "stream" => self.stream.clone(),
+                "group" => group.to_owned()
+            )
+            .increment(entries);
+        }
+    }
+}

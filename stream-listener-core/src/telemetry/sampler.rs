@@ -1,0 +1,250 @@
+//! The per-shard lag and pending sampler (docs/design.md §13.1): at most once per
+//! `metrics_interval`, between two reads of new entries, a shard task reads its shard's lag,
+//! pending count and oldest pending entry for its group in one script call, and sets the shard
+//! gauges; the owner of the stream's lowest readable shard also sums lag over every readable
+//! shard and sets the group's lag (one publisher per group).
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use redis::Script;
+
+use super::on::{MemberMetrics, ShardMetrics};
+use crate::connection::RedisConnection;
+use crate::keys::StreamKeys;
+use crate::model::ShardIndex;
+use crate::store::load_stream_metadata;
+
+/// One shard's state for one consumer group, as Redis reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ShardSample {
+    /// `XINFO GROUPS` `lag`: entries not yet delivered to the group; `None` when Redis cannot
+    /// tell (entries deleted after the group's last delivered id, a group created at an
+    /// arbitrary id).
+    pub(crate) lag: Option<u64>,
+    /// Entries in the group's pending entries list.
+    pub(crate) pending: u64,
+    /// Redis `TIME` − the id time of the oldest pending entry (zero when none, or when the id is
+    /// in Redis' future).
+    pub(crate) oldest_pending_age: Duration,
+}
+
+/// Lua: the shard's sample for group `ARGV[1]`: `{found, lag or -1, pending, oldest id or '',
+/// TIME seconds, TIME µs}`; `found` is 0 without the stream or the group. Read-only.
+fn sample_script() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local now = redis.call('TIME')
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, -1, 0, '', now[1], now[2]} end
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  if info['name'] == ARGV[1] then
+    local lag = info['lag']
+    if not lag then lag = -1 end
+    local summary = redis.call('XPENDING', KEYS[1], ARGV[1])
+    local oldest = summary[2]
+    if not oldest then oldest = '' end
+    return {1, lag, summary[1], oldest, now[1], now[2]}
+  end
+end
+return {0, -1, 0, '', now[1], now[2]}
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Reads `key`'s sample for `group`: one script call. `None` without the stream or the group.
+///
+/// # Errors
+/// The Redis error of the call (or a malformed reply).
+pub(crate) async fn read_shard(
+    conn: &mut RedisConnection,
+    key: &str,
+    group: &str,
+) -> redis::RedisResult<Option<ShardSample>> {
+    let (found, lag, pending, oldest, secs, micros): (i64, i64, u64, String, u64, u64) =
+        sample_script()
+            .key(key)
+            .arg(group)
+            .invoke_async(conn)
+            .await?;
+    if found == 0 {
+        return Ok(None);
+    }
+    let now_ms = secs.saturating_mul(1000) + micros / 1000;
+    let oldest_pending_age = oldest
+        .split_once('-')
+        .and_then(|(ms, _)| ms.parse::<u64>().ok())
+        .map_or(Duration::ZERO, |ms| {
+            Duration::from_millis(now_ms.saturating_sub(ms))
+        });
+    Ok(Some(ShardSample {
+        lag: u64::try_from(lag).ok(),
+        pending,
+        oldest_pending_age,
+    }))
+}
+
+impl ShardMetrics {
+    /// Samples the shard when due (and its group's lag when `lowest_owned()` says this is the
+    /// member's lowest owned shard and it is the stream's lowest readable one). Errors are
+    /// counted and logged; the gauges then keep their last value until the next sample.
+    pub(crate) async fn sample(
+        &mut self,
+        conn: &RedisConnection,
+        keys: &StreamKeys,
+        group: &str,
+        shard: ShardIndex,
+        lowest_owned: impl FnOnce() -> bool,
+        member: &MemberMetrics,
+    ) {
+        let now = Instant::now();
+        if now < self.next_sample {
+            return;
+        }
+        self.next_sample = now + self.interval;
+        let mut conn = conn.clone();
+        match read_shard(&mut conn, &keys.shard(shard), group).await {
+            Ok(Some(sample)) => {
+                // An unknown lag is not set (never shown as 0): the gauge keeps its last value.
+                if let Some(lag) = sample.lag {
+                    self.lag.set(lag as f64);
+                }
+                self.pending.set(sample.pending as f64);
+                self.oldest_pending_age
+                    .set(sample.oldest_pending_age.as_secs_f64());
+            }
+            Ok(None) => {}
+            Err(error) => {
+                member.redis_error(&error);
+                tracing::debug!(error = %crate::report::Chain(&error), "sampling the shard's lag failed");
+                return;
+            }
+        }
+        if lowest_owned() {
+            self.sample_group(&mut conn, keys, group, shard, member)
+                .await;
+        }
+    }
+
+    /// The group's lag, when `shard` is the stream's lowest readable shard: the sum over every
+    /// readable shard (one script call each). Not set when any shard's lag is unknown.
+    async fn sample_group(
+        &self,
+        conn: &mut RedisConnection,
+        keys: &StreamKeys,
+        group: &str,
+        shard: ShardIndex,
+        member: &MemberMetrics,
+    ) {
+        let readable = match load_stream_metadata(conn, keys).await {
+            Ok(Some(meta)) => meta.readable_shard_set(),
+            Ok(None) => return,
+            Err(error) => {
+                member.redis_error(&error);
+                return;
+            }
+        };
+        if readable.first() != Some(&shard) {
+            return;
+        }
+        let mut total = 0u64;
+        for index in readable {
+            match read_shard(conn, &keys.shard(index), group).await {
+                Ok(Some(ShardSample { lag: Some(lag), .. })) => total += lag,
+                // A shard without its consumer group yet has delivered nothing: its lag is
+                // unknown too.
+                Ok(_) => return,
+                Err(error) => {
+                    member.redis_error(&error);
+                    return;
+                }
+            }
+        }
+        self.group_lag.set(total as f64);
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::connection::RedisTarget;
+    use crate::testing::RedisServer;
+
+    #[tokio::test]
+    async fn a_shard_sample_reads_lag_pending_and_the_oldest_pending_age() {
+        let server = RedisServer::start().unwrap();
+        let target = RedisTarget::Standalone(server.url());
+        let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let key = "s:sample";
+        for id in ["1000-0", "2000-0", "3000-0", "4000-0"] {
+            let _: String = redis::cmd("XADD")
+                .arg(key)
+                .arg(id)
+                .arg("f")
+                .arg("v")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(key)
+            .arg("g")
+            .arg("0")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let unread = read_shard(&mut conn, key, "g").await.unwrap().unwrap();
+        assert_eq!(
+            unread,
+            ShardSample {
+                lag: Some(4),
+                pending: 0,
+                oldest_pending_age: Duration::ZERO
+            }
+        );
+        let _: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("g")
+            .arg("c")
+            .arg("COUNT")
+            .arg(3)
+            .arg("STREAMS")
+            .arg(key)
+            .arg(">")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        let read = read_shard(&mut conn, key, "g").await.unwrap().unwrap();
+        assert_eq!((read.lag, read.pending), (Some(1), 3));
+        // The oldest pending id is at 1 s after the epoch: its age is Redis TIME − 1 s.
+        let age = read.oldest_pending_age.as_secs();
+        assert!(age == secs - 1 || age == secs, "age {age} s, TIME {secs} s");
+        assert_eq!(read_shard(&mut conn, key, "other").await.unwrap(), None);
+        assert_eq!(read_shard(&mut conn, "s:none", "g").await.unwrap(), None);
+        // A deleted entry after the last delivered id: Redis cannot tell the lag.
+        let _: u64 = redis::cmd("XDEL")
+            .arg(key)
+            .arg("4000-0")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: String = redis::cmd("XADD")
+            .arg(key)
+            .arg("5000-0")
+            .arg("f")
+            .arg("v")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let deleted = read_shard(&mut conn, key, "g").await.unwrap().unwrap();
+        assert_eq!((deleted.lag, deleted.pending), (None, 3));
+    }
+}
