@@ -550,3 +550,48 @@ async fn every_fence_rejection_is_counted_by_op() {
     );
     assert_eq!(metrics.counter(names::MESSAGES_HANDLED_TOTAL, &of_group), 0);
 }
+
+/// A failing `on_assigned` hook (an error on two shards) and a panicking `on_revoked` (on
+/// shutdown, the same two shards) are counted once per call, by hook; the member goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hook_failure_is_counted_by_hook() {
+    let _serial = SERIAL.lock().await;
+    let metrics = &*METRICS;
+    let group = "hooked";
+    let (_server, target, mut conn) = server(2).await;
+    let mut options = options("hooked");
+    options
+        .hooks
+        .on_assigned(
+            |_cx: stream_listener::core::hooks::ShardHookContext| async {
+                Err::<(), _>("the side store is down")
+            },
+        )
+        .on_revoked(
+            |_cx: stream_listener::core::hooks::ShardHookContext| async move {
+                if true {
+                    panic!("a panicking hook (expected in this test)");
+                }
+                Ok::<(), String>(())
+            },
+        );
+    let handle = start(&target, group, options, outcome_handler).await;
+    xadd(&mut conn, 0, r#"{"kind":"ok"}"#).await;
+    xadd(&mut conn, 1, r#"{"kind":"ok"}"#).await;
+    let of_group = [("group", group)];
+    wait_for("both entries handled despite the hooks", 2, || {
+        metrics.counter(names::MESSAGES_HANDLED_TOTAL, &of_group)
+    })
+    .await;
+    let hook = |hook| {
+        metrics.counter(
+            names::HOOK_FAILURES_TOTAL,
+            &[("group", group), ("hook", hook)],
+        )
+    };
+    assert_eq!(hook("on_assigned"), 2);
+    assert_eq!(hook("on_revoked"), 0);
+    handle.shutdown_and_wait().await;
+    assert_eq!(hook("on_revoked"), 2);
+    assert_eq!(hook("on_lost"), 0);
+}
