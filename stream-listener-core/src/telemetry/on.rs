@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use metrics::{Counter, Gauge, Histogram, Label};
+use metrics::{Counter, Histogram, Label};
 
 use super::names;
 use super::{HandlerOutcome, heartbeat_status, redis_error_kind};
@@ -25,6 +25,29 @@ fn reason_index(reason: DeadLetterReason) -> usize {
         DeadLetterReason::Decode => 2,
         DeadLetterReason::MaxDeliveries => 3,
         DeadLetterReason::TooLarge => 4,
+    }
+}
+
+/// A gauge resolved again at every set. `run()`'s Prometheus recorder forgets a gauge idle for
+/// 3 × `metrics_interval` (a revoked shard's lag is not reported forever); a handle resolved once
+/// would keep setting the forgotten series, never exported again. Gauges are set a few times per
+/// interval at most, so the registry lookup costs nothing measurable.
+pub(crate) struct IdleGauge {
+    name: &'static str,
+    labels: Vec<Label>,
+}
+
+impl IdleGauge {
+    fn new(name: &'static str, labels: Vec<Label>) -> Self {
+        let gauge = IdleGauge { name, labels };
+        // Registered at once, as a resolved handle would be (exported from the start).
+        drop(metrics::gauge!(gauge.name, gauge.labels.clone()));
+        gauge
+    }
+
+    /// Sets the gauge to `value`, registering it again when the recorder forgot it.
+    pub(crate) fn set(&self, value: f64) {
+        metrics::gauge!(self.name, self.labels.clone()).set(value);
     }
 }
 
@@ -53,8 +76,8 @@ pub(crate) struct MemberMetrics {
     handled_dead_letter: Counter,
     retries: Counter,
     dead_letters: [Counter; 5],
-    owned_shards: Gauge,
-    member_epoch: Gauge,
+    owned_shards: IdleGauge,
+    member_epoch: IdleGauge,
     rebalances: Counter,
     assignments: Counter,
     revocations: Counter,
@@ -93,8 +116,8 @@ impl MemberMetrics {
             dead_letters: REASONS.map(|reason| {
                 metrics::counter!(names::DEAD_LETTERS_TOTAL, with("reason", reason.as_str()))
             }),
-            owned_shards: metrics::gauge!(names::OWNED_SHARDS, labels.clone()),
-            member_epoch: metrics::gauge!(names::MEMBER_EPOCH, labels.clone()),
+            owned_shards: IdleGauge::new(names::OWNED_SHARDS, labels.clone()),
+            member_epoch: IdleGauge::new(names::MEMBER_EPOCH, labels.clone()),
             rebalances: counter(names::REBALANCES_TOTAL),
             assignments: counter(names::ASSIGNMENTS_TOTAL),
             revocations: counter(names::REVOCATIONS_TOTAL),
@@ -199,10 +222,10 @@ impl MemberMetrics {
 /// One owned shard's series (labels `stream`, `group`, `shard`), resolved when its task starts,
 /// and its sampler's schedule.
 pub(crate) struct ShardMetrics {
-    pub(super) lag: Gauge,
-    pub(super) pending: Gauge,
-    pub(super) oldest_pending_age: Gauge,
-    pub(super) group_lag: Gauge,
+    pub(super) lag: IdleGauge,
+    pub(super) pending: IdleGauge,
+    pub(super) oldest_pending_age: IdleGauge,
+    pub(super) group_lag: IdleGauge,
     trimmed: Counter,
     stream: String,
     pub(super) interval: Duration,
@@ -220,13 +243,13 @@ impl ShardMetrics {
         let mut shard_labels = labels.to_vec();
         shard_labels.push(Label::new("shard", shard.to_string()));
         ShardMetrics {
-            lag: metrics::gauge!(names::SHARD_LAG, shard_labels.clone()),
-            pending: metrics::gauge!(names::SHARD_PENDING, shard_labels.clone()),
-            oldest_pending_age: metrics::gauge!(
+            lag: IdleGauge::new(names::SHARD_LAG, shard_labels.clone()),
+            pending: IdleGauge::new(names::SHARD_PENDING, shard_labels.clone()),
+            oldest_pending_age: IdleGauge::new(
                 names::SHARD_OLDEST_PENDING_AGE_SECONDS,
-                shard_labels
+                shard_labels,
             ),
-            group_lag: metrics::gauge!(names::GROUP_LAG, labels.to_vec()),
+            group_lag: IdleGauge::new(names::GROUP_LAG, labels.to_vec()),
             trimmed: metrics::counter!(names::RETENTION_TRIMMED_TOTAL, labels.to_vec()),
             stream: stream.to_owned(),
             interval,
