@@ -163,3 +163,59 @@ fn watch_intervals_are_checked() {
     assert_eq!(code, Some(2), "--interval without --watch: {err}");
     assert!(err.contains("--watch"), "{err}");
 }
+
+/// `--watch | head -n 1`: when the reader closes the pipe, the watch ends quietly and
+/// successfully, as `watch` or `tail -f` do, instead of failing with "Broken pipe".
+#[tokio::test]
+async fn watch_ends_quietly_when_the_reader_closes_the_pipe() {
+    use std::io::BufRead;
+
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let mut conn = RedisConnection::connect(
+        &RedisTarget::Standalone(url.clone()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    admin::create_stream(&mut conn, "orders", 2).await.unwrap();
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+
+    let mut child = Command::new(BIN)
+        .args(["--redis-url", &url, "--json", "group", "describe"])
+        .args(["orders", "billing", "--watch", "--interval", "100ms"])
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut first).unwrap();
+    assert!(
+        first.starts_with(r#"{"streamPrefix":"orders","consumerGroup":"billing""#),
+        "{first}"
+    );
+    drop(stdout); // the reader is gone: the next snapshot's write gets EPIPE
+    let end = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= end {
+            child.kill().unwrap();
+            panic!("the watch kept running after its reader closed the pipe");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!((status.code(), stderr.as_str()), (Some(0), ""));
+}

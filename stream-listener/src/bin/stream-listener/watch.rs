@@ -65,7 +65,7 @@ enum Mode {
 ///
 /// # Errors
 /// The first snapshot's [`Failure`] (an unknown stream or group, Redis unreachable), or a failed
-/// write to standard output.
+/// write to standard output other than a closed pipe (which ends the watch successfully).
 pub(crate) async fn watch(
     conn: &mut RedisConnection,
     prefix: &str,
@@ -112,7 +112,18 @@ pub(crate) async fn watch(
             }
         };
         first = false;
-        write_frame(&frame(mode, prefix, group, args.interval, &body))?;
+        match write_frame(&frame(mode, prefix, group, args.interval, &body)) {
+            Ok(()) => {}
+            // The reader is gone (`--watch | head -n 1`): nobody is watching, end as Ctrl-C does.
+            Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {
+                return Ok(String::new());
+            }
+            Err(error) => {
+                return Err(Failure::Operation(format!(
+                    "cannot write to standard output: {error}"
+                )));
+            }
+        }
     }
 }
 
@@ -144,11 +155,9 @@ fn frame(mode: Mode, prefix: &str, group: &str, interval: Duration, body: &str) 
 }
 
 /// Writes `frame` with one write and flushes it (no half-drawn screen).
-fn write_frame(frame: &str) -> Result<(), Failure> {
+fn write_frame(frame: &str) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(frame.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|e| Failure::Operation(format!("cannot write to standard output: {e}")))
+    out.write_all(frame.as_bytes()).and_then(|()| out.flush())
 }
 
 #[cfg(test)]
