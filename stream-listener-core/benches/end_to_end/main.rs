@@ -51,7 +51,8 @@
 //!   `retention.rs` (its knobs are `E2E_RETENTION_*`).
 //! - `metrics_overhead` (only when named; needs `--features testing,metrics`): the listener's
 //!   throughput with a real Prometheus recorder against none, interleaved rounds on a standalone
-//!   server (docs/design.md §13.1), see `metrics_overhead.rs`.
+//!   server (docs/design.md §13.1), see `metrics_overhead.rs` (`E2E_METRICS_INTERVAL_MS`: its
+//!   `metrics_interval`, default 5000).
 //!
 //! Environment: `E2E_MESSAGES` (default 1000000), `E2E_ROUNDS` (default 3), `E2E_BATCH` (default
 //! 32: the listener's `batch_size` and the raw loops' `COUNT`), `E2E_CLUSTER=0` skips the cluster

@@ -8,8 +8,10 @@
 //! recorder's handles while "on" and no-op handles while "off", the state of a process without a
 //! recorder (the `metrics` facade then gives every call site a no-op handle too). Handles are
 //! resolved when a listener starts, so each case's listener starts after the switch is set.
-//! With metrics the listener samples lag every `metrics_interval` (default 5 s); without, the
-//! interval is a day (after the first sample at the takeover, before the clock).
+//! With metrics the listener samples lag every `metrics_interval` (`E2E_METRICS_INTERVAL_MS`,
+//! default 5000, the default interval; a run shorter than it samples only at the takeover, so
+//! set it below the run time to put the sampler inside the clock); without, the interval is a
+//! day (after the first sample at the takeover, before the clock).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -86,6 +88,7 @@ pub(crate) async fn metrics_overhead(target: RedisTarget, label: &str) {
     let messages = env_usize("E2E_MESSAGES", 1_000_000);
     let rounds = env_usize("E2E_ROUNDS", 3);
     let batch = env_usize("E2E_BATCH", 32);
+    let sample_every = Duration::from_millis(env_usize("E2E_METRICS_INTERVAL_MS", 5000) as u64);
     let (on, handle) = install();
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, TP_PREFIX, TP_SHARDS)
@@ -132,7 +135,7 @@ pub(crate) async fn metrics_overhead(target: RedisTarget, label: &str) {
                     if with { "on" } else { "off" }
                 );
                 let interval = if with {
-                    Duration::from_secs(5)
+                    sample_every
                 } else {
                     Duration::from_secs(86_400)
                 };
