@@ -79,6 +79,9 @@ pub struct ListenerOptions {
     pub metrics_interval: Duration,
 }
 
+/// The default [`ListenerOptions::metrics_interval`] and `[observability] metrics_interval`: 5 s.
+pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(5);
+
 impl Default for ListenerOptions {
     fn default() -> Self {
         ListenerOptions {
@@ -103,7 +106,7 @@ impl Default for ListenerOptions {
             retention_interval: Duration::from_secs(60),
             hooks: crate::hooks::Hooks::default(),
             hook_timeout: None,
-            metrics_interval: Duration::from_secs(5),
+            metrics_interval: DEFAULT_METRICS_INTERVAL,
         }
     }
 }
