@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use stream_listener::core::handler::HandlerFuture;
+use stream_listener::core::internals::telemetry::names;
 use stream_listener::testing::RedisServer;
 use stream_listener::{
     Config, Delivery, HandlerError, ListenerRegistration, RunningApp, run_listeners,
@@ -21,29 +22,29 @@ const STREAM: &str = "dash_events";
 const GROUP: &str = "dash_group";
 const DASHBOARD: &str = include_str!("../dashboards/stream-listener.json");
 
-/// The histogram metrics of the fixed names table: `_bucket`, `_count` and `_sum` series.
+/// The histogram metrics of the names table: `_bucket`, `_count` and `_sum` series.
 const HISTOGRAMS: &[&str] = &[
-    "stream_listener_handler_duration_seconds",
-    "stream_listener_heartbeat_duration_seconds",
+    names::HANDLER_DURATION_SECONDS,
+    names::HEARTBEAT_DURATION_SECONDS,
 ];
 
-/// What the dashboard is meant to show, by the names of the metrics table (common brief).
+/// What the dashboard is meant to show: names of the metrics table (README `### Metrics`).
 const EXPECTED: &[&str] = &[
-    "stream_listener_group_lag",
-    "stream_listener_shard_lag",
-    "stream_listener_shard_pending",
-    "stream_listener_shard_oldest_pending_age_seconds",
-    "stream_listener_messages_handled_total",
-    "stream_listener_retries_total",
-    "stream_listener_dead_letters_total",
-    "stream_listener_handler_duration_seconds",
-    "stream_listener_rebalances_total",
-    "stream_listener_assignments_total",
-    "stream_listener_revocations_total",
-    "stream_listener_owned_shards",
-    "stream_listener_member_epoch",
-    "stream_listener_heartbeats_total",
-    "stream_listener_heartbeat_duration_seconds",
+    names::GROUP_LAG,
+    names::SHARD_LAG,
+    names::SHARD_PENDING,
+    names::SHARD_OLDEST_PENDING_AGE_SECONDS,
+    names::MESSAGES_HANDLED_TOTAL,
+    names::RETRIES_TOTAL,
+    names::DEAD_LETTERS_TOTAL,
+    names::HANDLER_DURATION_SECONDS,
+    names::REBALANCES_TOTAL,
+    names::ASSIGNMENTS_TOTAL,
+    names::REVOCATIONS_TOTAL,
+    names::OWNED_SHARDS,
+    names::MEMBER_EPOCH,
+    names::HEARTBEATS_TOTAL,
+    names::HEARTBEAT_DURATION_SECONDS,
 ];
 
 /// Payload `ok`: handled; `retry`: fails its first attempt, then succeeds; `dead`: refused
@@ -194,6 +195,7 @@ fn the_dashboard_uses_exactly_the_expected_metrics_of_the_table() {
         .collect();
     let expected: BTreeSet<String> = EXPECTED.iter().map(|s| (*s).to_owned()).collect();
     assert!(!expected.is_empty());
+    assert!(EXPECTED.iter().all(|name| names::ALL.contains(name)));
     assert_eq!(used, expected);
     assert!(
         dashboard["panels"].as_array().unwrap().len() >= 10,

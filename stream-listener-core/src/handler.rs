@@ -88,9 +88,9 @@ impl Ownership {
         !self.token.as_ref().is_some_and(|t| t.is_cancelled())
     }
 
-    /// Resolves when the ownership ends (never, for a delivery not tied to a shard): `select!`
-    /// on it to stop a long handler early.
-    pub async fn lost(&self) {
+    /// Resolves when the ownership ends, by a revoke or a loss (never, for a delivery not tied
+    /// to a shard): `select!` on it to stop a long handler early.
+    pub async fn ended(&self) {
         match &self.token {
             Some(token) => token.cancelled().await,
             None => std::future::pending().await,
@@ -256,6 +256,29 @@ mod tests {
 
     fn charge_failed() -> ChargeFailed {
         ChargeFailed(std::io::Error::other("connection reset by peer"))
+    }
+
+    #[tokio::test]
+    async fn an_ownership_ends_when_its_token_is_cancelled_and_an_untied_one_never() {
+        let token = tokio_util::sync::CancellationToken::new();
+        let ownership = Ownership::new(token.clone());
+        let short = std::time::Duration::from_millis(20);
+        assert!(ownership.still_owned());
+        assert!(
+            tokio::time::timeout(short, ownership.ended())
+                .await
+                .is_err()
+        );
+        token.cancel();
+        assert!(!ownership.still_owned());
+        assert!(ownership.token().is_cancelled());
+        tokio::time::timeout(short, ownership.ended())
+            .await
+            .expect("ended once the token is cancelled");
+        let untied = Ownership::default();
+        assert!(untied.still_owned());
+        assert!(!untied.token().is_cancelled());
+        assert!(tokio::time::timeout(short, untied.ended()).await.is_err());
     }
 
     /// What a dead letter's `error` field and the retry log print (`poller/entries.rs`): the

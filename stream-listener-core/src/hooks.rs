@@ -117,8 +117,7 @@ impl<E: Into<BoxError>> IntoHookResult for Result<(), E> {
 
 /// Which hook ran: the `hook` label of `stream_listener_hook_failures_total` and of the logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum HookKind {
+pub(crate) enum HookKind {
     /// The member gained the shard; runs before its first handler.
     Assigned,
     /// The member drained the shard (in-flight handlers finished, acks written); runs before
@@ -130,7 +129,7 @@ pub enum HookKind {
 
 impl HookKind {
     /// `on_assigned`, `on_revoked` or `on_lost`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             HookKind::Assigned => "on_assigned",
             HookKind::Revoked => "on_revoked",

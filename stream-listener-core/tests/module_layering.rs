@@ -228,6 +228,21 @@ fn the_poller_does_not_reach_back_into_the_member_runtime_or_admin() {
     }
 }
 
+/// Metrics, lifecycle hooks, headers and the trace context (docs/design.md §13) are called by the
+/// runtime and know nothing of it: the member and its shard tasks hand them what they record or
+/// run (labels, a hook's context), so none of them names the member, the poller or the runtime.
+#[test]
+fn the_observability_modules_sit_below_the_runtime() {
+    let graph = module_graph();
+    for module in ["telemetry", "hooks", "headers", "trace_context"] {
+        let reached: Vec<_> = graph[module]
+            .iter()
+            .filter(|m| ["member", "poller", "runtime", "admin"].contains(&m.as_str()))
+            .collect();
+        assert!(reached.is_empty(), "{module} imports {reached:?}");
+    }
+}
+
 #[test]
 fn the_parser_sees_grouped_and_plain_paths_and_skips_comments() {
     let source = "use crate::{a::X, b::{c, d}, e};\n// crate::commented\nfn f() { crate::g::h(); }\n/* crate::blocked */";

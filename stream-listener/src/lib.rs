@@ -107,11 +107,11 @@ pub use stream_listener_macros::stream_listener;
 pub use registry::HookFn;
 pub use registry::{ListenerRegistration, registered_listeners};
 pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
+pub use stream_listener_core::handler::Ownership;
 /// Lifecycle hooks (docs/design.md §13.3): `#[stream_listener(on_revoked = path)]` or
 /// [`core::member::ListenerOptions::hooks`].
-pub use stream_listener_core::handler::Ownership;
 pub use stream_listener_core::hooks::{
-    HookFuture, HookKind, Hooks, IntoHookResult, ShardHook, ShardHookContext,
+    HookFuture, Hooks, IntoHookResult, ShardHook, ShardHookContext,
 };
 
 /// Extractors and handler return types (docs/design.md §7, §8; the table of

@@ -60,9 +60,10 @@ use serde::Deserialize;
 
 use validate::{check_instance_id, check_redis_url};
 
+pub use crate::runtime::DEFAULT_METRICS_INTERVAL;
 pub use error::{ConfigError, Location};
+pub use sections::ObservabilityConfig;
 pub use sections::{CoordinationConfig, ListenerConfig, MemberConfig, RedisConfig, StreamConfig};
-pub use sections::{DEFAULT_METRICS_INTERVAL, ObservabilityConfig};
 pub use validate::redact_url;
 
 /// The config file read when `STREAM_LISTENER_CONFIG` is not set (in the working directory).

@@ -10,6 +10,7 @@ use crate::connection::RedisTarget;
 use crate::coordinator::CoordinatorConfig;
 use crate::dataplane::FencingMode;
 use crate::model::StartFrom;
+use crate::runtime::DEFAULT_METRICS_INTERVAL;
 
 /// `[redis]`: a standalone server (`url`) or a cluster (`cluster_nodes`), not both.
 #[derive(Clone, Deserialize)]
@@ -227,9 +228,6 @@ pub struct ObservabilityConfig {
     #[serde(with = "humantime_serde")]
     pub metrics_interval: Duration,
 }
-
-/// The default [`ObservabilityConfig::metrics_interval`]: 5 s.
-pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(5);
 
 impl Default for ObservabilityConfig {
     fn default() -> Self {

@@ -326,7 +326,8 @@ impl Member {
             ownership: ownership.clone(),
         };
         let task = match ShardTask::new(self.ctx.clone(), shard, member_epoch, tokens) {
-            Ok(task) => tokio::spawn(task.run()),
+            // In the member's span, so that the shard's span is its child.
+            Ok(task) => tokio::spawn(task.run().in_current_span()),
             Err(error) => {
                 tracing::error!(error = %crate::report::Chain(&error), shard, "shard not polled");
                 tokio::spawn(async {})

@@ -57,6 +57,12 @@ pub enum OptionsError {
         /// The option.
         name: &'static str,
     },
+    /// A duration that must be positive is zero.
+    #[error("{name} must be positive")]
+    NotPositive {
+        /// The option.
+        name: &'static str,
+    },
     /// A duration above the longest the protocol accepts.
     #[error("{name} is longer than {} s: use a shorter value", max.as_secs())]
     TooLong {
@@ -294,7 +300,8 @@ impl Listener {
     /// # Errors
     /// [`ListenerError::Name`] for a prefix with `{`/`}` or a group with `:`/`{`/`}`;
     /// [`ListenerError::Options`] for zero concurrency, workers, batch size or attempts, a
-    /// timing above the protocol's limit, or a `hook_timeout` that is zero or not below the
+    /// timing above the protocol's limit, a zero `metrics_interval`
+    /// ([`OptionsError::NotPositive`]), or a `hook_timeout` that is zero or not below the
     /// rebalance timeout ([`OptionsError::HookTimeout`]).
     pub fn new(
         target: RedisTarget,
@@ -330,6 +337,12 @@ impl Listener {
         ];
         if let Some((name, _)) = timings.iter().find(|(_, value)| *value > max) {
             return Err(OptionsError::TooLong { name, max }.into());
+        }
+        if options.metrics_interval.is_zero() {
+            return Err(OptionsError::NotPositive {
+                name: "metrics_interval",
+            }
+            .into());
         }
         let rebalance_timeout = options.coordination.rebalance_timeout;
         if let Some(hook_timeout) = options.hook_timeout
@@ -471,5 +484,20 @@ mod tests {
         }
         options.hook_timeout = Some(Duration::from_secs(1));
         assert!(new_with(options).is_ok());
+    }
+
+    /// A zero interval would sample every shard between every two reads (a script call each).
+    #[test]
+    fn a_zero_metrics_interval_is_refused() {
+        let options = ListenerOptions {
+            metrics_interval: Duration::ZERO,
+            ..ListenerOptions::default()
+        };
+        match new_with(options) {
+            Err(ListenerError::Options(OptionsError::NotPositive { name })) => {
+                assert_eq!(name, "metrics_interval");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -221,7 +221,14 @@ impl ShardTask {
     }
 
     pub(crate) async fn run(mut self) {
-        let span = tracing::info_span!("shard", shard = self.shard);
+        // Under the member's span (stream, group, member id: the task is spawned in it), with
+        // the member epoch this ownership began at: hooks, the sampler and the retention pass log
+        // inside it.
+        let span = tracing::info_span!(
+            "shard",
+            shard = self.shard,
+            member_epoch = self.member_epoch
+        );
         let shared = self.ctx.shared.clone();
         let turn = self.turn.clone();
         async move {

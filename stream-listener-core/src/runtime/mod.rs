@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 
 use crate::reconciler::Reconciler;
 pub use events::{EventCallback, ListenerEvent};
-pub use options::ListenerOptions;
+pub use options::{DEFAULT_METRICS_INTERVAL, ListenerOptions};
 
 /// State one member's heartbeat loop and shard tasks share.
 #[derive(Debug)]

@@ -75,9 +75,13 @@ pub struct ListenerOptions {
     /// How often each shard task samples its shard's lag, pending count and oldest pending entry
     /// for the metrics (one script call per shard per interval; the owner of the lowest readable
     /// shard also sums the group's lag), with the cargo feature `metrics` (docs/design.md §13.1).
-    /// Gauges are re-set this often while valid. Default 5 s; `[observability] metrics_interval`.
+    /// Gauges are re-set this often while valid. Positive ([`Listener::new`](crate::member::Listener::new)
+    /// refuses zero); default 5 s; `[observability] metrics_interval`.
     pub metrics_interval: Duration,
 }
+
+/// The default [`ListenerOptions::metrics_interval`] and `[observability] metrics_interval`: 5 s.
+pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(5);
 
 impl Default for ListenerOptions {
     fn default() -> Self {
@@ -103,7 +107,7 @@ impl Default for ListenerOptions {
             retention_interval: Duration::from_secs(60),
             hooks: crate::hooks::Hooks::default(),
             hook_timeout: None,
-            metrics_interval: Duration::from_secs(5),
+            metrics_interval: DEFAULT_METRICS_INTERVAL,
         }
     }
 }

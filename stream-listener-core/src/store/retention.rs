@@ -270,7 +270,7 @@ fn trim_script() -> &'static Script {
     &SCRIPT
 }
 
-/// Benchmarks only (`testing` feature): while `true`, [`trim_key`] sends the trim script as
+/// Benchmarks only (`testing` feature): while `true`, `trim_key` sends the trim script as
 /// `EVAL` with its body instead of `EVALSHA`. Every other script of the crate goes by `EVALSHA`
 /// (and `SCRIPT LOAD` on `NOSCRIPT`, never `EVAL`), so `INFO commandstats`' `cmdstat_eval`
 /// (`calls`, `usec`) is then the trim script alone, its nested commands and Lua included. `EVAL`

@@ -107,7 +107,7 @@ impl ShardMetrics {
         }
         self.next_sample = now + self.interval;
         let mut conn = conn.clone();
-        match read_shard(&mut conn, &keys.shard(shard), group).await {
+        let own_lag = match read_shard(&mut conn, &keys.shard(shard), group).await {
             Ok(Some(sample)) => {
                 // An unknown lag is not set (never shown as 0): the gauge keeps its last value.
                 if let Some(lag) = sample.lag {
@@ -116,28 +116,30 @@ impl ShardMetrics {
                 self.pending.set(sample.pending as f64);
                 self.oldest_pending_age
                     .set(sample.oldest_pending_age.as_secs_f64());
+                sample.lag
             }
-            Ok(None) => {}
+            Ok(None) => None,
             Err(error) => {
                 member.redis_error(&error);
                 tracing::debug!(error = %crate::report::Chain(&error), "sampling the shard's lag failed");
                 return;
             }
-        }
+        };
         if lowest_owned() {
-            self.sample_group(&mut conn, keys, group, shard, member)
+            self.sample_group(&mut conn, keys, group, (shard, own_lag), member)
                 .await;
         }
     }
 
     /// The group's lag, when `shard` is the stream's lowest readable shard: the sum over every
-    /// readable shard (one script call each). Not set when any shard's lag is unknown.
+    /// readable shard, `own_lag` for `shard` itself (just read) and one script call for each
+    /// other. Not set when any shard's lag is unknown (`own_lag` `None` included).
     async fn sample_group(
         &self,
         conn: &mut RedisConnection,
         keys: &StreamKeys,
         group: &str,
-        shard: ShardIndex,
+        (shard, own_lag): (ShardIndex, Option<u64>),
         member: &MemberMetrics,
     ) {
         let readable = match load_stream_metadata(conn, keys).await {
@@ -151,8 +153,11 @@ impl ShardMetrics {
         if readable.first() != Some(&shard) {
             return;
         }
-        let mut total = 0u64;
-        for index in readable {
+        // Its own lag unknown: so is the sum.
+        let Some(mut total) = own_lag else {
+            return;
+        };
+        for index in readable.into_iter().filter(|index| *index != shard) {
             match read_shard(conn, &keys.shard(index), group).await {
                 Ok(Some(ShardSample { lag: Some(lag), .. })) => total += lag,
                 // A shard without its consumer group yet has delivered nothing: its lag is

@@ -69,15 +69,16 @@ fn builder(
 {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     use metrics_util::MetricKindMask;
+    use stream_listener_core::internals::telemetry::names;
 
     PrometheusBuilder::new()
         .idle_timeout(MetricKindMask::GAUGE, Some(interval.saturating_mul(3)))
         .set_buckets_for_metric(
-            Matcher::Full("stream_listener_handler_duration_seconds".into()),
+            Matcher::Full(names::HANDLER_DURATION_SECONDS.into()),
             HANDLER_BUCKETS,
         )?
         .set_buckets_for_metric(
-            Matcher::Full("stream_listener_heartbeat_duration_seconds".into()),
+            Matcher::Full(names::HEARTBEAT_DURATION_SECONDS.into()),
             HEARTBEAT_BUCKETS,
         )
 }

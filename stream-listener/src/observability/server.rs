@@ -72,7 +72,7 @@ pub(crate) async fn start(
             axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned());
         let (served, ()) = tokio::join!(serve, upkeep);
         if let Err(error) = served {
-            tracing::warn!(%error, "observability listener failed");
+            tracing::warn!(address = %local, %error, "observability listener failed");
         }
     });
     Ok(Server {
