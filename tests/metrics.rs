@@ -595,3 +595,31 @@ async fn every_hook_failure_is_counted_by_hook() {
     assert_eq!(hook("on_revoked"), 2);
     assert_eq!(hook("on_lost"), 0);
 }
+
+/// A sampling or trimming interval too long for the clock (`Instant` + interval overflows) is
+/// "never" (after the first sample): the shard task must not panic on it, and entries are
+/// handled and acked as with any other interval. Before the fix, the first sample (and the trim
+/// schedule at the task's start) panicked with "overflow when adding duration to instant", the
+/// shard task died and no entry was handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_too_long_for_the_clock_does_not_stop_the_shard() {
+    let _serial = SERIAL.lock().await;
+    let metrics = &*METRICS;
+    let group = "forever";
+    let (_server, target, mut conn) = server(1).await;
+    let mut options = options("forever");
+    options.metrics_interval = Duration::MAX;
+    options.retention_interval = Duration::MAX;
+    let handle = start(&target, group, options, outcome_handler).await;
+    for _ in 0..3 {
+        xadd(&mut conn, 0, r#"{"kind":"ok"}"#).await;
+    }
+    let of_group = [("group", group), ("outcome", "ok")];
+    wait_for("every entry handled", 3, || {
+        metrics.counter(names::MESSAGES_HANDLED_TOTAL, &of_group)
+    })
+    .await;
+    let handled = || handle.status().iter().map(|s| s.handled).sum::<u64>();
+    wait_for("every entry acked", 3, handled).await;
+    handle.shutdown_and_wait().await;
+}

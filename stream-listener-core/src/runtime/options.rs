@@ -76,6 +76,7 @@ pub struct ListenerOptions {
     /// for the metrics (one script call per shard per interval; the owner of the lowest readable
     /// shard also sums the group's lag), with the cargo feature `metrics` (docs/design.md §13.1).
     /// Gauges are re-set this often while valid. Default 5 s; `[observability] metrics_interval`.
+    /// An interval past what the clock holds (`Duration::MAX`) samples once, at the first read.
     pub metrics_interval: Duration,
 }
 
