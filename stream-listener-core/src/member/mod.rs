@@ -289,6 +289,11 @@ impl std::fmt::Debug for Listener {
 }
 
 impl Listener {
+    /// The listener's options, as validated by [`Listener::new`].
+    pub fn options(&self) -> &ListenerOptions {
+        &self.options
+    }
+
     /// A listener of `group` on stream `stream` at `target`, running `handler`.
     ///
     /// # Errors

@@ -1,13 +1,39 @@
-//! The recording types with the `metrics` feature on: handles resolved once, bumped per event.
+//! The recording types with the `metrics` feature on: counter and histogram handles resolved
+//! once, bumped per event; gauges resolved again at every set ([`LiveGauge`]).
 
 use std::time::{Duration, Instant};
 
-use metrics::{Counter, Gauge, Histogram, Label};
+use metrics::{Counter, Histogram, Label};
 
 use super::names;
 use super::{HandlerOutcome, heartbeat_status, redis_error_kind};
 use crate::dataplane::DeadLetterReason;
 use crate::model::{Epoch, HeartbeatStatus, ShardIndex};
+
+/// A gauge looked up in the recorder at every [`LiveGauge::set`], not held as a handle.
+///
+/// The Prometheus exporter forgets a gauge idle for its idle timeout by deleting it from its
+/// registry; a handle resolved before that keeps writing to the deleted storage, so the series
+/// would never come back (a shard stuck in one handler, or a Redis outage longer than the idle
+/// timeout, removed `owned_shards`, `member_epoch`, the shard gauges and `group_lag` for the
+/// rest of the process's life, or the shard's ownership). Resolving again at each set (once per
+/// heartbeat or sample, never per entry) registers the series anew after it was forgotten.
+#[derive(Debug)]
+pub(crate) struct LiveGauge {
+    name: &'static str,
+    labels: Vec<Label>,
+}
+
+impl LiveGauge {
+    fn new(name: &'static str, labels: Vec<Label>) -> Self {
+        LiveGauge { name, labels }
+    }
+
+    /// Sets the series to `value`, registering it again if the recorder forgot it.
+    pub(crate) fn set(&self, value: f64) {
+        metrics::gauge!(self.name, self.labels.clone()).set(value);
+    }
+}
 
 /// Every dead-letter reason, in [`reason_index`] order.
 const REASONS: [DeadLetterReason; 5] = [
@@ -53,8 +79,8 @@ pub(crate) struct MemberMetrics {
     handled_dead_letter: Counter,
     retries: Counter,
     dead_letters: [Counter; 5],
-    owned_shards: Gauge,
-    member_epoch: Gauge,
+    owned_shards: LiveGauge,
+    member_epoch: LiveGauge,
     rebalances: Counter,
     assignments: Counter,
     revocations: Counter,
@@ -93,8 +119,8 @@ impl MemberMetrics {
             dead_letters: REASONS.map(|reason| {
                 metrics::counter!(names::DEAD_LETTERS_TOTAL, with("reason", reason.as_str()))
             }),
-            owned_shards: metrics::gauge!(names::OWNED_SHARDS, labels.clone()),
-            member_epoch: metrics::gauge!(names::MEMBER_EPOCH, labels.clone()),
+            owned_shards: LiveGauge::new(names::OWNED_SHARDS, labels.clone()),
+            member_epoch: LiveGauge::new(names::MEMBER_EPOCH, labels.clone()),
             rebalances: counter(names::REBALANCES_TOTAL),
             assignments: counter(names::ASSIGNMENTS_TOTAL),
             revocations: counter(names::REVOCATIONS_TOTAL),
@@ -199,10 +225,10 @@ impl MemberMetrics {
 /// One owned shard's series (labels `stream`, `group`, `shard`), resolved when its task starts,
 /// and its sampler's schedule.
 pub(crate) struct ShardMetrics {
-    pub(super) lag: Gauge,
-    pub(super) pending: Gauge,
-    pub(super) oldest_pending_age: Gauge,
-    pub(super) group_lag: Gauge,
+    pub(super) lag: LiveGauge,
+    pub(super) pending: LiveGauge,
+    pub(super) oldest_pending_age: LiveGauge,
+    pub(super) group_lag: LiveGauge,
     trimmed: Counter,
     stream: String,
     pub(super) interval: Duration,
@@ -220,13 +246,13 @@ impl ShardMetrics {
         let mut shard_labels = labels.to_vec();
         shard_labels.push(Label::new("shard", shard.to_string()));
         ShardMetrics {
-            lag: metrics::gauge!(names::SHARD_LAG, shard_labels.clone()),
-            pending: metrics::gauge!(names::SHARD_PENDING, shard_labels.clone()),
-            oldest_pending_age: metrics::gauge!(
+            lag: LiveGauge::new(names::SHARD_LAG, shard_labels.clone()),
+            pending: LiveGauge::new(names::SHARD_PENDING, shard_labels.clone()),
+            oldest_pending_age: LiveGauge::new(
                 names::SHARD_OLDEST_PENDING_AGE_SECONDS,
-                shard_labels
+                shard_labels,
             ),
-            group_lag: metrics::gauge!(names::GROUP_LAG, labels.to_vec()),
+            group_lag: LiveGauge::new(names::GROUP_LAG, labels.to_vec()),
             trimmed: metrics::counter!(names::RETENTION_TRIMMED_TOTAL, labels.to_vec()),
             stream: stream.to_owned(),
             interval,
