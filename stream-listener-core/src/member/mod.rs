@@ -332,6 +332,8 @@ impl Listener {
             ("backoff", options.backoff),
             ("handler_timeout", options.handler_timeout),
             ("shutdown_timeout", options.shutdown_timeout),
+            ("retention_interval", options.retention_interval),
+            ("metrics_interval", options.metrics_interval),
         ];
         if let Some((name, _)) = timings.iter().find(|(_, value)| *value > max) {
             return Err(OptionsError::TooLong { name, max }.into());
