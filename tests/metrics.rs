@@ -595,3 +595,48 @@ async fn every_hook_failure_is_counted_by_hook() {
     assert_eq!(hook("on_revoked"), 2);
     assert_eq!(hook("on_lost"), 0);
 }
+
+/// A sampling or trimming interval longer than the protocol's longest timing (a day) is refused
+/// by `Listener::new`, naming it, as `block` or `shutdown_timeout` are; a day is accepted and the
+/// shard works as with any other interval. Before the fix, `Duration::MAX` was accepted and the
+/// first sample (and the trim schedule at the task's start) panicked with "overflow when adding
+/// duration to instant": the shard task died and no entry was handled. The schedules add their
+/// interval without overflow now as well (`runtime::later_by`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_too_long_for_the_clock_does_not_stop_the_shard() {
+    use stream_listener::core::member::{ListenerError, OptionsError};
+    let _serial = SERIAL.lock().await;
+    let metrics = &*METRICS;
+    let group = "forever";
+    let (_server, target, mut conn) = server(1).await;
+    let day = Duration::from_secs(24 * 60 * 60);
+    for name in ["metrics_interval", "retention_interval"] {
+        let mut options = options("forever");
+        match name {
+            "metrics_interval" => options.metrics_interval = Duration::MAX,
+            _ => options.retention_interval = Duration::MAX,
+        }
+        let refused = Listener::new(target.clone(), STREAM, group, outcome_handler, options);
+        match refused {
+            Err(ListenerError::Options(OptionsError::TooLong { name: refused, max })) => {
+                assert_eq!((refused, max), (name, day));
+            }
+            other => panic!("{name} = Duration::MAX: {other:?}"),
+        }
+    }
+    let mut options = options("forever");
+    options.metrics_interval = day;
+    options.retention_interval = day;
+    let handle = start(&target, group, options, outcome_handler).await;
+    for _ in 0..3 {
+        xadd(&mut conn, 0, r#"{"kind":"ok"}"#).await;
+    }
+    let of_group = [("group", group), ("outcome", "ok")];
+    wait_for("every entry handled", 3, || {
+        metrics.counter(names::MESSAGES_HANDLED_TOTAL, &of_group)
+    })
+    .await;
+    let handled = || handle.status().iter().map(|s| s.handled).sum::<u64>();
+    wait_for("every entry acked", 3, handled).await;
+    handle.shutdown_and_wait().await;
+}

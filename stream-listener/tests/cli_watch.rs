@@ -219,3 +219,86 @@ async fn watch_ends_quietly_when_the_reader_closes_the_pipe() {
         .unwrap();
     assert_eq!((status.code(), stderr.as_str()), (Some(0), ""));
 }
+
+/// Ctrl-C (SIGINT) while a snapshot waits for a frozen Redis ends the watch at once, with exit
+/// code 0 and no failure frame. Before the fix the interrupt was only looked at between
+/// snapshots: the process went on waiting for the read until Redis' response timeout (5 s),
+/// then printed "describe failed: ... timed out" before it exited.
+#[tokio::test]
+async fn ctrl_c_while_redis_is_frozen_ends_the_watch_at_once() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let mut conn = RedisConnection::connect(
+        &RedisTarget::Standalone(url.clone()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    admin::create_stream(&mut conn, "orders", 2).await.unwrap();
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    let mut child = Command::new(BIN)
+        .args([
+            "--redis-url",
+            &url,
+            "group",
+            "describe",
+            "orders",
+            "billing",
+        ])
+        .args(["--watch", "--interval", "200ms"])
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let output = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let output = output.clone();
+        let mut stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                output
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let text = wait_for(&output, |t| snapshots(t).len() >= 2);
+    assert!(snapshots(&text).len() >= 2, "{text}");
+    server.pause().unwrap();
+    // Past the next tick: a snapshot is waiting for Redis now.
+    std::thread::sleep(Duration::from_millis(600));
+    let interrupted = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if interrupted.elapsed() > Duration::from_secs(10) {
+            child.kill().unwrap();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = interrupted.elapsed();
+    server.resume().unwrap();
+    reader.join().unwrap();
+    let text = output.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(0), "{text}");
+    assert!(
+        took < Duration::from_secs(2),
+        "exited {took:?} after SIGINT"
+    );
+    assert!(!text.contains("describe failed"), "{text}");
+}

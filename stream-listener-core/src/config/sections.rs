@@ -224,7 +224,8 @@ pub struct ObservabilityConfig {
     /// [`Config::listen_addr`](crate::config::Config::listen_addr).
     pub listen: Option<String>,
     /// `metrics_interval` (default 5 s, > 0): how often gauges are re-set; the Prometheus
-    /// exporter forgets a gauge not set for three intervals.
+    /// exporter forgets a gauge not set for three intervals (or three heartbeat intervals or
+    /// `block`s, when longer).
     #[serde(with = "humantime_serde")]
     pub metrics_interval: Duration,
 }

@@ -386,3 +386,13 @@ fn a_zero_metrics_interval_is_refused() {
         "must be positive",
     );
 }
+
+#[test]
+fn a_metrics_interval_above_a_day_is_refused() {
+    assert_invalid_at(
+        "[observability]\nmetrics_interval = \"2days\"\n",
+        "observability.metrics_interval",
+        2,
+        "at most 1 day",
+    );
+}

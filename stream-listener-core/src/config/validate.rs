@@ -12,7 +12,7 @@ impl Config {
     /// `member_lease_ttl`; the instance id is usable; stream prefixes are valid (no `{`
     /// or `}`) and `shards` is 1 to [`MAX_SHARDS`]; listener counts are at least 1 and
     /// `handler_timeout` is positive and below `rebalance_timeout`; `[observability] listen` is
-    /// a socket address and `metrics_interval` is positive.
+    /// a socket address and `metrics_interval` is positive and at most a day.
     ///
     /// # Errors
     /// The first problem found, as [`ConfigError::Invalid`] naming the key (and the file and
@@ -51,6 +51,12 @@ impl Config {
             return Err(self.invalid(
                 &["observability", "metrics_interval"],
                 "must be positive (default \"5s\")",
+            ));
+        }
+        if self.observability.metrics_interval > crate::coordinator::MAX_TIMING {
+            return Err(self.invalid(
+                &["observability", "metrics_interval"],
+                "must be at most 1 day (default \"5s\")",
             ));
         }
         Ok(())

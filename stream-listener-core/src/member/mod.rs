@@ -295,6 +295,11 @@ impl std::fmt::Debug for Listener {
 }
 
 impl Listener {
+    /// The listener's options, as validated by [`Listener::new`].
+    pub fn options(&self) -> &ListenerOptions {
+        &self.options
+    }
+
     /// A listener of `group` on stream `stream` at `target`, running `handler`.
     ///
     /// # Errors
@@ -334,6 +339,8 @@ impl Listener {
             ("backoff", options.backoff),
             ("handler_timeout", options.handler_timeout),
             ("shutdown_timeout", options.shutdown_timeout),
+            ("retention_interval", options.retention_interval),
+            ("metrics_interval", options.metrics_interval),
         ];
         if let Some((name, _)) = timings.iter().find(|(_, value)| *value > max) {
             return Err(OptionsError::TooLong { name, max }.into());

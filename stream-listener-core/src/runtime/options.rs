@@ -75,8 +75,9 @@ pub struct ListenerOptions {
     /// How often each shard task samples its shard's lag, pending count and oldest pending entry
     /// for the metrics (one script call per shard per interval; the owner of the lowest readable
     /// shard also sums the group's lag), with the cargo feature `metrics` (docs/design.md §13.1).
-    /// Gauges are re-set this often while valid. Positive ([`Listener::new`](crate::member::Listener::new)
-    /// refuses zero); default 5 s; `[observability] metrics_interval`.
+    /// Gauges are re-set this often while valid. Positive and at most one day
+    /// ([`Listener::new`](crate::member::Listener::new) refuses others); default 5 s;
+    /// `[observability] metrics_interval`.
     pub metrics_interval: Duration,
 }
 

@@ -1,4 +1,5 @@
-//! The recording types with the `metrics` feature on: handles resolved once, bumped per event.
+//! The recording types with the `metrics` feature on: counter and histogram handles resolved
+//! once, bumped per event; gauges resolved again at every set ([`LiveGauge`]).
 
 use std::time::{Duration, Instant};
 
@@ -8,6 +9,34 @@ use super::names;
 use super::{HandlerOutcome, heartbeat_status, redis_error_kind};
 use crate::dataplane::DeadLetterReason;
 use crate::model::{Epoch, HeartbeatStatus, ShardIndex};
+
+/// A gauge looked up in the recorder at every [`LiveGauge::set`], not held as a handle.
+///
+/// The Prometheus exporter forgets a gauge idle for its idle timeout by deleting it from its
+/// registry; a handle resolved before that keeps writing to the deleted storage, so the series
+/// would never come back (a shard stuck in one handler, or a Redis outage longer than the idle
+/// timeout, removed `owned_shards`, `member_epoch`, the shard gauges and `group_lag` for the
+/// rest of the process's life, or the shard's ownership). Resolving again at each set (once per
+/// heartbeat or sample, never per entry) registers the series anew after it was forgotten.
+#[derive(Debug)]
+pub(crate) struct LiveGauge {
+    name: &'static str,
+    labels: Vec<Label>,
+}
+
+impl LiveGauge {
+    fn new(name: &'static str, labels: Vec<Label>) -> Self {
+        let gauge = LiveGauge { name, labels };
+        // Registered at once, as a resolved handle would be (exported from the start).
+        drop(metrics::gauge!(gauge.name, gauge.labels.clone()));
+        gauge
+    }
+
+    /// Sets the series to `value`, registering it again if the recorder forgot it.
+    pub(crate) fn set(&self, value: f64) {
+        metrics::gauge!(self.name, self.labels.clone()).set(value);
+    }
+}
 
 /// Every dead-letter reason, in [`reason_index`] order.
 const REASONS: [DeadLetterReason; 5] = [
@@ -25,29 +54,6 @@ fn reason_index(reason: DeadLetterReason) -> usize {
         DeadLetterReason::Decode => 2,
         DeadLetterReason::MaxDeliveries => 3,
         DeadLetterReason::TooLarge => 4,
-    }
-}
-
-/// A gauge resolved again at every set. `run()`'s Prometheus recorder forgets a gauge idle for
-/// 3 × `metrics_interval` (a revoked shard's lag is not reported forever); a handle resolved once
-/// would keep setting the forgotten series, never exported again. Gauges are set a few times per
-/// interval at most, so the registry lookup costs nothing measurable.
-pub(crate) struct IdleGauge {
-    name: &'static str,
-    labels: Vec<Label>,
-}
-
-impl IdleGauge {
-    fn new(name: &'static str, labels: Vec<Label>) -> Self {
-        let gauge = IdleGauge { name, labels };
-        // Registered at once, as a resolved handle would be (exported from the start).
-        drop(metrics::gauge!(gauge.name, gauge.labels.clone()));
-        gauge
-    }
-
-    /// Sets the gauge to `value`, registering it again when the recorder forgot it.
-    pub(crate) fn set(&self, value: f64) {
-        metrics::gauge!(self.name, self.labels.clone()).set(value);
     }
 }
 
@@ -76,8 +82,8 @@ pub(crate) struct MemberMetrics {
     handled_dead_letter: Counter,
     retries: Counter,
     dead_letters: [Counter; 5],
-    owned_shards: IdleGauge,
-    member_epoch: IdleGauge,
+    owned_shards: LiveGauge,
+    member_epoch: LiveGauge,
     rebalances: Counter,
     assignments: Counter,
     revocations: Counter,
@@ -116,8 +122,8 @@ impl MemberMetrics {
             dead_letters: REASONS.map(|reason| {
                 metrics::counter!(names::DEAD_LETTERS_TOTAL, with("reason", reason.as_str()))
             }),
-            owned_shards: IdleGauge::new(names::OWNED_SHARDS, labels.clone()),
-            member_epoch: IdleGauge::new(names::MEMBER_EPOCH, labels.clone()),
+            owned_shards: LiveGauge::new(names::OWNED_SHARDS, labels.clone()),
+            member_epoch: LiveGauge::new(names::MEMBER_EPOCH, labels.clone()),
             rebalances: counter(names::REBALANCES_TOTAL),
             assignments: counter(names::ASSIGNMENTS_TOTAL),
             revocations: counter(names::REVOCATIONS_TOTAL),
@@ -222,10 +228,10 @@ impl MemberMetrics {
 /// One owned shard's series (labels `stream`, `group`, `shard`), resolved when its task starts,
 /// and its sampler's schedule.
 pub(crate) struct ShardMetrics {
-    pub(super) lag: IdleGauge,
-    pub(super) pending: IdleGauge,
-    pub(super) oldest_pending_age: IdleGauge,
-    pub(super) group_lag: IdleGauge,
+    pub(super) lag: LiveGauge,
+    pub(super) pending: LiveGauge,
+    pub(super) oldest_pending_age: LiveGauge,
+    pub(super) group_lag: LiveGauge,
     trimmed: Counter,
     stream: String,
     pub(super) interval: Duration,
@@ -243,13 +249,13 @@ impl ShardMetrics {
         let mut shard_labels = labels.to_vec();
         shard_labels.push(Label::new("shard", shard.to_string()));
         ShardMetrics {
-            lag: IdleGauge::new(names::SHARD_LAG, shard_labels.clone()),
-            pending: IdleGauge::new(names::SHARD_PENDING, shard_labels.clone()),
-            oldest_pending_age: IdleGauge::new(
+            lag: LiveGauge::new(names::SHARD_LAG, shard_labels.clone()),
+            pending: LiveGauge::new(names::SHARD_PENDING, shard_labels.clone()),
+            oldest_pending_age: LiveGauge::new(
                 names::SHARD_OLDEST_PENDING_AGE_SECONDS,
                 shard_labels,
             ),
-            group_lag: IdleGauge::new(names::GROUP_LAG, labels.to_vec()),
+            group_lag: LiveGauge::new(names::GROUP_LAG, labels.to_vec()),
             trimmed: metrics::counter!(names::RETENTION_TRIMMED_TOTAL, labels.to_vec()),
             stream: stream.to_owned(),
             interval,

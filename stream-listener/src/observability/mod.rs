@@ -20,7 +20,9 @@ use stream_listener_core::config::Config;
 use crate::run::RunError;
 
 /// Starts the HTTP listener when `[observability] listen` is set, for the listeners named
-/// `names` (in start order). Installs the Prometheus recorder first (feature `metrics`).
+/// `names` (in start order). Installs the Prometheus recorder first (feature `metrics`), which
+/// forgets a gauge idle for 3 × the longer of `metrics_interval` and `refresh` (the longest
+/// time between two sets of a live gauge: a heartbeat interval, a `block`).
 ///
 /// # Errors
 /// [`RunError::Config`] for an unparsable address; [`RunError::MetricsRecorder`] when another
@@ -28,11 +30,12 @@ use crate::run::RunError;
 pub(crate) async fn start(
     config: &Config,
     names: Vec<String>,
+    refresh: std::time::Duration,
 ) -> Result<Option<(Server, Arc<Probe>)>, RunError> {
     let Some(addr) = config.listen_addr()? else {
         return Ok(None);
     };
-    let metrics = exporter::install(config.observability.metrics_interval)?;
+    let metrics = exporter::install(config.observability.metrics_interval.max(refresh))?;
     let probe = Arc::new(Probe::new(names));
     let server = server::start(addr, probe.clone(), metrics).await?;
     tracing::info!(address = %server.local_addr(), "observability listener started: /metrics, /healthz, /readyz");

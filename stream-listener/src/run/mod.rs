@@ -100,7 +100,17 @@ pub async fn run_listeners(
         .iter()
         .map(|p| p.registration.name().to_owned())
         .collect();
-    let observability = crate::observability::start(&config, names).await?;
+    // The longest gap between two sets of a live gauge: a heartbeat (member gauges) or a block
+    // (an idle shard's sample); the exporter must not forget a gauge within it.
+    let refresh = planned
+        .iter()
+        .map(|p| {
+            let options = p.listener.options();
+            options.block.max(options.coordination.heartbeat_interval)
+        })
+        .max()
+        .unwrap_or_default();
+    let observability = crate::observability::start(&config, names, refresh).await?;
     match start_members(&config, &target, planned, &log).await {
         Ok(mut app) => {
             if let Some((server, probe)) = observability {

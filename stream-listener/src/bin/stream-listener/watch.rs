@@ -91,7 +91,12 @@ pub(crate) async fn watch(
             _ = ticker.tick() => {}
             _ = &mut interrupted => return Ok(String::new()),
         }
-        let snapshot = admin::describe_group(conn, prefix, group, config).await;
+        // Ctrl-C ends the watch during a snapshot too: with Redis frozen, a read waits for the
+        // response timeout.
+        let snapshot = tokio::select! {
+            snapshot = admin::describe_group(conn, prefix, group, config) => snapshot,
+            _ = &mut interrupted => return Ok(String::new()),
+        };
         let body = match snapshot {
             Ok(described) => match mode {
                 Mode::JsonLines => serde_json::to_string(&described)
