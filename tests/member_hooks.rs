@@ -442,3 +442,72 @@ async fn still_owned_turns_false_and_the_token_fires_when_the_shard_is_revoked()
     drop(ended);
     second.shutdown_and_wait().await;
 }
+
+/// A drain whose last ack cannot be written ends the ownership with `on_lost`, not
+/// `on_revoked`: Redis refuses the ack (the ACL takes `EVALSHA`, `EVAL` and `XACK` from the
+/// member's user), so the handled entry stays pending and the next owner handles it again.
+/// An `on_revoked` there would tell the application to commit side state for an entry that was
+/// never acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_whose_last_ack_fails_calls_on_lost_not_on_revoked() {
+    let (_serial, server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let ends: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (started, release) = (started.clone(), release.clone());
+        move |_: Delivery| {
+            let (started, release) = (started.clone(), release.clone());
+            async move {
+                started.notify_one();
+                release.notified().await;
+                Ok::<(), HandlerError>(())
+            }
+        }
+    };
+    let mut options = options(1);
+    for (kind, name) in [(true, "on_revoked"), (false, "on_lost")] {
+        let ends = ends.clone();
+        let hook = move |_cx: stream_listener::core::hooks::ShardHookContext| {
+            let ends = ends.clone();
+            async move {
+                ends.lock().unwrap().push(name);
+                Ok::<(), String>(())
+            }
+        };
+        if kind {
+            options.hooks.on_revoked(hook);
+        } else {
+            options.hooks.on_lost(hook);
+        }
+    }
+    let listener = start_listener(&target, handler, options).await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut sync = client.get_connection().unwrap();
+    xadd_sync(&mut sync, 0, 1);
+    started.notified().await;
+    // The drain starts while the handler runs; then Redis refuses writes and the handler ends.
+    listener.shutdown();
+    let mut acl = |rules: &[&str]| {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("default")
+            .arg(rules)
+            .query(&mut sync)
+            .unwrap();
+    };
+    acl(&["-evalsha", "-eval", "-xack"]);
+    release.notify_one();
+    let ended = wait_until(Duration::from_secs(10), || !ends.lock().unwrap().is_empty()).await;
+    acl(&["+@all"]);
+    assert!(ended, "no end hook within 10 s");
+    let pending: (u64, Option<String>, Option<String>, redis::Value) = redis::cmd("XPENDING")
+        .arg(format!("{{{STREAM}:0}}"))
+        .arg(GROUP)
+        .query(&mut sync)
+        .unwrap();
+    assert_eq!(pending.0, 1, "the handled entry was acked after all");
+    listener.join().await;
+    assert_eq!(*ends.lock().unwrap(), ["on_lost"]);
+}

@@ -65,9 +65,11 @@ pub struct Metadata {
 /// `leaseLost`). One token per shard ownership, cloned into every delivery of that ownership.
 ///
 /// It ends when the shard's drain begins (revoked: the handler may still finish and be acked,
-/// within the drain) or the shard is lost (fenced, lease expired, stopped: the handler is
-/// cancelled anyway, and its entry goes to the next owner). A handler that stops early should
-/// return a retryable error: the entry stays pending for the next owner.
+/// within the drain), when the shard task is stopped (a fencing status, the member's end) and at
+/// shutdown. A lease that merely lapses (Redis unreachable) does not end it until the member
+/// hears of its fate: the handler itself is cancelled at the lease's end anyway, but work a
+/// handler handed the token to outside its future keeps running until then. A handler that
+/// stops early should return a retryable error: the entry stays pending for the next owner.
 ///
 /// Equality ignores it (two deliveries of the same entry are equal whoever owns the shard).
 #[derive(Debug, Clone, Default)]

@@ -173,7 +173,8 @@ impl Hooks {
     }
 
     /// Runs `hook` when the member lost a shard without a release (fenced, lease expired,
-    /// stopped): another member may own it already, so commit nothing.
+    /// stopped, or the last acks could not be written): another member may own it already, or
+    /// will handle some of its entries again, so commit nothing.
     pub fn on_lost(&mut self, hook: impl ShardHook) -> &mut Self {
         self.on_lost = Some(Arc::new(hook));
         self

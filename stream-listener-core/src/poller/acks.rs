@@ -2,6 +2,8 @@
 //! in an [`AckBuffer`] and are acked with the next read (one round trip for both), or on their
 //! own before anything else (a claim, a pending read, a raise, a wait, the task's end).
 
+use std::time::Instant;
+
 use super::{ERROR_PAUSE, Phase, ShardTask};
 use crate::dataplane::DataPlaneError;
 use crate::fence::FenceToken;
@@ -48,7 +50,15 @@ impl AckBuffer {
     pub(super) fn take(&mut self) -> Option<(FenceToken, Vec<String>)> {
         self.held.take()
     }
+
+    /// Whether nothing is held.
+    pub(super) fn is_empty(&self) -> bool {
+        self.held.is_none()
+    }
 }
+
+/// Tries of the last ack of an ownership after a Redis failure (docs/design.md §13.3).
+const FINAL_ACK_TRIES: u32 = 3;
 
 impl ShardTask {
     /// Acks the entries handled but not yet acked, on their own. When they cannot be acked now
@@ -76,6 +86,29 @@ impl ShardTask {
             self.phase = Phase::Pending("0".into());
         }
         acked
+    }
+
+    /// The last ack of an ownership, at the task's end. A drain's pauses are over at once (its
+    /// token is cancelled), so after a Redis failure the ack is tried again here, up to
+    /// [`FINAL_ACK_TRIES`] times in all, while the lease holds and the task is not stopped.
+    /// Returns whether every handled entry was acked; when not, the end hook is `on_lost` and the
+    /// entries stay pending for the next owner (docs/design.md §13.3).
+    pub(super) async fn flush_final_acks(&mut self) -> bool {
+        for tries in 1..=FINAL_ACK_TRIES {
+            if self.flush_acks().await {
+                return true;
+            }
+            // Let go (the lease passed or the fence refused), the last try, or a stop.
+            let lease_valid = self.ctx.shared.lock().lease_valid(Instant::now());
+            if self.acks.is_empty() || tries == FINAL_ACK_TRIES || !lease_valid {
+                return false;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(ERROR_PAUSE) => {}
+                _ = self.stop.cancelled() => return false,
+            }
+        }
+        false
     }
 
     /// The ids handled under `token` and not yet acked, to ack with the next read (none when

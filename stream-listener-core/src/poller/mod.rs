@@ -234,10 +234,10 @@ impl ShardTask {
         async move {
             // Before the first handler of this ownership (docs/design.md §13.3).
             self.run_hook(HookKind::Assigned).await;
-            turn.release_while_waiting(self.poll()).await;
+            let acked = turn.release_while_waiting(self.poll()).await;
             // After the last ack, before the heartbeat loop sees the task end and reports the
             // release: revoked when the drain ended in order, lost otherwise.
-            self.run_hook(self.end_hook()).await;
+            self.run_hook(self.end_hook(acked)).await;
             // Released (drained or stopped): report it with the next heartbeat, now.
             shared.wake_heartbeat.notify_one();
         }
@@ -246,12 +246,14 @@ impl ShardTask {
     }
 
     /// Which hook the end of this task calls: `on_revoked` after a drain that ended with the
-    /// lease valid (its acks could be written, and the release follows), `on_lost` after a stop
-    /// (fencing status, the member's end, a shutdown past `shutdown_timeout`) or when the lease
-    /// passed (someone else may own the shard already).
-    fn end_hook(&self) -> HookKind {
+    /// lease valid and every handled entry `acked` (the release follows), `on_lost` after a stop
+    /// (fencing status, the member's end, a shutdown past `shutdown_timeout`), when the lease
+    /// passed (someone else may own the shard already), or when the last ack could not be
+    /// written (those entries are handled again by the next owner: nothing may be committed as
+    /// if they were acked).
+    fn end_hook(&self, acked: bool) -> HookKind {
         let lease_valid = self.ctx.shared.lock().lease_valid(Instant::now());
-        if self.stop.is_cancelled() || !lease_valid {
+        if self.stop.is_cancelled() || !lease_valid || !acked {
             HookKind::Lost
         } else {
             HookKind::Revoked
@@ -337,9 +339,11 @@ impl ShardTask {
         false
     }
 
-    async fn poll(&mut self) {
+    /// Reads and handles until the task is drained or stopped; returns whether every entry it
+    /// handled was acked.
+    async fn poll(&mut self) -> bool {
         if !self.use_data_plane_connection().await {
-            return;
+            return true;
         }
         while !self.done() {
             let Some(token) = self.usable_token() else {
@@ -390,7 +394,7 @@ impl ShardTask {
             }
         }
         // Drained or stopped: ack what finished while the lease (or the drain) allows.
-        self.flush_acks().await;
+        self.flush_final_acks().await
     }
 
     /// The shard's lag and pending gauges when due (docs/design.md §13.1): one script call per
