@@ -226,13 +226,13 @@ async fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
         .unwrap();
 
     let deadline = Instant::now() + Duration::from_secs(20);
-    let missing = loop {
+    let (missing, text) = loop {
         let (status, text) = http::get(addr, "/metrics").await.unwrap();
         assert_eq!(status, 200, "{text}");
         let have = scraped(&text);
         let missing: Vec<&String> = wanted.iter().filter(|w| !have.contains(*w)).collect();
         if missing.is_empty() || Instant::now() > deadline {
-            break missing.into_iter().cloned().collect::<Vec<_>>();
+            break (missing.into_iter().cloned().collect::<Vec<_>>(), text);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
@@ -242,6 +242,18 @@ async fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
         missing.is_empty(),
         "the dashboard queries series no scrape has: {missing:?}"
     );
+    // Every exported series says what it is: a `# HELP` line (Prometheus and Grafana show it).
+    let exported: Vec<&str> = names::ALL
+        .iter()
+        .copied()
+        .filter(|name| text.contains(&format!("# TYPE {name} ")))
+        .collect();
+    assert!(exported.len() >= EXPECTED.len(), "{exported:?}");
+    let undescribed: Vec<&str> = exported
+        .into_iter()
+        .filter(|name| !text.contains(&format!("# HELP {name} ")))
+        .collect();
+    assert!(undescribed.is_empty(), "no # HELP line: {undescribed:?}");
 }
 
 async fn publish(url: &str) {

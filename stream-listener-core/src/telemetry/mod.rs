@@ -147,6 +147,25 @@ fn classify(error: &redis::RedisError) -> &'static str {
 mod tests {
     use super::*;
 
+    /// Every name has exactly one description, in [`names::ALL`]'s order, and its kind matches
+    /// the naming convention (`_total` counters, `_seconds` histograms but for the age gauge).
+    #[test]
+    fn every_name_has_one_description_of_its_kind() {
+        let described: Vec<&str> = names::DESCRIPTIONS.iter().map(|d| d.0).collect();
+        assert_eq!(described, names::ALL);
+        for &(name, kind, description) in names::DESCRIPTIONS {
+            let expected = if name.ends_with("_total") {
+                names::MetricKind::Counter
+            } else if name.ends_with("_duration_seconds") {
+                names::MetricKind::Histogram
+            } else {
+                names::MetricKind::Gauge
+            };
+            assert_eq!(kind, expected, "{name}");
+            assert!(description.ends_with('.'), "{name}: {description}");
+        }
+    }
+
     #[test]
     fn outcomes_are_indexed_in_order() {
         for (i, outcome) in HandlerOutcome::ALL.iter().enumerate() {

@@ -74,3 +74,117 @@ pub const ALL: &[&str] = &[
     RETENTION_LOST_TOTAL,
     HOOK_FAILURES_TOTAL,
 ];
+
+/// What a metric is, for its description.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Only goes up.
+    Counter,
+    /// Set to the current value.
+    Gauge,
+    /// A distribution of observed values (seconds here).
+    Histogram,
+}
+
+/// Each name of [`ALL`] with its kind and the one-line description exported as its `# HELP`
+/// (docs/design.md §13.1). Units are in the names (`_seconds`; the rest count entries, shards
+/// or events).
+pub const DESCRIPTIONS: &[(&str, MetricKind, &str)] = &[
+    (
+        HANDLER_DURATION_SECONDS,
+        MetricKind::Histogram,
+        "Duration of one handler attempt, by outcome (ok, retry, dead_letter, decode_error, timeout, panic).",
+    ),
+    (
+        MESSAGES_HANDLED_TOTAL,
+        MetricKind::Counter,
+        "Entries finished, by outcome: ok (handled and acked) or dead_letter.",
+    ),
+    (
+        RETRIES_TOTAL,
+        MetricKind::Counter,
+        "Handler attempts scheduled again after a failure.",
+    ),
+    (
+        DEAD_LETTERS_TOTAL,
+        MetricKind::Counter,
+        "Entries dead-lettered, by reason.",
+    ),
+    (
+        SHARD_LAG,
+        MetricKind::Gauge,
+        "Entries of a shard owned by this process not yet delivered to the group (XINFO GROUPS lag).",
+    ),
+    (
+        SHARD_PENDING,
+        MetricKind::Gauge,
+        "Entries in the shard's pending entries list for the group.",
+    ),
+    (
+        SHARD_OLDEST_PENDING_AGE_SECONDS,
+        MetricKind::Gauge,
+        "Age of the shard's oldest pending entry (Redis TIME minus its id time); 0 when none.",
+    ),
+    (
+        GROUP_LAG,
+        MetricKind::Gauge,
+        "Lag summed over every readable shard of the stream; one publisher per group (the owner of the lowest readable shard).",
+    ),
+    (OWNED_SHARDS, MetricKind::Gauge, "Shards the member owns."),
+    (MEMBER_EPOCH, MetricKind::Gauge, "The member epoch."),
+    (
+        REBALANCES_TOTAL,
+        MetricKind::Counter,
+        "Assignments received with a new member epoch.",
+    ),
+    (
+        ASSIGNMENTS_TOTAL,
+        MetricKind::Counter,
+        "Shards the member started reading.",
+    ),
+    (
+        REVOCATIONS_TOTAL,
+        MetricKind::Counter,
+        "Shards the member released after a revoke.",
+    ),
+    (
+        SHARDS_LOST_TOTAL,
+        MetricKind::Counter,
+        "Shards lost without a release (a fencing status, an expired lease).",
+    ),
+    (
+        HEARTBEAT_DURATION_SECONDS,
+        MetricKind::Histogram,
+        "Round trip of one heartbeat.",
+    ),
+    (
+        HEARTBEATS_TOTAL,
+        MetricKind::Counter,
+        "Heartbeat responses, by protocol status, or error when none came.",
+    ),
+    (
+        FENCE_REJECTIONS_TOTAL,
+        MetricKind::Counter,
+        "Fenced operations the fence refused, by op.",
+    ),
+    (
+        REDIS_ERRORS_TOTAL,
+        MetricKind::Counter,
+        "Redis errors, by kind.",
+    ),
+    (
+        RETENTION_TRIMMED_TOTAL,
+        MetricKind::Counter,
+        "Entries trimmed by retention from shards this process owns.",
+    ),
+    (
+        RETENTION_LOST_TOTAL,
+        MetricKind::Counter,
+        "Entries a force retention trim removed before the group (label) acked them.",
+    ),
+    (
+        HOOK_FAILURES_TOTAL,
+        MetricKind::Counter,
+        "Lifecycle hook calls that returned an error, panicked or timed out, by hook.",
+    ),
+];

@@ -57,6 +57,22 @@ fn reason_index(reason: DeadLetterReason) -> usize {
     }
 }
 
+/// Gives the installed recorder every metric's description (`# HELP` in Prometheus), once per
+/// member start: the recorder may have been installed after an earlier member started, and a
+/// repeated description only replaces the same text.
+fn describe_all() {
+    use names::MetricKind;
+    for &(name, kind, description) in names::DESCRIPTIONS {
+        match kind {
+            MetricKind::Counter => metrics::describe_counter!(name, description),
+            MetricKind::Gauge => metrics::describe_gauge!(name, description),
+            MetricKind::Histogram => {
+                metrics::describe_histogram!(name, metrics::Unit::Seconds, description);
+            }
+        }
+    }
+}
+
 /// A clock read at the start of a timed operation.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stopwatch(Instant);
@@ -94,6 +110,7 @@ pub(crate) struct MemberMetrics {
 impl MemberMetrics {
     /// The series of member `member` of listener `listener` reading `stream` for `group`.
     pub(crate) fn new(stream: &str, group: &str, listener: &str, member: &str) -> Self {
+        describe_all();
         let labels = vec![
             Label::new("stream", stream.to_owned()),
             Label::new("group", group.to_owned()),
