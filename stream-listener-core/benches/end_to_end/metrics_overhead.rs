@@ -19,13 +19,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 use crate::common::*;
 use crate::throughput::{TP_PREFIX, TP_SHARDS, TpSetup, run_listener_case_with};
 use stream_listener_core::internals::admin;
 use stream_listener_core::internals::connection::RedisTarget;
 use stream_listener_core::internals::keys::StreamKeys;
+use stream_listener_core::internals::telemetry::names;
 
 /// The recorder of the whole run: Prometheus while `on`, no-op handles otherwise.
 struct Switch {
@@ -73,7 +76,21 @@ impl Recorder for Switch {
 
 /// Installs the switch as the global recorder (once per process).
 fn install() -> (Arc<AtomicBool>, PrometheusHandle) {
-    let prometheus = PrometheusBuilder::new().build_recorder();
+    // The buckets `run()`'s recorder sets (with them the exporter keeps bucket counts rather
+    // than a summary: what a user of `[observability] listen` pays).
+    let prometheus = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(names::HANDLER_DURATION_SECONDS.into()),
+            names::HANDLER_DURATION_BUCKETS,
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(names::HEARTBEAT_DURATION_SECONDS.into()),
+                names::HEARTBEAT_DURATION_BUCKETS,
+            )
+        })
+        .expect("valid buckets")
+        .build_recorder();
     let handle = prometheus.handle();
     let on = Arc::new(AtomicBool::new(false));
     metrics::set_global_recorder(Switch {

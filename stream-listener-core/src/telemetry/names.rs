@@ -75,6 +75,19 @@ pub const ALL: &[&str] = &[
     HOOK_FAILURES_TOTAL,
 ];
 
+/// Histogram buckets (seconds) of [`HANDLER_DURATION_SECONDS`]: 1 ms to 30 s, the default
+/// `handler_timeout`. The facade's Prometheus recorder uses them (`_bucket` series for
+/// `histogram_quantile`; without buckets the exporter renders summaries).
+pub const HANDLER_DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Histogram buckets (seconds) of [`HEARTBEAT_DURATION_SECONDS`]: 0.5 ms to the 5 s heartbeat
+/// timeout.
+pub const HEARTBEAT_DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
 /// What a metric is, for its description.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricKind {

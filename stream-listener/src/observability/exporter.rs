@@ -11,20 +11,6 @@ pub(crate) struct Metrics {
     pub(crate) handle: metrics_exporter_prometheus::PrometheusHandle,
 }
 
-/// Histogram buckets (seconds) of the handler attempt duration: 1 ms to 30 s, the default
-/// `handler_timeout`.
-#[cfg(feature = "metrics")]
-const HANDLER_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-
-/// Histogram buckets (seconds) of the heartbeat round trip: 0.5 ms to the 5 s heartbeat
-/// timeout.
-#[cfg(feature = "metrics")]
-const HEARTBEAT_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-];
-
 /// The recorder this crate installed in this process, reused by later `run_with` calls (tests
 /// run several apps in one process; the global recorder can be set only once).
 #[cfg(feature = "metrics")]
@@ -75,11 +61,11 @@ fn builder(
         .idle_timeout(MetricKindMask::GAUGE, Some(interval.saturating_mul(3)))
         .set_buckets_for_metric(
             Matcher::Full(names::HANDLER_DURATION_SECONDS.into()),
-            HANDLER_BUCKETS,
+            names::HANDLER_DURATION_BUCKETS,
         )?
         .set_buckets_for_metric(
             Matcher::Full(names::HEARTBEAT_DURATION_SECONDS.into()),
-            HEARTBEAT_BUCKETS,
+            names::HEARTBEAT_DURATION_BUCKETS,
         )
 }
 
