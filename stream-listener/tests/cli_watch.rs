@@ -45,8 +45,9 @@ fn wait_for(output: &Mutex<String>, done: impl Fn(&str) -> bool) -> String {
     }
 }
 
-#[tokio::test]
-async fn watch_prints_snapshots_that_follow_the_group_until_killed() {
+/// A fresh server with stream `orders` (2 shards) and group `billing`: the server, its URL and
+/// a connection.
+async fn orders_with_billing() -> (RedisServer, String, RedisConnection) {
     let server = RedisServer::start().unwrap();
     let url = server.url();
     let mut conn = RedisConnection::connect(
@@ -59,17 +60,20 @@ async fn watch_prints_snapshots_that_follow_the_group_until_killed() {
     admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
         .await
         .unwrap();
-    let _: String = conn.xadd("{orders:0}", "1-1", &[("n", "1")]).await.unwrap();
+    (server, url, conn)
+}
 
+/// `group describe orders billing --watch --interval 200ms` against `url`, its stdout collected
+/// by a thread into the returned text until the process closes it.
+fn watch_every_200ms(
+    url: &str,
+) -> (
+    std::process::Child,
+    Arc<Mutex<String>>,
+    std::thread::JoinHandle<()>,
+) {
     let mut child = Command::new(BIN)
-        .args([
-            "--redis-url",
-            &url,
-            "group",
-            "describe",
-            "orders",
-            "billing",
-        ])
+        .args(["--redis-url", url, "group", "describe", "orders", "billing"])
         .args(["--watch", "--interval", "200ms"])
         .env_remove("REDIS_URL")
         .stdout(Stdio::piped())
@@ -93,6 +97,15 @@ async fn watch_prints_snapshots_that_follow_the_group_until_killed() {
             }
         })
     };
+    (child, output, reader)
+}
+
+#[tokio::test]
+async fn watch_prints_snapshots_that_follow_the_group_until_killed() {
+    let (_server, url, mut conn) = orders_with_billing().await;
+    let _: String = conn.xadd("{orders:0}", "1-1", &[("n", "1")]).await.unwrap();
+
+    let (mut child, output, reader) = watch_every_200ms(&url);
     // A snapshot is complete once the next one's header is out.
     let text = wait_for(&output, |t| snapshots(t).len() >= 2);
     let first = snapshots(&text)[0].to_owned();
@@ -170,18 +183,7 @@ fn watch_intervals_are_checked() {
 async fn watch_ends_quietly_when_the_reader_closes_the_pipe() {
     use std::io::BufRead;
 
-    let server = RedisServer::start().unwrap();
-    let url = server.url();
-    let mut conn = RedisConnection::connect(
-        &RedisTarget::Standalone(url.clone()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
-    admin::create_stream(&mut conn, "orders", 2).await.unwrap();
-    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
-        .await
-        .unwrap();
+    let (_server, url, _conn) = orders_with_billing().await;
 
     let mut child = Command::new(BIN)
         .args(["--redis-url", &url, "--json", "group", "describe"])
@@ -226,50 +228,8 @@ async fn watch_ends_quietly_when_the_reader_closes_the_pipe() {
 /// then printed "describe failed: ... timed out" before it exited.
 #[tokio::test]
 async fn ctrl_c_while_redis_is_frozen_ends_the_watch_at_once() {
-    let server = RedisServer::start().unwrap();
-    let url = server.url();
-    let mut conn = RedisConnection::connect(
-        &RedisTarget::Standalone(url.clone()),
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap();
-    admin::create_stream(&mut conn, "orders", 2).await.unwrap();
-    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
-        .await
-        .unwrap();
-    let mut child = Command::new(BIN)
-        .args([
-            "--redis-url",
-            &url,
-            "group",
-            "describe",
-            "orders",
-            "billing",
-        ])
-        .args(["--watch", "--interval", "200ms"])
-        .env_remove("REDIS_URL")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let output = Arc::new(Mutex::new(String::new()));
-    let reader = {
-        let output = output.clone();
-        let mut stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stdout.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                output
-                    .lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        })
-    };
+    let (server, url, _conn) = orders_with_billing().await;
+    let (mut child, output, reader) = watch_every_200ms(&url);
     let text = wait_for(&output, |t| snapshots(t).len() >= 2);
     assert!(snapshots(&text).len() >= 2, "{text}");
     server.pause().unwrap();
