@@ -15,6 +15,7 @@
 
 mod admin;
 mod assignor;
+mod clock;
 pub mod config;
 mod connection;
 mod coordinator;

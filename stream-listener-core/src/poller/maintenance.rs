@@ -29,7 +29,7 @@ impl Schedule {
     pub(super) fn new(interval: Duration) -> Self {
         Schedule {
             interval,
-            next: crate::runtime::later_by(Instant::now(), interval),
+            next: crate::clock::later_by(Instant::now(), interval),
         }
     }
 
@@ -39,7 +39,7 @@ impl Schedule {
         if now < self.next {
             return false;
         }
-        self.next = crate::runtime::later_by(now, self.interval);
+        self.next = crate::clock::later_by(now, self.interval);
         true
     }
 }

@@ -10,25 +10,12 @@ mod options;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use crate::reconciler::Reconciler;
 pub use events::{EventCallback, ListenerEvent};
 pub use options::{DEFAULT_METRICS_INTERVAL, ListenerOptions};
-
-/// How far ahead [`later_by`] puts a time the clock cannot hold: 30 years (as tokio does).
-const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
-
-/// `now` + `interval`, or 30 years after `now` when the clock cannot hold that (an interval
-/// such as `Duration::MAX`, or `metrics_interval = "500000000000 years"`: "not again"). The
-/// schedules of the shard tasks (metrics sampling, retention) add their interval with it: a
-/// plain `Instant + Duration` panics on overflow, and that panic killed the shard task.
-pub(crate) fn later_by(now: Instant, interval: Duration) -> Instant {
-    now.checked_add(interval)
-        .unwrap_or_else(|| now + FAR_FUTURE)
-}
 
 /// State one member's heartbeat loop and shard tasks share.
 #[derive(Debug)]

@@ -105,7 +105,7 @@ impl ShardMetrics {
         if now < self.next_sample {
             return;
         }
-        self.next_sample = crate::runtime::later_by(now, self.interval);
+        self.next_sample = crate::clock::later_by(now, self.interval);
         let mut conn = conn.clone();
         let own_lag = match read_shard(&mut conn, &keys.shard(shard), group).await {
             Ok(Some(sample)) => {
