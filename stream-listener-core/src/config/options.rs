@@ -50,48 +50,59 @@ impl Config {
                 options.hook_timeout = Some(hook_timeout);
             }
         }
-        if options.handler_timeout >= options.coordination.rebalance_timeout {
-            let overridden = self
-                .listeners
-                .get(name)
-                .is_some_and(|l| l.handler_timeout.is_some());
-            let path: &[&str] = if overridden {
-                &["listeners", name, "handler_timeout"]
-            } else {
-                &["coordination", "rebalance_timeout"]
-            };
-            return Err(self.invalid(
-                path,
-                format!(
-                    "listener {name:?}: handler_timeout ({}) must be below rebalance_timeout ({}), or a slow handler would get its member fenced while it drains",
-                    humantime::format_duration(options.handler_timeout),
-                    humantime::format_duration(options.coordination.rebalance_timeout)
-                ),
-            ));
-        }
+        let handler_given = self
+            .listeners
+            .get(name)
+            .is_some_and(|l| l.handler_timeout.is_some());
+        self.below_rebalance_timeout(
+            name,
+            &options,
+            ("handler_timeout", options.handler_timeout, handler_given),
+            "a slow handler would get its member fenced while it drains",
+        )?;
         // Only a given one: the default is capped at half the rebalance timeout.
-        if let Some(hook_timeout) = options.hook_timeout
-            && hook_timeout >= options.coordination.rebalance_timeout
-        {
-            let overridden = self
+        if let Some(hook_timeout) = options.hook_timeout {
+            let hook_given = self
                 .listeners
                 .get(name)
                 .is_some_and(|l| l.hook_timeout.is_some());
-            let path: &[&str] = if overridden {
-                &["listeners", name, "hook_timeout"]
-            } else {
-                &["coordination", "rebalance_timeout"]
-            };
-            return Err(self.invalid(
-                path,
-                format!(
-                    "listener {name:?}: hook_timeout ({}) must be below rebalance_timeout ({}), or an on_revoked hook could get its member fenced before the release",
-                    humantime::format_duration(hook_timeout),
-                    humantime::format_duration(options.coordination.rebalance_timeout)
-                ),
-            ));
+            self.below_rebalance_timeout(
+                name,
+                &options,
+                ("hook_timeout", hook_timeout, hook_given),
+                "an on_revoked hook could get its member fenced before the release",
+            )?;
         }
         Ok(options)
+    }
+
+    /// Checks that listener `name`'s `key` (its `value`; `given` in `[listeners.<name>]`, else
+    /// from the code or the default) is below the rebalance timeout, as a drain needs. The error
+    /// points at the key when it was given, else at `[coordination] rebalance_timeout`.
+    fn below_rebalance_timeout(
+        &self,
+        name: &str,
+        options: &ListenerOptions,
+        (key, value, given): (&str, std::time::Duration, bool),
+        or_else: &str,
+    ) -> Result<(), ConfigError> {
+        let rebalance_timeout = options.coordination.rebalance_timeout;
+        if value < rebalance_timeout {
+            return Ok(());
+        }
+        let path: &[&str] = if given {
+            &["listeners", name, key]
+        } else {
+            &["coordination", "rebalance_timeout"]
+        };
+        Err(self.invalid(
+            path,
+            format!(
+                "listener {name:?}: {key} ({}) must be below rebalance_timeout ({}), or {or_else}",
+                humantime::format_duration(value),
+                humantime::format_duration(rebalance_timeout)
+            ),
+        ))
     }
 
     /// A [`Publisher`](crate::producer::Publisher) for stream `prefix` on the configured Redis

@@ -73,6 +73,13 @@ fn describe_all() {
     }
 }
 
+/// `labels` plus `key = value`.
+fn labels_with(labels: &[Label], key: &'static str, value: &'static str) -> Vec<Label> {
+    let mut all = labels.to_vec();
+    all.push(Label::from_static_parts(key, value));
+    all
+}
+
 /// A clock read at the start of a timed operation.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stopwatch(Instant);
@@ -117,11 +124,7 @@ impl MemberMetrics {
             Label::new("listener", listener.to_owned()),
             Label::new("member", member.to_owned()),
         ];
-        let with = |key: &'static str, value: &'static str| {
-            let mut all = labels.clone();
-            all.push(Label::from_static_parts(key, value));
-            all
-        };
+        let with = |key, value| labels_with(&labels, key, value);
         let counter = |name: &'static str| metrics::counter!(name, labels.clone());
         MemberMetrics {
             handler: HandlerOutcome::ALL.map(|outcome| {
@@ -155,9 +158,7 @@ impl MemberMetrics {
 
     /// The member's labels plus `key = value` (for the rare series: resolved per event).
     fn with(&self, key: &'static str, value: &'static str) -> Vec<Label> {
-        let mut all = self.labels.clone();
-        all.push(Label::from_static_parts(key, value));
-        all
+        labels_with(&self.labels, key, value)
     }
 
     /// One handler attempt that started at `started` ended with `outcome`.
