@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use serde_json::json;
-use stream_listener::core::extract::FromDelivery;
+use stream_listener::core::extract::{FromDelivery, FromDeliveryParts};
 use stream_listener::core::internals::admin::{self, DeadLetterSelection};
 use stream_listener::core::internals::connection::RedisConnection;
 use stream_listener::{
@@ -46,7 +46,7 @@ fn recording(
         let (seen, poisoned) = (seen.clone(), poisoned.clone());
         Box::pin(async move {
             let message = Message::<Order>::from_delivery(&delivery)?;
-            let extracted = Headers::from_delivery(&delivery)?;
+            let extracted = Headers::from_delivery_parts(&delivery, &())?;
             let n = message.payload.n;
             if poisoned.lock().unwrap().contains(&n) {
                 return Err(HandlerError::non_retryable(format!("poison {n}")));

@@ -28,15 +28,22 @@ use serde::de::DeserializeOwned;
 pub use crate::handler::Metadata;
 use crate::handler::{BoxError, Delivery, HandlerError};
 pub use crate::headers::Headers;
+use crate::state::{MissingState, States};
 
-/// Builds a listener function's argument from a [`Delivery`].
+/// Builds a listener function's last argument from a [`Delivery`], reading its payload: a
+/// payload extractor ([`Json<T>`], [`Message<T>`], [`RawMessage`] or your own). At most one per
+/// function, and last; the arguments before it are [`FromDeliveryParts`].
 ///
 /// An `Err` decides the entry's fate without calling the function: [`HandlerError::Decode`]
 /// dead-letters it at once (a payload that cannot be decoded never will be).
+///
+/// A type implements this or [`FromDeliveryParts`], not both: a parts extractor is already
+/// usable as the last argument ([`LastExtractor`]), and one with both would make the last
+/// argument ambiguous.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be the argument of a listener function",
-    label = "not an extractor",
-    note = "use `Json<T>` (T: serde::Deserialize), `Message<T>`, `RawMessage`, `Delivery` or `Headers`, or implement `FromDelivery` for `{Self}`"
+    message = "`{Self}` cannot be the payload argument of a listener function",
+    label = "not a payload extractor",
+    note = "use `Json<T>` (T: serde::Deserialize), `Message<T>` or `RawMessage`, or implement `FromDelivery` for `{Self}`"
 )]
 pub trait FromDelivery: Sized {
     /// Extracts the argument.
@@ -46,9 +53,163 @@ pub trait FromDelivery: Sized {
     fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError>;
 }
 
-impl FromDelivery for Delivery {
-    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
+/// Builds a listener function's argument from a [`Delivery`]'s metadata and the application's
+/// states, without consuming the payload: any argument but the last is one ([`State<T>`],
+/// [`Metadata`], [`Headers`], [`Delivery`] or your own), and the last may be one too.
+///
+/// Two steps, so that a missing state is a startup error and an entry pays no lookup by type:
+/// [`prepare`](FromDeliveryParts::prepare) runs once when the listener is built and takes what
+/// the extractor needs from the [`States`] (`()` for extractors of the delivery alone);
+/// [`from_delivery_parts`](FromDeliveryParts::from_delivery_parts) runs for every attempt with
+/// that.
+///
+/// ```
+/// use stream_listener_core::extract::{FromDeliveryParts, State};
+/// use stream_listener_core::handler::{Delivery, HandlerError};
+/// use stream_listener_core::state::{MissingState, States};
+///
+/// /// The tenant of an entry (header `tenant`), or "default".
+/// struct Tenant(String);
+///
+/// impl FromDeliveryParts for Tenant {
+///     type Prepared = ();
+///     fn prepare(_: &States) -> Result<(), MissingState> {
+///         Ok(())
+///     }
+///     fn from_delivery_parts(delivery: &Delivery, _: &()) -> Result<Self, HandlerError> {
+///         let tenant = delivery.headers().get_str("tenant").unwrap_or("default").to_owned();
+///         Ok(Tenant(tenant))
+///     }
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be an argument before the last one of a listener function",
+    label = "not a metadata or state extractor",
+    note = "only the last argument may read the payload (`Json<T>`, `Message<T>`, `RawMessage`): a listener function takes at most one payload extractor, last, so two payload extractors cannot be combined (`Message<T>` carries the payload with its metadata and headers)",
+    note = "before it go `State<T>`, `Metadata`, `Headers`, `Delivery`, or a type implementing `FromDeliveryParts`"
+)]
+pub trait FromDeliveryParts: Sized {
+    /// What the extractor takes from the application's states, once, when the listener is
+    /// built: `()` when it needs none, `T` for [`State<T>`].
+    type Prepared: Send + Sync + 'static;
+
+    /// Takes what the extractor needs from `states`.
+    ///
+    /// # Errors
+    /// [`MissingState`] naming the type when a state it needs was not given
+    /// (`app().with_state(...)`): the application does not start.
+    fn prepare(states: &States) -> Result<Self::Prepared, MissingState>;
+
+    /// Extracts the argument for one attempt.
+    ///
+    /// # Errors
+    /// A [`HandlerError`] decides the entry's fate without calling the function (as for
+    /// [`FromDelivery`]); the extractors of this crate never fail.
+    fn from_delivery_parts(
+        delivery: &Delivery,
+        prepared: &Self::Prepared,
+    ) -> Result<Self, HandlerError>;
+}
+
+/// The delivery itself (its fields are shared, not copied).
+impl FromDeliveryParts for Delivery {
+    type Prepared = ();
+    fn prepare(_: &States) -> Result<(), MissingState> {
+        Ok(())
+    }
+    fn from_delivery_parts(delivery: &Delivery, _: &()) -> Result<Self, HandlerError> {
         Ok(delivery.clone())
+    }
+}
+
+/// A state of the application, given with `app().with_state(value)` (docs/design.md §14.1),
+/// cloned for every call (wrap it in an `Arc` when cloning is not cheap; a pool or a client
+/// usually is). Destructure it in the argument: `State(db): State<Db>`.
+///
+/// `T` must be `Clone + Send + Sync + 'static`. A listener whose function takes `State<T>` for a
+/// `T` that was not given does not start ([`MissingState`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct State<T>(pub T);
+
+impl<T> Deref for State<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> DerefMut for State<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> FromDeliveryParts for State<T> {
+    type Prepared = T;
+    fn prepare(states: &States) -> Result<T, MissingState> {
+        states.require::<T>().cloned()
+    }
+    fn from_delivery_parts(_: &Delivery, prepared: &T) -> Result<Self, HandlerError> {
+        Ok(State(prepared.clone()))
+    }
+}
+
+/// The last argument of a listener function: a payload extractor ([`FromDelivery`]) or a parts
+/// extractor ([`FromDeliveryParts`]). Implemented through those two traits (`M` is
+/// [`ViaPayload`] or [`ViaParts`], inferred); implement one of them, not this.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the argument of a listener function",
+    label = "not an extractor",
+    note = "use `Json<T>` (T: serde::Deserialize), `Message<T>`, `RawMessage`, `State<T>`, `Metadata`, `Headers` or `Delivery`, or implement `FromDelivery` (reads the payload) or `FromDeliveryParts` (metadata and state) for `{Self}`"
+)]
+pub trait LastExtractor<M>: Sized {
+    /// As [`FromDeliveryParts::Prepared`]; `()` for a payload extractor.
+    type Prepared: Send + Sync + 'static;
+
+    /// As [`FromDeliveryParts::prepare`].
+    ///
+    /// # Errors
+    /// [`MissingState`] when a state the extractor needs was not given.
+    fn prepare_last(states: &States) -> Result<Self::Prepared, MissingState>;
+
+    /// Extracts the argument for one attempt.
+    ///
+    /// # Errors
+    /// As [`FromDelivery::from_delivery`].
+    fn from_delivery_last(
+        delivery: &Delivery,
+        prepared: &Self::Prepared,
+    ) -> Result<Self, HandlerError>;
+}
+
+/// [`LastExtractor`]'s marker for a [`FromDelivery`] argument.
+#[derive(Debug)]
+pub enum ViaPayload {}
+
+/// [`LastExtractor`]'s marker for a [`FromDeliveryParts`] argument.
+#[derive(Debug)]
+pub enum ViaParts {}
+
+impl<T: FromDelivery> LastExtractor<ViaPayload> for T {
+    type Prepared = ();
+    fn prepare_last(_: &States) -> Result<(), MissingState> {
+        Ok(())
+    }
+    fn from_delivery_last(delivery: &Delivery, _: &()) -> Result<Self, HandlerError> {
+        T::from_delivery(delivery)
+    }
+}
+
+impl<T: FromDeliveryParts> LastExtractor<ViaParts> for T {
+    type Prepared = T::Prepared;
+    fn prepare_last(states: &States) -> Result<Self::Prepared, MissingState> {
+        T::prepare(states)
+    }
+    fn from_delivery_last(
+        delivery: &Delivery,
+        prepared: &Self::Prepared,
+    ) -> Result<Self, HandlerError> {
+        T::from_delivery_parts(delivery, prepared)
     }
 }
 
@@ -111,8 +272,12 @@ impl<T: DeserializeOwned> FromDelivery for Json<T> {
     }
 }
 
-impl FromDelivery for Metadata {
-    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
+impl FromDeliveryParts for Metadata {
+    type Prepared = ();
+    fn prepare(_: &States) -> Result<(), MissingState> {
+        Ok(())
+    }
+    fn from_delivery_parts(delivery: &Delivery, _: &()) -> Result<Self, HandlerError> {
         Ok(delivery.metadata.clone())
     }
 }
@@ -200,8 +365,12 @@ impl FromDelivery for RawMessage {
 }
 
 /// The entry's headers alone: never a decode error.
-impl FromDelivery for Headers {
-    fn from_delivery(delivery: &Delivery) -> Result<Self, HandlerError> {
+impl FromDeliveryParts for Headers {
+    type Prepared = ();
+    fn prepare(_: &States) -> Result<(), MissingState> {
+        Ok(())
+    }
+    fn from_delivery_parts(delivery: &Delivery, _: &()) -> Result<Self, HandlerError> {
         Ok(delivery.headers())
     }
 }
@@ -310,7 +479,7 @@ mod tests {
             .with("tenant", "acme")
             .with("tag", "a")
             .with("tag", "b");
-        assert_eq!(Headers::from_delivery(&d).unwrap(), expected);
+        assert_eq!(Headers::from_delivery_parts(&d, &()).unwrap(), expected);
         assert_eq!(d.headers(), expected);
         assert_eq!(
             Message::<Order>::from_delivery(&d).unwrap().headers(),
@@ -318,7 +487,35 @@ mod tests {
         );
         assert_eq!(RawMessage::from_delivery(&d).unwrap().headers(), expected);
         let plain = delivery(&[("key", "c1"), ("payload", r#"{"id":1}"#)]);
-        assert!(Headers::from_delivery(&plain).unwrap().is_empty());
+        assert!(Headers::from_delivery_parts(&plain, &()).unwrap().is_empty());
+    }
+
+    #[derive(Debug, Clone, PartialEq)]
+    struct Db(&'static str);
+
+    #[test]
+    fn each_parts_extractor_extracts_without_the_payload() {
+        // No `payload` field: a parts extractor never looks at it.
+        let d = delivery(&[("key", "c1"), ("h:tenant", "acme")]);
+        let metadata = Metadata::from_delivery_parts(&d, &()).unwrap();
+        assert_eq!(metadata, d.metadata);
+        assert_eq!(
+            Headers::from_delivery_parts(&d, &()).unwrap(),
+            Headers::new().with("tenant", "acme")
+        );
+        assert_eq!(Delivery::from_delivery_parts(&d, &()).unwrap(), d);
+        let states = States::new().with(Db("primary"));
+        let prepared = State::<Db>::prepare(&states).unwrap();
+        let State(db) = State::<Db>::from_delivery_parts(&d, &prepared).unwrap();
+        assert_eq!(db, Db("primary"));
+        assert_eq!(
+            State::<u8>::prepare(&states).unwrap_err(),
+            MissingState::of::<u8>()
+        );
+        // The parts extractors are last arguments too, and so are the payload extractors.
+        let via_parts = <Metadata as LastExtractor<ViaParts>>::from_delivery_last(&d, &()).unwrap();
+        assert_eq!(via_parts, d.metadata);
+        assert!(<Json<Order> as LastExtractor<ViaPayload>>::from_delivery_last(&d, &()).is_err());
     }
 
     #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,9 @@
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (docs/design.md §9);
 //! - [`model`]: the protocol's data (stream, group and member metadata, heartbeat request and response);
 //! - [`hooks`]: a listener's lifecycle hooks, `on_assigned`, `on_revoked`, `on_lost` (docs/design.md §13.3);
-//! - `testing` (feature `testing`): a real-Redis test harness.
+//! - `testing` (feature `testing`): a real-Redis test harness;
+//! - [`state`]: the application's shared states by type, read by the `State<T>` extractor (docs/design.md §14.1);
+//! - [`handler_fn`]: a function of several extractors as a `Handler`, without the attribute (docs/design.md §14.1).
 //!
 //! Everything else is in [`internals`], for the admin tool, tests and benchmarks, without a
 //! semver promise.
@@ -23,6 +25,7 @@ mod dataplane;
 pub mod extract;
 mod fence;
 pub mod handler;
+pub mod handler_fn;
 pub mod headers;
 pub mod hooks;
 mod keys;
@@ -33,6 +36,7 @@ pub mod producer;
 mod reconciler;
 mod report;
 mod runtime;
+pub mod state;
 mod startup;
 mod store;
 mod telemetry;

@@ -15,7 +15,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         Err(error) => {
             let error = syn::Error::new(
                 error.span(),
-                "#[stream_listener] goes on an `async fn` with one argument, e.g. `async fn on_order(Json(order): Json<Order>)`",
+                "#[stream_listener] goes on an `async fn` whose arguments are extractors, e.g. `async fn on_order(State(db): State<Db>, Json(order): Json<Order>)`",
             );
             return with_error(item, error);
         }
@@ -55,7 +55,7 @@ fn check_signature(function: &ItemFn, errors: &mut Option<syn::Error>) {
             errors,
             syn::Error::new_spanned(
                 receiver,
-                "#[stream_listener] cannot be used on a method: write a free `async fn` without `self` (keep shared state in a `static`, e.g. a `OnceLock`)",
+                "#[stream_listener] cannot be used on a method: write a free `async fn` without `self`, and take shared state as an argument `State(value): State<T>`, given with `stream_listener::app().with_state(value)`",
             ),
         );
     }
@@ -71,7 +71,7 @@ fn check_signature(function: &ItemFn, errors: &mut Option<syn::Error>) {
             errors,
             syn::Error::new_spanned(
                 generics,
-                "a listener function cannot be generic: the framework calls it with one concrete argument type",
+                "a listener function cannot be generic: the framework calls it with concrete argument types",
             ),
         );
     }
@@ -81,31 +81,8 @@ fn check_signature(function: &ItemFn, errors: &mut Option<syn::Error>) {
             syn::Error::new(variadic.span(), "a listener function cannot be variadic"),
         );
     }
-    let typed: Vec<&FnArg> = sig
-        .inputs
-        .iter()
-        .filter(|a| matches!(a, FnArg::Typed(_)))
-        .collect();
-    match typed.len() {
-        1 => {}
-        0 if sig.receiver().is_none() => push(
-            errors,
-            syn::Error::new(
-                sig.paren_token.span.join(),
-                "a listener function takes exactly one argument, an extractor: `Json<T>`, `Message<T>`, `RawMessage` or `Delivery`; it has none",
-            ),
-        ),
-        0 => {}
-        n => push(
-            errors,
-            syn::Error::new(
-                typed[1].span(),
-                format!(
-                    "a listener function takes exactly one argument, an extractor: `Json<T>`, `Message<T>`, `RawMessage` or `Delivery`; it has {n} (`Message<T>` carries the payload and its metadata together)"
-                ),
-            ),
-        ),
-    }
+    // Any number of arguments: each is checked where it is (its extractor trait, spanned at
+    // its type), so no count is checked here.
 }
 
 fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
@@ -159,29 +136,20 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
     let fn_name = &function.sig.ident;
     let name = name.map_or_else(|| fn_name.to_string(), |n| n.value());
     let concurrency = concurrency.map_or(1, |(n, _)| n);
-    let Some(FnArg::Typed(argument)) = function.sig.inputs.first() else {
-        unreachable!("arity is checked above");
-    };
-    let argument_ty = &argument.ty;
+    let arguments: Vec<&syn::Type> = function
+        .sig
+        .inputs
+        .iter()
+        .filter_map(|a| match a {
+            FnArg::Typed(typed) => Some(&*typed.ty),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
     let output_span = match &function.sig.output {
         ReturnType::Default => function.sig.ident.span(),
         ReturnType::Type(_, ty) => ty.span(),
     };
-    let extract = quote_spanned! {argument_ty.span()=>
-        <#argument_ty as #krate::__private::FromDelivery>::from_delivery(&delivery)?
-    };
-    // The output gets the return type's span, so a wrong return type is reported there.
-    let output = syn::Ident::new("output", output_span);
-    let outcome = quote_spanned! {output_span=>
-        #krate::__private::IntoHandlerResult::into_handler_result(#output)
-    };
-    let boxed = quote_spanned! {fn_name.span()=>
-        ::std::boxed::Box::pin(async move {
-            let argument = #extract;
-            let #output = #fn_name(argument).await;
-            #outcome
-        })
-    };
+    let make_handler = make_handler(&krate, fn_name, &arguments, output_span);
     let hooks = hooks
         .iter()
         .zip(crate::args::HOOK_KEYS)
@@ -190,16 +158,13 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
     Ok(quote! {
         #function
 
-        // The registration `run()` collects: the listener's settings and a handler that extracts
-        // the argument, calls the function and maps its result (stream-listener, docs/design.md
-        // §7).
+        // The registration `run()` collects: the listener's settings and a function that takes
+        // what the arguments need from the application's states, once, and returns the handler
+        // that extracts the arguments, calls the function and maps its result (stream-listener,
+        // docs/design.md §7, §14.1).
         #[doc(hidden)]
         const _: () = {
-            fn __stream_listener_handler(
-                delivery: #krate::__private::Delivery,
-            ) -> #krate::__private::HandlerFuture {
-                #boxed
-            }
+            #make_handler
             #krate::__private::inventory::submit! {
                 #krate::__private::ListenerRegistration::__from_macro(
                     #name,
@@ -215,6 +180,81 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
             }
         };
     })
+}
+
+/// `fn __stream_listener_handler(&States) -> Result<Arc<dyn Handler>, MissingState>` for a
+/// listener function `fn_name` of `arguments`: every argument but the last is a
+/// `FromDeliveryParts`, the last a `LastExtractor` (a payload extractor or another parts
+/// extractor). Each extractor's calls are spanned at its type, so an argument that is not an
+/// extractor (or a payload extractor that is not last, or a state type that is not `Clone` or
+/// not `Send + Sync`) is reported there; the result's conversion at the return type.
+///
+/// A batch branch (last argument `Batch<T>`) would build the prepared parts the same way and
+/// register a batch handler instead.
+fn make_handler(
+    krate: &TokenStream,
+    fn_name: &syn::Ident,
+    arguments: &[&syn::Type],
+    output_span: Span,
+) -> TokenStream {
+    let private = quote!(#krate::__private);
+    let last_index = arguments.len().saturating_sub(1);
+    let mut prepare = Vec::new();
+    let mut extract = Vec::new();
+    let mut values = Vec::new();
+    for (i, ty) in arguments.iter().enumerate() {
+        let index = syn::Index::from(i);
+        let value = syn::Ident::new(&format!("__argument_{i}"), Span::call_site());
+        if i == last_index {
+            prepare.push(quote_spanned! {ty.span()=>
+                #private::prepare_last::<#ty, _>(states)?
+            });
+            extract.push(quote_spanned! {ty.span()=>
+                let #value = #private::extract_last::<#ty, _>(&delivery, &prepared.#index)?;
+            });
+        } else {
+            prepare.push(quote_spanned! {ty.span()=>
+                <#ty as #private::FromDeliveryParts>::prepare(states)?
+            });
+            extract.push(quote_spanned! {ty.span()=>
+                let #value = <#ty as #private::FromDeliveryParts>::from_delivery_parts(
+                    &delivery,
+                    &prepared.#index,
+                )?;
+            });
+        }
+        values.push(value);
+    }
+    // The output gets the return type's span, so a wrong return type is reported there.
+    let output = syn::Ident::new("output", output_span);
+    let outcome = quote_spanned! {output_span=>
+        #private::IntoHandlerResult::into_handler_result(#output)
+    };
+    let boxed = quote_spanned! {fn_name.span()=>
+        ::std::boxed::Box::pin(async move {
+            #(#extract)*
+            let #output = #fn_name(#(#values),*).await;
+            #outcome
+        })
+    };
+    quote! {
+        // Without arguments, neither the delivery nor the prepared states are used.
+        #[allow(unused_variables)]
+        fn __stream_listener_handler(
+            states: &#private::States,
+        ) -> ::core::result::Result<
+            ::std::sync::Arc<dyn #private::Handler>,
+            #private::MissingState,
+        > {
+            let prepared = ::std::sync::Arc::new((#(#prepare,)*));
+            ::core::result::Result::Ok(::std::sync::Arc::new(
+                move |delivery: #private::Delivery| -> #private::HandlerFuture {
+                    let prepared = ::std::sync::Arc::clone(&prepared);
+                    #boxed
+                },
+            ))
+        }
+    }
 }
 
 /// `Some(wrapper)` for a hook given as `path` (`None` when not given): a plain `fn` that calls

@@ -107,6 +107,14 @@ pub use stream_listener_macros::stream_listener;
 pub use registry::HookFn;
 pub use registry::{ListenerRegistration, registered_listeners};
 pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
+/// Shared state and functions of several extractors (docs/design.md §14.1): `app().with_state(db)`
+/// gives the `State<T>` arguments their values; [`handler_fn`] makes a handler of such a
+/// function without the attribute.
+pub use registry::MakeHandler;
+pub use run::{App, app};
+pub use stream_listener_core::extract::{FromDeliveryParts, LastExtractor, State};
+pub use stream_listener_core::handler_fn::{HandlerFn, ListenerFn, handler_fn};
+pub use stream_listener_core::state::{MissingState, States};
 pub use stream_listener_core::handler::Ownership;
 /// Lifecycle hooks (docs/design.md §13.3): `#[stream_listener(on_revoked = path)]` or
 /// [`core::member::ListenerOptions::hooks`].
@@ -153,7 +161,23 @@ pub mod __private {
     pub use crate::registry::HookFn;
     pub use crate::registry::ListenerRegistration;
     pub use inventory;
-    pub use stream_listener_core::extract::{FromDelivery, IntoHandlerResult};
-    pub use stream_listener_core::handler::{Delivery, HandlerFuture};
+    pub use stream_listener_core::extract::{FromDelivery, FromDeliveryParts, IntoHandlerResult};
+    pub use stream_listener_core::handler::{Delivery, Handler, HandlerError, HandlerFuture};
+    pub use stream_listener_core::state::{MissingState, States};
+
+    use stream_listener_core::extract::LastExtractor;
+
+    /// Prepares the last argument `T` (its marker `M` inferred: a payload or a parts extractor).
+    pub fn prepare_last<T: LastExtractor<M>, M>(states: &States) -> Result<T::Prepared, MissingState> {
+        T::prepare_last(states)
+    }
+
+    /// Extracts the last argument `T` (its marker `M` inferred).
+    pub fn extract_last<T: LastExtractor<M>, M>(
+        delivery: &Delivery,
+        prepared: &T::Prepared,
+    ) -> Result<T, HandlerError> {
+        T::from_delivery_last(delivery, prepared)
+    }
     pub use stream_listener_core::hooks::{HookFuture, IntoHookResult, ShardHookContext};
 }

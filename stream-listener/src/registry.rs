@@ -1,10 +1,28 @@
 //! Listener registrations: what `#[stream_listener(...)]` submits and [`crate::run`] collects.
 
-use stream_listener_core::handler::{Delivery, HandlerFuture};
+use std::sync::Arc;
+
+use stream_listener_core::handler::{Delivery, Handler, HandlerFuture};
 use stream_listener_core::hooks::{HookFuture, Hooks, ShardHookContext};
+use stream_listener_core::state::{MissingState, States};
 
 /// A lifecycle hook as a registration holds it (docs/design.md §13.3).
 pub type HookFn = fn(ShardHookContext) -> HookFuture;
+
+/// How a registration of a function of extractors makes its handler, once at startup: takes what
+/// the arguments need from the application's states ([`MissingState`] when one was not given)
+/// and returns the handler (docs/design.md §14.1). The attribute writes one; without it,
+/// `|states| Ok(Arc::new(handler_fn(on_order, states)?))` ([`crate::handler_fn`]).
+pub type MakeHandler = fn(&States) -> Result<Arc<dyn Handler>, MissingState>;
+
+/// Where a registration's handler comes from.
+#[derive(Debug, Clone, Copy)]
+enum HandlerSource {
+    /// [`ListenerRegistration::new`]: a function of the delivery alone, needing no state.
+    Delivery(fn(Delivery) -> HandlerFuture),
+    /// The attribute's and [`ListenerRegistration::with_states`]'s.
+    States(MakeHandler),
+}
 
 /// One listener: its name, stream, group, default concurrency and handler (docs/design.md §7).
 ///
@@ -18,7 +36,7 @@ pub struct ListenerRegistration {
     stream: &'static str,
     group: &'static str,
     concurrency: u32,
-    handler: fn(Delivery) -> HandlerFuture,
+    handler: HandlerSource,
     defined_at: DefinedAt,
     hooks: RegisteredHooks,
 }
@@ -53,7 +71,51 @@ impl ListenerRegistration {
             stream,
             group,
             concurrency: 1,
-            handler,
+            handler: HandlerSource::Delivery(handler),
+            defined_at: DefinedAt {
+                module_path: "",
+                file: "",
+                line: 0,
+            },
+            hooks: RegisteredHooks {
+                on_assigned: None,
+                on_revoked: None,
+                on_lost: None,
+            },
+        }
+    }
+
+    /// A listener as [`ListenerRegistration::new`] whose handler is made at startup from the
+    /// application's states by `make` ([`MakeHandler`]), e.g. for a function of several
+    /// extractors without the attribute:
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use stream_listener::{HandlerError, Json, ListenerRegistration, State, handler_fn};
+    ///
+    /// #[derive(Clone)]
+    /// struct Db;
+    ///
+    /// async fn on_order(State(_db): State<Db>, Json(_id): Json<u64>) -> Result<(), HandlerError> {
+    ///     Ok(())
+    /// }
+    ///
+    /// let registration = ListenerRegistration::with_states("on_order", "orders", "billing", |states| {
+    ///     Ok(Arc::new(handler_fn(on_order, states)?))
+    /// });
+    /// ```
+    pub const fn with_states(
+        name: &'static str,
+        stream: &'static str,
+        group: &'static str,
+        make: MakeHandler,
+    ) -> Self {
+        ListenerRegistration {
+            name,
+            stream,
+            group,
+            concurrency: 1,
+            handler: HandlerSource::States(make),
             defined_at: DefinedAt {
                 module_path: "",
                 file: "",
@@ -81,7 +143,7 @@ impl ListenerRegistration {
         stream: &'static str,
         group: &'static str,
         concurrency: u32,
-        handler: fn(Delivery) -> HandlerFuture,
+        handler: MakeHandler,
         module_path: &'static str,
         file: &'static str,
         line: u32,
@@ -91,7 +153,7 @@ impl ListenerRegistration {
             stream,
             group,
             concurrency,
-            handler,
+            handler: HandlerSource::States(handler),
             defined_at: DefinedAt {
                 module_path,
                 file,
@@ -178,9 +240,17 @@ impl ListenerRegistration {
         self.concurrency
     }
 
-    /// The handler: extracts the argument, calls the function, maps its result.
-    pub fn handler(&self) -> fn(Delivery) -> HandlerFuture {
-        self.handler
+    /// The handler, made with what its arguments need from `states` (once per start: each
+    /// entry then extracts its arguments and calls the function, with no lookup by type).
+    ///
+    /// # Errors
+    /// [`MissingState`] naming the type when the function takes `State<T>` (or another
+    /// extractor needing a state) and `states` has no `T`.
+    pub fn make_handler(&self, states: &States) -> Result<Arc<dyn Handler>, MissingState> {
+        match self.handler {
+            HandlerSource::Delivery(handler) => Ok(Arc::new(handler)),
+            HandlerSource::States(make) => make(states),
+        }
     }
 
     /// Where it is defined, for error messages: `` `name` (module, file:line) ``.

@@ -8,8 +8,8 @@ use stream_listener_core::internals::startup::{MINIMUM_REDIS_VERSION, StartupErr
 use stream_listener_core::internals::store::provision::ProvisionError;
 use stream_listener_core::member::{ListenerError, MemberStopped};
 
-/// Why [`crate::run`], [`crate::run_with`] or [`crate::run_listeners`] could not start, or
-/// [`crate::run`] stopped.
+/// Why [`crate::run`], [`crate::run_with`] or [`crate::run_listeners`] (or the same methods of
+/// [`crate::App`]) could not start, or [`crate::run`] stopped.
 ///
 /// Causes are kept as [`std::error::Error::source`], not repeated in the message. Its `Debug`
 /// output is the message followed by each cause (`: ...`), so `fn main() -> Result<(), RunError>`
@@ -145,6 +145,18 @@ pub enum RunError {
     /// The Prometheus recorder could not be built (a bug: its settings are constant).
     #[error("cannot set up the Prometheus recorder: {0}")]
     MetricsSetup(String),
+    /// A listener's function takes `State<T>` (or another extractor needing a state of type
+    /// `T`) and the application was given no `T` (docs/design.md §14.1); nothing was sent to
+    /// Redis.
+    #[error(
+        "listener `{listener}` takes a state of type `{type_name}`, but none was provided: call `stream_listener::app().with_state(value)` with a `{type_name}`, then `.run()` (or `.run_with(config)`, `.run_listeners(config, listeners)`)"
+    )]
+    MissingState {
+        /// The listener's name.
+        listener: String,
+        /// The missing type, as `std::any::type_name` prints it.
+        type_name: &'static str,
+    },
 }
 
 impl RunError {

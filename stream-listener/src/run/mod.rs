@@ -2,6 +2,7 @@
 //! (docs/design.md §7, §8.13 shutdown, §11).
 
 mod app;
+mod app_builder;
 mod assignment;
 mod error;
 
@@ -16,10 +17,13 @@ use stream_listener_core::internals::store::provision::{ProvisionError, create_s
 use stream_listener_core::internals::store::{
     Retention, StoreError, ensure_retention, load_stream_metadata,
 };
+use stream_listener_core::handler::{Delivery, Handler, HandlerFuture};
 use stream_listener_core::member::{Listener, ListenerError, ListenerHandle, ListenerOptions};
+use stream_listener_core::state::States;
 
-use crate::registry::{ListenerRegistration, registered_listeners};
+use crate::registry::ListenerRegistration;
 pub use app::{ListenerStatus, RunningApp};
+pub use app_builder::{App, app};
 use assignment::AssignmentLog;
 pub use error::RunError;
 
@@ -36,34 +40,36 @@ pub use error::RunError;
 /// }
 /// ```
 ///
-/// `run()` installs no `tracing` subscriber: install one in `main` to see its logs.
+/// `run()` installs no `tracing` subscriber: install one in `main` to see its logs. It is
+/// `app().run()`: use [`app`] to give the listeners shared state ([`App::with_state`]).
 ///
 /// # Errors
 /// Everything [`run_with`] returns, before anything runs; [`RunError::Signal`] when the signal
 /// handlers cannot be installed. Once the members run, `run()` returns `Ok(())` after a graceful
 /// shutdown.
 pub async fn run() -> Result<(), RunError> {
-    let config = Config::load()?;
-    let app = run_with(config).await?;
-    app.run_until_signal().await
+    app().run().await
 }
 
 /// Starts every registered listener with `config` (no environment variables are read: apply
 /// them with [`Config::apply_env`] or use [`Config::load`]) and returns at once with a handle.
-/// For tests and for programs that embed listeners in a larger service.
+/// For tests and for programs that embed listeners in a larger service. It is
+/// `app().run_with(config)` ([`App::run_with`], with shared state).
 ///
 /// # Errors
-/// As [`run_listeners`] with [`registered_listeners`]; [`RunError::NoListeners`] when none is
+/// As [`run_listeners`] with [`registered_listeners`](crate::registered_listeners); [`RunError::NoListeners`] when none is
 /// registered.
 pub async fn run_with(config: Config) -> Result<RunningApp, RunError> {
-    run_listeners(config, registered_listeners()).await
+    app().run_with(config).await
 }
 
 /// Starts `listeners` (rather than every registered one) with `config`. In order:
 ///
 /// 1. checks the config and the listeners, without contacting Redis: names, duplicate names,
 ///    two listeners on one (stream, group), `[listeners.<name>]` sections for listeners that do
-///    not exist, the merged settings (config overrides over the values given in code); then,
+///    not exist, the merged settings (config overrides over the values given in code), the
+///    states each listener's function takes (given with [`App::with_state`]; each handler is
+///    made once from them, docs/design.md §14.1); then,
 ///    with `[observability] listen`, installs the Prometheus recorder (feature `metrics`) and
 ///    starts the HTTP listener (`/metrics`, `/healthz`, `/readyz`; docs/design.md §13.2), so
 ///    `/readyz` answers 503 `starting` during the next steps; it stops once the members have
@@ -80,21 +86,33 @@ pub async fn run_with(config: Config) -> Result<RunningApp, RunError> {
 ///
 /// # Errors
 /// [`RunError::Config`], [`RunError::NoListeners`], [`RunError::DuplicateName`],
-/// [`RunError::DuplicateStreamGroup`], [`RunError::Listener`] (step 1, nothing sent to Redis);
+/// [`RunError::DuplicateStreamGroup`], [`RunError::Listener`], [`RunError::MissingState`]
+/// (step 1, nothing sent to Redis);
 /// [`RunError::MetricsRecorder`] when `listen` is set and another global `metrics` recorder is
 /// installed, [`RunError::Listen`] when its address cannot be bound (step 1, nothing sent);
 /// [`RunError::RedisUnreachable`] once `startup_timeout` has passed, or [`RunError::Redis`] at
 /// once for errors retrying cannot fix (step 2); [`RunError::RedisTooOld`] (3);
 /// [`RunError::Stream`] (4); [`RunError::MissingStream`] (5); [`RunError::Listener`] when a
 /// listener cannot start (6: the ones already started are shut down first).
+///
+/// It is `app().run_listeners(config, listeners)` ([`App::run_listeners`], with shared state).
 pub async fn run_listeners(
     config: Config,
     listeners: Vec<ListenerRegistration>,
 ) -> Result<RunningApp, RunError> {
+    app().run_listeners(config, listeners).await
+}
+
+/// [`run_listeners`] with the application's `states`.
+pub(crate) async fn start(
+    config: Config,
+    listeners: Vec<ListenerRegistration>,
+    states: &States,
+) -> Result<RunningApp, RunError> {
     config.validate()?;
     let target = config.redis.target();
     let log = Arc::new(AssignmentLog::default());
-    let planned = plan(&config, &target, listeners, &log)?;
+    let planned = plan(&config, &target, listeners, states, &log)?;
     // Before Redis: /readyz answers 503 "starting" while startup retries.
     let names = planned
         .iter()
@@ -192,6 +210,15 @@ async fn start_members(
     Ok(RunningApp::new(listeners, members))
 }
 
+/// A handler made by a registration, shared (made once; each entry calls through it).
+struct Shared(Arc<dyn Handler>);
+
+impl Handler for Shared {
+    fn handle(&self, delivery: Delivery) -> HandlerFuture {
+        self.0.handle(delivery)
+    }
+}
+
 struct Planned {
     registration: ListenerRegistration,
     listener: Listener,
@@ -202,6 +229,7 @@ fn plan(
     config: &Config,
     target: &RedisTarget,
     mut listeners: Vec<ListenerRegistration>,
+    states: &States,
     log: &Arc<AssignmentLog>,
 ) -> Result<Vec<Planned>, RunError> {
     if listeners.is_empty() {
@@ -237,11 +265,18 @@ fn plan(
         base.hooks = registration.hooks();
         let mut options = config.listener_options(registration.name(), base)?;
         options.events = Some(log.callback(registration.name()));
+        let handler =
+            registration
+                .make_handler(states)
+                .map_err(|missing| RunError::MissingState {
+                    listener: registration.name().to_owned(),
+                    type_name: missing.type_name,
+                })?;
         let listener = Listener::new(
             target.clone(),
             registration.stream(),
             registration.group(),
-            registration.handler(),
+            Shared(handler),
             options,
         )
         .map_err(|source| RunError::Listener {
