@@ -205,24 +205,16 @@ fn make_handler(
     for (i, ty) in arguments.iter().enumerate() {
         let index = syn::Index::from(i);
         let value = syn::Ident::new(&format!("__argument_{i}"), Span::call_site());
-        if i == last_index {
-            prepare.push(quote_spanned! {ty.span()=>
-                #private::prepare_last::<#ty, _>(states)?
-            });
-            extract.push(quote_spanned! {ty.span()=>
-                let #value = #private::extract_last::<#ty, _>(&delivery, &prepared.#index)?;
-            });
+        let prepare_fn = if i == last_index {
+            quote_spanned! {ty.span()=> #private::last::<#ty, _>}
         } else {
-            prepare.push(quote_spanned! {ty.span()=>
-                <#ty as #private::FromDeliveryParts>::prepare(states)?
-            });
-            extract.push(quote_spanned! {ty.span()=>
-                let #value = <#ty as #private::FromDeliveryParts>::from_delivery_parts(
-                    &delivery,
-                    &prepared.#index,
-                )?;
-            });
-        }
+            quote_spanned! {ty.span()=> #private::part::<#ty>}
+        };
+        prepare.push(quote_spanned! {ty.span()=> #prepare_fn(states)? });
+        // No trait bound here: an argument that is not an extractor is reported once, above.
+        extract.push(quote! {
+            let #value = prepared.#index.extract(&delivery)?;
+        });
         values.push(value);
     }
     // The output gets the return type's span, so a wrong return type is reported there.

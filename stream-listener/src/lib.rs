@@ -167,17 +167,34 @@ pub mod __private {
 
     use stream_listener_core::extract::LastExtractor;
 
-    /// Prepares the last argument `T` (its marker `M` inferred: a payload or a parts extractor).
-    pub fn prepare_last<T: LastExtractor<M>, M>(states: &States) -> Result<T::Prepared, MissingState> {
-        T::prepare_last(states)
+    /// One argument's extraction, with what it took from the states (boxed once at startup,
+    /// so that the type is `Part<T>` and a wrong argument type is reported once, at [`part`] or
+    /// [`last`], spanned at the argument).
+    pub struct Part<T> {
+        extract: Box<dyn Fn(&Delivery) -> Result<T, HandlerError> + Send + Sync>,
     }
 
-    /// Extracts the last argument `T` (its marker `M` inferred).
-    pub fn extract_last<T: LastExtractor<M>, M>(
-        delivery: &Delivery,
-        prepared: &T::Prepared,
-    ) -> Result<T, HandlerError> {
-        T::from_delivery_last(delivery, prepared)
+    impl<T> Part<T> {
+        /// Extracts the argument from `delivery`.
+        pub fn extract(&self, delivery: &Delivery) -> Result<T, HandlerError> {
+            (self.extract)(delivery)
+        }
+    }
+
+    /// Prepares an argument before the last: a parts extractor.
+    pub fn part<T: FromDeliveryParts + 'static>(states: &States) -> Result<Part<T>, MissingState> {
+        let prepared = T::prepare(states)?;
+        Ok(Part {
+            extract: Box::new(move |delivery| T::from_delivery_parts(delivery, &prepared)),
+        })
+    }
+
+    /// Prepares the last argument (its marker `M` inferred: a payload or a parts extractor).
+    pub fn last<T: LastExtractor<M> + 'static, M>(states: &States) -> Result<Part<T>, MissingState> {
+        let prepared = T::prepare_last(states)?;
+        Ok(Part {
+            extract: Box::new(move |delivery| T::from_delivery_last(delivery, &prepared)),
+        })
     }
     pub use stream_listener_core::hooks::{HookFuture, IntoHookResult, ShardHookContext};
 }
