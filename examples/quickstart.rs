@@ -18,12 +18,12 @@
 //! real handler makes its effects idempotent (for example keyed by `order.id`).
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use stream_listener::testing::RedisServer;
-use stream_listener::{Config, Message, stream_listener};
+use stream_listener::{Config, Json, Metadata, State, stream_listener};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Order {
@@ -43,18 +43,22 @@ struct Item {
     unit_price: f64,
 }
 
-/// Entries handled so far: (shard stream, entry id) → the member that handled it.
-static HANDLED: Mutex<BTreeMap<(String, String), String>> = Mutex::new(BTreeMap::new());
+/// The application's state: the entries handled so far, (shard stream, entry id) → the member
+/// that handled it. Given once with `app().with_state(...)`; every call gets a clone (an `Arc`).
+#[derive(Clone, Default)]
+struct Handled(Arc<Mutex<BTreeMap<(String, String), String>>>);
 
-/// The listener. `Message<Order>` is the order decoded from JSON plus where it came from;
-/// `Json<Order>` would give the order alone.
+/// The listener. Its arguments are extractors: `State<Handled>` is the application's state,
+/// `Metadata` where the entry came from (stream key, entry id, member, ...), and `Json<Order>`
+/// the order decoded from JSON (the payload extractor comes last).
 #[stream_listener(stream = "orders", group = "quickstart", concurrency = 4)]
-async fn on_order(order: Message<Order>) {
-    let entry = (order.stream_key.clone(), order.entry_id.clone());
-    HANDLED
+async fn on_order(State(handled): State<Handled>, entry: Metadata, Json(_order): Json<Order>) {
+    // A real handler would bill `_order` here, idempotently (keyed by its id).
+    handled
+        .0
         .lock()
         .unwrap()
-        .insert(entry, order.member_id.clone());
+        .insert((entry.stream_key, entry.entry_id), entry.member_id);
 }
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
@@ -85,7 +89,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         "quickstart config",
     )?;
-    let app = stream_listener::run_with(config.clone()).await?;
+    let handled = Handled::default();
+    let app = stream_listener::app()
+        .with_state(handled.clone())
+        .run_with(config.clone())
+        .await?;
     if !app.wait_for_assignment(4, Duration::from_secs(30)).await {
         eprintln!("the 4 shards were not assigned within 30 s; continuing anyway");
     }
@@ -105,10 +113,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Wait (at most 60 s) until every order of this run was handled.
     let deadline = Instant::now() + Duration::from_secs(60);
     let handled_by = loop {
-        let handled = HANDLED.lock().unwrap().clone();
-        let done = mine.iter().all(|entry| handled.contains_key(entry));
+        let so_far = handled.0.lock().unwrap().clone();
+        let done = mine.iter().all(|entry| so_far.contains_key(entry));
         if done || Instant::now() > deadline {
-            break handled;
+            break so_far;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
