@@ -125,7 +125,9 @@ async fn the_state_given_to_the_app_counts_every_entry() {
         .await
         .unwrap();
     assert!(
-        running.wait_for_assignment(4, Duration::from_secs(15)).await,
+        running
+            .wait_for_assignment(4, Duration::from_secs(15))
+            .await,
         "4 shards assigned: {:?}",
         running.status()
     );
@@ -152,7 +154,9 @@ async fn a_missing_state_fails_the_start_before_connecting() {
     // the 5 s startup_timeout, not in MissingState.
     let url = format!("redis://127.0.0.1:{}", free_port());
     let started = Instant::now();
-    let error = run_with(config(&url, "state_events", "on_counted")).await.unwrap_err();
+    let error = run_with(config(&url, "state_events", "on_counted"))
+        .await
+        .unwrap_err();
     assert!(
         matches!(&error, RunError::MissingState { listener, type_name }
             if listener == "on_counted" && *type_name == std::any::type_name::<Counter>()),
@@ -162,7 +166,10 @@ async fn a_missing_state_fails_the_start_before_connecting() {
     for part in ["`on_counted`", "Counter", "app().with_state("] {
         assert!(text.contains(part), "{part:?} not in: {text}");
     }
-    assert!(started.elapsed() < Duration::from_secs(2), "no connection attempt");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no connection attempt"
+    );
     // A state of another type does not stand in for it.
     let error = app()
         .with_state(7u64)
@@ -190,13 +197,22 @@ async fn run_listeners_with_a_handler_fn_registration() {
     )];
     let running = app()
         .with_state(tally.clone())
-        .run_listeners(config(&server.url(), "state_tally", "on_tallied"), listeners)
+        .run_listeners(
+            config(&server.url(), "state_tally", "on_tallied"),
+            listeners,
+        )
         .await
         .unwrap();
-    assert!(running.wait_for_assignment(4, Duration::from_secs(15)).await);
+    assert!(
+        running
+            .wait_for_assignment(4, Duration::from_secs(15))
+            .await
+    );
     publish(&server.url(), "state_tally", N).await;
     assert!(
-        wait_until(Duration::from_secs(20), || tally.load(Ordering::SeqCst) >= N).await,
+        wait_until(Duration::from_secs(20), || tally.load(Ordering::SeqCst)
+            >= N)
+        .await,
         "handled {} of {N}",
         tally.load(Ordering::SeqCst)
     );

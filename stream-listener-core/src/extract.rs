@@ -1,18 +1,24 @@
-//! Extractors: how a listener function's argument is made from a [`Delivery`], as web frameworks
-//! make handler arguments from a request (docs/design.md §7), and how its return value becomes an
-//! outcome (docs/design.md §8).
+//! Extractors: how a listener function's arguments are made from a [`Delivery`] and the
+//! application's states, as web frameworks make handler arguments from a request (docs/design.md
+//! §7, §14.1), and how its return value becomes an outcome (docs/design.md §8).
 //!
-//! | argument | gets |
-//! | --- | --- |
-//! | [`Json<T>`] | field `payload` decoded as JSON into `T` |
-//! | [`Message<T>`] | the decoded payload plus where it came from: entry id, shard, stream key, partition key, delivery count, attempt, member id and epoch |
-//! | [`RawMessage`] | every field as bytes, undecoded, with the same metadata |
-//! | [`Delivery`] | the delivery itself |
-//! | [`Headers`] | the entry's headers (fields `h:<name>`, in order; docs/design.md §13.4), never a decode error; metadata only, so it will combine with a payload extractor once a listener function takes several arguments (today: `Message<T>::headers`, `RawMessage::headers()`, `Delivery::headers()`) |
+//! A function takes any number of extractors: every argument but the last is a
+//! [`FromDeliveryParts`] (metadata and state, never the payload), the last a [`FromDelivery`]
+//! (reads the payload) or another [`FromDeliveryParts`] ([`LastExtractor`]).
+//!
+//! | argument | trait | gets |
+//! | --- | --- | --- |
+//! | [`Json<T>`] | [`FromDelivery`], last | field `payload` decoded as JSON into `T` |
+//! | [`Message<T>`] | [`FromDelivery`], last | the decoded payload plus where it came from: entry id, shard, stream key, partition key, delivery count, attempt, member id and epoch, and its headers |
+//! | [`RawMessage`] | [`FromDelivery`], last | every field as bytes, undecoded, with the same metadata |
+//! | [`State<T>`] | [`FromDeliveryParts`] | the application's value of type `T` (`app().with_state(value)`), cloned per call; missing: a startup error ([`MissingState`]) |
+//! | [`Metadata`] | [`FromDeliveryParts`] | where the entry came from (the metadata of `Message<T>`) |
+//! | [`Headers`] | [`FromDeliveryParts`] | the entry's headers (fields `h:<name>`, in order; docs/design.md §13.4), never a decode error |
+//! | [`Delivery`] | [`FromDeliveryParts`] | the delivery itself (its fields shared, not copied) |
 //!
 //! A payload that does not decode is [`HandlerError::Decode`]: the entry is dead-lettered at
 //! once with reason `decode` and acked, and the function is not called. Implement
-//! [`FromDelivery`] for other argument types.
+//! [`FromDeliveryParts`] or [`FromDelivery`] for other argument types.
 //!
 //! | return type | outcome |
 //! | --- | --- |
@@ -487,7 +493,11 @@ mod tests {
         );
         assert_eq!(RawMessage::from_delivery(&d).unwrap().headers(), expected);
         let plain = delivery(&[("key", "c1"), ("payload", r#"{"id":1}"#)]);
-        assert!(Headers::from_delivery_parts(&plain, &()).unwrap().is_empty());
+        assert!(
+            Headers::from_delivery_parts(&plain, &())
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[derive(Debug, Clone, PartialEq)]

@@ -75,9 +75,7 @@ where
     Args: 'static,
 {
     fn handle(&self, delivery: Delivery) -> HandlerFuture {
-        self.function
-            .clone()
-            .call(self.prepared.clone(), delivery)
+        self.function.clone().call(self.prepared.clone(), delivery)
     }
 }
 
@@ -145,45 +143,152 @@ macro_rules! all_the_tuples {
         $name!([(T1, p1), (T2, p2), (T3, p3)], (T4, p4));
         $name!([(T1, p1), (T2, p2), (T3, p3), (T4, p4)], (T5, p5));
         $name!([(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5)], (T6, p6));
-        $name!([(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6)], (T7, p7));
-        $name!([(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6), (T7, p7)], (T8, p8));
         $name!(
-            [(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6), (T7, p7), (T8, p8)],
+            [(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6)],
+            (T7, p7)
+        );
+        $name!(
+            [
+                (T1, p1),
+                (T2, p2),
+                (T3, p3),
+                (T4, p4),
+                (T5, p5),
+                (T6, p6),
+                (T7, p7)
+            ],
+            (T8, p8)
+        );
+        $name!(
+            [
+                (T1, p1),
+                (T2, p2),
+                (T3, p3),
+                (T4, p4),
+                (T5, p5),
+                (T6, p6),
+                (T7, p7),
+                (T8, p8)
+            ],
             (T9, p9)
         );
         $name!(
-            [(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6), (T7, p7), (T8, p8),
-             (T9, p9)],
+            [
+                (T1, p1),
+                (T2, p2),
+                (T3, p3),
+                (T4, p4),
+                (T5, p5),
+                (T6, p6),
+                (T7, p7),
+                (T8, p8),
+                (T9, p9)
+            ],
             (T10, p10)
         );
         $name!(
-            [(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6), (T7, p7), (T8, p8),
-             (T9, p9), (T10, p10)],
+            [
+                (T1, p1),
+                (T2, p2),
+                (T3, p3),
+                (T4, p4),
+                (T5, p5),
+                (T6, p6),
+                (T7, p7),
+                (T8, p8),
+                (T9, p9),
+                (T10, p10)
+            ],
             (T11, p11)
         );
         $name!(
-            [(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6), (T7, p7), (T8, p8),
-             (T9, p9), (T10, p10), (T11, p11)],
+            [
+                (T1, p1),
+                (T2, p2),
+                (T3, p3),
+                (T4, p4),
+                (T5, p5),
+                (T6, p6),
+                (T7, p7),
+                (T8, p8),
+                (T9, p9),
+                (T10, p10),
+                (T11, p11)
+            ],
             (T12, p12)
         );
         $name!(
-            [(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6), (T7, p7), (T8, p8),
-             (T9, p9), (T10, p10), (T11, p11), (T12, p12)],
+            [
+                (T1, p1),
+                (T2, p2),
+                (T3, p3),
+                (T4, p4),
+                (T5, p5),
+                (T6, p6),
+                (T7, p7),
+                (T8, p8),
+                (T9, p9),
+                (T10, p10),
+                (T11, p11),
+                (T12, p12)
+            ],
             (T13, p13)
         );
         $name!(
-            [(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6), (T7, p7), (T8, p8),
-             (T9, p9), (T10, p10), (T11, p11), (T12, p12), (T13, p13)],
+            [
+                (T1, p1),
+                (T2, p2),
+                (T3, p3),
+                (T4, p4),
+                (T5, p5),
+                (T6, p6),
+                (T7, p7),
+                (T8, p8),
+                (T9, p9),
+                (T10, p10),
+                (T11, p11),
+                (T12, p12),
+                (T13, p13)
+            ],
             (T14, p14)
         );
         $name!(
-            [(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6), (T7, p7), (T8, p8),
-             (T9, p9), (T10, p10), (T11, p11), (T12, p12), (T13, p13), (T14, p14)],
+            [
+                (T1, p1),
+                (T2, p2),
+                (T3, p3),
+                (T4, p4),
+                (T5, p5),
+                (T6, p6),
+                (T7, p7),
+                (T8, p8),
+                (T9, p9),
+                (T10, p10),
+                (T11, p11),
+                (T12, p12),
+                (T13, p13),
+                (T14, p14)
+            ],
             (T15, p15)
         );
         $name!(
-            [(T1, p1), (T2, p2), (T3, p3), (T4, p4), (T5, p5), (T6, p6), (T7, p7), (T8, p8),
-             (T9, p9), (T10, p10), (T11, p11), (T12, p12), (T13, p13), (T14, p14), (T15, p15)],
+            [
+                (T1, p1),
+                (T2, p2),
+                (T3, p3),
+                (T4, p4),
+                (T5, p5),
+                (T6, p6),
+                (T7, p7),
+                (T8, p8),
+                (T9, p9),
+                (T10, p10),
+                (T11, p11),
+                (T12, p12),
+                (T13, p13),
+                (T14, p14),
+                (T15, p15)
+            ],
             (T16, p16)
         );
     };
@@ -225,10 +330,10 @@ mod tests {
         metadata: Metadata,
         Json(order): Json<Order>,
     ) -> Result<(), HandlerError> {
-        seen.0
-            .lock()
-            .unwrap()
-            .push(format!("{} {} {}", metadata.entry_id, metadata.shard, order.id));
+        seen.0.lock().unwrap().push(format!(
+            "{} {} {}",
+            metadata.entry_id, metadata.shard, order.id
+        ));
         Ok(())
     }
 
@@ -271,7 +376,11 @@ mod tests {
             .handle(d.clone())
             .await
             .unwrap();
-        let error = handler_fn(none, &states).unwrap().handle(d).await.unwrap_err();
+        let error = handler_fn(none, &states)
+            .unwrap()
+            .handle(d)
+            .await
+            .unwrap_err();
         assert!(matches!(error, HandlerError::Retryable(_)), "{error}");
         assert_eq!(CALLS.load(Ordering::SeqCst), 11);
     }
@@ -286,7 +395,9 @@ mod tests {
         )
         .unwrap();
         let counter = handler.prepared.0.clone();
-        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         for _ in 0..3 {
             runtime.block_on(handler.handle(delivery(&[]))).unwrap();
         }

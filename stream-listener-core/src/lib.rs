@@ -3,7 +3,7 @@
 //! One module per concept (docs/design.md §1). What an application or an integrator uses:
 //! - [`config`]: the TOML configuration file and its environment overrides, with errors naming file, line and key (docs/design.md §11);
 //! - [`handler`]: the `Handler` trait, the `Delivery` (and its `Metadata`) it receives, retry or dead-letter errors;
-//! - [`extract`]: extractors turning a `Delivery` into a listener function's argument (`Json<T>`, `Message<T>`, `RawMessage`) and the handler return types (docs/design.md §7, §8);
+//! - [`extract`]: extractors turning a `Delivery` and the application's states into a listener function's arguments (`Json<T>`, `Message<T>`, `RawMessage`, `State<T>`, `Metadata`, `Headers`) and the handler return types (docs/design.md §7, §8, §14.1);
 //! - [`member`]: the member runtime: `Listener`, its options, events and handle (docs/design.md §6, §7);
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (docs/design.md §9);
 //! - [`model`]: the protocol's data (stream, group and member metadata, heartbeat request and response);
@@ -36,8 +36,8 @@ pub mod producer;
 mod reconciler;
 mod report;
 mod runtime;
-pub mod state;
 mod startup;
+pub mod state;
 mod store;
 mod telemetry;
 mod trace_context;

@@ -27,11 +27,12 @@
 //! ```
 //!
 //! The pieces:
-//! - [`macro@stream_listener`] registers a listener; its argument is an extractor ([`Json`],
-//!   [`Message`], [`RawMessage`], [`Delivery`]) and its return value decides ack, retry or dead
-//!   letter ([`core::extract`]);
+//! - [`macro@stream_listener`] registers a listener; its arguments are extractors ([`Json`],
+//!   [`Message`], [`RawMessage`], [`State`], [`Metadata`], [`Headers`], [`Delivery`]) and its
+//!   return value decides ack, retry or dead letter ([`core::extract`]);
 //! - [`run()`], [`run_with`] and [`run_listeners`] start the registered listeners
-//!   ([`RunningApp`], [`RunError`]);
+//!   ([`RunningApp`], [`RunError`]); [`app()`]`.with_state(value)` gives them shared state first
+//!   ([`App`]);
 //! - [`Config`] is the configuration file;
 //! - [`Publisher`] appends to a sharded stream, routed by partition key (docs/design.md §9);
 //! - the `stream-listener` command-line tool (feature `cli`, on by default) creates, scales,
@@ -90,37 +91,63 @@ mod run;
 /// as for handlers); it runs under `hook_timeout`, and an error, a panic or a timeout is logged
 /// and never stops the member ([`Hooks`]).
 ///
-/// The function must be an `async fn` (not a method, not generic) with exactly one argument, an
-/// extractor ([`FromDelivery`]: [`Json<T>`], [`Message<T>`], [`RawMessage`], [`Delivery`]), and
-/// return `()` or `Result<(), E>` with `E: std::error::Error + Send + Sync + 'static` (or
+/// The function must be an `async fn` (not a method, not generic) whose arguments, any number
+/// of them, are extractors (docs/design.md §14.1):
+///
+/// | argument | position | gets |
+/// | --- | --- | --- |
+/// | [`Json<T>`], [`Message<T>`], [`RawMessage`] ([`FromDelivery`]) | last only, at most one | the payload decoded (or raw), as the table of [`core::extract`] says |
+/// | [`State<T>`] ([`FromDeliveryParts`]) | any | the application's value of type `T` (`T: Clone + Send + Sync + 'static`), given with [`app()`]`.with_state(value)`, cloned per call; a missing one is [`RunError::MissingState`] at startup |
+/// | [`Metadata`], [`Headers`], [`Delivery`] ([`FromDeliveryParts`]) | any | where the entry came from, its headers, the delivery itself |
+/// | your own [`FromDeliveryParts`] or [`FromDelivery`] | as its trait | what it extracts |
+///
+/// ```no_run
+/// use stream_listener::{Json, Metadata, State, stream_listener};
+/// # #[derive(serde::Deserialize)] struct Order;
+/// #[derive(Clone)]
+/// struct Db;
+///
+/// #[stream_listener(stream = "orders", group = "billing")]
+/// async fn on_order(State(db): State<Db>, meta: Metadata, Json(order): Json<Order>) {
+///     let _ = (db, meta.entry_id, order);
+/// }
+///
+/// # async fn main_() -> Result<(), stream_listener::RunError> {
+/// stream_listener::app().with_state(Db).run().await
+/// # }
+/// ```
+///
+/// It returns `()` or `Result<(), E>` with `E: std::error::Error + Send + Sync + 'static` (or
 /// `Box<dyn Error + Send + Sync>`): an `Err` is retried with backoff up to `max_attempts`, then
 /// dead-lettered; return [`HandlerError::non_retryable`] to dead-letter at once. Its future must
 /// be `Send`. The function stays an ordinary function: call it in unit tests.
 ///
 /// Every mistake is a compile error at the offending token: a missing `async`, `stream` or
-/// `group`; `concurrency = 0`; an unknown or repeated key; `self`; generics; no argument or more
-/// than one; an argument that is not an extractor; another return type; a hook value that is not
-/// a path, or a hook function with another signature (at the path).
+/// `group`; `concurrency = 0`; an unknown or repeated key; `self`; generics; an argument that is
+/// not an extractor; a payload extractor that is not the last argument (two payload
+/// extractors); a `State<T>` whose `T` is not `Clone`, or not `Send + Sync`; another return
+/// type; a hook value that is not a path, or a hook function with another signature (at the
+/// path).
 #[doc(inline)]
 pub use stream_listener_macros::stream_listener;
 
 pub use registry::HookFn;
-pub use registry::{ListenerRegistration, registered_listeners};
-pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
 /// Shared state and functions of several extractors (docs/design.md §14.1): `app().with_state(db)`
 /// gives the `State<T>` arguments their values; [`handler_fn`] makes a handler of such a
 /// function without the attribute.
 pub use registry::MakeHandler;
+pub use registry::{ListenerRegistration, registered_listeners};
 pub use run::{App, app};
+pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
 pub use stream_listener_core::extract::{FromDeliveryParts, LastExtractor, State};
-pub use stream_listener_core::handler_fn::{HandlerFn, ListenerFn, handler_fn};
-pub use stream_listener_core::state::{MissingState, States};
 pub use stream_listener_core::handler::Ownership;
+pub use stream_listener_core::handler_fn::{HandlerFn, ListenerFn, handler_fn};
 /// Lifecycle hooks (docs/design.md §13.3): `#[stream_listener(on_revoked = path)]` or
 /// [`core::member::ListenerOptions::hooks`].
 pub use stream_listener_core::hooks::{
     HookFuture, Hooks, IntoHookResult, ShardHook, ShardHookContext,
 };
+pub use stream_listener_core::state::{MissingState, States};
 
 /// Extractors and handler return types (docs/design.md §7, §8; the table of
 /// [`core::extract`]).
@@ -190,7 +217,9 @@ pub mod __private {
     }
 
     /// Prepares the last argument (its marker `M` inferred: a payload or a parts extractor).
-    pub fn last<T: LastExtractor<M> + 'static, M>(states: &States) -> Result<Part<T>, MissingState> {
+    pub fn last<T: LastExtractor<M> + 'static, M>(
+        states: &States,
+    ) -> Result<Part<T>, MissingState> {
         let prepared = T::prepare_last(states)?;
         Ok(Part {
             extract: Box::new(move |delivery| T::from_delivery_last(delivery, &prepared)),

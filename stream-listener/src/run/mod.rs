@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use stream_listener_core::config::{Config, redact_url};
+use stream_listener_core::handler::{Delivery, Handler, HandlerFuture};
 use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::internals::keys::StreamKeys;
 use stream_listener_core::internals::startup::{self, Connected};
@@ -17,7 +18,6 @@ use stream_listener_core::internals::store::provision::{ProvisionError, create_s
 use stream_listener_core::internals::store::{
     Retention, StoreError, ensure_retention, load_stream_metadata,
 };
-use stream_listener_core::handler::{Delivery, Handler, HandlerFuture};
 use stream_listener_core::member::{Listener, ListenerError, ListenerHandle, ListenerOptions};
 use stream_listener_core::state::States;
 
