@@ -198,8 +198,11 @@ pub mod __private {
     /// so that the type is `Part<T>` and a wrong argument type is reported once, at [`part`] or
     /// [`last`], spanned at the argument).
     pub struct Part<T> {
-        extract: Box<dyn Fn(&Delivery) -> Result<T, HandlerError> + Send + Sync>,
+        extract: Box<Extract<T>>,
     }
+
+    /// An argument's extraction with its prepared state.
+    type Extract<T> = dyn Fn(&Delivery) -> Result<T, HandlerError> + Send + Sync;
 
     impl<T> Part<T> {
         /// Extracts the argument from `delivery`.
