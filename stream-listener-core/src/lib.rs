@@ -3,6 +3,7 @@
 //! One module per concept (docs/design.md §1). What an application or an integrator uses:
 //! - [`config`]: the TOML configuration file and its environment overrides, with errors naming file, line and key (docs/design.md §11);
 //! - [`handler`]: the `Handler` trait, the `Delivery` (and its `Metadata`) it receives, retry or dead-letter errors;
+//! - [`batch`]: batch handlers, `Batch<T>`, `BatchError`, `BatchHandler` (docs/design.md §14.2);
 //! - [`extract`]: extractors turning a `Delivery` into a listener function's argument (`Json<T>`, `Message<T>`, `RawMessage`) and the handler return types (docs/design.md §7, §8);
 //! - [`member`]: the member runtime: `Listener`, its options, events and handle (docs/design.md §6, §7);
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (docs/design.md §9);
@@ -15,6 +16,7 @@
 
 mod admin;
 mod assignor;
+pub mod batch;
 mod clock;
 pub mod config;
 mod connection;
