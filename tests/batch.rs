@@ -390,3 +390,91 @@ async fn batch_size_caps_every_batch_even_with_a_wait() {
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     listener.shutdown_and_wait().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_retryable_error_at_k_dead_letters_entry_k_at_once() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let ids = publish(&mut conn, 1..=3).await;
+    let mut opts = options(1);
+    opts.max_attempts = 5;
+    let outcome: Outcome =
+        Arc::new(
+            |batch| match batch.iter().position(|Json(value)| value.n == 2) {
+                Some(i) => Err(BatchError::at(
+                    i,
+                    HandlerError::non_retryable("no such order"),
+                )),
+                None => Ok(()),
+            },
+        );
+    let (listener, calls) = start_batch(&target, opts, outcome).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || calls_of(&calls).len() == 2).await,
+        "{:?}",
+        calls_of(&calls)
+    );
+    let seen = calls_of(&calls);
+    assert_eq!(seen[0].ids(), ids);
+    assert_eq!(seen[1].ids(), ids[2..].to_vec());
+    assert_eq!(
+        dead_letters(&mut conn).await,
+        vec![(ids[1].clone(), "non-retryable".to_owned(), "1".to_owned())]
+    );
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    listener.shutdown_and_wait().await;
+}
+
+/// A handler bug: neither a panic nor a silent drop, the whole batch failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_past_the_batch_fails_the_whole_batch() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let ids = publish(&mut conn, 1..=2).await;
+    let mut opts = options(1);
+    opts.max_attempts = 2;
+    opts.backoff = Duration::from_millis(20);
+    let outcome: Outcome = Arc::new(|batch| Err(BatchError::at(batch.len(), "off by one")));
+    let (listener, calls) = start_batch(&target, opts, outcome).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || calls_of(&calls).len() == 2).await,
+        "{:?}",
+        calls_of(&calls)
+    );
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    let seen = calls_of(&calls);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.iter().all(|call| call.ids() == ids));
+    assert_eq!(
+        dead_letters(&mut conn).await,
+        ids.iter()
+            .map(|id| (id.clone(), "handler".to_owned(), "2".to_owned()))
+            .collect::<Vec<_>>()
+    );
+    listener.shutdown_and_wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_batch_handler_is_a_failed_attempt_of_the_whole_batch() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let ids = publish(&mut conn, 1..=2).await;
+    let mut opts = options(1);
+    opts.max_attempts = 3;
+    opts.backoff = Duration::from_millis(20);
+    let outcome: Outcome = Arc::new(|batch| {
+        if batch.metadata(0).is_some_and(|meta| meta.attempt == 1) {
+            panic!("handler bug");
+        }
+        Ok(())
+    });
+    let (listener, calls) = start_batch(&target, opts, outcome).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || calls_of(&calls).len() == 2).await,
+        "{:?}",
+        calls_of(&calls)
+    );
+    let seen = calls_of(&calls);
+    assert_eq!(seen[1].ids(), ids);
+    assert_eq!(seen[1].entries[0].2, 2);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    assert!(dead_letters(&mut conn).await.is_empty());
+    listener.shutdown_and_wait().await;
+}

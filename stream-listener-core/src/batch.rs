@@ -245,22 +245,26 @@ where
     }
 }
 
+/// The call of a batch handler on its decoded batch, not made yet (the poller makes it on a
+/// worker, a panic in it caught).
+pub(crate) type BatchCall<'a> = Box<dyn FnOnce() -> BatchFuture + Send + 'a>;
+
 /// One attempt of a batch, decoded: the entries that did not decode (their positions in the
-/// deliveries given, with the error) and the handler's future for the others (not polled yet).
-pub(crate) struct Prepared {
+/// deliveries given, with the error) and the handler's call for the others (not made yet).
+pub(crate) struct Prepared<'a> {
     /// Positions (in the deliveries given) of the entries in the batch, in order: entry `i` of
     /// the batch is delivery `kept[i]`.
     pub(crate) kept: Vec<usize>,
     /// Deliveries that did not decode: (position, error).
     pub(crate) failed: Vec<(usize, HandlerError)>,
-    /// The handler called with the batch of the kept entries; `None` when none was kept.
-    pub(crate) run: Option<BatchFuture>,
+    /// The handler's call with the batch of the kept entries; `None` when none was kept.
+    pub(crate) run: Option<BatchCall<'a>>,
 }
 
 /// A [`BatchHandler`] with its extractor type erased, as the poller holds it.
 pub(crate) trait ErasedBatchHandler: Send + Sync + 'static {
     /// Decodes `deliveries` and calls the handler with those that decoded.
-    fn prepare(&self, deliveries: Vec<Delivery>) -> Prepared;
+    fn prepare(&self, deliveries: Vec<Delivery>) -> Prepared<'_>;
 }
 
 struct Typed<H, T> {
@@ -268,8 +272,8 @@ struct Typed<H, T> {
     _extractor: PhantomData<fn() -> T>,
 }
 
-impl<H: BatchHandler<T>, T: 'static> ErasedBatchHandler for Typed<H, T> {
-    fn prepare(&self, deliveries: Vec<Delivery>) -> Prepared {
+impl<H: BatchHandler<T>, T: Send + 'static> ErasedBatchHandler for Typed<H, T> {
+    fn prepare(&self, deliveries: Vec<Delivery>) -> Prepared<'_> {
         let mut kept = Vec::with_capacity(deliveries.len());
         let mut failed = Vec::new();
         let mut entries = Vec::with_capacity(deliveries.len());
@@ -282,7 +286,9 @@ impl<H: BatchHandler<T>, T: 'static> ErasedBatchHandler for Typed<H, T> {
                 Err(error) => failed.push((position, error)),
             }
         }
-        let run = (!entries.is_empty()).then(|| self.handler.call(Batch::new(entries)));
+        let handler = &self.handler;
+        let run = (!entries.is_empty())
+            .then(|| Box::new(move || handler.call(Batch::new(entries))) as BatchCall<'_>);
         Prepared { kept, failed, run }
     }
 }
@@ -298,7 +304,7 @@ pub(crate) enum AnyHandler {
 
 impl AnyHandler {
     /// `handler` with its extractor type erased.
-    pub(crate) fn batch<T: 'static>(handler: impl BatchHandler<T>) -> Self {
+    pub(crate) fn batch<T: Send + 'static>(handler: impl BatchHandler<T>) -> Self {
         AnyHandler::Batch(Arc::new(Typed {
             handler,
             _extractor: PhantomData,
@@ -374,7 +380,7 @@ mod tests {
         assert_eq!(prepared.failed.len(), 1);
         assert_eq!(prepared.failed[0].0, 1);
         assert!(matches!(prepared.failed[0].1, HandlerError::Decode(_)));
-        prepared.run.expect("two entries kept").await.unwrap();
+        prepared.run.expect("two entries kept")().await.unwrap();
         assert_eq!(
             *seen.lock().unwrap(),
             vec![vec![(1, "1-0".to_owned()), (3, "3-0".to_owned())]]

@@ -344,7 +344,7 @@ impl Listener {
     /// As [`Listener::new`], and [`ListenerError::Options`] with
     /// [`OptionsError::BatchMaxWait`] for a `batch_max_wait` above half of
     /// `coordination.member_lease_ttl`.
-    pub fn new_batch<T: 'static>(
+    pub fn new_batch<T: Send + 'static>(
         target: RedisTarget,
         stream: &str,
         group: &str,

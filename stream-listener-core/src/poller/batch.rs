@@ -121,7 +121,7 @@ impl ShardTask {
                 attempt,
             );
             let (ran, started) = self
-                .run_attempt(|| tracing::Instrument::instrument(run, span))
+                .run_attempt(|| tracing::Instrument::instrument(run(), span))
                 .await;
             let failure = match ran {
                 Ran::Done(Ok(())) => {

@@ -155,8 +155,13 @@ impl ShardTask {
         };
         let started = Stopwatch::start();
         // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a
-        // failed attempt; dropping the future cancels the handler.
-        let handler = AssertUnwindSafe(make()).catch_unwind();
+        // failed attempt, also one in the handler function's code before its future (a
+        // closure's body, not an `async fn`'s); dropping the future cancels the handler.
+        let handler = match std::panic::catch_unwind(AssertUnwindSafe(make)) {
+            Ok(handler) => handler,
+            Err(panic) => return (Ran::Panicked(panic), started),
+        };
+        let handler = AssertUnwindSafe(handler).catch_unwind();
         tokio::pin!(handler);
         let done = |outcome: Result<O, Box<dyn std::any::Any + Send>>| match outcome {
             Ok(outcome) => Ran::Done(outcome),
