@@ -120,6 +120,9 @@ pub use stream_listener_core::extract::{
     FromDelivery, IntoHandlerResult, Json, Message, RawMessage,
 };
 pub use stream_listener_core::handler::{BoxError, Delivery, HandlerError, Metadata};
+/// Batch listeners (docs/design.md §14.2): [`Batch`] of per-entry extractors, [`BatchError`] to
+/// say which entry failed ([`core::member::Listener::new_batch`]).
+pub use stream_listener_core::batch::{Batch, BatchError, BatchHandler, IntoBatchResult};
 /// Message headers (docs/design.md §13.4): written by [`Publisher::publish_with_headers`], read
 /// by the [`Headers`] extractor and [`Message::headers`].
 pub use stream_listener_core::headers::Headers;
