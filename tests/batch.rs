@@ -478,3 +478,41 @@ async fn a_panicking_batch_handler_is_a_failed_attempt_of_the_whole_batch() {
     assert!(dead_letters(&mut conn).await.is_empty());
     listener.shutdown_and_wait().await;
 }
+
+/// A drain (graceful shutdown) starts no retry: the handled prefix is acked, the rest stays
+/// pending, and the shard's next owner handles exactly the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_acks_the_handled_prefix_and_leaves_the_rest_to_the_next_owner() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let ids = publish(&mut conn, 1..=4).await;
+    let mut opts = options(1);
+    opts.max_attempts = 10;
+    opts.backoff = Duration::from_secs(5);
+    let outcome: Outcome = Arc::new(|_| Err(BatchError::at(2, "not now")));
+    let (first, calls) = start_batch(&target, opts.clone(), outcome).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || calls_of(&calls).len() == 1).await,
+        "no batch"
+    );
+    // In the 5 s backoff: the drain ends it.
+    first.shutdown_and_wait().await;
+    assert_eq!(calls_of(&calls).len(), 1, "a retry started in the drain");
+    let left: Vec<String> = pel(&mut conn, 0)
+        .await
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect();
+    assert_eq!(
+        left,
+        ids[2..].to_vec(),
+        "the prefix acked, the rest pending"
+    );
+    let (next, calls) = start_batch(&target, opts, ok()).await;
+    assert!(
+        wait_until(Duration::from_secs(15), || !calls_of(&calls).is_empty()).await,
+        "the next owner never handled the rest"
+    );
+    assert_eq!(calls_of(&calls)[0].ids(), ids[2..].to_vec());
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    next.shutdown_and_wait().await;
+}

@@ -114,15 +114,15 @@ pub use stream_listener_core::hooks::{
     HookFuture, Hooks, IntoHookResult, ShardHook, ShardHookContext,
 };
 
+/// Batch listeners (docs/design.md §14.2): [`Batch`] of per-entry extractors, [`BatchError`] to
+/// say which entry failed ([`core::member::Listener::new_batch`]).
+pub use stream_listener_core::batch::{Batch, BatchError, BatchHandler, IntoBatchResult};
 /// Extractors and handler return types (docs/design.md §7, §8; the table of
 /// [`core::extract`]).
 pub use stream_listener_core::extract::{
     FromDelivery, IntoHandlerResult, Json, Message, RawMessage,
 };
 pub use stream_listener_core::handler::{BoxError, Delivery, HandlerError, Metadata};
-/// Batch listeners (docs/design.md §14.2): [`Batch`] of per-entry extractors, [`BatchError`] to
-/// say which entry failed ([`core::member::Listener::new_batch`]).
-pub use stream_listener_core::batch::{Batch, BatchError, BatchHandler, IntoBatchResult};
 /// Message headers (docs/design.md §13.4): written by [`Publisher::publish_with_headers`], read
 /// by the [`Headers`] extractor and [`Message::headers`].
 pub use stream_listener_core::headers::Headers;
