@@ -14,6 +14,8 @@
 //! - while entries are unread, the group's lag (published by the owner of the lowest readable
 //!   shard) is the sum of the shards' lags, and a pending entry of another consumer shows in the
 //!   shard's pending count with a growing age.
+//! - a batch listener counts handled, dead-lettered and retried entries one by one and times
+//!   each batch attempt (docs/design.md §14.2).
 
 mod support;
 
@@ -638,5 +640,76 @@ async fn an_interval_too_long_for_the_clock_does_not_stop_the_shard() {
     .await;
     let handled = || handle.status().iter().map(|s| s.handled).sum::<u64>();
     wait_for("every entry acked", 3, handled).await;
+    handle.shutdown_and_wait().await;
+}
+
+/// A batch listener (docs/design.md §14.2) counts handled, dead-lettered and retried entries one
+/// by one, and times each batch attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_listener_counts_entries_one_by_one_and_times_each_batch_attempt() {
+    use stream_listener::core::batch::{Batch, BatchError};
+    use stream_listener::core::extract::Json;
+    let _serial = SERIAL.lock().await;
+    let metrics = &*METRICS;
+    let group = "batches";
+    let (_server, target, mut conn) = server(1).await;
+    let mut options = options("batches");
+    options.max_attempts = 3;
+    options.backoff = Duration::from_millis(10);
+    for payload in [
+        r#"{"kind":"ok"}"#,
+        r#"{"kind":"ok"}"#,
+        "not json",
+        r#"{"kind":"flaky"}"#,
+        r#"{"kind":"ok"}"#,
+    ] {
+        xadd(&mut conn, 0, payload).await;
+    }
+    // The flaky entry fails its first attempt: the two before it are handled, it and the one
+    // after it retried once.
+    let handler = |batch: Batch<Json<serde_json::Value>>| {
+        let flaky = batch
+            .entries()
+            .position(|(Json(value), meta)| value["kind"] == "flaky" && meta.attempt == 1);
+        async move {
+            match flaky {
+                Some(i) => Err(BatchError::at(i, "flaky")),
+                None => Ok(()),
+            }
+        }
+    };
+    let handle = Listener::new_batch(target.clone(), STREAM, group, handler, options)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let member = handle.member_ids().remove(0);
+    let of_member = [("group", group), ("member", member.as_str())];
+    let labels = |extra: (&'static str, &'static str)| {
+        let mut all = of_member.to_vec();
+        all.push(extra);
+        all
+    };
+    let handled = || metrics.counter(names::MESSAGES_HANDLED_TOTAL, &of_member);
+    wait_for("entries finished", 5, handled).await;
+    assert_eq!(
+        metrics.counter(names::MESSAGES_HANDLED_TOTAL, &labels(("outcome", "ok"))),
+        4
+    );
+    assert_eq!(
+        metrics.counter(names::DEAD_LETTERS_TOTAL, &labels(("reason", "decode"))),
+        1
+    );
+    assert_eq!(metrics.counter(names::RETRIES_TOTAL, &of_member), 2);
+    for (outcome, count) in [("ok", 1), ("retry", 1), ("decode_error", 0)] {
+        assert_eq!(
+            metrics.histogram_count(
+                names::HANDLER_DURATION_SECONDS,
+                &labels(("outcome", outcome))
+            ),
+            count,
+            "{outcome}"
+        );
+    }
     handle.shutdown_and_wait().await;
 }

@@ -3,6 +3,7 @@
 //! One module per concept (docs/design.md §1). What an application or an integrator uses:
 //! - [`config`]: the TOML configuration file and its environment overrides, with errors naming file, line and key (docs/design.md §11);
 //! - [`handler`]: the `Handler` trait, the `Delivery` (and its `Metadata`) it receives, retry or dead-letter errors;
+//! - [`batch`]: batch handlers, `Batch<T>`, `BatchError`, `BatchHandler` (docs/design.md §14.2);
 //! - [`extract`]: extractors turning a `Delivery` and the application's states into a listener function's arguments (`Json<T>`, `Message<T>`, `RawMessage`, `State<T>`, `Metadata`, `Headers`) and the handler return types (docs/design.md §7, §8, §14.1);
 //! - [`member`]: the member runtime: `Listener`, its options, events and handle (docs/design.md §6, §7);
 //! - [`producer`]: the `Publisher`, key → shard routing and its leased routing cache (docs/design.md §9);
@@ -17,6 +18,7 @@
 
 mod admin;
 mod assignor;
+pub mod batch;
 mod clock;
 pub mod config;
 mod connection;

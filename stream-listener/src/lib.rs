@@ -149,6 +149,9 @@ pub use stream_listener_core::hooks::{
 };
 pub use stream_listener_core::state::{MissingState, States};
 
+/// Batch listeners (docs/design.md §14.2): [`Batch`] of per-entry extractors, [`BatchError`] to
+/// say which entry failed ([`core::member::Listener::new_batch`]).
+pub use stream_listener_core::batch::{Batch, BatchError, BatchHandler, IntoBatchResult};
 /// Extractors and handler return types (docs/design.md §7, §8; the table of
 /// [`core::extract`]).
 pub use stream_listener_core::extract::{

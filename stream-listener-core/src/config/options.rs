@@ -49,6 +49,9 @@ impl Config {
             if let Some(hook_timeout) = l.hook_timeout {
                 options.hook_timeout = Some(hook_timeout);
             }
+            if let Some(batch_max_wait) = l.batch_max_wait {
+                options.batch_max_wait = batch_max_wait;
+            }
         }
         let handler_given = self
             .listeners
@@ -72,6 +75,18 @@ impl Config {
                 ("hook_timeout", hook_timeout, hook_given),
                 "an on_revoked hook could get its member fenced before the release",
             )?;
+        }
+        // The batch's wait must leave it the lease to run in (docs/design.md §14.2).
+        let lease_half = options.coordination.member_lease_ttl / 2;
+        if options.batch_max_wait > lease_half {
+            return Err(self.invalid(
+                &["listeners", name, "batch_max_wait"],
+                format!(
+                    "listener {name:?}: batch_max_wait ({}) must be at most half of member_lease_ttl ({}): lower it",
+                    humantime::format_duration(options.batch_max_wait),
+                    humantime::format_duration(options.coordination.member_lease_ttl)
+                ),
+            ));
         }
         Ok(options)
     }

@@ -211,6 +211,11 @@ pub struct ListenerConfig {
     /// default 10 s; docs/design.md §13.3).
     #[serde(with = "humantime_serde")]
     pub hook_timeout: Option<Duration>,
+    /// `batch_max_wait`: how long a batch listener's shard waits for a fuller batch (up to
+    /// `batch_size`) before calling the handler (default 0; at most half of `member_lease_ttl`;
+    /// docs/design.md §14.2).
+    #[serde(with = "humantime_serde")]
+    pub batch_max_wait: Option<Duration>,
 }
 
 /// `[observability]`: the process's HTTP listener for `/metrics`, `/healthz` and `/readyz`

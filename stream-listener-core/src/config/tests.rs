@@ -396,3 +396,28 @@ fn a_metrics_interval_above_a_day_is_refused() {
         "at most 1 day",
     );
 }
+
+#[test]
+fn batch_max_wait_is_read_and_must_leave_half_the_lease() {
+    let config = parse("[listeners.on_orders]\nbatch_max_wait = \"250ms\"\n").unwrap();
+    let options = config
+        .listener_options("on_orders", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(options.batch_max_wait, Duration::from_millis(250));
+    let defaults = config
+        .listener_options("other", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(defaults.batch_max_wait, Duration::ZERO);
+    // The default lease is 15 s: 7.5 s is the most.
+    let config = parse("\n[listeners.slow]\nbatch_max_wait = \"8s\"\n").unwrap();
+    let err = config
+        .listener_options("slow", ListenerOptions::default())
+        .unwrap_err();
+    assert_eq!(err.key(), Some("listeners.slow.batch_max_wait"));
+    assert_eq!(err.location().map(|l| l.line), Some(3));
+    assert!(
+        err.to_string()
+            .contains("must be at most half of member_lease_ttl"),
+        "{err}"
+    );
+}

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::batch::{AnyHandler, BatchHandler};
 use crate::connection::RedisTarget;
 use crate::handler::Handler;
 use crate::keys::{NameError, StreamKeys};
@@ -84,6 +85,17 @@ pub enum OptionsError {
         hook_timeout: Duration,
         /// The rebalance timeout it must stay below.
         rebalance_timeout: Duration,
+    },
+    /// `batch_max_wait` is above half of `coordination.member_lease_ttl`: a shard waiting that
+    /// long for a fuller batch would leave its batch too little of the lease to run in.
+    #[error(
+        "batch_max_wait ({batch_max_wait:?}) must be at most half of member_lease_ttl ({member_lease_ttl:?}): lower batch_max_wait"
+    )]
+    BatchMaxWait {
+        /// The wait given.
+        batch_max_wait: Duration,
+        /// The member lease it must leave room in.
+        member_lease_ttl: Duration,
     },
 }
 
@@ -280,7 +292,7 @@ pub struct Listener {
     target: RedisTarget,
     stream: StreamKeys,
     group: String,
-    handler: Arc<dyn Handler>,
+    handler: AnyHandler,
     options: ListenerOptions,
 }
 
@@ -315,6 +327,41 @@ impl Listener {
         handler: impl Handler,
         options: ListenerOptions,
     ) -> Result<Self, ListenerError> {
+        Self::build(
+            target,
+            stream,
+            group,
+            AnyHandler::Entry(Arc::new(handler)),
+            options,
+        )
+    }
+
+    /// A batch listener of `group` on stream `stream` at `target` (docs/design.md §14.2):
+    /// `handler` gets the decoded entries of one shard read at once, up to `batch_size`, in
+    /// entry order, waiting up to `batch_max_wait` for a fuller batch.
+    ///
+    /// # Errors
+    /// As [`Listener::new`], and [`ListenerError::Options`] with
+    /// [`OptionsError::BatchMaxWait`] for a `batch_max_wait` above half of
+    /// `coordination.member_lease_ttl`.
+    pub fn new_batch<T: Send + 'static>(
+        target: RedisTarget,
+        stream: &str,
+        group: &str,
+        handler: impl BatchHandler<T>,
+        options: ListenerOptions,
+    ) -> Result<Self, ListenerError> {
+        Self::build(target, stream, group, AnyHandler::batch(handler), options)
+    }
+
+    /// The validation of [`Listener::new`] and [`Listener::new_batch`].
+    fn build(
+        target: RedisTarget,
+        stream: &str,
+        group: &str,
+        handler: AnyHandler,
+        options: ListenerOptions,
+    ) -> Result<Self, ListenerError> {
         let stream = StreamKeys::new(stream)?;
         stream.group(group)?;
         let zero = [
@@ -341,6 +388,7 @@ impl Listener {
             ("shutdown_timeout", options.shutdown_timeout),
             ("retention_interval", options.retention_interval),
             ("metrics_interval", options.metrics_interval),
+            ("batch_max_wait", options.batch_max_wait),
         ];
         if let Some((name, _)) = timings.iter().find(|(_, value)| *value > max) {
             return Err(OptionsError::TooLong { name, max }.into());
@@ -361,11 +409,20 @@ impl Listener {
             }
             .into());
         }
+        // The batch's wait must leave it the lease to run in (docs/design.md §14.2).
+        let member_lease_ttl = options.coordination.member_lease_ttl;
+        if options.batch_max_wait > member_lease_ttl / 2 {
+            return Err(OptionsError::BatchMaxWait {
+                batch_max_wait: options.batch_max_wait,
+                member_lease_ttl,
+            }
+            .into());
+        }
         Ok(Listener {
             target,
             stream,
             group: group.to_owned(),
-            handler: Arc::new(handler),
+            handler,
             options,
         })
     }
@@ -491,6 +548,49 @@ mod tests {
         }
         options.hook_timeout = Some(Duration::from_secs(1));
         assert!(new_with(options).is_ok());
+    }
+
+    #[test]
+    fn a_batch_listener_is_validated_as_any_and_its_wait_must_leave_half_the_lease() {
+        let target = RedisTarget::Standalone("redis://127.0.0.1:1".into());
+        let handler = |_: crate::batch::Batch<crate::extract::RawMessage>| async {};
+        let mut options = ListenerOptions::default();
+        options.batch_max_wait = options.coordination.member_lease_ttl / 2;
+        assert!(
+            Listener::new_batch(
+                target.clone(),
+                "orders",
+                "billing",
+                handler,
+                options.clone()
+            )
+            .is_ok()
+        );
+        options.batch_max_wait += Duration::from_millis(1);
+        match Listener::new_batch(
+            target.clone(),
+            "orders",
+            "billing",
+            handler,
+            options.clone(),
+        ) {
+            Err(ListenerError::Options(OptionsError::BatchMaxWait {
+                batch_max_wait,
+                member_lease_ttl,
+            })) => {
+                assert_eq!(batch_max_wait, options.batch_max_wait);
+                assert_eq!(member_lease_ttl, options.coordination.member_lease_ttl);
+            }
+            other => panic!("{other:?}"),
+        }
+        options.batch_max_wait = Duration::ZERO;
+        options.batch_size = 0;
+        assert!(matches!(
+            Listener::new_batch(target, "orders", "billing", handler, options),
+            Err(ListenerError::Options(OptionsError::Zero {
+                name: "batch_size"
+            }))
+        ));
     }
 
     /// A zero interval would sample every shard between every two reads (a script call each).

@@ -5,6 +5,7 @@
 use super::ShardTask;
 use super::attempt::{Limits, Verdict};
 use super::handler_run::{Attempt, Cause};
+use crate::batch::AnyHandler;
 use crate::dataplane::{DataPlaneError, DeadLetterReason, EntryStatus, ShardEntry};
 use crate::fence::FenceToken;
 use crate::handler::{Delivery, HandlerError, Metadata};
@@ -14,6 +15,21 @@ use crate::telemetry::HandlerOutcome;
 
 /// The `error` field of a `max-deliveries` dead letter.
 const MAX_DELIVERIES_ERROR: &str = "max_deliveries handler attempts did not finish";
+
+/// What an entry's status and attempt count say before its first handler attempt
+/// ([`ShardTask::admit`]).
+pub(super) enum Admission {
+    /// Trimmed or dead-lettered without an attempt: ack it.
+    Finished,
+    /// Fenced while counting its attempt: leave it pending.
+    Abandon,
+    /// Ready for its handler; `counted`: its attempts are counted in Redis (forget them once it
+    /// is finished).
+    Ready {
+        /// Whether this delivery's attempts were counted.
+        counted: bool,
+    },
+}
 
 /// What became of one entry.
 enum Outcome {
@@ -39,6 +55,11 @@ impl ShardTask {
                 count: entries.len(),
                 first_id: first.id.clone(),
             });
+        }
+        // A batch listener's entries go to the batch path (`poller/batch.rs`) as one batch.
+        if let AnyHandler::Batch(handler) = &self.ctx.handler {
+            let handler = handler.clone();
+            return self.handle_as_batch(token, entries, handler).await;
         }
         let mut finished = Vec::with_capacity(entries.len());
         let mut complete = true;
@@ -74,6 +95,27 @@ impl ShardTask {
         entry: &mut ShardEntry,
     ) -> Result<Outcome, DataPlaneError> {
         let limits = Limits::of(&self.ctx.options);
+        let counted = match self.admit(token, entry, limits).await? {
+            Admission::Finished => return Ok(Outcome::Ack),
+            Admission::Abandon => return Ok(Outcome::Abandon),
+            Admission::Ready { counted } => counted,
+        };
+        let outcome = self.attempts(token, entry, limits).await?;
+        if counted && matches!(outcome, Outcome::Ack) {
+            self.forget_attempts(entry).await;
+        }
+        Ok(outcome)
+    }
+
+    /// What `entry`'s status and attempt count say before any handler attempt (docs/design.md
+    /// §8.9): trimmed (acked), too large or over `max_deliveries` (dead-lettered), or ready to
+    /// handle, its attempts counted in Redis when the policy says so. Shared by the batch path.
+    pub(super) async fn admit(
+        &mut self,
+        token: &FenceToken,
+        entry: &ShardEntry,
+        limits: Limits,
+    ) -> Result<Admission, DataPlaneError> {
         match entry.status {
             EntryStatus::Present => {}
             EntryStatus::Trimmed => {
@@ -83,7 +125,7 @@ impl ShardTask {
                 if entry.delivery_count > 1 {
                     self.forget_attempts(entry).await;
                 }
-                return Ok(Outcome::Ack);
+                return Ok(Admission::Finished);
             }
             EntryStatus::TooLarge { bytes } => {
                 let error = format!("entry of {bytes} bytes is over the read limit");
@@ -93,7 +135,7 @@ impl ShardTask {
                 if entry.delivery_count > 1 {
                     self.forget_attempts(entry).await;
                 }
-                return Ok(Outcome::Ack);
+                return Ok(Admission::Finished);
             }
         }
         // Counted in Redis just before the first attempt of this delivery
@@ -108,7 +150,7 @@ impl ShardTask {
                 Ok(attempts) => attempts,
                 Err(fenced) => {
                     self.conflict("attempt", fenced, token).await;
-                    return Ok(Outcome::Abandon);
+                    return Ok(Admission::Abandon);
                 }
             };
             if limits.over_max_deliveries(attempts) {
@@ -120,14 +162,10 @@ impl ShardTask {
                 )
                 .await?;
                 self.forget_attempts(entry).await;
-                return Ok(Outcome::Ack);
+                return Ok(Admission::Finished);
             }
         }
-        let outcome = self.attempts(token, entry, limits).await?;
-        if counted && matches!(outcome, Outcome::Ack) {
-            self.forget_attempts(entry).await;
-        }
-        Ok(outcome)
+        Ok(Admission::Ready { counted })
     }
 
     /// The handler attempts of one delivery of `entry`: up to `max_attempts`, in place, with
@@ -139,20 +177,7 @@ impl ShardTask {
         limits: Limits,
     ) -> Result<Outcome, DataPlaneError> {
         for attempt in 1..=limits.max_attempts {
-            let mut metadata = Metadata::new(
-                &self.shard_key,
-                self.shard,
-                entry.id.clone(),
-                &entry.fields,
-                &self.ctx.member_id,
-                token.member_epoch,
-            );
-            (metadata.delivery_count, metadata.attempt) = (entry.delivery_count, attempt);
-            metadata.ownership = self.ownership.clone();
-            let delivery = Delivery {
-                metadata,
-                fields: entry.fields.clone(),
-            };
+            let delivery = self.delivery(token, entry, attempt);
             let (ran, started) = self.run_handler(delivery).await;
             let (error, cause) = match ran {
                 Attempt::Ok => {
@@ -195,6 +220,29 @@ impl ShardTask {
         Ok(Outcome::Abandon)
     }
 
+    /// The delivery of `entry` for handler attempt number `attempt` (from 1) of this delivery.
+    pub(super) fn delivery(
+        &self,
+        token: &FenceToken,
+        entry: &ShardEntry,
+        attempt: u32,
+    ) -> Delivery {
+        let mut metadata = Metadata::new(
+            &self.shard_key,
+            self.shard,
+            entry.id.clone(),
+            &entry.fields,
+            &self.ctx.member_id,
+            token.member_epoch,
+        );
+        (metadata.delivery_count, metadata.attempt) = (entry.delivery_count, attempt);
+        metadata.ownership = self.ownership.clone();
+        Delivery {
+            metadata,
+            fields: entry.fields.clone(),
+        }
+    }
+
     /// Removes `entry`'s attempt count once it is finished (handled or dead-lettered), before
     /// its ack: if the ack is then lost, the entry comes back with a fresh count, which is right
     /// (its handler did not kill the process). A failure leaves a stale field, logged.
@@ -202,7 +250,7 @@ impl ShardTask {
     /// Only while the task may still finish (the `HDEL` is not fenced): a stopped task whose
     /// handler returned late (it ignored cancellation) acks nothing, and the shard's next tenure
     /// may have counted its own attempt meanwhile; the count stays, this attempt in it.
-    async fn forget_attempts(&mut self, entry: &ShardEntry) {
+    pub(super) async fn forget_attempts(&mut self, entry: &ShardEntry) {
         if !self.may_finish() {
             return;
         }
@@ -216,7 +264,7 @@ impl ShardTask {
         }
     }
 
-    async fn dead_letter(
+    pub(super) async fn dead_letter(
         &mut self,
         entry: &ShardEntry,
         reason: DeadLetterReason,
@@ -235,7 +283,11 @@ impl ShardTask {
 /// The metrics' `outcome` of a failed attempt: a timeout or a panic by its cause, a decode
 /// error as such, any other error by what the policy decided (a drain's abandon is a retry: the
 /// next owner tries again).
-fn failed_outcome(error: &HandlerError, cause: Cause, verdict: &Verdict) -> HandlerOutcome {
+pub(super) fn failed_outcome(
+    error: &HandlerError,
+    cause: Cause,
+    verdict: &Verdict,
+) -> HandlerOutcome {
     match (cause, error, verdict) {
         (Cause::Timeout, ..) => HandlerOutcome::Timeout,
         (Cause::Panic, ..) => HandlerOutcome::Panic,

@@ -8,6 +8,7 @@ use futures_util::FutureExt;
 use tracing::Instrument;
 
 use super::ShardTask;
+use crate::batch::AnyHandler;
 use crate::handler::{Delivery, HandlerError};
 use crate::telemetry::Stopwatch;
 use crate::trace_context;
@@ -21,6 +22,18 @@ pub(super) enum Attempt {
     Failed(HandlerError, Cause),
     /// Stopped (a fencing status, the member's end) or the lease ended: the entry is left
     /// pending.
+    Cancelled,
+}
+
+/// How one run of a handler future ended ([`ShardTask::run_attempt`]).
+pub(super) enum Ran<O> {
+    /// It returned `O`.
+    Done(O),
+    /// It panicked (the payload).
+    Panicked(Box<dyn std::any::Any + Send>),
+    /// It ran past `handler_timeout`.
+    TimedOut,
+    /// Stopped (a fencing status, the member's end) or the lease ended.
     Cancelled,
 }
 
@@ -77,6 +90,48 @@ impl ShardTask {
     /// ends (fail closed); a drain lets it finish. With it, when the handler started (after
     /// the wait for a worker: the metrics time the handler, not the queue).
     pub(super) async fn run_handler(&self, delivery: Delivery) -> (Attempt, Stopwatch) {
+        let (ran, started) = self
+            .run_attempt(|| {
+                let span = self.attempt_span(&delivery);
+                match &self.ctx.handler {
+                    AnyHandler::Entry(handler) => handler.handle(delivery).instrument(span),
+                    // Batch listeners never reach the per-entry path (`handle_batch` dispatches
+                    // them to `poller/batch.rs`); an error, not a panic, were it ever to happen.
+                    AnyHandler::Batch(_) => {
+                        let future: crate::handler::HandlerFuture = Box::pin(async {
+                            Err(HandlerError::non_retryable(
+                                "a batch listener's entry reached the per-entry handler path",
+                            ))
+                        });
+                        future.instrument(span)
+                    }
+                }
+            })
+            .await;
+        let attempt = match ran {
+            Ran::Done(outcome) => attempt_outcome(Ok(outcome)),
+            Ran::Panicked(panic) => attempt_outcome(Err(panic)),
+            Ran::TimedOut => Attempt::Failed(self.timed_out(), Cause::Timeout),
+            Ran::Cancelled => Attempt::Cancelled,
+        };
+        (attempt, started)
+    }
+
+    /// The error of an attempt past `handler_timeout`.
+    pub(super) fn timed_out(&self) -> HandlerError {
+        HandlerError::retryable(format!(
+            "handler timed out after {:?}",
+            self.ctx.options.handler_timeout
+        ))
+    }
+
+    /// Runs the future `make` returns (called once a worker is taken) as one handler attempt:
+    /// on one of the member's workers, under `handler_timeout`, cancelled by a stop or the
+    /// lease's end, a panic caught. Shared by the per-entry and the batch path.
+    pub(super) async fn run_attempt<O, F>(&self, make: impl FnOnce() -> F) -> (Ran<O>, Stopwatch)
+    where
+        F: std::future::Future<Output = O>,
+    {
         // One of the member's workers per attempt, FIFO: shards waiting for a worker are served
         // in turn, and no worker is held through a backoff or an ack. A free worker is taken
         // at once (`try_acquire` never jumps the queue: released permits go to waiters first).
@@ -94,21 +149,28 @@ impl ShardTask {
                 // in it).
                 match permit {
                     Some(permit) if self.may_finish() => permit,
-                    _ => return (Attempt::Cancelled, Stopwatch::start()),
+                    _ => return (Ran::Cancelled, Stopwatch::start()),
                 }
             }
         };
         let started = Stopwatch::start();
         // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a
-        // failed attempt; dropping the future cancels the handler.
-        let span = self.attempt_span(&delivery);
-        let handler =
-            AssertUnwindSafe(self.ctx.handler.handle(delivery).instrument(span)).catch_unwind();
+        // failed attempt, also one in the handler function's code before its future (a
+        // closure's body, not an `async fn`'s); dropping the future cancels the handler.
+        let handler = match std::panic::catch_unwind(AssertUnwindSafe(make)) {
+            Ok(handler) => handler,
+            Err(panic) => return (Ran::Panicked(panic), started),
+        };
+        let handler = AssertUnwindSafe(handler).catch_unwind();
         tokio::pin!(handler);
+        let done = |outcome: Result<O, Box<dyn std::any::Any + Send>>| match outcome {
+            Ok(outcome) => Ran::Done(outcome),
+            Err(panic) => Ran::Panicked(panic),
+        };
         // Most handlers finish in their first poll: no timer is armed for them. A pending one is
         // polled again below with the task's waker (and the task, waiting, gives up its turn).
         if let Some(outcome) = handler.as_mut().now_or_never() {
-            return (attempt_outcome(outcome), started);
+            return (done(outcome), started);
         }
         // The timeout runs from the end of the first poll (no clock read for handlers that are
         // done by then; a first poll that blocks the thread cannot be timed out anyway).
@@ -117,17 +179,12 @@ impl ShardTask {
         loop {
             let lease_end = tokio::time::sleep(self.lease_remaining());
             tokio::select! {
-                outcome = &mut handler => return (attempt_outcome(outcome), started),
-                _ = &mut timeout => {
-                    let error = HandlerError::retryable(format!(
-                        "handler timed out after {:?}", self.ctx.options.handler_timeout
-                    ));
-                    return (Attempt::Failed(error, Cause::Timeout), started);
-                }
-                _ = self.stop.cancelled() => return (Attempt::Cancelled, started),
+                outcome = &mut handler => return (done(outcome), started),
+                _ = &mut timeout => return (Ran::TimedOut, started),
+                _ = self.stop.cancelled() => return (Ran::Cancelled, started),
                 _ = lease_end => {
                     if !self.may_finish() {
-                        return (Attempt::Cancelled, started);
+                        return (Ran::Cancelled, started);
                     }
                 }
             }

@@ -9,13 +9,14 @@
 //! connection, for at most the block time and the remaining lease. Every read (in strict mode),
 //! ack and claim is fenced in Redis. No read or ack happens without a valid lease and assignment.
 //! Entries are handled in [`entries`] (the policy of [`attempt`], the handler run of
-//! [`handler_run`]); what finished waits in the [`acks`] buffer for the next round trip.
+//! [`handler_run`]; a batch listener's in [`batch`]); what finished waits in the [`acks`] buffer for the next round trip.
 //!
 //! With `fencing = "acks"` on a standalone server, the member's shard tasks that read new
 //! entries share one round trip per round ([`rounds`]): their acks and one multi-stream read.
 
 mod acks;
 mod attempt;
+mod batch;
 mod consumers;
 mod entries;
 mod handler_run;
@@ -31,10 +32,10 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::batch::AnyHandler;
 use crate::connection::{RedisConnection, RedisTarget};
 use crate::dataplane::{FencingMode, ShardClient, Waiter};
 use crate::fence::FenceToken;
-use crate::handler::Handler;
 use crate::hooks::HookKind;
 use crate::keys::StreamKeys;
 use crate::model::ShardIndex;
@@ -55,7 +56,8 @@ pub(crate) struct ShardTaskContext {
     pub(crate) conn: RedisConnection,
     pub(crate) stream: StreamKeys,
     pub(crate) group: String,
-    pub(crate) handler: Arc<dyn Handler>,
+    /// Per entry or per batch (docs/design.md §14.2).
+    pub(crate) handler: AnyHandler,
     pub(crate) options: Arc<ListenerOptions>,
     pub(crate) shared: Arc<MemberShared>,
     /// The member id, shared by every delivery.
@@ -77,7 +79,7 @@ impl ShardTaskContext {
         conn: RedisConnection,
         stream: StreamKeys,
         group: String,
-        handler: Arc<dyn Handler>,
+        handler: AnyHandler,
         options: Arc<ListenerOptions>,
         shared: Arc<MemberShared>,
     ) -> Self {

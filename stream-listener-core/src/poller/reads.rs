@@ -47,6 +47,8 @@ impl ShardTask {
         }
         match read {
             ReadOutcome::Entries(entries) => {
+                // A batch listener may wait for a fuller batch (`batch_max_wait`).
+                let entries = self.fill_batch(token, entries).await?;
                 self.behind = entries.len() >= batch;
                 if !self.handle_batch(token, entries).await? {
                     // Entries left unfinished (lease lapse, failed attempt while draining) stay
@@ -60,7 +62,8 @@ impl ShardTask {
                 self.behind = false;
                 self.sweep_if_due();
                 if self.phase == Phase::New {
-                    self.wait_for_entries(&last_id).await?;
+                    self.wait_for_entries(&last_id, self.ctx.options.block)
+                        .await?;
                 }
                 Ok(())
             }
@@ -136,9 +139,13 @@ impl ShardTask {
     }
 
     /// Blocks until a new entry arrives, the block time or the lease runs out, or the shard is
-    /// revoked (`XREAD BLOCK` without a group, on a dedicated connection).
-    async fn wait_for_entries(&mut self, last_id: &str) -> Result<(), DataPlaneError> {
-        let block = self.ctx.options.block.min(self.lease_remaining());
+    /// revoked (`XREAD BLOCK` without a group, on a dedicated connection); at most `most`.
+    pub(super) async fn wait_for_entries(
+        &mut self,
+        last_id: &str,
+        most: Duration,
+    ) -> Result<(), DataPlaneError> {
+        let block = self.ctx.options.block.min(most).min(self.lease_remaining());
         if block < Duration::from_millis(1) {
             return Ok(());
         }

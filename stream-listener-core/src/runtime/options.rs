@@ -79,6 +79,14 @@ pub struct ListenerOptions {
     /// ([`Listener::new`](crate::member::Listener::new) refuses others); default 5 s;
     /// `[observability] metrics_interval`.
     pub metrics_interval: Duration,
+    /// How long a shard of a batch listener ([`Listener::new_batch`](crate::member::Listener::new_batch))
+    /// waits for a fuller batch (up to `batch_size`) after a read that returned fewer entries,
+    /// before calling the handler with what it has (docs/design.md §14.2). Default 0 (never
+    /// waits); at most half of `coordination.member_lease_ttl`, so that the batch still has
+    /// the lease to run in ([`Listener::new_batch`](crate::member::Listener::new_batch) refuses
+    /// longer ones). Each wait is also cut at the lease's end, a drain and a stop. Ignored by
+    /// per-entry listeners. `[listeners.<name>] batch_max_wait`.
+    pub batch_max_wait: Duration,
 }
 
 /// The default [`ListenerOptions::metrics_interval`] and `[observability] metrics_interval`: 5 s.
@@ -109,6 +117,7 @@ impl Default for ListenerOptions {
             hooks: crate::hooks::Hooks::default(),
             hook_timeout: None,
             metrics_interval: DEFAULT_METRICS_INTERVAL,
+            batch_max_wait: Duration::ZERO,
         }
     }
 }
