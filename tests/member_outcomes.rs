@@ -13,6 +13,8 @@
 //!   process each time is dead-lettered after `max_deliveries` attempts without another one;
 //!   no attempt count is left behind by a claim of trimmed entries, a too-large dead letter,
 //!   `group delete` or a retirement.
+//! - a panic in the handler function before its future is a failed attempt, not a dead shard
+//!   task.
 
 mod support;
 
@@ -1109,5 +1111,36 @@ async fn with_max_deliveries_one_a_handed_over_entry_is_still_handled() {
         letters.is_empty() && recorder.handled().contains(&(0, entry.clone())),
         "dead-lettered without an attempt: {letters:?}"
     );
+    listener.shutdown_and_wait().await;
+}
+
+/// A panic in the handler function's own code, before the future it returns (a closure's body,
+/// not an `async fn`'s), is a failed attempt like a panic inside the future: retried, then
+/// handled; the shard task goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_before_the_handlers_future_is_a_failed_attempt() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let id = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let handler = move |delivery: stream_listener::core::handler::Delivery| {
+        seen.lock()
+            .unwrap()
+            .push((delivery.entry_id.clone(), delivery.attempt));
+        if delivery.attempt == 1 {
+            panic!("a handler bug before its future (expected in this test)");
+        }
+        async { Ok::<(), HandlerError>(()) }
+    };
+    let mut opts = options(1);
+    opts.backoff = Duration::from_millis(20);
+    let listener = start_listener(&target, handler, opts).await;
+    let done = wait_until(Duration::from_secs(10), || {
+        attempts.lock().unwrap().len() == 2
+    })
+    .await;
+    assert!(done, "{:?}", attempts.lock().unwrap());
+    assert_eq!(*attempts.lock().unwrap(), vec![(id.clone(), 1), (id, 2)]);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     listener.shutdown_and_wait().await;
 }
