@@ -312,6 +312,46 @@ impl AnyHandler {
     }
 }
 
+/// A listener's handler, per entry ([`crate::handler::Handler`]) or per batch
+/// ([`BatchHandler`]), with its types erased: what [`Listener::with_handler`] runs. The
+/// facade's registrations make one at startup from the application's states (docs/design.md
+/// §14.1, §14.2).
+///
+/// [`Listener::with_handler`]: crate::member::Listener::with_handler
+#[derive(Clone)]
+pub struct ListenerHandler(pub(crate) AnyHandler);
+
+impl ListenerHandler {
+    /// A handler of one entry per call.
+    pub fn each(handler: impl crate::handler::Handler) -> Self {
+        ListenerHandler(AnyHandler::Entry(Arc::new(handler)))
+    }
+
+    /// A handler of the decoded entries of one read per call.
+    pub fn batch<T: Send + 'static>(handler: impl BatchHandler<T>) -> Self {
+        ListenerHandler(AnyHandler::batch(handler))
+    }
+
+    /// Whether it handles batches.
+    pub fn is_batch(&self) -> bool {
+        matches!(self.0, AnyHandler::Batch(_))
+    }
+}
+
+/// A handler shared with other listeners (or made once by a registration).
+impl From<Arc<dyn crate::handler::Handler>> for ListenerHandler {
+    fn from(handler: Arc<dyn crate::handler::Handler>) -> Self {
+        ListenerHandler(AnyHandler::Entry(handler))
+    }
+}
+
+impl std::fmt::Debug for ListenerHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.is_batch() { "batch" } else { "each" };
+        f.debug_tuple("ListenerHandler").field(&kind).finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

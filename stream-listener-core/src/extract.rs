@@ -160,6 +160,39 @@ impl<T: Clone + Send + Sync + 'static> FromDeliveryParts for State<T> {
     }
 }
 
+/// An argument of a batch listener function before its `Batch<T>` (docs/design.md §14.2): made
+/// from the application's states alone, since a batch has no one entry to look at. [`State<T>`]
+/// is one; implement it for arguments of your own made from states.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot come before the `Batch<T>` of a batch listener function",
+    label = "not made from the application's states",
+    note = "before a `Batch<T>` go `State<T>` or a type implementing `FromStates`; per-entry metadata is in `Batch::metadata(i)`"
+)]
+pub trait FromStates: Sized {
+    /// What the argument takes from the application's states, once, when the listener is built.
+    type Prepared: Send + Sync + 'static;
+
+    /// Takes what the argument needs from `states`.
+    ///
+    /// # Errors
+    /// [`MissingState`] naming the type when a state it needs was not given
+    /// (`app().with_state(...)`): the application does not start.
+    fn prepare_states(states: &States) -> Result<Self::Prepared, MissingState>;
+
+    /// The argument for one batch attempt.
+    fn from_prepared(prepared: &Self::Prepared) -> Self;
+}
+
+impl<T: Clone + Send + Sync + 'static> FromStates for State<T> {
+    type Prepared = T;
+    fn prepare_states(states: &States) -> Result<T, MissingState> {
+        states.require::<T>().cloned()
+    }
+    fn from_prepared(prepared: &T) -> Self {
+        State(prepared.clone())
+    }
+}
+
 /// The last argument of a listener function: a payload extractor ([`FromDelivery`]) or a parts
 /// extractor ([`FromDeliveryParts`]). Implemented through those two traits (`M` is
 /// [`ViaPayload`] or [`ViaParts`], inferred); implement one of them, not this.

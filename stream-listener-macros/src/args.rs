@@ -7,7 +7,7 @@ use syn::parse::Parser;
 use syn::{Lit, LitStr, Path};
 
 /// The keys `#[stream_listener(...)]` accepts, in the order the error message lists them.
-const KEYS: [&str; 8] = [
+const KEYS: [&str; 9] = [
     "stream",
     "group",
     "concurrency",
@@ -16,6 +16,7 @@ const KEYS: [&str; 8] = [
     "on_assigned",
     "on_revoked",
     "on_lost",
+    "batch",
 ];
 
 /// The lifecycle hook keys (docs/design.md §13.3): each takes a path to an
@@ -40,6 +41,10 @@ pub(crate) struct Args {
     pub(crate) krate: Option<Path>,
     /// `on_assigned`, `on_revoked`, `on_lost`, in the order of [`HOOK_KEYS`].
     pub(crate) hooks: [Option<Path>; 3],
+    /// `batch = true`: a batch listener whatever its last argument's type is called (a type
+    /// alias of `Batch<T>`); `batch = false`: a per-entry listener even when the last
+    /// argument's type is called `Batch`. Not given: inferred from that name.
+    pub(crate) batch: Option<(bool, Span)>,
 }
 
 /// Fills `slot` once; a second occurrence is an error at its key.
@@ -207,6 +212,16 @@ pub(crate) fn parse(tokens: TokenStream) -> syn::Result<Args> {
                 )
             })?;
             set_once(&mut args.krate, path, &meta)
+        } else if meta.path.is_ident("batch") {
+            let value = meta.value()?;
+            let lit: Lit = value.parse()?;
+            let Lit::Bool(flag) = &lit else {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    "`batch` takes `true` or `false`: whether the function handles a `Batch<T>` of entries",
+                ));
+            };
+            set_once(&mut args.batch, (flag.value, flag.span), &meta)
         } else if let Some(index) = HOOK_KEYS.iter().position(|k| meta.path.is_ident(k)) {
             let path = hook_path(&meta, HOOK_KEYS[index])?;
             set_once(&mut args.hooks[index], path, &meta)

@@ -128,6 +128,7 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
         name,
         krate,
         hooks,
+        batch,
     } = args.expect("no errors: the arguments parsed");
     let (Some(stream), Some(group)) = (stream, group) else {
         unreachable!("missing keys are errors above");
@@ -149,7 +150,12 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
         ReturnType::Default => function.sig.ident.span(),
         ReturnType::Type(_, ty) => ty.span(),
     };
-    let make_handler = make_handler(&krate, fn_name, &arguments, output_span);
+    let make_handler = match batch_argument(batch, &arguments)? {
+        Some((batch_ty, before)) => {
+            make_batch_handler(&krate, fn_name, before, batch_ty, output_span)
+        }
+        None => make_handler(&krate, fn_name, &arguments, output_span),
+    };
     let hooks = hooks
         .iter()
         .zip(crate::args::HOOK_KEYS)
@@ -234,17 +240,14 @@ fn make_handler(
         #[allow(unused_variables)]
         fn __stream_listener_handler(
             states: &#private::States,
-        ) -> ::core::result::Result<
-            ::std::sync::Arc<dyn #private::Handler>,
-            #private::MissingState,
-        > {
+        ) -> ::core::result::Result<#private::ListenerHandler, #private::MissingState> {
             let prepared = ::std::sync::Arc::new((#(#prepare,)*));
-            ::core::result::Result::Ok(::std::sync::Arc::new(
+            ::core::result::Result::Ok(#private::each(::std::sync::Arc::new(
                 move |delivery: #private::Delivery| -> #private::HandlerFuture {
                     let prepared = ::std::sync::Arc::clone(&prepared);
                     #boxed
                 },
-            ))
+            )))
         }
     }
 }
@@ -252,6 +255,73 @@ fn make_handler(
 /// `Some(wrapper)` for a hook given as `path` (`None` when not given): a plain `fn` that calls
 /// it and boxes its future. Spanned at the path, so a hook with the wrong signature is reported
 /// there.
+/// The `Batch<T>` argument of a batch listener and the arguments before it, `None` for a
+/// per-entry listener: `batch = true` or `false` when given, otherwise whether the last
+/// argument's type is called `Batch` (docs/design.md §14.2).
+fn batch_argument<'a>(
+    batch: Option<(bool, Span)>,
+    arguments: &'a [&'a syn::Type],
+) -> syn::Result<Option<(&'a syn::Type, &'a [&'a syn::Type])>> {
+    let Some((last, before)) = arguments.split_last() else {
+        return match batch {
+            Some((true, span)) => Err(syn::Error::new(
+                span,
+                "`batch = true` needs a last argument `Batch<T>`, e.g. `async fn on_orders(batch: Batch<Json<Order>>)`",
+            )),
+            _ => Ok(None),
+        };
+    };
+    let named_batch = matches!(last, syn::Type::Path(path)
+        if path.qself.is_none()
+            && path.path.segments.last().is_some_and(|s| s.ident == "Batch"));
+    let is_batch = batch.map_or(named_batch, |(flag, _)| flag);
+    Ok(is_batch.then_some((*last, before)))
+}
+
+/// The handler of a batch listener: each argument before the batch made from the states
+/// (`FromStates`, prepared once at startup and spanned at its type), the function called with
+/// them and the batch, its result mapped by `IntoBatchResult` (spanned at the return type).
+fn make_batch_handler(
+    krate: &TokenStream,
+    fn_name: &syn::Ident,
+    before: &[&syn::Type],
+    batch_ty: &syn::Type,
+    output_span: Span,
+) -> TokenStream {
+    let private = quote!(#krate::__private);
+    let mut prepare = Vec::new();
+    let mut make = Vec::new();
+    let mut values = Vec::new();
+    for (i, ty) in before.iter().enumerate() {
+        let index = syn::Index::from(i);
+        let value = syn::Ident::new(&format!("__argument_{i}"), Span::call_site());
+        prepare.push(quote_spanned! {ty.span()=> #private::state_part::<#ty>(states)? });
+        make.push(quote! { let #value = prepared.#index.make(); });
+        values.push(value);
+    }
+    let output = syn::Ident::new("output", output_span);
+    let outcome = quote_spanned! {output_span=>
+        #private::IntoBatchResult::into_batch_result(#output)
+    };
+    let batch_fn = quote_spanned! {batch_ty.span()=> #private::batch };
+    quote! {
+        #[allow(unused_variables)]
+        fn __stream_listener_handler(
+            states: &#private::States,
+        ) -> ::core::result::Result<#private::ListenerHandler, #private::MissingState> {
+            let prepared = ::std::sync::Arc::new((#(#prepare,)*));
+            ::core::result::Result::Ok(#batch_fn(move |batch: #batch_ty| {
+                let prepared = ::std::sync::Arc::clone(&prepared);
+                async move {
+                    #(#make)*
+                    let #output = #fn_name(#(#values,)* batch).await;
+                    #outcome
+                }
+            }))
+        }
+    }
+}
+
 fn hook_fn(krate: &TokenStream, path: Option<&syn::Path>, key: &str) -> TokenStream {
     let Some(path) = path else {
         return quote!(::core::option::Option::None);

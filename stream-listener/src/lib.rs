@@ -132,11 +132,11 @@ mod run;
 pub use stream_listener_macros::stream_listener;
 
 pub use registry::HookFn;
+pub use registry::{ListenerRegistration, registered_listeners};
 /// Shared state and functions of several extractors (docs/design.md §14.1): `app().with_state(db)`
 /// gives the `State<T>` arguments their values; [`handler_fn`] makes a handler of such a
 /// function without the attribute.
-pub use registry::MakeHandler;
-pub use registry::{ListenerRegistration, registered_listeners};
+pub use registry::{MakeHandler, MakeListenerHandler};
 pub use run::{App, app};
 pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
 pub use stream_listener_core::extract::{FromDeliveryParts, LastExtractor, State};
@@ -151,7 +151,11 @@ pub use stream_listener_core::state::{MissingState, States};
 
 /// Batch listeners (docs/design.md §14.2): [`Batch`] of per-entry extractors, [`BatchError`] to
 /// say which entry failed ([`core::member::Listener::new_batch`]).
-pub use stream_listener_core::batch::{Batch, BatchError, BatchHandler, IntoBatchResult};
+pub use stream_listener_core::batch::{
+    Batch, BatchError, BatchHandler, IntoBatchResult, ListenerHandler,
+};
+/// Arguments of a batch listener function before its [`Batch`] ([`State`] is one).
+pub use stream_listener_core::extract::FromStates;
 /// Extractors and handler return types (docs/design.md §7, §8; the table of
 /// [`core::extract`]).
 pub use stream_listener_core::extract::{
@@ -232,4 +236,46 @@ pub mod __private {
         })
     }
     pub use stream_listener_core::hooks::{HookFuture, IntoHookResult, ShardHookContext};
+
+    pub use stream_listener_core::batch::{Batch, BatchError, IntoBatchResult, ListenerHandler};
+    use stream_listener_core::extract::FromStates;
+
+    /// A per-entry handler made by the attribute, as a registration holds it.
+    pub fn each(handler: std::sync::Arc<dyn Handler>) -> ListenerHandler {
+        ListenerHandler::from(handler)
+    }
+
+    /// An argument before the `Batch<T>` of a batch listener, made from the states alone
+    /// ([`FromStates`]), with what it took from them.
+    pub struct StatePart<T> {
+        make: Box<dyn Fn() -> T + Send + Sync>,
+    }
+
+    impl<T> StatePart<T> {
+        /// The argument for one batch attempt.
+        pub fn make(&self) -> T {
+            (self.make)()
+        }
+    }
+
+    /// Prepares an argument before a `Batch<T>`.
+    pub fn state_part<T: FromStates + 'static>(
+        states: &States,
+    ) -> Result<StatePart<T>, MissingState> {
+        let prepared = T::prepare_states(states)?;
+        Ok(StatePart {
+            make: Box::new(move || T::from_prepared(&prepared)),
+        })
+    }
+
+    /// The batch handler of a function's closure: `T` is the batch's per-entry extractor, so a
+    /// last argument that is not a `Batch<T>` of a [`FromDelivery`] `T` is reported here.
+    pub fn batch<T, F, Fut>(handler: F) -> ListenerHandler
+    where
+        T: FromDelivery + Send + 'static,
+        F: Fn(Batch<T>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), BatchError>> + Send + 'static,
+    {
+        ListenerHandler::batch(handler)
+    }
 }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use stream_listener_core::batch::ListenerHandler;
 use stream_listener_core::handler::{Delivery, Handler, HandlerFuture};
 use stream_listener_core::hooks::{HookFuture, Hooks, ShardHookContext};
 use stream_listener_core::state::{MissingState, States};
@@ -15,13 +16,21 @@ pub type HookFn = fn(ShardHookContext) -> HookFuture;
 /// `|states| Ok(Arc::new(handler_fn(on_order, states)?))` ([`crate::handler_fn`]).
 pub type MakeHandler = fn(&States) -> Result<Arc<dyn Handler>, MissingState>;
 
+/// As [`MakeHandler`], for a handler of either kind, per entry or per batch ([`ListenerHandler`],
+/// docs/design.md §14.2): what the attribute writes, and how a batch listener is registered
+/// without it: `|states| Ok(ListenerHandler::batch(on_orders))`.
+pub type MakeListenerHandler = fn(&States) -> Result<ListenerHandler, MissingState>;
+
 /// Where a registration's handler comes from.
 #[derive(Debug, Clone, Copy)]
 enum HandlerSource {
     /// [`ListenerRegistration::new`]: a function of the delivery alone, needing no state.
     Delivery(fn(Delivery) -> HandlerFuture),
-    /// The attribute's and [`ListenerRegistration::with_states`]'s.
+    /// [`ListenerRegistration::with_states`]'s.
     States(MakeHandler),
+    /// The attribute's and [`ListenerRegistration::with_listener_handler`]'s: per entry or per
+    /// batch.
+    Listener(MakeListenerHandler),
 }
 
 /// One listener: its name, stream, group, default concurrency and handler (docs/design.md §7).
@@ -58,20 +67,19 @@ struct DefinedAt {
 }
 
 impl ListenerRegistration {
-    /// A listener named `name` (its `[listeners.<name>]` section) of consumer group `group` on
-    /// stream `stream`, running `handler` for each entry, with concurrency 1.
-    pub const fn new(
+    /// A registration with concurrency 1, no hooks and no definition site.
+    const fn base(
         name: &'static str,
         stream: &'static str,
         group: &'static str,
-        handler: fn(Delivery) -> HandlerFuture,
+        handler: HandlerSource,
     ) -> Self {
         ListenerRegistration {
             name,
             stream,
             group,
             concurrency: 1,
-            handler: HandlerSource::Delivery(handler),
+            handler,
             defined_at: DefinedAt {
                 module_path: "",
                 file: "",
@@ -83,6 +91,57 @@ impl ListenerRegistration {
                 on_lost: None,
             },
         }
+    }
+
+    /// The same registration, defined at `module_path`, `file:line` (for messages).
+    const fn defined_at(
+        mut self,
+        module_path: &'static str,
+        file: &'static str,
+        line: u32,
+    ) -> Self {
+        self.defined_at = DefinedAt {
+            module_path,
+            file,
+            line,
+        };
+        self
+    }
+
+    /// A listener as [`ListenerRegistration::new`] whose handler, per entry or per batch, is
+    /// made at startup from the application's states by `make` ([`MakeListenerHandler`]), e.g.
+    /// a batch listener without the attribute (docs/design.md §14.2):
+    ///
+    /// ```
+    /// use stream_listener::{Batch, BatchError, Json, ListenerHandler, ListenerRegistration};
+    ///
+    /// async fn on_orders(batch: Batch<Json<u64>>) -> Result<(), BatchError> {
+    ///     println!("{} orders", batch.len());
+    ///     Ok(())
+    /// }
+    ///
+    /// let registration = ListenerRegistration::with_listener_handler(
+    ///     "on_orders", "orders", "billing", |_states| Ok(ListenerHandler::batch(on_orders)),
+    /// );
+    /// ```
+    pub const fn with_listener_handler(
+        name: &'static str,
+        stream: &'static str,
+        group: &'static str,
+        make: MakeListenerHandler,
+    ) -> Self {
+        Self::base(name, stream, group, HandlerSource::Listener(make))
+    }
+
+    /// A listener named `name` (its `[listeners.<name>]` section) of consumer group `group` on
+    /// stream `stream`, running `handler` for each entry, with concurrency 1.
+    pub const fn new(
+        name: &'static str,
+        stream: &'static str,
+        group: &'static str,
+        handler: fn(Delivery) -> HandlerFuture,
+    ) -> Self {
+        Self::base(name, stream, group, HandlerSource::Delivery(handler))
     }
 
     /// A listener as [`ListenerRegistration::new`] whose handler is made at startup from the
@@ -110,23 +169,7 @@ impl ListenerRegistration {
         group: &'static str,
         make: MakeHandler,
     ) -> Self {
-        ListenerRegistration {
-            name,
-            stream,
-            group,
-            concurrency: 1,
-            handler: HandlerSource::States(make),
-            defined_at: DefinedAt {
-                module_path: "",
-                file: "",
-                line: 0,
-            },
-            hooks: RegisteredHooks {
-                on_assigned: None,
-                on_revoked: None,
-                on_lost: None,
-            },
-        }
+        Self::base(name, stream, group, HandlerSource::States(make))
     }
 
     /// The same listener with `concurrency` logical members (config `concurrency` overrides it).
@@ -143,28 +186,14 @@ impl ListenerRegistration {
         stream: &'static str,
         group: &'static str,
         concurrency: u32,
-        handler: MakeHandler,
+        handler: MakeListenerHandler,
         module_path: &'static str,
         file: &'static str,
         line: u32,
     ) -> Self {
-        ListenerRegistration {
-            name,
-            stream,
-            group,
-            concurrency,
-            handler: HandlerSource::States(handler),
-            defined_at: DefinedAt {
-                module_path,
-                file,
-                line,
-            },
-            hooks: RegisteredHooks {
-                on_assigned: None,
-                on_revoked: None,
-                on_lost: None,
-            },
-        }
+        Self::base(name, stream, group, HandlerSource::Listener(handler))
+            .with_concurrency(concurrency)
+            .defined_at(module_path, file, line)
     }
 
     /// Used by the expansion of `#[stream_listener(on_assigned = .., on_revoked = .., on_lost =
@@ -246,10 +275,11 @@ impl ListenerRegistration {
     /// # Errors
     /// [`MissingState`] naming the type when the function takes `State<T>` (or another
     /// extractor needing a state) and `states` has no `T`.
-    pub fn make_handler(&self, states: &States) -> Result<Arc<dyn Handler>, MissingState> {
+    pub fn make_handler(&self, states: &States) -> Result<ListenerHandler, MissingState> {
         match self.handler {
-            HandlerSource::Delivery(handler) => Ok(Arc::new(handler)),
-            HandlerSource::States(make) => make(states),
+            HandlerSource::Delivery(handler) => Ok(ListenerHandler::each(handler)),
+            HandlerSource::States(make) => make(states).map(ListenerHandler::from),
+            HandlerSource::Listener(make) => make(states),
         }
     }
 

@@ -354,6 +354,22 @@ impl Listener {
         Self::build(target, stream, group, AnyHandler::batch(handler), options)
     }
 
+    /// A listener running `handler`, per entry or per batch ([`ListenerHandler`]): what
+    /// [`Listener::new`] and [`Listener::new_batch`] build, for a handler whose kind is decided
+    /// at run time (the facade's registrations).
+    ///
+    /// # Errors
+    /// As [`Listener::new`], and for a batch handler as [`Listener::new_batch`].
+    pub fn with_handler(
+        target: RedisTarget,
+        stream: &str,
+        group: &str,
+        handler: crate::batch::ListenerHandler,
+        options: ListenerOptions,
+    ) -> Result<Self, ListenerError> {
+        Self::build(target, stream, group, handler.0, options)
+    }
+
     /// The validation of [`Listener::new`] and [`Listener::new_batch`].
     fn build(
         target: RedisTarget,

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use stream_listener_core::config::{Config, redact_url};
-use stream_listener_core::handler::{Delivery, Handler, HandlerFuture};
 use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::internals::keys::StreamKeys;
 use stream_listener_core::internals::startup::{self, Connected};
@@ -210,15 +209,6 @@ async fn start_members(
     Ok(RunningApp::new(listeners, members))
 }
 
-/// A handler made by a registration, shared (made once; each entry calls through it).
-struct Shared(Arc<dyn Handler>);
-
-impl Handler for Shared {
-    fn handle(&self, delivery: Delivery) -> HandlerFuture {
-        self.0.handle(delivery)
-    }
-}
-
 struct Planned {
     registration: ListenerRegistration,
     listener: Listener,
@@ -272,11 +262,11 @@ fn plan(
                     listener: registration.name().to_owned(),
                     type_name: missing.type_name,
                 })?;
-        let listener = Listener::new(
+        let listener = Listener::with_handler(
             target.clone(),
             registration.stream(),
             registration.group(),
-            Shared(handler),
+            handler,
             options,
         )
         .map_err(|source| RunError::Listener {
