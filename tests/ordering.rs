@@ -346,7 +346,7 @@ async fn a_member_joining_mid_run_in_key_mode_loses_nothing_and_keeps_each_key_i
                 .await,
             );
         }
-        if n % 20 == 0 {
+        if n.is_multiple_of(20) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
