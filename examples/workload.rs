@@ -7,7 +7,8 @@
 //! workload [--redis-url URL | --cluster-node URL...] produce --stream S --keys K --count N [--rate R]
 //! workload [--redis-url URL | --cluster-node URL...] consume --stream S --group G --concurrency C
 //!          [--handler-ms T] [--fail-every F] [--instance-id ID] [--fencing strict|acks]
-//!          [--heartbeat-ms H --lease-ms L --rebalance-ms B] [--log-starts] ...
+//!          [--heartbeat-ms H --lease-ms L --rebalance-ms B] [--log-starts]
+//!          [--ordering shard|key|none] [--max-in-flight M] ...
 //! ```
 //!
 //! `--redis-url` defaults to `REDIS_URL`, then `redis://127.0.0.1:6379`; `--cluster-node` (repeat
@@ -227,6 +228,22 @@ struct ConsumeArgs {
     /// Limit of one hook call (ms); default 10 s or half the rebalance timeout.
     #[arg(long)]
     hook_timeout_ms: Option<u64>,
+    /// How a shard's entries may run relative to each other (docs/design.md §14.3).
+    #[arg(long, value_enum, default_value_t = OrderingArg::Shard)]
+    ordering: OrderingArg,
+    /// With `--ordering key` or `none`: the most handler calls of one shard at once.
+    #[arg(long, default_value_t = 16)]
+    max_in_flight: u32,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum OrderingArg {
+    /// One entry of a shard at a time, in entry order.
+    Shard,
+    /// Different partition keys at once, each key in entry order.
+    Key,
+    /// Any entries at once.
+    None,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -509,6 +526,12 @@ async fn consume(target: RedisTarget, args: ConsumeArgs) -> Result<(), String> {
         options.hooks = logging_hooks(conn.clone(), &args.stream, &args.group, &args);
     }
     options.hook_timeout = args.hook_timeout_ms.map(Duration::from_millis);
+    options.ordering = match args.ordering {
+        OrderingArg::Shard => stream_listener::core::member::Ordering::Shard,
+        OrderingArg::Key => stream_listener::core::member::Ordering::Key,
+        OrderingArg::None => stream_listener::core::member::Ordering::None,
+    };
+    options.max_in_flight = args.max_in_flight;
 
     let handler_time = Duration::from_millis(args.handler_ms);
     let fail_every = args.fail_every;

@@ -287,3 +287,25 @@ fn a_read_of_a_shard_assigned_after_sigcont_is_not_retimed() {
     report.assert_ok();
     assert_eq!(report.retimed_reads, 0);
 }
+
+#[test]
+fn without_key_order_an_out_of_order_first_handling_passes_but_a_loss_does_not() {
+    // `ordering = "none"`: seq 1 first handled before seq 0 is allowed.
+    let unordered = log(
+        "p0",
+        vec![
+            assigned("a", 0, 1),
+            handled("a", 0, "key-0", 1, 10, true),
+            handled("a", 0, "key-0", 0, 11, true),
+        ],
+    );
+    check_without_key_order(std::slice::from_ref(&unordered), TWO, &[]).assert_ok();
+    assert!(!check(&[unordered], TWO, &[]).ok(), "check still judges it");
+    let lost = log(
+        "p0",
+        vec![assigned("a", 0, 1), handled("a", 0, "key-0", 1, 10, true)],
+    );
+    let report = check_without_key_order(&[lost], TWO, &[]);
+    assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+    assert!(report.violations[0].contains("lost"));
+}

@@ -53,6 +53,9 @@
 //!   throughput with a real Prometheus recorder against none, interleaved rounds on a standalone
 //!   server (docs/design.md §13.1), see `metrics_overhead.rs` (`E2E_METRICS_INTERVAL_MS`: its
 //!   `metrics_interval`, default 5000).
+//! - `ordering` (only when named): `ordering = "key"` against `"shard"` with a 10 ms IO-bound
+//!   handler on 8 shards and 1,000 keys, and per-key order violations, see `ordering.rs`
+//!   (`E2E_ORDERING_ENTRIES`, `E2E_ORDERING_SHARD_ENTRIES`).
 //!
 //! Environment: `E2E_MESSAGES` (default 1000000), `E2E_ROUNDS` (default 3), `E2E_BATCH` (default
 //! 32: the listener's `batch_size` and the raw loops' `COUNT`), `E2E_CLUSTER=0` skips the cluster
@@ -65,6 +68,7 @@ mod latency;
 mod memory;
 #[cfg(feature = "metrics")]
 mod metrics_overhead;
+mod ordering;
 mod rebalance;
 mod retention;
 mod throughput;
@@ -139,6 +143,10 @@ fn main() {
                     }
                 }
                 "retention" => retention().await,
+                "ordering" => {
+                    let server = RedisServer::start().expect("redis-server");
+                    ordering::ordering(RedisTarget::Standalone(server.url())).await;
+                }
                 #[cfg(feature = "metrics")]
                 "metrics_overhead" => {
                     let server = RedisServer::start().expect("redis-server");
@@ -153,7 +161,7 @@ fn main() {
                     eprintln!("metrics_overhead needs the metrics feature: --features testing,metrics")
                 }
                 other => eprintln!(
-                    "unknown part {other}: throughput, latency, memory, rebalance, retention, metrics_overhead"
+                    "unknown part {other}: throughput, latency, memory, rebalance, retention, metrics_overhead, ordering"
                 ),
             }
         }

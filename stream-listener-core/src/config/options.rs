@@ -44,7 +44,9 @@ impl Config {
                 shutdown_timeout,
                 start_from,
                 fencing,
-                retention_interval
+                retention_interval,
+                ordering,
+                max_in_flight
             );
             if let Some(hook_timeout) = l.hook_timeout {
                 options.hook_timeout = Some(hook_timeout);

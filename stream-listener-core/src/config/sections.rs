@@ -216,6 +216,12 @@ pub struct ListenerConfig {
     /// docs/design.md §14.2).
     #[serde(with = "humantime_serde")]
     pub batch_max_wait: Option<Duration>,
+    /// `ordering`: `"shard"` (default), `"key"` or `"none"`: how a shard's entries may run
+    /// relative to each other (docs/design.md §14.3).
+    pub ordering: Option<crate::member::Ordering>,
+    /// `max_in_flight`: with `ordering = "key"` or `"none"`, the most handler calls of one shard
+    /// in flight at once (≥ 1, default 16); ignored with `"shard"`.
+    pub max_in_flight: Option<u32>,
 }
 
 /// `[observability]`: the process's HTTP listener for `/metrics`, `/healthz` and `/readyz`

@@ -421,3 +421,44 @@ fn batch_max_wait_is_read_and_must_leave_half_the_lease() {
         "{err}"
     );
 }
+
+#[test]
+fn ordering_and_max_in_flight_are_read() {
+    let config = parse("[listeners.on_order]\nordering = \"key\"\nmax_in_flight = 64\n").unwrap();
+    let options = config
+        .listener_options("on_order", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(options.ordering, crate::member::Ordering::Key);
+    assert_eq!(options.max_in_flight, 64);
+    let defaults = parse("")
+        .unwrap()
+        .listener_options("on_order", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(defaults.ordering, crate::member::Ordering::Shard);
+    assert_eq!(defaults.max_in_flight, 16);
+    let none = parse("[listeners.x]\nordering = \"none\"\n")
+        .unwrap()
+        .listener_options("x", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(none.ordering, crate::member::Ordering::None);
+}
+
+#[test]
+fn a_wrong_ordering_is_an_error_at_its_key_listing_the_three() {
+    assert_invalid_at(
+        "[listeners.on_order]\n\nordering = \"keys\"\n",
+        "listeners.on_order.ordering",
+        3,
+        "expected one of `shard`, `key`, `none`",
+    );
+}
+
+#[test]
+fn zero_max_in_flight_is_an_error() {
+    let (key, line, message) = invalid("[listeners.on_order]\nmax_in_flight = 0\n");
+    assert_eq!(
+        (key.as_str(), line),
+        ("listeners.on_order.max_in_flight", 2)
+    );
+    assert_eq!(message, "must be at least 1");
+}

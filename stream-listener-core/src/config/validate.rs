@@ -168,6 +168,7 @@ impl Config {
             ("batch_size", l.batch_size.map(|v| v as u64)),
             ("max_attempts", l.max_attempts.map(u64::from)),
             ("max_deliveries", l.max_deliveries),
+            ("max_in_flight", l.max_in_flight.map(u64::from)),
         ];
         for (key, value) in at_least_one {
             if value == Some(0) {

@@ -23,6 +23,7 @@ use crate::model::{Epoch, ShardIndex};
 use crate::poller::ShardTaskContext;
 use crate::reconciler::{Identity, Reconciler};
 use crate::runtime::MemberShared;
+pub use crate::runtime::Ordering;
 pub use crate::runtime::{EventCallback, ListenerEvent, ListenerOptions};
 use crate::startup::{Connected, StartupError};
 use crate::store::provision::{ProvisionError, register_group};
@@ -316,7 +317,8 @@ impl Listener {
     ///
     /// # Errors
     /// [`ListenerError::Name`] for a prefix with `{`/`}` or a group with `:`/`{`/`}`;
-    /// [`ListenerError::Options`] for zero concurrency, workers, batch size or attempts, a
+    /// [`ListenerError::Options`] for zero concurrency, workers, batch size, attempts or
+    /// `max_in_flight`, a
     /// timing above the protocol's limit, a zero `metrics_interval`
     /// ([`OptionsError::NotPositive`]), or a `hook_timeout` that is zero or not below the
     /// rebalance timeout ([`OptionsError::HookTimeout`]).
@@ -388,6 +390,7 @@ impl Listener {
             ),
             ("batch_size", options.batch_size == 0),
             ("max_attempts", options.max_attempts == 0),
+            ("max_in_flight", options.max_in_flight == 0),
         ];
         if let Some((name, _)) = zero.iter().find(|(_, zero)| *zero) {
             return Err(OptionsError::Zero { name }.into());

@@ -51,7 +51,8 @@ impl ShardTask {
             }
             match self.admit(token, &entry, limits).await? {
                 Admission::Finished => finished.push(entry.id),
-                Admission::Abandon => {
+                Admission::Fenced(op, fenced) => {
+                    self.conflict(op, fenced, token).await;
                     complete = false;
                     break;
                 }

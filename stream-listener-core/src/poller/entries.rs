@@ -1,4 +1,5 @@
-//! Handling entries (docs/design.md §8.8 outcomes, §8.9 poison entries): a batch in order, each
+//! Handling entries (docs/design.md §8.8 outcomes, §8.9 poison entries): a batch in order (or,
+//! with `ordering = "key"` or `"none"`, several entries at once: [`super::lanes`]), each
 //! entry by its status (present, trimmed, too large), its attempts counted across deliveries
 //! when the policy says so ([`super::attempt`]), retried in place, dead-lettered or left pending.
 
@@ -6,11 +7,11 @@ use super::ShardTask;
 use super::attempt::{Limits, Verdict};
 use super::handler_run::{Attempt, Cause};
 use crate::batch::AnyHandler;
-use crate::dataplane::{DataPlaneError, DeadLetterReason, EntryStatus, ShardEntry};
+use crate::dataplane::{DataPlaneError, DeadLetterReason, EntryStatus, Fenced, ShardEntry};
 use crate::fence::FenceToken;
 use crate::handler::{Delivery, HandlerError, Metadata};
 use crate::report::Chain;
-use crate::runtime::ListenerEvent;
+use crate::runtime::{ListenerEvent, Ordering};
 use crate::telemetry::HandlerOutcome;
 
 /// The `error` field of a `max-deliveries` dead letter.
@@ -21,8 +22,9 @@ const MAX_DELIVERIES_ERROR: &str = "max_deliveries handler attempts did not fini
 pub(super) enum Admission {
     /// Trimmed or dead-lettered without an attempt: ack it.
     Finished,
-    /// Fenced while counting its attempt: leave it pending.
-    Abandon,
+    /// The fence refused operation `op` (its attempt count): leave it pending; the caller
+    /// handles the conflict ([`ShardTask::conflict`]) once no entry runs.
+    Fenced(&'static str, Fenced),
     /// Ready for its handler; `counted`: its attempts are counted in Redis (forget them once it
     /// is finished).
     Ready {
@@ -32,11 +34,15 @@ pub(super) enum Admission {
 }
 
 /// What became of one entry.
-enum Outcome {
+pub(super) enum Outcome {
     /// Handled, dead-lettered or trimmed: ack it.
     Ack,
     /// Not finished (drain, stop, lease end): leave it pending for the next owner.
     Abandon,
+    /// Not finished: the fence refused operation `op` (its attempt count). The caller, which
+    /// owns the task's fence state, handles the conflict ([`ShardTask::conflict`]) once no entry
+    /// runs; the entry stays pending.
+    Fenced(&'static str, Fenced),
 }
 
 impl ShardTask {
@@ -56,21 +62,31 @@ impl ShardTask {
                 first_id: first.id.clone(),
             });
         }
-        // A batch listener's entries go to the batch path (`poller/batch.rs`) as one batch.
+        // A batch listener's entries go to the batch path (`poller/batch.rs`) as one batch, in
+        // order: `ordering` does not apply to it (docs/design.md §14.2).
         if let AnyHandler::Batch(handler) = &self.ctx.handler {
             let handler = handler.clone();
             return self.handle_as_batch(token, entries, handler).await;
         }
+        if self.ctx.options.ordering != Ordering::Shard {
+            // Several entries at once, by key or in any order ([`super::lanes`]).
+            return self.handle_lanes(token, entries).await;
+        }
         let mut finished = Vec::with_capacity(entries.len());
         let mut complete = true;
-        for mut entry in entries {
+        for entry in entries {
             if self.done() || !self.still_holds(token) {
                 complete = false;
                 break;
             }
-            match self.handle_entry(token, &mut entry).await? {
+            match self.handle_entry(token, &entry).await? {
                 Outcome::Ack => finished.push(entry.id),
                 Outcome::Abandon => {
+                    complete = false;
+                    break;
+                }
+                Outcome::Fenced(op, fenced) => {
+                    self.conflict(op, fenced, token).await;
                     complete = false;
                     break;
                 }
@@ -89,15 +105,20 @@ impl ShardTask {
     ///
     /// Every attempt shares the entry's fields (`Arc`): the entry may be trimmed from the stream
     /// while it is retried, and its retries and dead letter must still have its body.
-    async fn handle_entry(
-        &mut self,
+    ///
+    /// Takes `&self`: several entries of a shard run at once with `ordering = "key"` or
+    /// `"none"` ([`super::lanes`]), each through this same path. Its few Redis calls (attempt
+    /// counts, dead letters: off the path of a first delivery that succeeds) use a copy of the
+    /// shard client on the same connection.
+    pub(super) async fn handle_entry(
+        &self,
         token: &FenceToken,
-        entry: &mut ShardEntry,
+        entry: &ShardEntry,
     ) -> Result<Outcome, DataPlaneError> {
         let limits = Limits::of(&self.ctx.options);
         let counted = match self.admit(token, entry, limits).await? {
             Admission::Finished => return Ok(Outcome::Ack),
-            Admission::Abandon => return Ok(Outcome::Abandon),
+            Admission::Fenced(op, fenced) => return Ok(Outcome::Fenced(op, fenced)),
             Admission::Ready { counted } => counted,
         };
         let outcome = self.attempts(token, entry, limits).await?;
@@ -111,7 +132,7 @@ impl ShardTask {
     /// §8.9): trimmed (acked), too large or over `max_deliveries` (dead-lettered), or ready to
     /// handle, its attempts counted in Redis when the policy says so. Shared by the batch path.
     pub(super) async fn admit(
-        &mut self,
+        &self,
         token: &FenceToken,
         entry: &ShardEntry,
         limits: Limits,
@@ -144,14 +165,12 @@ impl ShardTask {
         if counted {
             let attempts = match self
                 .client
+                .clone()
                 .count_attempt(self.shard, token, &entry.id)
                 .await?
             {
                 Ok(attempts) => attempts,
-                Err(fenced) => {
-                    self.conflict("attempt", fenced, token).await;
-                    return Ok(Admission::Abandon);
-                }
+                Err(fenced) => return Ok(Admission::Fenced("attempt", fenced)),
             };
             if limits.over_max_deliveries(attempts) {
                 self.dead_letter(
@@ -171,7 +190,7 @@ impl ShardTask {
     /// The handler attempts of one delivery of `entry`: up to `max_attempts`, in place, with
     /// growing backoff; a dead letter when they are used up or the error says so.
     async fn attempts(
-        &mut self,
+        &self,
         token: &FenceToken,
         entry: &ShardEntry,
         limits: Limits,
@@ -250,12 +269,13 @@ impl ShardTask {
     /// Only while the task may still finish (the `HDEL` is not fenced): a stopped task whose
     /// handler returned late (it ignored cancellation) acks nothing, and the shard's next tenure
     /// may have counted its own attempt meanwhile; the count stays, this attempt in it.
-    pub(super) async fn forget_attempts(&mut self, entry: &ShardEntry) {
+    pub(super) async fn forget_attempts(&self, entry: &ShardEntry) {
         if !self.may_finish() {
             return;
         }
         if let Err(error) = self
             .client
+            .clone()
             .forget_attempts(self.shard, &[entry.id.as_str()])
             .await
         {
@@ -265,7 +285,7 @@ impl ShardTask {
     }
 
     pub(super) async fn dead_letter(
-        &mut self,
+        &self,
         entry: &ShardEntry,
         reason: DeadLetterReason,
         error: &str,
@@ -273,6 +293,7 @@ impl ShardTask {
     ) -> Result<(), DataPlaneError> {
         tracing::warn!(entry = %entry.id, ?reason, attempts, error, "dead-lettering entry");
         self.client
+            .clone()
             .dead_letter(self.shard, entry, reason, error, attempts)
             .await?;
         self.ctx.metrics.dead_lettered(reason);

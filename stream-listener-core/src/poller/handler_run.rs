@@ -7,9 +7,12 @@ use std::panic::AssertUnwindSafe;
 use futures_util::FutureExt;
 use tracing::Instrument;
 
+use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
+
 use super::ShardTask;
 use crate::batch::AnyHandler;
 use crate::handler::{Delivery, HandlerError};
+use crate::runtime::Ordering;
 use crate::telemetry::Stopwatch;
 use crate::trace_context;
 
@@ -35,6 +38,22 @@ pub(super) enum Ran<O> {
     TimedOut,
     /// Stopped (a fencing status, the member's end) or the lease ended.
     Cancelled,
+}
+
+/// One attempt in the member's count of attempts outside the worker pool, while it lives.
+struct InFlight<'a>(&'a AtomicU32);
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a AtomicU32) -> Self {
+        count.fetch_add(1, AtomicOrdering::Relaxed);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, AtomicOrdering::Relaxed);
+    }
 }
 
 /// Why an attempt failed, for the metrics' `outcome` (docs/design.md §13.1).
@@ -137,21 +156,35 @@ impl ShardTask {
         // at once (`try_acquire` never jumps the queue: released permits go to waiters first).
         // The permit borrows the member's pool (no reference count touched per entry). Waiting
         // for a worker gives up the shard's turn in the read round (as every wait does).
-        let workers = &self.ctx.workers;
-        let _permit = match workers.try_acquire() {
-            Ok(permit) => permit,
-            Err(_) => {
-                let permit = tokio::select! {
-                    permit = workers.acquire() => permit.ok(),
-                    _ = self.stop.cancelled() => None,
-                };
-                // The wait for a worker may have outlived the lease (or the process was paused
-                // in it).
-                match permit {
-                    Some(permit) if self.may_finish() => permit,
-                    _ => return (Ran::Cancelled, Stopwatch::start()),
+        //
+        // With `ordering = "key"` or `"none"` no worker is taken: the shard's attempts are
+        // bounded by `max_in_flight` ([`super::lanes`]), and a pool of one (the default) would
+        // run them one at a time. They are counted for `activeConsumerWorkers` instead
+        // (docs/design.md §14.3).
+        // A batch listener's shard runs one batch at a time whatever its `ordering`: it takes a
+        // worker.
+        let one_at_a_time = self.ctx.options.ordering == Ordering::Shard
+            || matches!(self.ctx.handler, AnyHandler::Batch(_));
+        let (_permit, _in_flight) = if one_at_a_time {
+            let workers = &self.ctx.workers;
+            let permit = match workers.try_acquire() {
+                Ok(permit) => permit,
+                Err(_) => {
+                    let permit = tokio::select! {
+                        permit = workers.acquire() => permit.ok(),
+                        _ = self.stop.cancelled() => None,
+                    };
+                    // The wait for a worker may have outlived the lease (or the process was
+                    // paused in it).
+                    match permit {
+                        Some(permit) if self.may_finish() => permit,
+                        _ => return (Ran::Cancelled, Stopwatch::start()),
+                    }
                 }
-            }
+            };
+            (Some(permit), None)
+        } else {
+            (None, Some(InFlight::enter(&self.ctx.in_flight)))
         };
         let started = Stopwatch::start();
         // Runs in the shard's own task (no spawn per entry); a panic is caught and counts as a

@@ -20,12 +20,14 @@ mod batch;
 mod consumers;
 mod entries;
 mod handler_run;
+mod lanes;
 mod maintenance;
 mod reads;
 mod rounds;
 mod takeover;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
@@ -70,6 +72,10 @@ pub(crate) struct ShardTaskContext {
     rounds: Option<Arc<ReadRounds>>,
     /// The member's metric series (docs/design.md §13.1), resolved once.
     pub(crate) metrics: MemberMetrics,
+    /// Handler attempts running now outside the worker pool: with `ordering = "key"` or
+    /// `"none"` a shard's attempts are bounded by `max_in_flight` and take no worker
+    /// (docs/design.md §14.3); counted for the heartbeat's `activeConsumerWorkers`.
+    in_flight: AtomicU32,
 }
 
 impl ShardTaskContext {
@@ -105,14 +111,17 @@ impl ShardTaskContext {
             handler,
             options,
             shared,
+            in_flight: AtomicU32::new(0),
         }
     }
 
-    /// How many of the member's workers run a handler attempt now (the heartbeat's
-    /// `activeConsumerWorkers`, docs/design.md §6).
+    /// How many handler attempts of the member run now (the heartbeat's
+    /// `activeConsumerWorkers`, docs/design.md §6): its workers in use, plus, with
+    /// `ordering = "key"` or `"none"`, the attempts running outside the pool (§14.3).
     pub(crate) fn active_workers(&self) -> u32 {
         let free = u32::try_from(self.workers.available_permits()).unwrap_or(u32::MAX);
-        self.options.runtime_max_concurrency.saturating_sub(free)
+        let pool = self.options.runtime_max_concurrency.saturating_sub(free);
+        pool.saturating_add(self.in_flight.load(AtomicOrdering::Relaxed))
     }
 }
 

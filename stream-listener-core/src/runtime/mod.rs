@@ -7,6 +7,7 @@
 
 mod events;
 mod options;
+mod ordering;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -16,6 +17,7 @@ use tokio::sync::Notify;
 use crate::reconciler::Reconciler;
 pub use events::{EventCallback, ListenerEvent};
 pub use options::{DEFAULT_METRICS_INTERVAL, ListenerOptions};
+pub use ordering::Ordering;
 
 /// State one member's heartbeat loop and shard tasks share.
 #[derive(Debug)]

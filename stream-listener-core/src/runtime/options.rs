@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::EventCallback;
+use super::Ordering;
 use crate::coordinator::CoordinatorConfig;
 use crate::dataplane::FencingMode;
 use crate::model::StartFrom;
@@ -87,7 +88,19 @@ pub struct ListenerOptions {
     /// longer ones). Each wait is also cut at the lease's end, a drain and a stop. Ignored by
     /// per-entry listeners. `[listeners.<name>] batch_max_wait`.
     pub batch_max_wait: Duration,
+    /// How a shard's entries may run relative to each other: [`Ordering::Shard`] (default, one
+    /// at a time in entry order), [`Ordering::Key`] (different partition keys concurrently, one
+    /// key in order) or [`Ordering::None`]; `[listeners.<name>] ordering` (docs/design.md §14.3).
+    pub ordering: Ordering,
+    /// With [`Ordering::Key`] or [`Ordering::None`]: the most handler calls of one shard in
+    /// flight at once (default 16, at least 1; [`Listener::new`](crate::member::Listener::new)
+    /// refuses 0). Ignored with [`Ordering::Shard`] (one at a time);
+    /// `[listeners.<name>] max_in_flight`.
+    pub max_in_flight: u32,
 }
+
+/// The default [`ListenerOptions::max_in_flight`] and `[listeners.<name>] max_in_flight`: 16.
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
 
 /// The default [`ListenerOptions::metrics_interval`] and `[observability] metrics_interval`: 5 s.
 pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(5);
@@ -118,6 +131,8 @@ impl Default for ListenerOptions {
             hook_timeout: None,
             metrics_interval: DEFAULT_METRICS_INTERVAL,
             batch_max_wait: Duration::ZERO,
+            ordering: Ordering::Shard,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }
