@@ -165,6 +165,34 @@ impl ListenerHandle {
         }
     }
 
+    /// Pauses every shard of every member of this handle, in this process (docs/design.md §14.4):
+    /// no shard task starts a read or a handler attempt until [`ListenerHandle::resume`]. An
+    /// attempt in flight finishes and is acked; entries read but not started stay pending and
+    /// are handled, in order, after the resume. Heartbeats go on, so a pause of any length keeps
+    /// the members' assignments and starts no rebalance; a paused shard that is revoked is
+    /// released at once, and a shutdown still shuts down. Idempotent; the members stay ready
+    /// ([`MemberHealth::paused`] says they are paused).
+    pub fn pause(&self) {
+        for (_, shared, _) in &self.members {
+            shared.set_paused(true);
+        }
+    }
+
+    /// Ends a [`ListenerHandle::pause`]: every shard task goes back to its own pending entries
+    /// (from `0`), then reads new ones. Idempotent; a shard paused by a handler's
+    /// [`crate::handler::HandlerError::pause_shard`] stays paused until its own pause ends.
+    pub fn resume(&self) {
+        for (_, shared, _) in &self.members {
+            shared.set_paused(false);
+        }
+    }
+
+    /// Whether the members are paused ([`ListenerHandle::pause`] called, no
+    /// [`ListenerHandle::resume`] since); `false` for a handle without members.
+    pub fn is_paused(&self) -> bool {
+        !self.members.is_empty() && self.members.iter().all(|(_, shared, _)| shared.is_paused())
+    }
+
     /// Asks every member to shut down gracefully: stop reads, finish in-flight handlers within
     /// `shutdown_timeout`, ack, and leave (`-1`, or `-2` for a static member) reporting every
     /// shard `REVOKED`. Returns at once; [`ListenerHandle::join`] waits.

@@ -43,7 +43,8 @@ impl ShardTask {
         let mut finished = Vec::with_capacity(entries.len());
         let mut complete = true;
         for mut entry in entries {
-            if self.done() || !self.still_holds(token) {
+            // Paused: the entries not started stay pending (read again from `0` on resume).
+            if self.done() || !self.still_holds(token) || self.paused() {
                 complete = false;
                 break;
             }
@@ -138,7 +139,9 @@ impl ShardTask {
         entry: &ShardEntry,
         limits: Limits,
     ) -> Result<Outcome, DataPlaneError> {
-        for attempt in 1..=limits.max_attempts {
+        // A shard pause (`pause_shard`) is no failed attempt: the same attempt number runs again.
+        let mut attempt = 1;
+        while attempt <= limits.max_attempts {
             let mut metadata = Metadata::new(
                 &self.shard_key,
                 self.shard,
@@ -171,7 +174,7 @@ impl ShardTask {
             self.ctx
                 .metrics
                 .handler_attempt(failed_outcome(&error, cause, &verdict), started);
-            let backoff = match verdict {
+            match verdict {
                 Verdict::DeadLetter { reason } => {
                     // The text first: a `Chain` (a plain `dyn Error` reference) is not `Sync`.
                     let text = Chain(&error).to_string();
@@ -179,18 +182,26 @@ impl ShardTask {
                     return Ok(Outcome::Ack);
                 }
                 Verdict::Abandon => return Ok(Outcome::Abandon),
+                Verdict::PauseShard { duration } => {
+                    tracing::info!(entry = %entry.id, attempt, ?duration, error = %Chain(&error), "handler paused the shard; the entry is tried again after the pause");
+                    self.pause_shard_for(duration);
+                    self.wait_while_paused().await;
+                    // Not a failed attempt: the same number again.
+                    attempt -= 1;
+                }
                 Verdict::Retry { backoff } => {
                     self.ctx.metrics.retry();
-                    backoff
+                    tracing::debug!(entry = %entry.id, attempt, error = %Chain(&error), "handler failed; retrying in place");
+                    self.pause(backoff).await;
                 }
-            };
-            tracing::debug!(entry = %entry.id, attempt, error = %Chain(&error), "handler failed; retrying in place");
-            self.pause(backoff).await;
+            }
             // The lease may have lapsed during the backoff (heartbeats failing): no attempt
             // without it, or the shard's next owner and this one could run the entry at once.
-            if self.done() || !self.may_finish() {
+            // A pause of the member leaves the entry pending, as the entries not started.
+            if self.done() || !self.may_finish() || self.ctx.shared.is_paused() {
                 return Ok(Outcome::Abandon);
             }
+            attempt += 1;
         }
         Ok(Outcome::Abandon)
     }
@@ -242,6 +253,7 @@ fn failed_outcome(error: &HandlerError, cause: Cause, verdict: &Verdict) -> Hand
         (_, HandlerError::Decode(_), _) => HandlerOutcome::DecodeError,
         (_, _, Verdict::DeadLetter { .. }) => HandlerOutcome::DeadLetter,
         (_, _, Verdict::Retry { .. } | Verdict::Abandon) => HandlerOutcome::Retry,
+        (_, _, Verdict::PauseShard { .. }) => HandlerOutcome::Pause,
     }
 }
 
