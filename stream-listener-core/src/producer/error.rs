@@ -141,6 +141,17 @@ pub enum PublishError {
         /// What is wrong with it: `is empty` or `contains a control character`.
         problem: &'static str,
     },
+    /// The stream the config declares (`[streams.<prefix>] shards = N`) does not exist and could
+    /// not be created ([`crate::config::Config::publisher`]); the source says why (Redis failed,
+    /// or too many shards declared).
+    #[error("cannot create stream {prefix:?} declared in the config")]
+    Provision {
+        /// The stream prefix.
+        prefix: String,
+        /// Why.
+        #[source]
+        source: crate::store::provision::ProvisionError,
+    },
 }
 
 impl From<StoreError> for PublishError {
