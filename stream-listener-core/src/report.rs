@@ -28,6 +28,30 @@ impl fmt::Display for Chain<'_> {
     }
 }
 
+/// Writes `error` as its `Debug`: its message, then each cause, as [`Chain`] displays it. The
+/// one implementation of the public errors' `Debug` (docs/design.md §14.5): `fn main() ->
+/// Result<(), E>` prints an error's `Debug`, and a struct dump there says less than the message
+/// with its causes. For an error type outside this crate, call it from its `Debug` impl.
+///
+/// # Errors
+/// Only the formatter's.
+pub fn debug_chain(error: &(dyn Error + 'static), f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fmt::Display::fmt(&Chain(error), f)
+}
+
+/// Implements `Debug` for each error type named as [`debug_chain`] (its message, then each
+/// cause), instead of the derive's struct dump.
+macro_rules! readable_debug {
+    ($($error:ty),* $(,)?) => {$(
+        impl ::std::fmt::Debug for $error {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                $crate::report::debug_chain(self, f)
+            }
+        }
+    )*};
+}
+pub(crate) use readable_debug;
+
 /// The text of a caught panic's payload (a `&str` or `String` message), for logs and dead
 /// letters.
 pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
@@ -54,5 +78,35 @@ mod tests {
             redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         let text = Chain(&redis).to_string();
         assert_eq!(text, redis.to_string(), "{text}");
+    }
+
+    /// The public errors' `Debug` is their message with its causes (`fn main() -> Result<..>`
+    /// prints it), not the derive's struct dump.
+    #[test]
+    fn public_errors_debug_as_their_message_and_causes() {
+        let unknown = crate::producer::PublishError::UnknownStream {
+            prefix: "payments".into(),
+            key: "sl:{payments}:stream".into(),
+        };
+        assert_eq!(format!("{unknown:?}"), unknown.to_string());
+        assert!(format!("{unknown:?}").starts_with("stream \"payments\" does not exist"));
+        let name = crate::keys::NameError::Empty { kind: "stream prefix" };
+        let listener = crate::member::ListenerError::Name(name.clone());
+        assert_eq!(format!("{listener:?}"), name.to_string());
+        let options =
+            crate::member::ListenerError::Options(crate::member::OptionsError::Zero {
+                name: "concurrency",
+            });
+        assert_eq!(
+            format!("{options:?}"),
+            "invalid listener options: concurrency must be at least 1"
+        );
+        let store = crate::store::StoreError::Redis(redis::RedisError::from(
+            std::io::Error::other("connection refused"),
+        ));
+        let provision = crate::store::provision::ProvisionError::Store(store);
+        let text = format!("{provision:?}");
+        assert_eq!(text, Chain(&provision).to_string());
+        assert!(text.contains("connection refused"), "{text}");
     }
 }

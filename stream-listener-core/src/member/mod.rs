@@ -29,7 +29,7 @@ use health::HealthCell;
 pub use health::{HealthSource, MemberHealth, MemberState};
 
 /// Why a listener could not start or stopped.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ListenerError {
     /// Invalid options.
@@ -47,8 +47,10 @@ pub enum ListenerError {
     Register(#[source] ProvisionError),
 }
 
+crate::report::readable_debug!(ListenerError);
+
 /// What is wrong with [`ListenerOptions`].
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum OptionsError {
     /// A count that must be positive is 0.
@@ -86,6 +88,8 @@ pub enum OptionsError {
         rebalance_timeout: Duration,
     },
 }
+
+crate::report::readable_debug!(OptionsError);
 
 /// A listener's members, running.
 #[derive(Debug)]

@@ -11,7 +11,7 @@ use crate::store::StoreError;
 /// large, a field named `key`, an invalid header name) write nothing. A [`PublishError::Redis`] or
 /// [`PublishError::ShardMissing`] of a batch can come after some of its entries were appended:
 /// retrying the batch may then append those again (at-least-once, docs/design.md §12).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
     /// The stream prefix is empty, too long or contains characters the key layout cannot carry.
@@ -153,6 +153,8 @@ pub enum PublishError {
         source: crate::store::provision::ProvisionError,
     },
 }
+
+crate::report::readable_debug!(PublishError);
 
 impl From<StoreError> for PublishError {
     fn from(error: StoreError) -> Self {
