@@ -90,7 +90,11 @@ async fn a_pause_longer_than_the_lease_keeps_the_assignment_and_resume_continues
     }
     // Twice the lease: without heartbeats the members would be expired and the shards moved.
     tokio::time::sleep(LEASE * 2).await;
-    assert_eq!(recorder.calls().len(), calls_before, "a handler ran while paused");
+    assert_eq!(
+        recorder.calls().len(),
+        calls_before,
+        "a handler ran while paused"
+    );
     assert_eq!(assignment(&listener), before, "epoch or shards changed");
     assert_eq!(revokes(&recorder), revokes_before, "a shard was revoked");
     for health in listener.health() {
@@ -104,7 +108,11 @@ async fn a_pause_longer_than_the_lease_keeps_the_assignment_and_resume_continues
     listener.resume();
     assert!(!listener.is_paused());
     let all = wait_until(Duration::from_secs(10), || recorder.handled().len() == 20).await;
-    assert!(all, "not every entry was handled after resume: {:?}", recorder.calls());
+    assert!(
+        all,
+        "not every entry was handled after resume: {:?}",
+        recorder.calls()
+    );
     let expected: BTreeMap<u32, Vec<u64>> = [0, 1]
         .into_iter()
         .map(|shard| {
@@ -146,7 +154,12 @@ async fn a_paused_shard_that_is_revoked_is_released_and_handled_by_the_new_owner
     // The moved shard's five entries are handled by the second member; the first handles
     // nothing while paused.
     let done = wait_until(Duration::from_secs(10), || {
-        recorder.handled().iter().filter(|(s, _)| *s == moved).count() == 5
+        recorder
+            .handled()
+            .iter()
+            .filter(|(s, _)| *s == moved)
+            .count()
+            == 5
     })
     .await;
     assert!(done, "{:?}", recorder.calls());
@@ -194,7 +207,10 @@ async fn pause_shard_retries_the_entry_after_the_pause_without_using_an_attempt(
 
     let x = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", &payload(1))]).await;
     let y = xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", &payload(2))]).await;
-    let asked = wait_until(Duration::from_secs(10), || paused_once.load(Ordering::SeqCst)).await;
+    let asked = wait_until(Duration::from_secs(10), || {
+        paused_once.load(Ordering::SeqCst)
+    })
+    .await;
     assert!(asked);
     // The other shard keeps going during the pause.
     let z = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", &payload(3))]).await;
@@ -215,9 +231,15 @@ async fn pause_shard_retries_the_entry_after_the_pause_without_using_an_attempt(
     assert_eq!(on_x.len(), 2, "{on_x:?}");
     assert_eq!(on_x[0].attempt, 1);
     assert_eq!(on_x[1].attempt, 1, "a pause is not a failed attempt");
-    assert_eq!(on_x[1].delivery_count, 1, "retried in place, not re-delivered");
+    assert_eq!(
+        on_x[1].delivery_count, 1,
+        "retried in place, not re-delivered"
+    );
     let waited = Duration::from_micros(on_x[1].at_us - on_x[0].at_us);
-    assert!(waited >= pause, "retried after {waited:?}, before the {pause:?} pause");
+    assert!(
+        waited >= pause,
+        "retried after {waited:?}, before the {pause:?} pause"
+    );
     // Then Y, in order, after X.
     assert_eq!(handled_order(&recorder, 0), vec![1, 2]);
     let dead: u64 = redis::cmd("XLEN")

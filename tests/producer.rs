@@ -592,8 +592,14 @@ async fn a_publisher_of_a_declared_stream_not_yet_created_creates_it_with_the_de
     let config = stream_listener::Config::from_toml_str(&text, "producer-only.toml").unwrap();
     let publisher = config.publisher("payments").await.unwrap();
     assert_eq!(publisher.routing_snapshot().shard_count, 4);
-    let published = publisher.publish("order-1", &serde_json::json!({"n": 1})).await.unwrap();
-    assert_eq!(xlen(&mut conn, &format!("{{payments:{}}}", published.shard)).await, 1);
+    let published = publisher
+        .publish("order-1", &serde_json::json!({"n": 1}))
+        .await
+        .unwrap();
+    assert_eq!(
+        xlen(&mut conn, &format!("{{payments:{}}}", published.shard)).await,
+        1
+    );
     let meta = StreamKeys::new("payments").unwrap();
     assert!(exists(&mut conn, &meta.metadata()).await);
 

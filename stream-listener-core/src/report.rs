@@ -90,13 +90,14 @@ mod tests {
         };
         assert_eq!(format!("{unknown:?}"), unknown.to_string());
         assert!(format!("{unknown:?}").starts_with("stream \"payments\" does not exist"));
-        let name = crate::keys::NameError::Empty { kind: "stream prefix" };
+        let name = crate::keys::NameError::Empty {
+            kind: "stream prefix",
+        };
         let listener = crate::member::ListenerError::Name(name.clone());
         assert_eq!(format!("{listener:?}"), name.to_string());
-        let options =
-            crate::member::ListenerError::Options(crate::member::OptionsError::Zero {
-                name: "concurrency",
-            });
+        let options = crate::member::ListenerError::Options(crate::member::OptionsError::Zero {
+            name: "concurrency",
+        });
         assert_eq!(
             format!("{options:?}"),
             "invalid listener options: concurrency must be at least 1"
