@@ -129,7 +129,7 @@ async fn a_pause_longer_than_the_lease_keeps_the_assignment_and_resume_continues
     }
     assert!(!listener.health()[0].paused);
     assert_eq!(assignment(&listener), before);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,8 +178,8 @@ async fn a_paused_shard_that_is_revoked_is_released_and_handled_by_the_new_owner
             .filter(|c| c.shard != moved)
             .all(|c| c.member == first_id)
     );
-    first.shutdown_and_wait().await;
-    second.shutdown_and_wait().await;
+    first.shutdown_and_wait().await.expect("clean shutdown");
+    second.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,5 +251,5 @@ async fn pause_shard_retries_the_entry_after_the_pause_without_using_an_attempt(
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     assert_eq!(assignment(&listener), before, "the pause cost the shard");
     assert_eq!(revokes(&recorder), 0);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }

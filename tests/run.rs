@@ -188,7 +188,7 @@ async fn a_registered_listener_consumes_published_events() {
     assert_eq!(assigned, vec![0, 1, 2, 3]);
 
     let started = Instant::now();
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "graceful shutdown is quick"
@@ -245,7 +245,7 @@ async fn run_with_a_cluster() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test]
@@ -255,7 +255,7 @@ async fn config_overrides_apply_over_the_macro() {
         .await
         .unwrap();
     assert_eq!(app.status()[0].members.len(), 3);
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test]
@@ -322,7 +322,7 @@ async fn redis_coming_up_during_startup_is_waited_for() {
     let app = run_with(config(&url, "")).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(1000));
     let _server = restarter.join().unwrap();
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 fn ignore(_: Delivery) -> HandlerFuture {
@@ -440,7 +440,7 @@ handler_timeout = "2s"
         assert_eq!(ids, ["pod-a-m0"], "{}: {status:?}", listener.name);
         assert_eq!(listener.owned_shards(), [0, 1], "{}", listener.name);
     }
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// Asserts that the message of `err` contains each of `parts`, showing it whole when one is
