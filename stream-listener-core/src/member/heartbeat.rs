@@ -409,7 +409,7 @@ impl Member {
                     stream: self.ctx.stream.prefix().to_owned(),
                     group: self.ctx.group.clone(),
                     member_id: self.member_id(),
-                    source: error,
+                    source: Box::new(error),
                 });
             }
         }

@@ -47,9 +47,9 @@ pub enum ShutdownError {
         group: String,
         /// The member.
         member_id: String,
-        /// Why the leave failed.
+        /// Why the leave failed (boxed: the error stays small on the happy path's `Result`).
         #[source]
-        source: StoreError,
+        source: Box<StoreError>,
     },
     /// More than one of the above, in member order.
     #[error("{} problems in the shutdown: {}", .0.len(), list(.0))]
