@@ -274,7 +274,7 @@ pub(crate) async fn rebalance(target: RedisTarget, label: &str) {
         reports.push(r);
         d = after;
         if let Some(leave) = leave {
-            leave.await.unwrap();
+            leave.await.unwrap().expect("clean shutdown");
         }
     }
 
