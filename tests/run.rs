@@ -569,3 +569,36 @@ shards = 1
         .unwrap();
     assert_eq!(pending.first(), Some(&redis::Value::Int(1)));
 }
+
+/// docs/design.md §14.5: the public errors' `Debug` is their message with its causes (what
+/// `fn main() -> Result<(), E>` prints), not the derive's struct dump.
+#[test]
+fn public_errors_debug_as_their_message_and_causes() {
+    let unknown = stream_listener::PublishError::UnknownStream {
+        prefix: "payments".into(),
+        key: "sl:{payments}:stream".into(),
+    };
+    assert_eq!(format!("{unknown:?}"), unknown.to_string());
+    assert!(format!("{unknown:?}").starts_with("stream \"payments\" does not exist"));
+
+    let mut options = stream_listener::core::member::ListenerOptions::default();
+    options.concurrency = 0;
+    let target = RedisTarget::Standalone("redis://127.0.0.1:1".into());
+    let refused =
+        stream_listener::core::member::Listener::new(target, "orders", "billing", ignore, options)
+            .unwrap_err();
+    assert_eq!(
+        format!("{refused:?}"),
+        "invalid listener options: concurrency must be at least 1"
+    );
+
+    let config = Config::from_toml_str("[redis]\nurl = 5\n", "bad.toml").unwrap_err();
+    assert_eq!(
+        format!("{config:?}"),
+        stream_listener::core::internals::report::Chain(&config).to_string()
+    );
+    assert!(format!("{config:?}").contains("bad.toml"), "{config:?}");
+    // RunError shares the implementation.
+    let run = RunError::Config(config);
+    assert!(format!("{run:?}").contains("bad.toml"), "{run:?}");
+}

@@ -79,35 +79,4 @@ mod tests {
         let text = Chain(&redis).to_string();
         assert_eq!(text, redis.to_string(), "{text}");
     }
-
-    /// The public errors' `Debug` is their message with its causes (`fn main() -> Result<..>`
-    /// prints it), not the derive's struct dump.
-    #[test]
-    fn public_errors_debug_as_their_message_and_causes() {
-        let unknown = crate::producer::PublishError::UnknownStream {
-            prefix: "payments".into(),
-            key: "sl:{payments}:stream".into(),
-        };
-        assert_eq!(format!("{unknown:?}"), unknown.to_string());
-        assert!(format!("{unknown:?}").starts_with("stream \"payments\" does not exist"));
-        let name = crate::keys::NameError::Empty {
-            kind: "stream prefix",
-        };
-        let listener = crate::member::ListenerError::Name(name.clone());
-        assert_eq!(format!("{listener:?}"), name.to_string());
-        let options = crate::member::ListenerError::Options(crate::member::OptionsError::Zero {
-            name: "concurrency",
-        });
-        assert_eq!(
-            format!("{options:?}"),
-            "invalid listener options: concurrency must be at least 1"
-        );
-        let store = crate::store::StoreError::Redis(redis::RedisError::from(
-            std::io::Error::other("connection refused"),
-        ));
-        let provision = crate::store::provision::ProvisionError::Store(store);
-        let text = format!("{provision:?}");
-        assert_eq!(text, Chain(&provision).to_string());
-        assert!(text.contains("connection refused"), "{text}");
-    }
 }
