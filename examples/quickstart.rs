@@ -138,7 +138,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let total: usize = per_member.values().sum();
     println!("{total} of {} orders handled\n", mine.len());
 
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await?;
     println!("shut down cleanly");
     if total < mine.len() {
         return Err(format!("only {total} of {} orders were handled in 60 s", mine.len()).into());

@@ -642,7 +642,11 @@ async fn consume(target: RedisTarget, args: ConsumeArgs) -> Result<(), String> {
         _ = token.cancelled() => None,
         stopped = handle.stopped_for_good() => Some(stopped),
     };
-    handle.shutdown_and_wait().await;
+    // Fault tests stop this process with Redis paused or gone: a shutdown that is not clean is
+    // reported, not fatal (its entries stay pending; the checker judges what was handled).
+    if let Err(error) = handle.shutdown_and_wait().await {
+        eprintln!("workload: shutdown was not clean: {error:?}");
+    }
     if let Some(stopped) = stopped {
         return Err(format!(
             "member {} stopped for good: {}",

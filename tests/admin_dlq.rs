@@ -227,7 +227,7 @@ async fn list_show_and_describe_give_the_fixed_fields_and_the_payload_of_real_de
     let json = serde_json::to_value(&group).unwrap();
     assert_eq!(json["deadLetters"], 2);
     assert_eq!(json["oldestDeadLetterAgeMs"], oldest);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,7 +313,7 @@ async fn a_replayed_dead_letter_lands_on_the_shard_of_its_key_and_is_handled_as_
         "{err}"
     );
     assert_eq!(support::total_len(&mut conn, STREAM, 4).await, before + 1);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,7 +380,7 @@ async fn a_dead_letter_without_payload_is_skipped_and_kept_by_replay() {
             .contains(&(0, new_id.clone())))
         .await
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// Writes a dead letter of `GROUP` by hand at `id` with the fixed fields (for ages in the past,
@@ -509,7 +509,7 @@ async fn purge_by_id_reason_age_and_all_and_a_dry_run_deletes_nothing() {
     assert_eq!(dlq_len(&mut conn).await, 0);
     let empty = purge(DeadLetterSelection::All, false).await;
     assert_eq!((empty.purged, empty.ids.len()), (0, 0));
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test]
@@ -666,7 +666,7 @@ async fn replay_during_a_scale_in_lands_where_the_producer_routes_now() {
     // The other group gets the replayed entry as a new one.
     let audit = support::read_new(&mut conn, &report.replayed[0].stream_key, "audit", 10).await;
     assert_eq!(audit, std::slice::from_ref(&new_id));
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -742,7 +742,7 @@ async fn list_replay_and_purge_on_a_cluster() {
         );
     }
     assert_eq!(dlq_len(&mut conn).await, 0);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// A connection as a Redis user allowed everything but `command` (ACL), to fail one step of a
@@ -772,7 +772,7 @@ async fn replay_publishes_before_it_removes_so_a_failure_between_leaves_a_duplic
     let first = producer.publish("k", &json!({"n": 1})).await.unwrap();
     producer.publish("k", &json!({"n": 2})).await.unwrap();
     wait_dead_letters(&mut conn, 2).await;
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
     let ids = dead_letter_ids(&mut conn).await;
     let shard = first.shard;
     let len = |conn: RedisConnection| async move {

@@ -394,7 +394,7 @@ async fn a_reset_of_a_live_group_is_refused() {
         ["4000-5", "4000-5"],
         "nothing changed"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
     let mut reset_done = None;
     for _ in 0..250 {
         match reset(conn, ResetTarget::Earliest, None, false).await {

@@ -157,7 +157,7 @@ async fn the_entries_of_a_read_are_one_batch_in_order_and_all_acked() {
     );
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     assert!(dead_letters(&mut conn).await.is_empty());
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,7 +199,7 @@ async fn batch_error_at_k_acks_the_prefix_and_retries_exactly_the_entries_from_k
     assert!(seen[2].at_us - seen[1].at_us >= 100_000, "{seen:?}");
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     assert!(dead_letters(&mut conn).await.is_empty());
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,7 +233,7 @@ async fn a_failed_entry_whose_attempts_are_used_up_is_dead_lettered_alone_and_th
         vec![(ids[1].clone(), "handler".to_owned(), "2".to_owned())]
     );
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,7 +262,7 @@ async fn an_undecodable_entry_is_dead_lettered_before_the_batch_and_the_batch_sk
     );
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     assert_eq!(calls_of(&calls).len(), 1, "nothing retried");
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,7 +295,7 @@ async fn a_whole_batch_error_is_retried_whole_with_backoff_then_succeeds() {
     assert!(seen[2].at_us - seen[1].at_us >= 100_000, "{seen:?}");
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     assert!(dead_letters(&mut conn).await.is_empty());
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,7 +325,7 @@ async fn a_whole_batch_error_past_max_attempts_dead_letters_every_entry() {
     for id in &ids {
         assert_eq!(times_seen(&calls_of(&calls), id), 3);
     }
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,7 +362,7 @@ async fn batch_max_wait_gathers_entries_trickling_in_into_one_batch() {
     let order: Vec<String> = seen.iter().flat_map(|call| call.ids()).collect();
     assert_eq!(order, ids);
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -388,7 +388,7 @@ async fn batch_size_caps_every_batch_even_with_a_wait() {
     let order: Vec<String> = seen.iter().flat_map(|call| call.ids()).collect();
     assert_eq!(order, ids);
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -421,7 +421,7 @@ async fn a_non_retryable_error_at_k_dead_letters_entry_k_at_once() {
         vec![(ids[1].clone(), "non-retryable".to_owned(), "1".to_owned())]
     );
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// A handler bug: neither a panic nor a silent drop, the whole batch failed.
@@ -449,7 +449,7 @@ async fn an_index_past_the_batch_fails_the_whole_batch() {
             .map(|id| (id.clone(), "handler".to_owned(), "2".to_owned()))
             .collect::<Vec<_>>()
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,7 +476,7 @@ async fn a_panicking_batch_handler_is_a_failed_attempt_of_the_whole_batch() {
     assert_eq!(seen[1].entries[0].2, 2);
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     assert!(dead_letters(&mut conn).await.is_empty());
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// A drain (graceful shutdown) starts no retry: the handled prefix is acked, the rest stays
@@ -495,7 +495,7 @@ async fn a_drain_acks_the_handled_prefix_and_leaves_the_rest_to_the_next_owner()
         "no batch"
     );
     // In the 5 s backoff: the drain ends it.
-    first.shutdown_and_wait().await;
+    first.shutdown_and_wait().await.expect("clean shutdown");
     assert_eq!(calls_of(&calls).len(), 1, "a retry started in the drain");
     let left: Vec<String> = pel(&mut conn, 0)
         .await
@@ -514,5 +514,5 @@ async fn a_drain_acks_the_handled_prefix_and_leaves_the_rest_to_the_next_owner()
     );
     assert_eq!(calls_of(&calls)[0].ids(), ids[2..].to_vec());
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
-    next.shutdown_and_wait().await;
+    next.shutdown_and_wait().await.expect("clean shutdown");
 }

@@ -101,7 +101,7 @@ async fn an_attribute_batch_listener_gets_its_state_and_batches_in_entry_order()
     while seen.total() < N as usize && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    running.shutdown_and_wait().await;
+    running.shutdown_and_wait().await.expect("clean shutdown");
     let by_shard = seen.by_shard.lock().unwrap().clone();
     assert_eq!(by_shard.len(), 1, "one key, one shard: {by_shard:?}");
     let seqs = by_shard.into_values().next().unwrap();

@@ -579,7 +579,7 @@ async fn takeovers_delete_the_consumers_of_departed_members_on_a_cluster() {
         handled,
         "the departed member's pending entry was not handled"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// A member that was live at a shard's takeover and left afterwards keeps its Redis consumer on
@@ -624,5 +624,5 @@ async fn the_maintenance_pass_deletes_consumers_of_members_that_left_after_the_t
         assert!(Instant::now() < deadline, "still there after 5 s: {now:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
 }

@@ -271,5 +271,6 @@ async fn publish(url: &str) {
 async fn stop(app: RunningApp) {
     tokio::time::timeout(Duration::from_secs(15), app.shutdown_and_wait())
         .await
-        .unwrap();
+        .unwrap()
+        .expect("clean shutdown");
 }

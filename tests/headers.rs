@@ -205,7 +205,7 @@ async fn published_headers_reach_the_handler_exactly_and_in_order() {
         seen_headers(&seen, &one.stream_key, &id).await,
         Headers::new().with("source", "redis-cli")
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,5 +320,5 @@ async fn headers_survive_a_dead_letter_and_its_replay() {
         seen_headers(&seen, &original.stream_key, &new_id).await,
         headers
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }

@@ -151,7 +151,7 @@ async fn consume_everything(target: RedisTarget) {
     })
     .await;
     let status = handle.status();
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
     let log = log.lock().unwrap().clone();
     let distinct: std::collections::HashSet<(u32, &str)> =
         log.iter().map(|h| (h.shard, h.entry_id.as_str())).collect();
@@ -223,7 +223,7 @@ async fn lost_metadata_is_provisioned_again_from_the_configured_shard_count() {
     log.lock().unwrap().clear();
     publish(&target, 20, 200).await;
     let all = wait_until(Duration::from_secs(30), || log.lock().unwrap().len() >= 200).await;
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
     let log = log.lock().unwrap().clone();
     assert!(
         all,
@@ -266,8 +266,8 @@ async fn a_replaced_static_member_stops_for_good_and_says_so() {
             == 2)
         .await
     );
-    second.shutdown_and_wait().await;
-    first.join().await;
+    second.shutdown_and_wait().await.expect("clean shutdown");
+    first.join().await.expect("clean stop");
 }
 
 /// A huge entry: an entry over `max_entry_bytes` never reaches the process: it is
@@ -328,7 +328,7 @@ async fn an_entry_over_the_size_limit_is_dead_lettered_by_id() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
     let seqs: Vec<u64> = log.lock().unwrap().iter().map(|h| h.seq).collect();
     assert_eq!(seqs, vec![0, 1], "the neighbours are handled, in order");
     assert_eq!(dead.len(), 1, "one dead letter");

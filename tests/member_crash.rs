@@ -179,7 +179,7 @@ async fn killed_member_shards_move_within_lease_plus_two_heartbeats(crash: Crash
         .map(|m| m.member_id.clone())
         .collect();
     assert_eq!(expired, victims, "history: {:#?}", group.history);
-    survivor.shutdown_and_wait().await;
+    survivor.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 tests_of!(killed_member_shards_move_within_lease_plus_two_heartbeats {
@@ -278,7 +278,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
     let group = settle(&mut conn, 2, Duration::from_secs(10)).await;
     assert_eq!(group.state, GroupState::Stable);
     if after == AfterPause::Recover {
-        listener.shutdown_and_wait().await;
+        listener.shutdown_and_wait().await.expect("clean shutdown");
         return;
     }
 
@@ -305,7 +305,7 @@ async fn redis_paused_longer_than_the_lease(after: AfterPause) {
     assert_all_handled(&published, &recorder.handled());
     assert!(all);
     assert_no_pending(&mut conn, 0..4).await;
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 tests_of!(redis_paused_longer_than_the_lease {
@@ -591,7 +591,7 @@ async fn a_read_whose_reply_is_lost_on_a_cluster_strands_nothing(mode: FencingMo
         1,
         "no reply was lost: the test tested nothing"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// The index of the node of `cluster` that serves `key`'s slot.
@@ -673,7 +673,7 @@ async fn a_master_frozen_past_the_response_timeout_during_reads_strands_nothing(
     .await;
     cluster.resume_node(node).unwrap();
     check_nothing_stranded(&mut conn, &recorder, &published, &shards).await;
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// docs/design.md §8.10 on a standalone server: not a defect there. The `ConnectionManager`'s
@@ -706,7 +706,7 @@ async fn a_read_whose_reply_is_lost_on_a_standalone_server_strands_nothing() {
         1,
         "no reply was lost: the test tested nothing"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// docs/design.md §8.11: a master restarted without persistence loses the
@@ -802,5 +802,5 @@ async fn a_shard_stream_lost_with_its_master_is_provisioned_again_with_auto_crea
     })
     .await;
     assert!(handled, "{:?}", recorder.calls());
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }

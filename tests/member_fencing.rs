@@ -370,7 +370,7 @@ async fn zombie(mode: FencingMode) {
     for shard in 0..4 {
         assert_eq!(pending_count(&mut conn, shard).await, 0, "shard {shard}");
     }
-    l.shutdown_and_wait().await;
+    l.shutdown_and_wait().await.expect("clean shutdown");
     let (_, clean) = p.terminate();
     assert!(clean, "P did not exit cleanly on SIGTERM");
 }
@@ -457,7 +457,7 @@ async fn acks_mode_entries_a_zombie_read_after_the_takeover_are_swept_by_the_own
     for shard in 0..4 {
         assert_eq!(pending_count(&mut conn, shard).await, 0, "shard {shard}");
     }
-    l.shutdown_and_wait().await;
+    l.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// Waits until `member` holds shard `shard`'s fence; returns its token.
@@ -536,7 +536,7 @@ async fn no_retry_runs_after_the_lease_lapsed_during_its_backoff() {
         recorder.handled().iter().any(|(shard, _)| *shard == 0)
     })
     .await;
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
     assert!(handled, "the entry was never handled: {calls:?}");
 }
 
@@ -653,7 +653,7 @@ async fn block_then_fence(handler_timeout: Duration, block: Duration) -> Blocked
     };
     let (start, end) = *window.lock().unwrap();
     for listener in listeners {
-        listener.shutdown_and_wait().await;
+        listener.shutdown_and_wait().await.expect("clean shutdown");
     }
     BlockedRun {
         owner,
@@ -866,7 +866,7 @@ async fn a_fenced_handler_returning_late_does_not_remove_the_next_tenures_attemp
         Some(2),
         "the fenced task's late return removed the next tenure's attempt count"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// Asserts that nothing was `found`, naming `what` it would have been and listing it.

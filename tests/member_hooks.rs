@@ -430,7 +430,7 @@ async fn still_owned_turns_false_and_the_token_fires_when_the_shard_is_revoked()
     }
     // At shutdown the kept shard's drain fires its token too: no 30 s wait.
     let shutdown = Instant::now();
-    first.shutdown_and_wait().await;
+    first.shutdown_and_wait().await.expect("clean shutdown");
     assert!(
         shutdown.elapsed() < Duration::from_secs(10),
         "{:?}",
@@ -440,7 +440,7 @@ async fn still_owned_turns_false_and_the_token_fires_when_the_shard_is_revoked()
     assert_eq!(ended.len(), 2, "{ended:?}");
     assert!(!ended[1].1);
     drop(ended);
-    second.shutdown_and_wait().await;
+    second.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// A drain whose last ack cannot be written ends the ownership with `on_lost`, not
@@ -508,6 +508,11 @@ async fn a_drain_whose_last_ack_fails_calls_on_lost_not_on_revoked() {
         .query(&mut sync)
         .unwrap();
     assert_eq!(pending.0, 1, "the handled entry was acked after all");
-    listener.join().await;
+    // The leave follows the end hook at once, so the ACL usually refuses it too (it is restored
+    // only once the hook was seen): then the shutdown reports it. Nothing else may go wrong.
+    match listener.join().await {
+        Ok(()) | Err(stream_listener::core::member::ShutdownError::LeaveNotDelivered { .. }) => {}
+        Err(other) => panic!("{other:?}"),
+    }
     assert_eq!(*ends.lock().unwrap(), ["on_lost"]);
 }

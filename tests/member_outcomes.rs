@@ -165,7 +165,7 @@ async fn a_poison_message_is_dead_lettered_after_max_attempts_and_the_shard_goes
     assert_eq!(group.dead_letters, 1);
     assert_eq!(group.shards[1].dead_letters, Some(1));
     assert_eq!(group.shards[0].dead_letters, Some(0));
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// The longest pause of shard 0 allowed while shard 1 waits out its backoffs (100..800 ms): shard
@@ -236,7 +236,7 @@ async fn a_poison_messages_backoff_does_not_hold_up_the_members_other_shards() {
     })
     .await;
     assert!(all);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,7 +305,7 @@ async fn an_undecodable_payload_is_dead_lettered_at_once_with_reason_decode_and_
     })
     .await;
     assert!(done);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// Delivers the entries of shard 0 `times` times to consumer `crasher` without handling them
@@ -384,7 +384,7 @@ async fn twelve_handovers_of_an_unhandled_entry_do_not_dead_letter_it() {
         vec![],
         "attempt count left"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// docs/design.md §8.9, the other side: an entry whose handler never finishes because the
@@ -490,7 +490,7 @@ async fn crashing_entry_is_dead_lettered_after(max_deliveries: u64) {
         vec![],
         "attempt count left"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// An entry deleted from the stream (trimmed, `XDEL`) while its handler fails keeps its body:
@@ -590,7 +590,7 @@ async fn an_entry_deleted_while_it_fails_is_still_retried_and_dead_lettered_with
         0,
         "entries still pending"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 fn static_options(recorder: &Arc<Recorder>) -> ListenerOptions {
@@ -624,7 +624,7 @@ async fn a_failed_ack_of_own_pending_entries_is_retried_not_left_behind() {
     let member = first.member_ids()[0].clone();
     let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), converged).await;
     assert!(settled, "{group:#?}");
-    first.shutdown_and_wait().await;
+    first.shutdown_and_wait().await.expect("clean shutdown");
 
     // Three entries in the member's own PEL (as if read before a crash).
     let mut ids = Vec::new();
@@ -710,7 +710,7 @@ async fn a_failed_ack_of_own_pending_entries_is_retried_not_left_behind() {
         left == 0 && still.is_empty(),
         "handled entries left in the PEL with no way back: {still:?}"
     );
-    second.shutdown_and_wait().await;
+    second.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// A read whose pipeline is lost with its connection (the ack of the previous batch travels with
@@ -779,7 +779,7 @@ async fn a_lost_read_pipeline_handles_nothing_twice(
     .await;
     assert!(all, "handled: {:?}", handled.lock().unwrap());
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
     let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
     for n in handled.lock().unwrap().iter() {
         *counts.entry(*n).or_default() += 1;
@@ -890,7 +890,7 @@ async fn a_shard_retired_while_a_member_holds_it_is_never_created_again(mode: Fe
     })
     .await;
     assert!(released, "{group:#?}");
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
     // Every task has stopped: what is there now stays.
     assert!(
         !exists(&mut conn, "{orders:1}").await,
@@ -976,7 +976,7 @@ async fn a_deleted_group_leaves_no_attempt_counts_for_the_group_registered_again
         "handled {:?}, dead letters {letters:?}",
         recorder.calls()
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// docs/design.md §8.9: an entry counted by a process that died in its handler
@@ -1015,7 +1015,7 @@ async fn a_trimmed_entry_dropped_by_a_claim_leaves_no_attempt_count() {
         vec![],
         "the trimmed entry's attempt count was left"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// docs/design.md §8.9: the retirement deletes a shard's stream and fence; its
@@ -1079,7 +1079,7 @@ async fn an_entry_dead_lettered_as_too_large_leaves_no_attempt_count() {
         vec![],
         "the too-large entry's attempt count was left"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// docs/design.md §8.9: the first delivery of a re-delivered entry is assumed to have reached a
@@ -1111,7 +1111,7 @@ async fn with_max_deliveries_one_a_handed_over_entry_is_still_handled() {
         letters.is_empty() && recorder.handled().contains(&(0, entry.clone())),
         "dead-lettered without an attempt: {letters:?}"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// A panic in the handler function's own code, before the future it returns (a closure's body,
@@ -1142,5 +1142,5 @@ async fn a_panic_before_the_handlers_future_is_a_failed_attempt() {
     assert!(done, "{:?}", attempts.lock().unwrap());
     assert_eq!(*attempts.lock().unwrap(), vec![(id.clone(), 1), (id, 2)]);
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }

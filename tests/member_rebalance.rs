@@ -168,8 +168,8 @@ async fn a_fifth_member_joining_under_load_moves_only_the_assignors_minimum_and_
 
     // Nothing lost.
     assert_nothing_lost(&recorder, &published, Duration::from_secs(15)).await;
-    fifth.shutdown_and_wait().await;
-    four.shutdown_and_wait().await;
+    fifth.shutdown_and_wait().await.expect("clean shutdown");
+    four.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -271,7 +271,7 @@ async fn a_static_member_restarting_within_its_lease_moves_no_shard_and_changes_
 
     // Graceful static leave (-2), then a new process with the same instance id.
     let left_at = now_us();
-    first.shutdown_and_wait().await;
+    first.shutdown_and_wait().await.expect("clean shutdown");
     let second = start_recording(
         &target,
         &static_recorder,
@@ -384,8 +384,8 @@ async fn a_static_member_restarting_within_its_lease_moves_no_shard_and_changes_
         Duration::from_secs(15),
     )
     .await;
-    second.shutdown_and_wait().await;
-    others.shutdown_and_wait().await;
+    second.shutdown_and_wait().await.expect("clean shutdown");
+    others.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// What a graceful shutdown (drain of 10 ms handlers, then the leave) may take before the
@@ -424,7 +424,7 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let shutdown_at = now_us();
-    leaver.shutdown_and_wait().await;
+    leaver.shutdown_and_wait().await.expect("clean shutdown");
     let left_at = now_us();
     eprintln!("shutdown_and_wait took {} ms", ms(left_at - shutdown_at));
 
@@ -520,7 +520,7 @@ async fn graceful_shutdown_acks_finished_work_leaves_and_hands_shards_over_at_on
     for shard in 0..8 {
         assert_eq!(pending_count(&mut conn, shard).await, 0, "shard {shard}");
     }
-    stayer.shutdown_and_wait().await;
+    stayer.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// `SIGTERM` to a member process (`ListenerHandle::run_until_signal`): it drains, leaves (its
@@ -576,7 +576,7 @@ async fn sigterm_makes_a_member_process_leave_the_group_and_exit_cleanly() {
     let published = publisher.stop();
     assert_nothing_lost(&recorder, &published, Duration::from_secs(15)).await;
     assert_no_pending(&mut conn, 0..4).await;
-    stayer.shutdown_and_wait().await;
+    stayer.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// docs/design.md §10.2: a producer whose metadata refreshes fail (its ACL user loses read access
@@ -709,7 +709,7 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
     })
     .await;
     let missing: Vec<_> = ids.difference(&recorder.handled()).cloned().collect();
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
     assert!(
         failed.is_empty(),
         "publishes failed inside the producer's routing lease (the shard was retired under it): \
@@ -771,7 +771,7 @@ async fn an_entry_left_in_a_retiring_shard_is_handled_and_the_shard_then_retires
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let handled = recorder.handled().contains(&(1, id.clone()));
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
     assert!(complete, "the migration did not complete: {last:?}");
     assert!(handled, "the late entry {id} of shard 1 was never handled");
 }

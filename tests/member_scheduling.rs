@@ -159,7 +159,7 @@ async fn one_worker_serves_sixteen_shards_in_strict_rotation() {
     .await;
     assert!(done);
     assert_handled_in_order(&order.lock().unwrap(), &published, &all);
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// A throwaway standalone server with the stream created over `shards` shards, each holding
@@ -272,7 +272,7 @@ async fn idle_members_send_a_bounded_number_of_commands_per_second() {
         "{blocks} XREAD BLOCK calls in {elapsed:.2} s for 8 shards (at most {most_blocks})"
     );
     assert!(recorder.calls().is_empty());
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// `fencing = "acks"` on a standalone server: a member's shards share one multi-stream
@@ -316,7 +316,7 @@ async fn in_acks_mode_a_members_shards_share_one_read_per_round() {
     })
     .await;
     assert!(done, "handled {} of {all}", order.lock().unwrap().len());
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 
     let reads = command_calls(&mut conn).await["xreadgroup"];
     eprintln!("{reads} XREADGROUP calls for {all} entries in batches of 25 over 4 shards");
@@ -388,7 +388,7 @@ async fn the_heartbeat_reports_the_busy_workers() {
         idle, 0,
         "busy workers reported after every handler returned"
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// Polls `describe_group` (10 s at most) until the one member reports `want` busy workers;

@@ -376,7 +376,7 @@ async fn counters_and_histograms_equal_the_known_outcomes_and_lag_goes_to_zero_a
         metrics.gauge(names::GROUP_LAG, &[("group", group)])
     })
     .await;
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
     // Every heartbeat's round trip is timed once, whatever its status (the leave is not one).
     let heartbeats = metrics.counter(names::HEARTBEATS_TOTAL, &of_member);
     assert_eq!(
@@ -464,7 +464,17 @@ async fn group_lag_is_the_sum_of_the_shards_lags_and_pending_entries_age() {
         metrics.counter(names::ASSIGNMENTS_TOTAL, &[("group", group)]),
         3
     );
-    handle.shutdown_and_wait().await;
+    // The handlers of shards 1 and 2 block on purpose: the shutdown cancels them and says so.
+    let cancelled = handle.shutdown_and_wait().await.unwrap_err();
+    let shards: Vec<u32> = cancelled
+        .problems()
+        .iter()
+        .map(|problem| match problem {
+            stream_listener::ShutdownError::HandlerCancelled { shard, .. } => *shard,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(shards, [1, 2]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -507,7 +517,7 @@ async fn retention_counts_what_it_trimmed_and_what_a_force_trim_cost_another_gro
         8
     );
     assert_eq!(metrics.counter(names::RETENTION_LOST_TOTAL, &of_group), 0);
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -544,7 +554,7 @@ async fn every_fence_rejection_is_counted_by_op() {
     })
     .await;
     assert!(rejected, "the raise was not refused twice");
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
     assert_eq!(
         metrics.counter(names::FENCE_REJECTIONS_TOTAL, &of_group),
         events.load(Ordering::SeqCst),
@@ -593,7 +603,7 @@ async fn every_hook_failure_is_counted_by_hook() {
     };
     assert_eq!(hook("on_assigned"), 2);
     assert_eq!(hook("on_revoked"), 0);
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
     assert_eq!(hook("on_revoked"), 2);
     assert_eq!(hook("on_lost"), 0);
 }
@@ -640,7 +650,7 @@ async fn an_interval_too_long_for_the_clock_does_not_stop_the_shard() {
     .await;
     let handled = || handle.status().iter().map(|s| s.handled).sum::<u64>();
     wait_for("every entry acked", 3, handled).await;
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// A batch listener (docs/design.md §14.2) counts handled, dead-lettered and retried entries one
@@ -711,5 +721,5 @@ async fn a_batch_listener_counts_entries_one_by_one_and_times_each_batch_attempt
             "{outcome}"
         );
     }
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
 }

@@ -195,7 +195,10 @@ async fn readyz_follows_startup_a_frozen_redis_recovery_and_shutdown() {
     let (status, _) = http::get(addr, "/healthz").await.unwrap();
     assert_eq!(status, 200, "draining is alive");
     RELEASE.store(true, Ordering::SeqCst);
-    tokio::time::timeout(WAIT, app.join()).await.unwrap();
+    tokio::time::timeout(WAIT, app.join())
+        .await
+        .unwrap()
+        .expect("clean shutdown");
     let after = http::get(addr, "/readyz").await;
     assert!(
         after.is_err(),
@@ -244,7 +247,7 @@ async fn metrics_serves_prometheus_text_with_bucketed_histograms() {
     assert_eq!(status, 200);
     let (status, _) = http::get(addr, "/nope").await.unwrap();
     assert_eq!(status, 404);
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test]

@@ -103,7 +103,7 @@ async fn gauges_stay_in_every_scrape_with_a_short_metrics_interval() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(gaps, [], "series missing from scrapes (scrape, series)");
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,5 +133,5 @@ async fn gauges_forgotten_during_a_redis_freeze_come_back_after_it() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }

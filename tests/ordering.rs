@@ -222,7 +222,7 @@ async fn key_mode_runs_keys_of_a_shard_at_once_and_each_key_in_entry_order() {
     );
     assert_no_pending(&mut conn, 0..2).await;
     handle.shutdown();
-    handle.join().await;
+    handle.join().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,7 +279,7 @@ async fn a_retried_entry_holds_back_only_the_later_entries_of_its_key() {
     );
     assert_no_pending(&mut conn, [0]).await;
     handle.shutdown();
-    handle.join().await;
+    handle.join().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,7 +308,7 @@ async fn none_mode_runs_any_entries_at_once_and_acks_them_all() {
     );
     assert_no_pending(&mut conn, [0]).await;
     handle.shutdown();
-    handle.join().await;
+    handle.join().await.expect("clean shutdown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,6 +365,6 @@ async fn a_member_joining_mid_run_in_key_mode_loses_nothing_and_keeps_each_key_i
     let second = second.unwrap();
     second.shutdown();
     first.shutdown();
-    second.join().await;
-    first.join().await;
+    second.join().await.expect("clean shutdown");
+    first.join().await.expect("clean shutdown");
 }

@@ -578,3 +578,33 @@ fn readme_routing_vectors_match_the_code() {
     }
     assert_eq!(rows, 9, "every vector row was checked");
 }
+
+/// A producer-only service (docs/design.md §14.5): `Config::publisher` of a stream the config
+/// declares with `shards` creates it when it does not exist yet (as `run()` would), with the
+/// declared shards; an existing stream keeps its own shard count.
+#[tokio::test]
+async fn a_publisher_of_a_declared_stream_not_yet_created_creates_it_with_the_declared_shards() {
+    let (server, mut conn) = start().await;
+    let text = format!(
+        "[redis]\nurl = \"{}\"\n\n[streams.payments]\nshards = 4\n\n[streams.refunds]\nshards = 3\n",
+        server.url()
+    );
+    let config = stream_listener::Config::from_toml_str(&text, "producer-only.toml").unwrap();
+    let publisher = config.publisher("payments").await.unwrap();
+    assert_eq!(publisher.routing_snapshot().shard_count, 4);
+    let published = publisher
+        .publish("order-1", &serde_json::json!({"n": 1}))
+        .await
+        .unwrap();
+    assert_eq!(
+        xlen(&mut conn, &format!("{{payments:{}}}", published.shard)).await,
+        1
+    );
+    let meta = StreamKeys::new("payments").unwrap();
+    assert!(exists(&mut conn, &meta.metadata()).await);
+
+    // An existing stream keeps its count: 2 shards created by the admin tool, 3 declared.
+    create_stream(&mut conn, "refunds", 2).await;
+    let publisher = config.publisher("refunds").await.unwrap();
+    assert_eq!(publisher.routing_snapshot().shard_count, 2);
+}

@@ -469,7 +469,7 @@ async fn the_runtime_trims_the_shards_it_owns_and_its_dead_letters() {
     // Acked mode: every entry was handled before it went.
     assert_eq!(recorder.handled().len(), 40);
     assert_eq!(ids_of(&mut conn, &dlq).await, ["5-1", "6-1"]);
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test]
@@ -501,7 +501,7 @@ async fn the_poller_survives_pending_entries_trimmed_by_force() {
         recorder.handled(),
         pending_of(&target, SHARD0).await
     );
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test]
@@ -540,7 +540,7 @@ async fn a_force_trim_by_the_runtime_reports_each_groups_loss() {
     assert!(reported, "{:?}", lost.lock().unwrap());
     assert!(lost.lock().unwrap().iter().all(|(g, _)| g == "laggard"));
     assert_eq!(len_of(&target, SHARD0).await, 5);
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 fn ignore(_: stream_listener::Delivery) -> stream_listener::core::handler::HandlerFuture {
@@ -585,7 +585,7 @@ async fn startup_writes_the_configured_retention_when_it_differs() {
         .await
         .unwrap()
         .metadata_version;
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 
     // Changed by hand; the next start puts the configured value back, without a version bump.
     admin::set_stream_retention(&mut conn, STREAM, None)
@@ -597,7 +597,7 @@ async fn startup_writes_the_configured_retention_when_it_differs() {
     assert_eq!(shown.retention, Some(max_len(RetentionMode::Acked, 10)));
     let after = admin::describe_stream(&mut conn, STREAM).await.unwrap();
     assert_eq!(after.metadata_version, version);
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[test]

@@ -188,7 +188,7 @@ async fn a_registered_listener_consumes_published_events() {
     assert_eq!(assigned, vec![0, 1, 2, 3]);
 
     let started = Instant::now();
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "graceful shutdown is quick"
@@ -245,7 +245,7 @@ async fn run_with_a_cluster() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test]
@@ -255,7 +255,7 @@ async fn config_overrides_apply_over_the_macro() {
         .await
         .unwrap();
     assert_eq!(app.status()[0].members.len(), 3);
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 #[tokio::test]
@@ -322,7 +322,7 @@ async fn redis_coming_up_during_startup_is_waited_for() {
     let app = run_with(config(&url, "")).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(1000));
     let _server = restarter.join().unwrap();
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 fn ignore(_: Delivery) -> HandlerFuture {
@@ -440,7 +440,7 @@ handler_timeout = "2s"
         assert_eq!(ids, ["pod-a-m0"], "{}: {status:?}", listener.name);
         assert_eq!(listener.owned_shards(), [0, 1], "{}", listener.name);
     }
-    app.shutdown_and_wait().await;
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// Asserts that the message of `err` contains each of `parts`, showing it whole when one is
@@ -450,4 +450,155 @@ fn assert_says(err: &impl std::fmt::Display, parts: &[&str]) {
     for part in parts {
         assert!(text.contains(part), "{part:?} not in: {text}");
     }
+}
+
+/// Set once the slow handler has started.
+static SLOW_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A handler that runs far past any `shutdown_timeout` of these tests.
+fn slow(_: Delivery) -> HandlerFuture {
+    SLOW_STARTED.store(true, std::sync::atomic::Ordering::SeqCst);
+    Box::pin(async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Ok(())
+    })
+}
+
+/// docs/design.md §14.5: `shutdown_and_wait` says whether the shutdown was clean. A handler
+/// still running after `shutdown_timeout` is cancelled and named in the error (its entry stays
+/// pending); a shutdown with nothing in flight is `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_names_a_handler_cancelled_past_shutdown_timeout_and_a_clean_one_is_ok() {
+    let server = RedisServer::start().unwrap();
+    let text = format!(
+        r#"
+[redis]
+url = "{}"
+startup_timeout = "5s"
+
+[coordination]
+heartbeat_interval = "200ms"
+member_lease_ttl = "1500ms"
+rebalance_timeout = "3s"
+
+[streams.slow_events]
+shards = 1
+
+[streams.quick_events]
+shards = 1
+"#,
+        server.url()
+    );
+    let quick_section = "\n[listeners.quick]\nhandler_timeout = \"2s\"\n";
+    let clean = Config::from_toml_str(&format!("{text}{quick_section}"), "shutdown.toml").unwrap();
+    let slow_section =
+        "\n[listeners.slow]\nhandler_timeout = \"2s\"\nshutdown_timeout = \"300ms\"\n";
+    let config = Config::from_toml_str(&(text + slow_section), "shutdown.toml").unwrap();
+
+    let quick = run_listeners(
+        clean,
+        vec![ListenerRegistration::new(
+            "quick",
+            "quick_events",
+            "g",
+            ignore,
+        )],
+    )
+    .await
+    .unwrap();
+    assert!(quick.wait_for_assignment(1, Duration::from_secs(15)).await);
+    quick.shutdown_and_wait().await.expect("clean shutdown");
+
+    let app = run_listeners(
+        config.clone(),
+        vec![ListenerRegistration::new("slow", "slow_events", "g", slow)],
+    )
+    .await
+    .unwrap();
+    assert!(app.wait_for_assignment(1, Duration::from_secs(15)).await);
+    let member = app.status()[0].members[0].member_id.clone();
+    let publisher = config.publisher("slow_events").await.unwrap();
+    publisher.publish("k", &Event { seq: 1 }).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !SLOW_STARTED.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(SLOW_STARTED.load(std::sync::atomic::Ordering::SeqCst));
+    let started = Instant::now();
+    let error = app.shutdown_and_wait().await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "bounded by shutdown_timeout"
+    );
+    match &error {
+        stream_listener::ShutdownError::HandlerCancelled {
+            listener,
+            stream,
+            group,
+            member_id,
+            shard,
+            shutdown_timeout,
+            ..
+        } => {
+            assert_eq!(
+                (listener.as_str(), stream.as_str(), group.as_str(), *shard),
+                ("slow", "slow_events", "g", 0)
+            );
+            assert_eq!(member_id, &member);
+            assert_eq!(*shutdown_timeout, Duration::from_millis(300));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_says(
+        &error,
+        &["`slow`", "shard 0", "shutdown_timeout (300ms)", "pending"],
+    );
+    // The cancelled handler's entry was not acked.
+    let mut conn = RedisConnection::connect(
+        &RedisTarget::Standalone(server.url()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    // The XPENDING summary's first element: the group's pending count.
+    let pending: Vec<redis::Value> = redis::cmd("XPENDING")
+        .arg("{slow_events:0}")
+        .arg("g")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending.first(), Some(&redis::Value::Int(1)));
+}
+
+/// docs/design.md §14.5: the public errors' `Debug` is their message with its causes (what
+/// `fn main() -> Result<(), E>` prints), not the derive's struct dump.
+#[test]
+fn public_errors_debug_as_their_message_and_causes() {
+    let unknown = stream_listener::PublishError::UnknownStream {
+        prefix: "payments".into(),
+        key: "sl:{payments}:stream".into(),
+    };
+    assert_eq!(format!("{unknown:?}"), unknown.to_string());
+    assert!(format!("{unknown:?}").starts_with("stream \"payments\" does not exist"));
+
+    let mut options = stream_listener::core::member::ListenerOptions::default();
+    options.concurrency = 0;
+    let target = RedisTarget::Standalone("redis://127.0.0.1:1".into());
+    let refused =
+        stream_listener::core::member::Listener::new(target, "orders", "billing", ignore, options)
+            .unwrap_err();
+    assert_eq!(
+        format!("{refused:?}"),
+        "invalid listener options: concurrency must be at least 1"
+    );
+
+    let config = Config::from_toml_str("[redis]\nurl = 5\n", "bad.toml").unwrap_err();
+    assert_eq!(
+        format!("{config:?}"),
+        stream_listener::core::internals::report::Chain(&config).to_string()
+    );
+    assert!(format!("{config:?}").contains("bad.toml"), "{config:?}");
+    // RunError shares the implementation.
+    let run = RunError::Config(config);
+    assert!(format!("{run:?}").contains("bad.toml"), "{run:?}");
 }

@@ -88,5 +88,5 @@ async fn hook_logs_name_stream_group_member_shard_and_member_epoch() {
             .unwrap_or_else(|| panic!("no line {message:?}: {lines:#?}"));
         assert!(line.contains(&spans), "{message:?} not in {spans}: {line}");
     }
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }

@@ -137,7 +137,7 @@ async fn the_state_given_to_the_app_counts_every_entry() {
         "handled {} of {N}",
         counter.count()
     );
-    running.shutdown_and_wait().await;
+    running.shutdown_and_wait().await.expect("clean shutdown");
     // One member, no rebalance after the assignment: each entry handled exactly once, and the
     // metadata and payload the function got are those of the published entries.
     assert_eq!(counter.count(), N);
@@ -216,6 +216,6 @@ async fn run_listeners_with_a_handler_fn_registration() {
         "handled {} of {N}",
         tally.load(Ordering::SeqCst)
     );
-    running.shutdown_and_wait().await;
+    running.shutdown_and_wait().await.expect("clean shutdown");
     assert_eq!(tally.load(Ordering::SeqCst), N);
 }

@@ -1115,5 +1115,5 @@ async fn a_listener_survives_garbage_in_the_fast_path_fields() {
         "entries were lost after the repair"
     );
     handle.shutdown();
-    handle.join().await;
+    handle.join().await.expect("clean shutdown");
 }

@@ -176,6 +176,6 @@ async fn the_handler_span_is_a_child_of_the_producer_span_in_its_trace() {
         headers_of(&batch[1].stream_key, &batch[1].entry_id).unwrap(),
         Headers::new().with("traceparent", own)
     );
-    listener.shutdown_and_wait().await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
     provider.shutdown().unwrap();
 }

@@ -214,6 +214,16 @@ pub enum HandlerError {
     /// The payload could not be decoded: dead-lettered at once with reason `decode`.
     #[error("payload could not be decoded: {0}")]
     Decode(String),
+    /// A dependency is down ([`HandlerError::pause_shard`]): the shard reads nothing and starts
+    /// no attempt for `duration`, then tries the same entry again. Not a failed attempt (it does
+    /// not count toward `max_attempts` or `max_deliveries`) and never a dead letter
+    /// (docs/design.md §14.4).
+    #[error("dependency unavailable: shard paused for {duration:?}")]
+    PauseShard {
+        /// How long to pause, as asked (the poller clamps it to
+        /// [`HandlerError::MIN_SHARD_PAUSE`]..=[`HandlerError::MAX_SHARD_PAUSE`]).
+        duration: std::time::Duration,
+    },
 }
 
 impl HandlerError {
@@ -225,6 +235,25 @@ impl HandlerError {
     /// A non-retryable error.
     pub fn non_retryable(error: impl Into<BoxError>) -> Self {
         HandlerError::NonRetryable(error.into())
+    }
+
+    /// The shortest pause [`HandlerError::pause_shard`] makes: a zero duration would run the
+    /// handler again at once, in a hot loop.
+    pub const MIN_SHARD_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+    /// The longest pause [`HandlerError::pause_shard`] makes: a longer one is cut to this (the
+    /// handler can ask again when the entry is retried). The heartbeats keep the shard
+    /// meanwhile, so the limit is independent of the lease.
+    pub const MAX_SHARD_PAUSE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+    /// A dependency is down: pause this shard (reads and attempts) for `duration`, keep the entry
+    /// pending and try it again after, in place (docs/design.md §14.4). It is not a failed
+    /// attempt and never dead-letters the entry; the member's other shards keep going. A revoke
+    /// or a shutdown during the pause ends it: the entry stays pending for the next owner.
+    /// `duration` is clamped to [`HandlerError::MIN_SHARD_PAUSE`]..=
+    /// [`HandlerError::MAX_SHARD_PAUSE`].
+    pub fn pause_shard(duration: std::time::Duration) -> Self {
+        HandlerError::PauseShard { duration }
     }
 }
 

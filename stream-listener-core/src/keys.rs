@@ -15,7 +15,7 @@ pub const STREAMS_INDEX_KEY: &str = "sl:streams";
 pub const MAX_NAME_LEN: usize = 200;
 
 /// A stream prefix or consumer group name that cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum NameError {
     /// Empty name.
@@ -51,6 +51,8 @@ pub enum NameError {
         max: usize,
     },
 }
+
+crate::report::readable_debug!(NameError);
 
 fn check_name(
     kind: &'static str,

@@ -28,6 +28,30 @@ impl fmt::Display for Chain<'_> {
     }
 }
 
+/// Writes `error` as its `Debug`: its message, then each cause, as [`Chain`] displays it. The
+/// one implementation of the public errors' `Debug` (docs/design.md §14.5): `fn main() ->
+/// Result<(), E>` prints an error's `Debug`, and a struct dump there says less than the message
+/// with its causes. For an error type outside this crate, call it from its `Debug` impl.
+///
+/// # Errors
+/// Only the formatter's.
+pub fn debug_chain(error: &(dyn Error + 'static), f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fmt::Display::fmt(&Chain(error), f)
+}
+
+/// Implements `Debug` for each error type named as [`debug_chain`] (its message, then each
+/// cause), instead of the derive's struct dump.
+macro_rules! readable_debug {
+    ($($error:ty),* $(,)?) => {$(
+        impl ::std::fmt::Debug for $error {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                $crate::report::debug_chain(self, f)
+            }
+        }
+    )*};
+}
+pub(crate) use readable_debug;
+
 /// The text of a caught panic's payload (a `&str` or `String` message), for logs and dead
 /// letters.
 pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {

@@ -14,7 +14,7 @@ use crate::connection::{DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget};
 pub const MINIMUM_REDIS_VERSION: (u32, u32, u32) = (7, 0, 0);
 
 /// Why [`connect`] gave up.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum StartupError {
     /// Redis did not answer: every attempt failed to connect or timed out until the startup
@@ -43,6 +43,8 @@ pub enum StartupError {
         found: String,
     },
 }
+
+crate::report::readable_debug!(StartupError);
 
 /// A connection that answered `PING` and passed the version check: what members start on.
 #[derive(Debug, Clone)]

@@ -165,6 +165,8 @@ pub use stream_listener_core::handler::{BoxError, Delivery, HandlerError, Metada
 /// Message headers (docs/design.md §13.4): written by [`Publisher::publish_with_headers`], read
 /// by the [`Headers`] extractor and [`Message::headers`].
 pub use stream_listener_core::headers::Headers;
+/// Why a graceful shutdown was not clean (docs/design.md §14.5).
+pub use stream_listener_core::member::ShutdownError;
 /// Member health for probes (docs/design.md §13.2, `/healthz` and `/readyz`).
 pub use stream_listener_core::member::{HealthSource, MemberHealth, MemberState};
 pub use stream_listener_core::member::{ListenerHandle, MemberStatus};

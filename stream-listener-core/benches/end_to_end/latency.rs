@@ -252,7 +252,7 @@ pub(crate) async fn latency(target: RedisTarget, label: &str, peak: Option<f64>)
     for t in raw_tasks {
         let _ = t.await;
     }
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
     let samples = samples.lock().unwrap().clone();
     let stats = |phase: u32| -> (usize, u64, u64, u64) {
         let mut v = samples.get(&phase).cloned().unwrap_or_default();

@@ -104,7 +104,7 @@ async fn case(target: &RedisTarget, prefix: &str, ordering: Ordering, entries: u
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     handle.shutdown();
-    handle.join().await;
+    handle.join().await.expect("clean shutdown");
     let s = seen.lock().unwrap();
     let secs = s.last_end_us.saturating_sub(s.first_start_us) as f64 / 1e6;
     Outcome {

@@ -274,7 +274,7 @@ pub(crate) async fn rebalance(target: RedisTarget, label: &str) {
         reports.push(r);
         d = after;
         if let Some(leave) = leave {
-            leave.await.unwrap();
+            leave.await.unwrap().expect("clean shutdown");
         }
     }
 
@@ -288,7 +288,7 @@ pub(crate) async fn rebalance(target: RedisTarget, label: &str) {
     let handled = log.lock().unwrap().ids.len() as u64;
     let calls: usize = log.lock().unwrap().per_shard.iter().map(Vec::len).sum();
     for (_, h) in handles {
-        h.shutdown_and_wait().await;
+        h.shutdown_and_wait().await.expect("clean shutdown");
     }
     println!(
         "\n[{label}] rebalance under load, 12 shards, 1,200 msg/s, heartbeat 1 s, lease 10 s (load {})",

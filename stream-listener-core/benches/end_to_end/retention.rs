@@ -227,8 +227,8 @@ async fn soak(with_retention: bool, total: u64, rate: u64, keep: u64, spin: Dura
         slow_pending += reply.count() as u64;
     }
     let slow_lost = total.saturating_sub(total_handled(&[&slow]));
-    fast.shutdown_and_wait().await;
-    slow.shutdown_and_wait().await;
+    fast.shutdown_and_wait().await.expect("clean shutdown");
+    slow.shutdown_and_wait().await.expect("clean shutdown");
     let delta = |name: &str| delta(&cmds0, &cmds1, name);
     // The trim script alone goes by EVAL (TRIM_AS_EVAL): its whole cost inside Redis.
     let (trim_calls, eval_usec) = delta("eval");

@@ -7,7 +7,7 @@ use crate::store::{RetentionError, StoreError};
 
 /// Why an admin operation failed. A failed operation changes nothing, or leaves a step that the
 /// next call of the same operation finishes (every operation is idempotent).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum AdminError {
     /// A store error: Redis unreachable ([`StoreError::Redis`]), unknown stream
@@ -250,6 +250,8 @@ pub enum AdminError {
         prefix: String,
     },
 }
+
+crate::report::readable_debug!(AdminError);
 
 impl AdminError {
     /// Whether Redis could not be reached (connection refused, timeout, dropped connection,

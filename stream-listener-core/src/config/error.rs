@@ -23,7 +23,7 @@ impl fmt::Display for Location {
 
 /// Why a configuration cannot be used (docs/design.md §11). Nothing was sent to Redis when one of
 /// these is returned.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The config file could not be read (for a path named by `STREAM_LISTENER_CONFIG`, also when
@@ -76,6 +76,8 @@ pub enum ConfigError {
         location: Option<Location>,
     },
 }
+
+crate::report::readable_debug!(ConfigError);
 
 fn env_note(from_env: bool) -> &'static str {
     if from_env {

@@ -126,19 +126,31 @@ impl Config {
     /// (standalone or cluster), with [`Config::publisher_options`]. One connection attempt, no
     /// retries.
     ///
+    /// A stream the config declares with `[streams.<prefix>] shards = N` is created first when
+    /// it does not exist, as `run()` does at startup (docs/design.md §14.5): a producer-only
+    /// service needs no admin step. An existing stream keeps its shard count (a different one is
+    /// logged; change it with `stream-listener stream scale`). Only `prefix` is created, and
+    /// retention is left to `run()` and the admin tool.
+    ///
     /// # Errors
     /// [`PublishError::Redis`](crate::producer::PublishError::Redis) when Redis cannot be
-    /// reached; otherwise as [`Publisher::new`](crate::producer::Publisher::new) (for example
-    /// [`PublishError::UnknownStream`](crate::producer::PublishError::UnknownStream)).
+    /// reached; [`PublishError::Provision`](crate::producer::PublishError::Provision) when the
+    /// declared stream cannot be created; otherwise as
+    /// [`Publisher::new`](crate::producer::Publisher::new) (for example
+    /// [`PublishError::UnknownStream`](crate::producer::PublishError::UnknownStream) for a
+    /// stream that neither exists nor is declared with `shards`).
     pub async fn publisher(
         &self,
         prefix: &str,
     ) -> Result<crate::producer::Publisher, crate::producer::PublishError> {
-        let conn = crate::connection::RedisConnection::connect(
+        let mut conn = crate::connection::RedisConnection::connect(
             &self.redis.target(),
             crate::connection::DEFAULT_RESPONSE_TIMEOUT,
         )
         .await?;
+        if let Some(shards) = self.streams.get(prefix).and_then(|s| s.shards) {
+            provision_declared(&mut conn, prefix, shards).await?;
+        }
         crate::producer::Publisher::new(conn, prefix, self.publisher_options(prefix)).await
     }
 
@@ -150,5 +162,37 @@ impl Config {
             options.max_payload_bytes = max;
         }
         options
+    }
+}
+
+/// Creates the declared stream `prefix` with `shards` shards when it does not exist
+/// ([`crate::store::provision::create_stream`], as `run()`'s step 4); an existing one keeps its
+/// shard count.
+async fn provision_declared(
+    conn: &mut crate::connection::RedisConnection,
+    prefix: &str,
+    shards: u32,
+) -> Result<(), crate::producer::PublishError> {
+    use crate::store::provision::{ProvisionError, create_stream};
+    match create_stream(conn, prefix, shards).await {
+        Ok(created) if created.created => {
+            tracing::info!(stream = %prefix, shards, "stream created");
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(ProvisionError::ShardCountMismatch { existing, .. }) => {
+            tracing::warn!(
+                stream = %prefix,
+                existing,
+                configured = shards,
+                "stream exists with another shard count; keeping it (change it with `stream-listener stream scale`)"
+            );
+            Ok(())
+        }
+        Err(ProvisionError::InvalidName(error)) => Err(error.into()),
+        Err(source) => Err(crate::producer::PublishError::Provision {
+            prefix: prefix.to_owned(),
+            source,
+        }),
     }
 }

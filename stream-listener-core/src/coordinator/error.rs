@@ -8,7 +8,7 @@ use crate::model::{Epoch, ShardIndex};
 /// malformed: nothing was changed, and the member should log the error and fix its build or
 /// report. `StaleRequestSeq` means the request arrived after a newer one of the same process:
 /// it is ignored.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CoordinatorError {
     /// The request speaks another protocol version.
@@ -76,8 +76,10 @@ pub enum CoordinatorError {
     },
 }
 
+crate::report::readable_debug!(CoordinatorError);
+
 /// Invalid coordinator timing configuration.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TimingsError {
     /// A duration that must be positive is zero.
@@ -105,3 +107,5 @@ pub enum TimingsError {
         lease_ms: u128,
     },
 }
+
+crate::report::readable_debug!(TimingsError);

@@ -6,7 +6,7 @@ use crate::model::ShardIndex;
 /// each operation's inner `Result`, or [`super::ReadOutcome::Fenced`]); these are the cases where
 /// Redis could not do what was asked. None of them leaves a partial change: every operation on a
 /// shard is one script, applied whole or not at all.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum DataPlaneError {
     /// The shard stream or its consumer group does not exist (`NOGROUP`, or `no such key`).
@@ -67,6 +67,8 @@ pub enum DataPlaneError {
         keys: Vec<String>,
     },
 }
+
+crate::report::readable_debug!(DataPlaneError);
 
 impl DataPlaneError {
     /// Whether this is [`DataPlaneError::NoGroup`]: the stream or the group is missing.

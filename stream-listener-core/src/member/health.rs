@@ -91,6 +91,10 @@ pub struct MemberHealth {
     pub since_last_response: Option<Duration>,
     /// The last heartbeat failure (a Redis error or timeout) since the last response, if any.
     pub last_error: Option<String>,
+    /// Whether it is paused ([`crate::member::ListenerHandle::pause`]): it reads nothing and
+    /// starts no handler, but heartbeats, keeps its shards and stays ready (a paused Kafka
+    /// consumer is still in its group).
+    pub paused: bool,
 }
 
 /// What the heartbeat loop learnt from responses, for [`MemberHealth`].
@@ -311,6 +315,7 @@ fn snapshot(
         since_last_renewal: ago(track.last_renewal),
         since_last_response,
         last_error: track.last_error.clone(),
+        paused: shared.is_paused(),
     }
 }
 

@@ -56,7 +56,9 @@ impl Running {
 }
 
 impl Member {
-    pub(super) async fn run(self) {
+    /// Runs the member until it stops; returns what went wrong in its shutdown (nothing when it
+    /// stopped otherwise).
+    pub(super) async fn run(self) -> Vec<super::ShutdownError> {
         let member_id = self.member_id();
         let _stop_shards_on_exit = self.member_stop.clone().drop_guard();
         let span = tracing::info_span!(
@@ -65,15 +67,15 @@ impl Member {
             group = %self.ctx.group,
             member = %member_id,
         );
-        self.run_loop().instrument(span).await;
+        self.run_loop().instrument(span).await
     }
 
-    async fn run_loop(self) {
+    async fn run_loop(self) -> Vec<super::ShutdownError> {
         let group_keys = match self.ctx.stream.group(&self.ctx.group) {
             Ok(keys) => keys,
             Err(error) => {
                 tracing::error!(error = %crate::report::Chain(&error), "invalid group name");
-                return;
+                return Vec::new();
             }
         };
         let mut store = GroupStore::new(
@@ -107,12 +109,12 @@ impl Member {
                     self.record_assignment(&request, &response, &changes);
                     let mut stopped = Vec::new();
                     if self.act(&changes, &mut shards, &response, &mut stopped) {
-                        return;
+                        return Vec::new();
                     }
                     // The rejoin (next heartbeat) releases this process's holdings at once
                     // (coordinator rule 4): it goes out only once the stopped tasks are done.
                     if !stopped.is_empty() && !self.await_stopped(stopped).await {
-                        return;
+                        return Vec::new();
                     }
                 }
                 Err(error) => {
@@ -150,8 +152,7 @@ impl Member {
                 _ = tokio::time::sleep(wait) => {}
                 _ = self.ctx.shared.wake_heartbeat.notified() => {}
                 _ = self.shutdown.cancelled() => {
-                    self.leave(&mut store, &mut shards, seq + 1).await;
-                    return;
+                    return self.leave(&mut store, &mut shards, seq + 1).await;
                 }
             }
         }
@@ -362,13 +363,15 @@ impl Member {
         }
     }
 
-    /// Graceful shutdown: drain every shard within `shutdown_timeout`, then leave.
+    /// Graceful shutdown: drain every shard within `shutdown_timeout`, then leave. Returns what
+    /// was not clean: each shard whose handler was cancelled, a leave that was not delivered.
     async fn leave(
         &self,
         store: &mut GroupStore,
         shards: &mut BTreeMap<ShardIndex, Running>,
         seq: u64,
-    ) {
+    ) -> Vec<super::ShutdownError> {
+        let mut problems = Vec::new();
         self.ctx.shared.lock().begin_leave();
         for running in shards.values() {
             running.revoke();
@@ -384,6 +387,14 @@ impl Member {
                 );
                 stop.cancel();
                 let _ = task.await;
+                problems.push(super::ShutdownError::HandlerCancelled {
+                    listener: self.ctx.options.name.clone(),
+                    stream: self.ctx.stream.prefix().to_owned(),
+                    group: self.ctx.group.clone(),
+                    member_id: self.member_id(),
+                    shard,
+                    shutdown_timeout: self.ctx.options.shutdown_timeout,
+                });
             }
             self.ctx.shared.lock().drained(shard);
             self.ctx.metrics.revoked(1);
@@ -392,9 +403,17 @@ impl Member {
         match self.send(store, &request).await {
             Ok(_) => tracing::info!("left the group"),
             Err(error) => {
-                tracing::warn!(error = %crate::report::Chain(&error), "leave not delivered; the lease will expire instead")
+                tracing::warn!(error = %crate::report::Chain(&error), "leave not delivered; the lease will expire instead");
+                problems.push(super::ShutdownError::LeaveNotDelivered {
+                    listener: self.ctx.options.name.clone(),
+                    stream: self.ctx.stream.prefix().to_owned(),
+                    group: self.ctx.group.clone(),
+                    member_id: self.member_id(),
+                    source: Box::new(error),
+                });
             }
         }
+        problems
     }
 
     fn member_id(&self) -> String {

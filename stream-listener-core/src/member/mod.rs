@@ -8,6 +8,7 @@
 
 mod health;
 mod heartbeat;
+mod shutdown;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,9 +30,10 @@ use crate::startup::{Connected, StartupError};
 use crate::store::provision::{ProvisionError, register_group};
 use health::HealthCell;
 pub use health::{HealthSource, MemberHealth, MemberState};
+pub use shutdown::ShutdownError;
 
 /// Why a listener could not start or stopped.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ListenerError {
     /// Invalid options.
@@ -49,8 +51,10 @@ pub enum ListenerError {
     Register(#[source] ProvisionError),
 }
 
+crate::report::readable_debug!(ListenerError);
+
 /// What is wrong with [`ListenerOptions`].
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum OptionsError {
     /// A count that must be positive is 0.
@@ -100,11 +104,14 @@ pub enum OptionsError {
     },
 }
 
+crate::report::readable_debug!(OptionsError);
+
 /// A listener's members, running.
 #[derive(Debug)]
 pub struct ListenerHandle {
     shutdown: CancellationToken,
-    members: Vec<(String, Arc<MemberShared>, JoinHandle<()>)>,
+    /// Each member's id, state and task; the task returns what went wrong in its shutdown.
+    members: Vec<(String, Arc<MemberShared>, JoinHandle<Vec<ShutdownError>>)>,
     /// One per listener merged in ([`ListenerHandle::merge`]).
     stopped: Vec<tokio::sync::watch::Receiver<Option<MemberStopped>>>,
     /// Each member's health record, in the order of `members`.
@@ -178,6 +185,34 @@ impl ListenerHandle {
         }
     }
 
+    /// Pauses every shard of every member of this handle, in this process (docs/design.md §14.4):
+    /// no shard task starts a read or a handler attempt until [`ListenerHandle::resume`]. An
+    /// attempt in flight finishes and is acked; entries read but not started stay pending and
+    /// are handled, in order, after the resume. Heartbeats go on, so a pause of any length keeps
+    /// the members' assignments and starts no rebalance; a paused shard that is revoked is
+    /// released at once, and a shutdown still shuts down. Idempotent; the members stay ready
+    /// ([`MemberHealth::paused`] says they are paused).
+    pub fn pause(&self) {
+        for (_, shared, _) in &self.members {
+            shared.set_paused(true);
+        }
+    }
+
+    /// Ends a [`ListenerHandle::pause`]: every shard task goes back to its own pending entries
+    /// (from `0`), then reads new ones. Idempotent; a shard paused by a handler's
+    /// [`crate::handler::HandlerError::pause_shard`] stays paused until its own pause ends.
+    pub fn resume(&self) {
+        for (_, shared, _) in &self.members {
+            shared.set_paused(false);
+        }
+    }
+
+    /// Whether the members are paused ([`ListenerHandle::pause`] called, no
+    /// [`ListenerHandle::resume`] since); `false` for a handle without members.
+    pub fn is_paused(&self) -> bool {
+        !self.members.is_empty() && self.members.iter().all(|(_, shared, _)| shared.is_paused())
+    }
+
     /// Asks every member to shut down gracefully: stop reads, finish in-flight handlers within
     /// `shutdown_timeout`, ack, and leave (`-1`, or `-2` for a static member) reporting every
     /// shard `REVOKED`. Returns at once; [`ListenerHandle::join`] waits.
@@ -192,10 +227,22 @@ impl ListenerHandle {
 
     /// Waits until every member has stopped (after [`ListenerHandle::shutdown`], or for good
     /// after `FENCED_INSTANCE_ID`).
-    pub async fn join(self) {
+    ///
+    /// # Errors
+    /// A [`ShutdownError`] when the shutdown was not clean: a handler still ran past
+    /// `shutdown_timeout` ([`ShutdownError::HandlerCancelled`]: cancelled, its entry stays
+    /// pending for the next owner) or a leave did not reach Redis
+    /// ([`ShutdownError::LeaveNotDelivered`]: the member's shards move when its lease expires);
+    /// [`ShutdownError::Several`] for more than one. Every member has stopped either way.
+    pub async fn join(self) -> Result<(), ShutdownError> {
+        let mut problems = Vec::new();
         for (_, _, task) in self.members {
-            let _ = task.await;
+            // An aborted or panicked member task has nothing more to report.
+            if let Ok(found) = task.await {
+                problems.extend(found);
+            }
         }
+        ShutdownError::from_problems(problems)
     }
 
     /// Resolves when a member stops for good on its own (today: another process took its static
@@ -222,10 +269,14 @@ impl ListenerHandle {
         futures_util::future::select_all(waits).await.0
     }
 
-    /// Shuts down and waits.
-    pub async fn shutdown_and_wait(self) {
+    /// Shuts down ([`ListenerHandle::shutdown`]) and waits ([`ListenerHandle::join`]).
+    ///
+    /// # Errors
+    /// As [`ListenerHandle::join`]: a handler cancelled past `shutdown_timeout`, a leave that
+    /// did not reach Redis.
+    pub async fn shutdown_and_wait(self) -> Result<(), ShutdownError> {
         self.shutdown();
-        self.join().await;
+        self.join().await
     }
 
     /// Waits for the first SIGINT or SIGTERM, [`ListenerHandle::shutdown`], or a member that stops
@@ -249,14 +300,18 @@ impl ListenerHandle {
     }
 
     /// Shuts down gracefully on the first SIGINT or SIGTERM (or when [`ListenerHandle::shutdown`]
-    /// is called), then waits until every member has left.
+    /// is called), then waits until every member has left. A shutdown that was not clean
+    /// ([`ShutdownError`]) is logged as a warning, not returned: the process is exiting, and
+    /// what it leaves behind is safe (pending entries go to the next owner, leases expire).
     ///
     /// # Errors
     /// An [`std::io::Error`] when the signal handlers cannot be installed.
     pub async fn run_until_signal(self) -> std::io::Result<()> {
         self.wait_for_stop(false).await?;
         tracing::info!("shutting down: draining in-flight work, then leaving the group");
-        self.shutdown_and_wait().await;
+        if let Err(error) = self.shutdown_and_wait().await {
+            tracing::warn!(error = %crate::report::Chain(&error), "shutdown was not clean");
+        }
         Ok(())
     }
 

@@ -42,6 +42,12 @@ pub(super) enum Verdict {
     },
     /// Try no more now: the entry stays pending for the shard's next owner.
     Abandon,
+    /// The handler asked to pause the shard (`HandlerError::pause_shard`): start nothing on it
+    /// for `duration` (clamped), then try the same entry again with the same attempt number.
+    PauseShard {
+        /// The pause, within `HandlerError::MIN_SHARD_PAUSE..=MAX_SHARD_PAUSE`.
+        duration: Duration,
+    },
 }
 
 impl Limits {
@@ -54,7 +60,8 @@ impl Limits {
         }
     }
 
-    /// After attempt number `attempt` (from 1) failed with `error`. A decode or non-retryable
+    /// After attempt number `attempt` (from 1) failed with `error`. A shard pause asked for is
+    /// a [`Verdict::PauseShard`] whatever the attempt (an `Abandon` while draining). A decode or non-retryable
     /// error is dead-lettered at once, and so is any error of the last attempt; otherwise the
     /// entry is retried after `backoff × 2^(attempt − 1)` (the first retry after `backoff`
     /// itself, later ones at most [`MAX_BACKOFF`]), unless the shard is `draining`: a drain
@@ -65,6 +72,15 @@ impl Limits {
         attempt: u32,
         draining: bool,
     ) -> Verdict {
+        if let HandlerError::PauseShard { duration } = error {
+            // A drain starts nothing more: the entry stays pending for the next owner.
+            return match draining {
+                true => Verdict::Abandon,
+                false => Verdict::PauseShard {
+                    duration: clamp_pause(*duration),
+                },
+            };
+        }
         let reason = match error {
             HandlerError::Decode(_) => Some(DeadLetterReason::Decode),
             HandlerError::NonRetryable(_) => Some(DeadLetterReason::NonRetryable),
@@ -120,6 +136,11 @@ impl Limits {
         };
         attempt_number > self.max_deliveries
     }
+}
+
+/// A pause asked for by a handler, within `HandlerError::MIN_SHARD_PAUSE..=MAX_SHARD_PAUSE`.
+fn clamp_pause(duration: Duration) -> Duration {
+    duration.clamp(HandlerError::MIN_SHARD_PAUSE, HandlerError::MAX_SHARD_PAUSE)
 }
 
 #[cfg(test)]
@@ -286,5 +307,35 @@ mod tests {
             ..LIMITS
         };
         assert!(none.over_max_deliveries(1));
+    }
+
+    #[test]
+    fn a_shard_pause_is_neither_a_failure_nor_a_dead_letter_even_on_the_last_attempt() {
+        let pause = HandlerError::pause_shard(Duration::from_millis(300));
+        let expected = Verdict::PauseShard {
+            duration: Duration::from_millis(300),
+        };
+        assert_eq!(LIMITS.after_failure(&pause, 1, false), expected);
+        assert_eq!(LIMITS.after_failure(&pause, 3, false), expected);
+        assert_eq!(LIMITS.after_failure(&pause, u32::MAX, false), expected);
+        assert_eq!(LIMITS.after_failure(&pause, 1, true), Verdict::Abandon);
+    }
+
+    #[test]
+    fn a_shard_pause_is_clamped() {
+        let short = HandlerError::pause_shard(Duration::ZERO);
+        assert_eq!(
+            LIMITS.after_failure(&short, 1, false),
+            Verdict::PauseShard {
+                duration: HandlerError::MIN_SHARD_PAUSE
+            }
+        );
+        let endless = HandlerError::pause_shard(Duration::MAX);
+        assert_eq!(
+            LIMITS.after_failure(&endless, 1, false),
+            Verdict::PauseShard {
+                duration: HandlerError::MAX_SHARD_PAUSE
+            }
+        );
     }
 }

@@ -181,6 +181,17 @@ impl ShardTask {
                     continue;
                 }
                 Verdict::Abandon => return Ok(false),
+                // A handler's `pause_shard` (docs/design.md §14.4): no failed attempt; the rest
+                // of the batch runs again with the same attempt number after the pause.
+                Verdict::PauseShard { duration } => {
+                    tracing::info!(?duration, entries = rest.len(), error = %Chain(&error), "batch handler paused the shard; the batch is tried again after the pause");
+                    self.pause_shard_for(duration);
+                    self.wait_while_paused().await;
+                    if self.done() || !self.may_finish() || self.ctx.shared.is_paused() {
+                        return Ok(false);
+                    }
+                    continue;
+                }
                 Verdict::Retry { backoff } => backoff,
             };
             for _ in &rest {

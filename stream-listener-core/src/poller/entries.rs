@@ -75,7 +75,8 @@ impl ShardTask {
         let mut finished = Vec::with_capacity(entries.len());
         let mut complete = true;
         for entry in entries {
-            if self.done() || !self.still_holds(token) {
+            // Paused: the entries not started stay pending (read again from `0` on resume).
+            if self.done() || !self.still_holds(token) || self.paused() {
                 complete = false;
                 break;
             }
@@ -195,7 +196,9 @@ impl ShardTask {
         entry: &ShardEntry,
         limits: Limits,
     ) -> Result<Outcome, DataPlaneError> {
-        for attempt in 1..=limits.max_attempts {
+        // A shard pause (`pause_shard`) is no failed attempt: the same attempt number runs again.
+        let mut attempt = 1;
+        while attempt <= limits.max_attempts {
             let delivery = self.delivery(token, entry, attempt);
             let (ran, started) = self.run_handler(delivery).await;
             let (error, cause) = match ran {
@@ -215,7 +218,7 @@ impl ShardTask {
             self.ctx
                 .metrics
                 .handler_attempt(failed_outcome(&error, cause, &verdict), started);
-            let backoff = match verdict {
+            match verdict {
                 Verdict::DeadLetter { reason } => {
                     // The text first: a `Chain` (a plain `dyn Error` reference) is not `Sync`.
                     let text = Chain(&error).to_string();
@@ -223,18 +226,26 @@ impl ShardTask {
                     return Ok(Outcome::Ack);
                 }
                 Verdict::Abandon => return Ok(Outcome::Abandon),
+                Verdict::PauseShard { duration } => {
+                    tracing::info!(entry = %entry.id, attempt, ?duration, error = %Chain(&error), "handler paused the shard; the entry is tried again after the pause");
+                    self.pause_shard_for(duration);
+                    self.wait_while_paused().await;
+                    // Not a failed attempt: the same number again.
+                    attempt -= 1;
+                }
                 Verdict::Retry { backoff } => {
                     self.ctx.metrics.retry();
-                    backoff
+                    tracing::debug!(entry = %entry.id, attempt, error = %Chain(&error), "handler failed; retrying in place");
+                    self.pause(backoff).await;
                 }
-            };
-            tracing::debug!(entry = %entry.id, attempt, error = %Chain(&error), "handler failed; retrying in place");
-            self.pause(backoff).await;
+            }
             // The lease may have lapsed during the backoff (heartbeats failing): no attempt
             // without it, or the shard's next owner and this one could run the entry at once.
-            if self.done() || !self.may_finish() {
+            // A pause of the member leaves the entry pending, as the entries not started.
+            if self.done() || !self.may_finish() || self.ctx.shared.is_paused() {
                 return Ok(Outcome::Abandon);
             }
+            attempt += 1;
         }
         Ok(Outcome::Abandon)
     }
@@ -315,6 +326,7 @@ pub(super) fn failed_outcome(
         (_, HandlerError::Decode(_), _) => HandlerOutcome::DecodeError,
         (_, _, Verdict::DeadLetter { .. }) => HandlerOutcome::DeadLetter,
         (_, _, Verdict::Retry { .. } | Verdict::Abandon) => HandlerOutcome::Retry,
+        (_, _, Verdict::PauseShard { .. }) => HandlerOutcome::Pause,
     }
 }
 

@@ -170,7 +170,9 @@ impl ShardTask {
         loop {
             // As `"shard"` ordering checks before each entry: nothing starts in a drain, after a
             // stop or without the lease and this token (the entries running may finish).
-            if self.done() || !self.still_holds(token) {
+            // A pause (the member's, or a handler's `pause_shard`) starts nothing more either;
+            // what runs finishes, the rest stays pending.
+            if self.done() || !self.still_holds(token) || self.paused() {
                 lanes.halt();
             }
             while let Some(index) = lanes.start_next() {

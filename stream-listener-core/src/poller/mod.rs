@@ -178,6 +178,10 @@ pub(crate) struct ShardTask {
     ownership: crate::handler::Ownership,
     /// The shard's metric series and its lag sampler's schedule (docs/design.md §13.1).
     metrics: ShardMetrics,
+    /// Until when the shard is paused by a handler's `HandlerError::pause_shard` (docs/design.md
+    /// §14.4): no read and no attempt starts on it before then. On the task, not in one entry's
+    /// attempts, so that every path that starts work on the shard respects it ([`Self::paused`]).
+    paused_until: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl ShardTask {
@@ -228,6 +232,7 @@ impl ShardTask {
             member_epoch,
             ownership: crate::handler::Ownership::new(ownership),
             metrics,
+            paused_until: std::sync::Mutex::new(None),
         })
     }
 
@@ -370,6 +375,14 @@ impl ShardTask {
                 }
                 continue;
             }
+            // Paused (the member by `ListenerHandle::pause`, or the shard by a handler's
+            // `pause_shard`): nothing is read or started; what finished is acked now, and the
+            // heartbeats go on, so the shard stays owned (docs/design.md §14.4).
+            if self.paused() {
+                self.flush_acks().await;
+                self.wait_while_paused().await;
+                continue;
+            }
             // Behind on new entries (the last read was a full batch): the ack of the previous
             // batch travels with the next read. Otherwise ack first, on its own: before a claim
             // or a pending read, and when caught up, so the next read comes a round trip later
@@ -432,6 +445,66 @@ impl ShardTask {
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             _ = self.revoke.cancelled() => {}
             _ = self.stop.cancelled() => {}
+        }
+    }
+
+    /// Whether nothing may start on the shard now: its member is paused
+    /// (`ListenerHandle::pause`) or a handler paused the shard and the pause has not ended.
+    pub(super) fn paused(&self) -> bool {
+        self.ctx.shared.is_paused() || self.shard_pause_end().is_some()
+    }
+
+    /// When a handler's pause of the shard ends, while it has not ended. A lock, not a plain
+    /// field: with `ordering = "key"` or `"none"` several entries of the shard run at once,
+    /// each through `&self` ([`lanes`]).
+    fn shard_pause_end(&self) -> Option<tokio::time::Instant> {
+        let mut until = self
+            .paused_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if until.is_some_and(|end| tokio::time::Instant::now() >= end) {
+            *until = None;
+        }
+        *until
+    }
+
+    /// Pauses the shard for `duration` from now (a handler's `pause_shard`, already clamped);
+    /// a later end wins over an earlier one.
+    pub(super) fn pause_shard_for(&self, duration: Duration) {
+        let end = tokio::time::Instant::now() + duration;
+        let mut until = self
+            .paused_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *until = Some(until.map_or(end, |old| old.max(end)));
+    }
+
+    /// Waits until the shard is no longer [`Self::paused`], or it is revoked or stopped (a
+    /// revoke ends a pause: the drain has nothing in flight).
+    pub(super) async fn wait_while_paused(&self) {
+        let mut member_paused = self.ctx.shared.paused.subscribe();
+        while self.paused() && !self.done() {
+            let until = self.shard_pause_end();
+            let shard_pause = async {
+                match until {
+                    Some(until) => tokio::time::sleep_until(until).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let member_resumed = async {
+                if self.ctx.shared.is_paused() {
+                    // An error means the member is gone: its stop token ends the wait.
+                    let _ = member_paused.wait_for(|paused| !*paused).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                _ = shard_pause => {}
+                _ = member_resumed => {}
+                _ = self.revoke.cancelled() => {}
+                _ = self.stop.cancelled() => {}
+            }
         }
     }
 

@@ -11,7 +11,7 @@ use crate::store::StoreError;
 /// large, a field named `key`, an invalid header name) write nothing. A [`PublishError::Redis`] or
 /// [`PublishError::ShardMissing`] of a batch can come after some of its entries were appended:
 /// retrying the batch may then append those again (at-least-once, docs/design.md §12).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
     /// The stream prefix is empty, too long or contains characters the key layout cannot carry.
@@ -141,7 +141,20 @@ pub enum PublishError {
         /// What is wrong with it: `is empty` or `contains a control character`.
         problem: &'static str,
     },
+    /// The stream the config declares (`[streams.<prefix>] shards = N`) does not exist and could
+    /// not be created ([`crate::config::Config::publisher`]); the source says why (Redis failed,
+    /// or too many shards declared).
+    #[error("cannot create stream {prefix:?} declared in the config")]
+    Provision {
+        /// The stream prefix.
+        prefix: String,
+        /// Why.
+        #[source]
+        source: crate::store::provision::ProvisionError,
+    },
 }
+
+crate::report::readable_debug!(PublishError);
 
 impl From<StoreError> for PublishError {
     fn from(error: StoreError) -> Self {

@@ -29,6 +29,9 @@ pub(crate) struct MemberShared {
     pub(crate) assignment_changed: Notify,
     /// Entries handled and acked so far (the `handled` of a member's status).
     pub(crate) handled: AtomicU64,
+    /// Whether the member's shard tasks are paused (`ListenerHandle::pause`, docs/design.md
+    /// §14.4): a watch, so a paused task waits for the resume instead of polling the flag.
+    pub(crate) paused: tokio::sync::watch::Sender<bool>,
 }
 
 impl MemberShared {
@@ -38,6 +41,7 @@ impl MemberShared {
             wake_heartbeat: Notify::new(),
             assignment_changed: Notify::new(),
             handled: AtomicU64::new(0),
+            paused: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -48,6 +52,16 @@ impl MemberShared {
         self.reconciler
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the member is paused now (one load).
+    pub(crate) fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    /// Pauses (`true`) or resumes (`false`) the member's shard tasks; waiting tasks wake.
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.paused.send_replace(paused);
     }
 
     /// The member id (fixed for the member's life).

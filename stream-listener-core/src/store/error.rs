@@ -5,7 +5,7 @@ use crate::keys::NameError;
 
 /// Why a store operation failed. Every variant says what to do; none loses data (a failed
 /// operation changes nothing, or leaves a change that the next attempt finishes).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// Redis did not answer or refused a command ([`crate::connection::RedisFailure::of`] says
@@ -110,6 +110,8 @@ pub enum StoreError {
         attempts: u32,
     },
 }
+
+crate::report::readable_debug!(StoreError);
 
 impl StoreError {
     pub(crate) fn corrupt(key: &str, field: &str, source: serde_json::Error) -> Self {

@@ -29,7 +29,7 @@ pub const CAS_ATTEMPTS: u32 = 16;
 
 /// Why [`create_stream`] or [`register_group`] failed. Nothing was written, or a step was left
 /// that the next call finishes (both are idempotent).
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ProvisionError {
     /// A stream of 0 shards.
@@ -66,6 +66,8 @@ pub enum ProvisionError {
     #[error(transparent)]
     InvalidName(#[from] NameError),
 }
+
+crate::report::readable_debug!(ProvisionError);
 
 /// The stream metadata, or [`StoreError::MissingStream`].
 pub(crate) async fn load_required(

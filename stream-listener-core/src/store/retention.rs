@@ -74,7 +74,7 @@ pub struct Retention {
 }
 
 /// A retention value that cannot be used. Nothing was written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RetentionError {
     /// A bound of 0, above [`MAX_RETENTION_AGE_MS`] / [`MAX_RETENTION_LEN`], or unparsable.
@@ -88,6 +88,8 @@ pub enum RetentionError {
         reason: String,
     },
 }
+
+crate::report::readable_debug!(RetentionError);
 
 impl RetentionError {
     pub(crate) fn invalid(key: &str, value: impl ToString, reason: impl Into<String>) -> Self {

@@ -40,18 +40,22 @@ pub(crate) enum HandlerOutcome {
     Timeout,
     /// The handler panicked.
     Panic,
+    /// The handler asked to pause its shard (`HandlerError::pause_shard`): tried again after the
+    /// pause, not a failure.
+    Pause,
 }
 
 impl HandlerOutcome {
     /// Every outcome, in [`Self::index`] order.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    const ALL: [HandlerOutcome; 6] = [
+    const ALL: [HandlerOutcome; 7] = [
         HandlerOutcome::Ok,
         HandlerOutcome::Retry,
         HandlerOutcome::DeadLetter,
         HandlerOutcome::DecodeError,
         HandlerOutcome::Timeout,
         HandlerOutcome::Panic,
+        HandlerOutcome::Pause,
     ];
 
     /// The label value.
@@ -64,6 +68,7 @@ impl HandlerOutcome {
             HandlerOutcome::DecodeError => "decode_error",
             HandlerOutcome::Timeout => "timeout",
             HandlerOutcome::Panic => "panic",
+            HandlerOutcome::Pause => "pause",
         }
     }
 

@@ -100,7 +100,7 @@ impl Stopwatch {
 /// listener starts; shared by its heartbeat loop and shard tasks.
 pub(crate) struct MemberMetrics {
     labels: Vec<Label>,
-    handler: [Histogram; 6],
+    handler: [Histogram; 7],
     handled_ok: Counter,
     handled_dead_letter: Counter,
     retries: Counter,

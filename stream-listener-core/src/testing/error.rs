@@ -9,7 +9,7 @@ use std::time::Duration;
 /// Every fallible function of [`crate::testing`] returns this type; the harness never panics.
 /// Variants that concern a running or starting server carry the tail of its log (`log_tail`, the
 /// last lines of the file `redis-server` wrote to), so a failing test shows why Redis misbehaved.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum HarnessError {
     /// A Redis binary (`redis-server` or `redis-cli`) was not found: not on `PATH`, or the
@@ -155,6 +155,8 @@ pub enum HarnessError {
         source: redis::RedisError,
     },
 }
+
+crate::report::readable_debug!(HarnessError);
 
 impl HarnessError {
     pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {

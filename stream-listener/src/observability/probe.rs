@@ -65,6 +65,8 @@ struct MemberBody {
     since_last_renewal_ms: Option<u64>,
     since_last_response_ms: Option<u64>,
     last_error: Option<String>,
+    /// `ListenerHandle::pause`d: still ready (it heartbeats and keeps its shards).
+    paused: bool,
 }
 
 impl Probe {
@@ -197,6 +199,7 @@ fn member_body(health: MemberHealth) -> MemberBody {
         revoking_shards: health.revoking_shards,
         reason: health.reason,
         last_error: health.last_error,
+        paused: health.paused,
         id: health.member_id,
     }
 }

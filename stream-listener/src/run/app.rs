@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use stream_listener_core::member::{ListenerHandle, MemberStatus};
+use stream_listener_core::member::{ListenerHandle, MemberStatus, ShutdownError};
 use stream_listener_core::model::ShardIndex;
 use tokio_util::sync::CancellationToken;
 
@@ -142,23 +142,35 @@ impl RunningApp {
     /// Waits until every member of every listener has stopped ([`ListenerHandle::join`]), then
     /// stops the HTTP listener of `[observability] listen` (it answers `/readyz` with 503
     /// `shutting_down` during the drain).
-    pub async fn join(self) {
-        self.members.join().await;
+    ///
+    /// # Errors
+    /// As [`ListenerHandle::join`]: a [`ShutdownError`] naming each handler cancelled past
+    /// `shutdown_timeout` and each leave that did not reach Redis (every member has stopped
+    /// either way).
+    pub async fn join(self) -> Result<(), ShutdownError> {
+        let joined = self.members.join().await;
         if let Some(server) = self.observability {
             server.stop().await;
         }
+        joined
     }
 
     /// Graceful shutdown ([`ListenerHandle::shutdown_and_wait`]): stop reads, let in-flight
     /// handlers finish within `shutdown_timeout`, ack what finished, leave the groups; returns
     /// when every member has left.
-    pub async fn shutdown_and_wait(self) {
+    ///
+    /// # Errors
+    /// A [`ShutdownError`] when it was not clean ([`RunningApp::join`]).
+    pub async fn shutdown_and_wait(self) -> Result<(), ShutdownError> {
         self.members.shutdown();
-        self.join().await;
+        self.join().await
     }
 
     /// Runs until SIGINT or SIGTERM (or [`RunningApp::shutdown`], or a member that stops for
-    /// good), then shuts down gracefully.
+    /// good), then shuts down gracefully. A shutdown that was not clean ([`ShutdownError`]) is
+    /// logged as a warning and not returned: the process is exiting, and what it leaves is safe
+    /// (cancelled handlers' entries stay pending for the next owner; a lost leave's lease
+    /// expires).
     ///
     /// # Errors
     /// [`RunError::Signal`] when the signal handlers cannot be installed;
@@ -170,8 +182,12 @@ impl RunningApp {
             .await
             .map_err(RunError::Signal)?;
         tracing::info!("shutting down: draining in-flight work, then leaving the groups");
-        self.shutdown_and_wait().await;
-        tracing::info!("shut down");
+        match self.shutdown_and_wait().await {
+            Ok(()) => tracing::info!("shut down"),
+            Err(error) => {
+                tracing::warn!(error = %stream_listener_core::internals::report::Chain(&error), "shut down, not cleanly");
+            }
+        }
         match stopped {
             Some(stopped) => Err(RunError::MemberStopped(stopped)),
             None => Ok(()),

@@ -185,12 +185,7 @@ impl RunError {
 
 impl std::fmt::Debug for RunError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(self, f)?;
-        let mut cause = std::error::Error::source(self);
-        while let Some(error) = cause {
-            write!(f, ": {error}")?;
-            cause = error.source();
-        }
-        Ok(())
+        // The one implementation every public error's `Debug` shares (docs/design.md §14.5).
+        stream_listener_core::internals::report::debug_chain(self, f)
     }
 }

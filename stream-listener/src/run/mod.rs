@@ -177,8 +177,11 @@ async fn start_members(
         let handle = match started {
             Ok(handle) => handle,
             Err(source) => {
-                if let Some(started) = members {
-                    started.shutdown_and_wait().await;
+                if let Some(started) = members
+                    && let Err(error) = started.shutdown_and_wait().await
+                {
+                    // The startup error is what to report; this one is only logged.
+                    tracing::warn!(error = %stream_listener_core::internals::report::Chain(&error), "stopping the listeners already started was not clean");
                 }
                 return Err(RunError::Listener {
                     listener: registration.name().to_owned(),

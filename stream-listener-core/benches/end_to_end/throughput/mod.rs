@@ -332,7 +332,7 @@ pub(crate) async fn run_listener_case_with(
     let secs = start.elapsed().as_secs_f64();
     let total = total_handled(&[&handle]) - before;
     let cost = probe.finish(&mut conn, total, secs).await;
-    handle.shutdown_and_wait().await;
+    handle.shutdown_and_wait().await.expect("clean shutdown");
     (total, secs, cost)
 }
 
