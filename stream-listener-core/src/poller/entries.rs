@@ -237,6 +237,12 @@ impl ShardTask {
                     self.ctx.metrics.retry();
                     tracing::debug!(entry = %entry.id, attempt, error = %Chain(&error), "handler failed; retrying in place");
                     self.pause(backoff).await;
+                    // Another entry of the shard (a lane: `ordering = "key"` or `"none"`) may
+                    // have paused it meanwhile (`pause_shard`): no attempt before that pause
+                    // ends (a member pause is checked below).
+                    if !self.ctx.shared.is_paused() {
+                        self.wait_while_paused().await;
+                    }
                 }
             }
             // The lease may have lapsed during the backoff (heartbeats failing): no attempt

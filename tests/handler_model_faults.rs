@@ -1,0 +1,170 @@
+//! Hostile tests of the handler model on real Redis (docs/design.md §14.3, §14.4):
+//!
+//! - key mode: while one key's entry has paused the shard (`pause_shard`), an entry of another
+//!   key that is retrying in place starts no further attempt before the pause ends ("the shard
+//!   starts no attempt for `duration`");
+//! - a batch listener whose batch is in its retry backoff when the member is paused
+//!   (`ListenerHandle::pause`) starts no further attempt while paused (as the per-entry path):
+//!   the batch is not retried, let alone dead-lettered, during the pause, and is handled after
+//!   the resume.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use stream_listener::core::batch::{Batch, BatchError};
+use stream_listener::core::extract::Json;
+use stream_listener::core::handler::{Delivery, HandlerError};
+use stream_listener::core::member::{Listener, Ordering};
+use support::*;
+
+#[derive(Debug, Default)]
+struct Lanes {
+    /// Calls of key `a`: (attempt, when).
+    a_calls: Mutex<Vec<(u32, Instant)>>,
+    /// Calls of key `b`.
+    b_calls: AtomicUsize,
+    /// When `b`'s first call returned `pause_shard`.
+    b_paused_at: Mutex<Option<Instant>>,
+}
+
+/// Polls `done` every 5 ms for up to 10 s.
+async fn wait_for(done: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !done() && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_mode_a_retrying_lane_starts_no_attempt_while_another_lane_paused_the_shard() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let pause = Duration::from_millis(1500);
+    // Both entries in the first read: one batch, two lanes.
+    xadd_fields(&mut conn, 0, &[("key", "a"), ("payload", "{}")]).await;
+    xadd_fields(&mut conn, 0, &[("key", "b"), ("payload", "{}")]).await;
+
+    let seen = Arc::new(Lanes::default());
+    let handler = {
+        let seen = seen.clone();
+        move |delivery: Delivery| {
+            let seen = seen.clone();
+            async move {
+                match delivery.partition_key() {
+                    Some("a") => {
+                        let first = {
+                            let mut calls = seen.a_calls.lock().unwrap();
+                            calls.push((delivery.attempt, Instant::now()));
+                            calls.len() == 1
+                        };
+                        if first {
+                            // Fails only once `b` has paused the shard: its retry (after a
+                            // 100 ms backoff) falls within the pause.
+                            wait_for(|| seen.b_paused_at.lock().unwrap().is_some()).await;
+                            return Err(HandlerError::retryable("a fails once"));
+                        }
+                        Ok(())
+                    }
+                    _ => {
+                        if seen.b_calls.fetch_add(1, AtomicOrdering::SeqCst) == 0 {
+                            wait_for(|| !seen.a_calls.lock().unwrap().is_empty()).await;
+                            *seen.b_paused_at.lock().unwrap() = Some(Instant::now());
+                            return Err(HandlerError::pause_shard(pause));
+                        }
+                        Ok(())
+                    }
+                }
+            }
+        }
+    };
+    let mut opts = options(1);
+    opts.ordering = Ordering::Key;
+    opts.max_in_flight = 4;
+    opts.max_attempts = 5;
+    opts.backoff = Duration::from_millis(100);
+    let listener = start_listener(&target, handler, opts).await;
+
+    let done = wait_until(Duration::from_secs(15), || {
+        seen.a_calls.lock().unwrap().len() >= 2 && seen.b_calls.load(AtomicOrdering::SeqCst) >= 2
+    })
+    .await;
+    assert!(done, "{seen:?}");
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    let paused_at = seen.b_paused_at.lock().unwrap().unwrap();
+    let (attempt, second) = seen.a_calls.lock().unwrap()[1];
+    assert_eq!(attempt, 2, "{seen:?}");
+    // Some slack for the instants taken in the handler vs. in the poller.
+    assert!(
+        second >= paused_at + pause - Duration::from_millis(100),
+        "a's attempt 2 started {:?} after b paused the shard for {pause:?}",
+        second.duration_since(paused_at)
+    );
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct N {
+    #[allow(dead_code)]
+    n: u64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_in_its_retry_backoff_is_not_retried_while_the_member_is_paused() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    for n in 1..=3u64 {
+        let payload = format!(r#"{{"n":{n}}}"#);
+        xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", &payload)]).await;
+    }
+    let backoff = Duration::from_millis(500);
+    // (attempt, delivery count) of each call.
+    let calls: Arc<Mutex<Vec<(u32, u64)>>> = Arc::default();
+    let handler = {
+        let calls = calls.clone();
+        move |batch: Batch<Json<N>>| {
+            let meta = batch.metadata(0).expect("a non-empty batch");
+            let first = {
+                let mut calls = calls.lock().unwrap();
+                calls.push((meta.attempt, meta.delivery_count));
+                calls.len() == 1
+            };
+            let result = if first {
+                Err(BatchError::all("dependency down"))
+            } else {
+                Ok(())
+            };
+            async move { result }
+        }
+    };
+    let mut opts = options(1);
+    // The second attempt, if it ran while paused, would fail and be the last: dead letters.
+    opts.max_attempts = 2;
+    opts.backoff = backoff;
+    let listener = Listener::new_batch(target.clone(), STREAM, GROUP, handler, opts)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+
+    let calls_len = || calls.lock().unwrap().len();
+    assert!(wait_until(Duration::from_secs(10), || calls_len() == 1).await);
+    // Within the first attempt's backoff (500 ms; `wait_until` polls every 20 ms).
+    listener.pause();
+    tokio::time::sleep(backoff * 4).await;
+    assert_eq!(
+        calls.lock().unwrap().clone(),
+        vec![(1, 1)],
+        "the batch handler ran while the member was paused"
+    );
+    listener.resume();
+    assert!(wait_until(Duration::from_secs(10), || calls_len() == 2).await);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    let dead: i64 = redis::cmd("XLEN")
+        .arg("orders:dlq:billing")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dead, 0, "dead letters: {:?}", calls.lock().unwrap());
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
