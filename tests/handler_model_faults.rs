@@ -168,3 +168,148 @@ async fn a_batch_in_its_retry_backoff_is_not_retried_while_the_member_is_paused(
     assert_eq!(dead, 0, "dead letters: {:?}", calls.lock().unwrap());
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_handler_pause_shard_at_k_acks_the_prefix_and_reruns_the_rest_after_the_pause_with_the_same_attempt()
+ {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let mut ids = Vec::new();
+    for n in 1..=3u64 {
+        let payload = format!(r#"{{"n":{n}}}"#);
+        ids.push(xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", &payload)]).await);
+    }
+    let pause = Duration::from_millis(800);
+    // (when, [(id, attempt, delivery count)]) of each call.
+    type Seen = Vec<(Instant, Vec<(String, u32, u64)>)>;
+    let calls: Arc<Mutex<Seen>> = Arc::default();
+    let handler = {
+        let calls = calls.clone();
+        move |batch: Batch<Json<N>>| {
+            let entries = batch
+                .entries()
+                .map(|(_, m)| (m.entry_id.clone(), m.attempt, m.delivery_count))
+                .collect();
+            let first = {
+                let mut calls = calls.lock().unwrap();
+                calls.push((Instant::now(), entries));
+                calls.len() == 1
+            };
+            let result = if first {
+                Err(BatchError::at(1, HandlerError::pause_shard(pause)))
+            } else {
+                Ok(())
+            };
+            async move { result }
+        }
+    };
+    let mut opts = options(1);
+    // A pause is no failed attempt: never a dead letter, even with one attempt.
+    opts.max_attempts = 1;
+    let listener = Listener::new_batch(target.clone(), STREAM, GROUP, handler, opts)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let calls_len = || calls.lock().unwrap().len();
+    assert!(wait_until(Duration::from_secs(10), || calls_len() == 2).await);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    let seen = calls.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let first: Vec<String> = seen[0].1.iter().map(|e| e.0.clone()).collect();
+    assert_eq!(first, ids, "{seen:?}");
+    assert_eq!(
+        seen[1].1,
+        vec![(ids[1].clone(), 1, 1), (ids[2].clone(), 1, 1)],
+        "the rest, in place, same attempt, same delivery"
+    );
+    assert!(
+        seen[1].0 >= seen[0].0 + pause - Duration::from_millis(50),
+        "rerun {:?} after the pause began",
+        seen[1].0.duration_since(seen[0].0)
+    );
+    let dead: i64 = redis::cmd("XLEN")
+        .arg("orders:dlq:billing")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dead, 0);
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// Handler starts in key mode: (key, n, attempt, delivery count, when).
+type KeyStarts = Arc<Mutex<Vec<(String, u64, u32, u64, Instant)>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_mode_pause_shard_starts_nothing_during_the_pause_and_loses_nothing() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let pause = Duration::from_millis(1000);
+    // a1 b1 c1 a2 b2 c2 (n = 1..=6): one batch, three lanes.
+    for (n, key) in ["a", "b", "c", "a", "b", "c"].into_iter().enumerate() {
+        let payload = format!(r#"{{"n":{}}}"#, n + 1);
+        xadd_fields(&mut conn, 0, &[("key", key), ("payload", &payload)]).await;
+    }
+    let starts: KeyStarts = Arc::default();
+    let paused_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let handler = {
+        let (starts, paused_at) = (starts.clone(), paused_at.clone());
+        move |delivery: Delivery| {
+            let (starts, paused_at) = (starts.clone(), paused_at.clone());
+            async move {
+                let key = delivery.partition_key().unwrap_or_default().to_owned();
+                let n = payload_n(&delivery).unwrap_or(0);
+                starts.lock().unwrap().push((
+                    key.clone(),
+                    n,
+                    delivery.attempt,
+                    delivery.delivery_count,
+                    Instant::now(),
+                ));
+                if n == 2 && paused_at.lock().unwrap().is_none() {
+                    *paused_at.lock().unwrap() = Some(Instant::now());
+                    return Err(HandlerError::pause_shard(pause));
+                }
+                if n == 1 || n == 3 {
+                    // a1 and c1 finish only once b1 paused the shard: a2 and c2 must not start
+                    // during the pause.
+                    wait_for(|| paused_at.lock().unwrap().is_some()).await;
+                }
+                Ok(())
+            }
+        }
+    };
+    let mut opts = options(1);
+    opts.ordering = Ordering::Key;
+    opts.max_in_flight = 3;
+    let listener = start_listener(&target, handler, opts).await;
+    let handled = || {
+        let starts = starts.lock().unwrap();
+        (1..=6u64).all(|n| starts.iter().any(|s| s.1 == n))
+    };
+    assert!(wait_until(Duration::from_secs(15), || handled() && starts.lock().unwrap().len() >= 7).await);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    let paused_at = paused_at.lock().unwrap().unwrap();
+    let starts = starts.lock().unwrap().clone();
+    for (key, n, attempt, delivery_count, at) in &starts {
+        let during = *at > paused_at && *at < paused_at + pause - Duration::from_millis(50);
+        assert!(
+            !during || *n == 1 || *n == 3,
+            "{key}{n} (attempt {attempt}, delivery {delivery_count}) started {:?} into the pause: {starts:?}",
+            at.duration_since(paused_at)
+        );
+    }
+    // b1 again, in place: same attempt, same delivery.
+    let b1: Vec<(u32, u64)> = starts
+        .iter()
+        .filter(|s| s.1 == 2)
+        .map(|s| (s.2, s.3))
+        .collect();
+    assert_eq!(b1, vec![(1, 1), (1, 1)], "{starts:?}");
+    // Per key, entry order.
+    for key in ["a", "b", "c"] {
+        let ns: Vec<u64> = starts.iter().filter(|s| s.0 == key).map(|s| s.1).collect();
+        let mut sorted = ns.clone();
+        sorted.sort();
+        assert_eq!(ns, sorted, "key {key}: {starts:?}");
+    }
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
