@@ -285,7 +285,11 @@ async fn key_mode_pause_shard_starts_nothing_during_the_pause_and_loses_nothing(
         let starts = starts.lock().unwrap();
         (1..=6u64).all(|n| starts.iter().any(|s| s.1 == n))
     };
-    assert!(wait_until(Duration::from_secs(15), || handled() && starts.lock().unwrap().len() >= 7).await);
+    assert!(
+        wait_until(Duration::from_secs(15), || handled()
+            && starts.lock().unwrap().len() >= 7)
+        .await
+    );
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     let paused_at = paused_at.lock().unwrap().unwrap();
     let starts = starts.lock().unwrap().clone();
@@ -311,5 +315,170 @@ async fn key_mode_pause_shard_starts_nothing_during_the_pause_and_loses_nothing(
         sorted.sort();
         assert_eq!(ns, sorted, "key {key}: {starts:?}");
     }
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// A batch listener recording (attempt, delivery count, ids) of each call; its first call waits
+/// until `release` is set, then returns `first`; later calls succeed.
+fn gated_batch_handler(
+    calls: Arc<Mutex<Vec<(u32, u64, usize)>>>,
+    release: Arc<std::sync::atomic::AtomicBool>,
+    first: fn() -> BatchError,
+) -> impl Fn(
+    Batch<Json<N>>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BatchError>> + Send>>
++ Send
++ Sync
++ 'static {
+    move |batch: Batch<Json<N>>| {
+        let meta = batch.metadata(0).expect("a non-empty batch");
+        let is_first = {
+            let mut calls = calls.lock().unwrap();
+            calls.push((meta.attempt, meta.delivery_count, batch.len()));
+            calls.len() == 1
+        };
+        let release = release.clone();
+        Box::pin(async move {
+            if is_first {
+                wait_for(|| release.load(AtomicOrdering::SeqCst)).await;
+                return Err(first());
+            }
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_dead_letter_the_rest_of_the_batch_does_not_start_while_the_member_is_paused() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    for n in 1..=3u64 {
+        let payload = format!(r#"{{"n":{n}}}"#);
+        xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", &payload)]).await;
+    }
+    let calls: Arc<Mutex<Vec<(u32, u64, usize)>>> = Arc::default();
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler = gated_batch_handler(calls.clone(), release.clone(), || {
+        BatchError::at(0, HandlerError::non_retryable("entry 0 is bad"))
+    });
+    let listener = Listener::new_batch(target.clone(), STREAM, GROUP, handler, options(1))
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let calls_len = || calls.lock().unwrap().len();
+    assert!(wait_until(Duration::from_secs(10), || calls_len() == 1).await);
+    // Paused while the first call runs: it finishes (entry 0 dead-lettered), nothing more starts.
+    listener.pause();
+    release.store(true, AtomicOrdering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        calls.lock().unwrap().clone(),
+        vec![(1, 1, 3)],
+        "the rest of the batch ran while the member was paused"
+    );
+    listener.resume();
+    assert!(wait_until(Duration::from_secs(10), || calls_len() == 2).await);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    assert_eq!(calls.lock().unwrap()[1].2, 2, "{:?}", calls.lock().unwrap());
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_during_batch_max_wait_starts_no_batch() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let calls: Arc<Mutex<Vec<(u32, u64, usize)>>> = Arc::default();
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let handler = gated_batch_handler(calls.clone(), release, || BatchError::all("unused"));
+    let mut opts = options(1);
+    // At most half the lease (1.5 s).
+    opts.batch_max_wait = Duration::from_millis(700);
+    opts.batch_size = 10;
+    let listener = Listener::new_batch(target.clone(), STREAM, GROUP, handler, opts)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
+    xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    // Read (in the pending list) and waiting for a fuller batch: paused now.
+    let mut read = false;
+    let end = Instant::now() + Duration::from_secs(10);
+    while !read && Instant::now() < end {
+        read = pending_count(&mut conn, 0).await == 1;
+        if !read {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    assert!(read);
+    listener.pause();
+    assert!(calls.lock().unwrap().is_empty(), "handled before the wait");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        calls.lock().unwrap().clone(),
+        vec![],
+        "a batch started while the member was paused"
+    );
+    listener.resume();
+    assert!(wait_until(Duration::from_secs(10), || calls.lock().unwrap().len() == 1).await);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_mode_pause_then_shutdown_finishes_what_runs_and_leaves_the_rest_to_the_next_run() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    // a1 b1 a2: a1 and b1 run at once, a2 waits for a1.
+    for (n, key) in [(1, "a"), (2, "b"), (3, "a")] {
+        let payload = format!(r#"{{"n":{n}}}"#);
+        xadd_fields(&mut conn, 0, &[("key", key), ("payload", &payload)]).await;
+    }
+    let starts: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler = {
+        let (starts, release) = (starts.clone(), release.clone());
+        move |delivery: Delivery| {
+            let (starts, release) = (starts.clone(), release.clone());
+            async move {
+                starts
+                    .lock()
+                    .unwrap()
+                    .push(payload_n(&delivery).unwrap_or(0));
+                wait_for(|| release.load(AtomicOrdering::SeqCst)).await;
+                Ok::<(), HandlerError>(())
+            }
+        }
+    };
+    let mut opts = options(1);
+    opts.ordering = Ordering::Key;
+    opts.max_in_flight = 4;
+    let listener = start_listener(&target, handler.clone(), opts.clone()).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || starts.lock().unwrap().len()
+            == 2)
+        .await
+    );
+    listener.pause();
+    release.store(true, AtomicOrdering::SeqCst);
+    let started = Instant::now();
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut first_run = starts.lock().unwrap().clone();
+    first_run.sort();
+    assert_eq!(first_run, vec![1, 2], "a2 started while paused");
+    // a1 and b1 acked; a2 read, not started: pending for the next run.
+    assert_eq!(pending_count(&mut conn, 0).await, 1);
+    starts.lock().unwrap().clear();
+    let listener = start_listener(&target, handler, opts).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || starts.lock().unwrap().len()
+            == 1)
+        .await
+    );
+    assert_eq!(starts.lock().unwrap().clone(), vec![3]);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }

@@ -45,7 +45,9 @@ impl ShardTask {
         let mut rest: Vec<Admitted> = Vec::with_capacity(entries.len());
         let mut complete = true;
         for entry in entries {
-            if self.done() || !self.still_holds(token) {
+            // Paused (the member, e.g. during `batch_max_wait`): the batch stays pending, read
+            // again from `0` after the resume, as the per-entry path's entries not started.
+            if self.done() || !self.still_holds(token) || self.paused() {
                 complete = false;
                 break;
             }
@@ -175,7 +177,10 @@ impl ShardTask {
                     // The entries after a dead-lettered one go on as a fresh batch: they did
                     // not fail.
                     attempt = 1;
-                    if !rest.is_empty() && (self.done() || !self.still_holds(token)) {
+                    // A pause of the member starts no further batch either.
+                    if !rest.is_empty()
+                        && (self.done() || !self.still_holds(token) || self.paused())
+                    {
                         return Ok(false);
                     }
                     continue;
@@ -260,7 +265,7 @@ impl ShardTask {
             return Ok(entries);
         }
         let deadline = Instant::now() + wait;
-        while entries.len() < batch && !self.done() && self.still_holds(token) {
+        while entries.len() < batch && !self.done() && self.still_holds(token) && !self.paused() {
             let Some(last_id) = entries.last().map(|entry| entry.id.clone()) else {
                 break;
             };
