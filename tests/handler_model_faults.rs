@@ -482,3 +482,67 @@ async fn key_mode_pause_then_shutdown_finishes_what_runs_and_leaves_the_rest_to_
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_only_undecodable_entries_is_dead_lettered_without_a_handler_call() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    for bad in ["not json", r#"{"n":"x"}"#, "{}"] {
+        xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", bad)]).await;
+    }
+    let calls: Arc<Mutex<Vec<(u32, u64, usize)>>> = Arc::default();
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let handler = gated_batch_handler(calls.clone(), release, || BatchError::all("unused"));
+    let listener = Listener::new_batch(target.clone(), STREAM, GROUP, handler, options(1))
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    let dead = || {
+        let mut conn = conn.clone();
+        async move {
+            let n: i64 = redis::cmd("XLEN")
+                .arg("orders:dlq:billing")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    let end = Instant::now() + Duration::from_secs(10);
+    while dead().await < 3 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(dead().await, 3);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    // A later decodable entry still goes through.
+    xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    assert!(wait_until(Duration::from_secs(10), || calls.lock().unwrap().len() == 1).await);
+    assert_eq!(calls.lock().unwrap()[0].2, 1);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_handler_past_handler_timeout_is_retried_whole() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    for n in 1..=2u64 {
+        let payload = format!(r#"{{"n":{n}}}"#);
+        xadd_fields(&mut conn, 0, &[("key", "k"), ("payload", &payload)]).await;
+    }
+    // The first call never returns (until cancelled by the timeout).
+    let calls: Arc<Mutex<Vec<(u32, u64, usize)>>> = Arc::default();
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler = gated_batch_handler(calls.clone(), release, || BatchError::all("unused"));
+    let mut opts = options(1);
+    opts.handler_timeout = Duration::from_millis(300);
+    opts.backoff = Duration::from_millis(20);
+    let listener = Listener::new_batch(target.clone(), STREAM, GROUP, handler, opts)
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || calls.lock().unwrap().len() == 2).await);
+    assert_eq!(calls.lock().unwrap().clone(), vec![(1, 1, 2), (2, 1, 2)]);
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
