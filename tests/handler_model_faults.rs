@@ -318,18 +318,17 @@ async fn key_mode_pause_shard_starts_nothing_during_the_pause_and_loses_nothing(
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
-/// A batch listener recording (attempt, delivery count, ids) of each call; its first call waits
-/// until `release` is set, then returns `first`; later calls succeed.
+/// A batch handler's future.
+type BatchFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BatchError>> + Send>>;
+
+/// A batch listener recording (attempt, delivery count, batch length) of each call; its first
+/// call waits until `release` is set, then returns `first`; later calls succeed.
 fn gated_batch_handler(
     calls: Arc<Mutex<Vec<(u32, u64, usize)>>>,
     release: Arc<std::sync::atomic::AtomicBool>,
     first: fn() -> BatchError,
-) -> impl Fn(
-    Batch<Json<N>>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), BatchError>> + Send>>
-+ Send
-+ Sync
-+ 'static {
+) -> impl Fn(Batch<Json<N>>) -> BatchFuture + Send + Sync + 'static {
     move |batch: Batch<Json<N>>| {
         let meta = batch.metadata(0).expect("a non-empty batch");
         let is_first = {
