@@ -545,3 +545,168 @@ async fn a_batch_handler_past_handler_timeout_is_retried_whole() {
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_mode_a_redis_restart_while_keys_run_at_once_loses_nothing_and_keeps_key_order() {
+    let (_serial, _unused, _, _, _) = Context::serial(1).await.parts();
+    let mut server = stream_listener::testing::RedisServer::builder()
+        .aof(true)
+        .config("appendfsync", "always")
+        .start()
+        .unwrap();
+    let target =
+        stream_listener::core::internals::connection::RedisTarget::Standalone(server.url());
+    let mut conn = connect(&target).await;
+    stream_listener::core::internals::admin::create_stream(&mut conn, STREAM, 1)
+        .await
+        .unwrap();
+    let keys = ["a", "b", "c", "d"];
+    for n in 1..=12u64 {
+        let key = keys[((n - 1) % 4) as usize];
+        let payload = format!(r#"{{"n":{n}}}"#);
+        xadd_fields(&mut conn, 0, &[("key", key), ("payload", &payload)]).await;
+    }
+    // (key, n) of each start; calls of one key in flight now and at most.
+    type Track = (
+        Vec<(String, u64)>,
+        std::collections::HashMap<String, usize>,
+        usize,
+    );
+    let track: Arc<Mutex<Track>> = Arc::default();
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handler = {
+        let (track, release) = (track.clone(), release.clone());
+        move |delivery: Delivery| {
+            let (track, release) = (track.clone(), release.clone());
+            async move {
+                let key = delivery.partition_key().unwrap_or_default().to_owned();
+                let n = payload_n(&delivery).unwrap_or(0);
+                {
+                    let mut t = track.lock().unwrap();
+                    t.0.push((key.clone(), n));
+                    let now = {
+                        let c = t.1.entry(key.clone()).or_default();
+                        *c += 1;
+                        *c
+                    };
+                    t.2 = t.2.max(now);
+                }
+                // The first four (one per key) run until Redis is down.
+                wait_for(|| release.load(AtomicOrdering::SeqCst)).await;
+                *track.lock().unwrap().1.get_mut(&key).unwrap() -= 1;
+                Ok::<(), HandlerError>(())
+            }
+        }
+    };
+    let mut opts = options(1);
+    opts.ordering = Ordering::Key;
+    opts.max_in_flight = 4;
+    let listener = start_listener(&target, handler, opts).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || track.lock().unwrap().0.len()
+            == 4)
+        .await
+    );
+    server.kill().unwrap();
+    release.store(true, AtomicOrdering::SeqCst);
+    // Down for longer than the lease.
+    tokio::time::sleep(LEASE + Duration::from_millis(500)).await;
+    server.restart().unwrap();
+    let all = wait_until(Duration::from_secs(30), || {
+        let t = track.lock().unwrap();
+        (1..=12u64).all(|n| t.0.iter().any(|(_, m)| *m == n))
+    })
+    .await;
+    assert!(all, "{:?}", track.lock().unwrap().0);
+    let mut conn = connect(&target).await;
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    let t = track.lock().unwrap().clone();
+    assert_eq!(t.2, 1, "a key in two handlers at once: {:?}", t.0);
+    for key in keys {
+        let mut first = Vec::new();
+        for (k, n) in &t.0 {
+            if k == key && !first.contains(n) {
+                first.push(*n);
+            }
+        }
+        let mut sorted = first.clone();
+        sorted.sort();
+        assert_eq!(first, sorted, "key {key}: {:?}", t.0);
+    }
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_mode_an_endless_pause_shard_ends_at_a_revoke_and_at_shutdown() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(2).await.parts();
+    // (member, shard, n) of each start; the first call on each shard pauses it "forever".
+    let starts: Arc<Mutex<Vec<(String, u32, u64)>>> = Arc::default();
+    let handler = {
+        let starts = starts.clone();
+        move |delivery: Delivery| {
+            let starts = starts.clone();
+            async move {
+                let n = payload_n(&delivery).unwrap_or(0);
+                let first_on_shard = {
+                    let mut s = starts.lock().unwrap();
+                    let first = !s.iter().any(|(_, shard, _)| *shard == delivery.shard);
+                    s.push((delivery.member_id.clone(), delivery.shard, n));
+                    first
+                };
+                if first_on_shard {
+                    return Err(HandlerError::pause_shard(Duration::MAX));
+                }
+                Ok(())
+            }
+        }
+    };
+    let mut opts = options(1);
+    opts.ordering = Ordering::Key;
+    opts.max_in_flight = 4;
+    let first = start_listener(&target, handler.clone(), opts.clone()).await;
+    settle(&mut conn, 1, Duration::from_secs(20)).await;
+    for (n, shard) in [(1, 0), (2, 1)] {
+        let payload = format!(r#"{{"n":{n}}}"#);
+        xadd_fields(&mut conn, shard, &[("key", "k"), ("payload", &payload)]).await;
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || starts.lock().unwrap().len()
+            == 2)
+        .await
+    );
+    let joined = Instant::now();
+    let second = start_listener(&target, handler, opts).await;
+    let second_id = second.member_ids()[0].clone();
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
+    let moved: Vec<u32> = target_shards(&group, &second_id);
+    assert_eq!(moved.len(), 1, "{group:#?}");
+    let moved = moved[0];
+    // The paused entry of the moved shard is released by the drain and handled by the new owner.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            starts
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(m, s, _)| *m == second_id && *s == moved)
+        })
+        .await,
+        "{:?}",
+        starts.lock().unwrap()
+    );
+    assert_eq!(wait_no_pending(&mut conn, moved).await, 0);
+    assert!(
+        joined.elapsed() < REBALANCE + Duration::from_secs(2),
+        "{:?}",
+        joined.elapsed()
+    );
+    // The other shard is still paused (an hour): shutdown ends it, cleanly and at once.
+    let stopping = Instant::now();
+    first.shutdown_and_wait().await.expect("clean shutdown");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        stopping.elapsed()
+    );
+    second.shutdown_and_wait().await.expect("clean shutdown");
+}
