@@ -13,7 +13,8 @@
 //!   ends (the entries running finish meanwhile); the paused entry runs again after it, with the
 //!   same attempt number, and every entry is acked;
 //! - a batch listener's `BatchError::all(HandlerError::pause_shard(d))`: the same batch runs
-//!   again after `d` with the same attempt number, and is acked.
+//!   again after `d` with the same attempt number, and is acked;
+//! - a member pause during a batch's retry backoff: no batch attempt starts until the resume.
 
 mod support;
 
@@ -28,6 +29,17 @@ use support::*;
 
 fn payload(n: u64) -> String {
     format!(r#"{{"n":{n}}}"#)
+}
+
+/// How many entries the group's dead-letter stream holds.
+async fn dead_letter_count(
+    conn: &mut stream_listener::core::internals::connection::RedisConnection,
+) -> u64 {
+    redis::cmd("XLEN")
+        .arg("orders:dlq:billing")
+        .query_async(conn)
+        .await
+        .unwrap()
 }
 
 /// The `Revoked` events seen so far.
@@ -248,11 +260,7 @@ async fn pause_shard_retries_the_entry_after_the_pause_without_using_an_attempt(
     );
     // Then Y, in order, after X.
     assert_eq!(handled_order(&recorder, 0), vec![1, 2]);
-    let dead: u64 = redis::cmd("XLEN")
-        .arg("orders:dlq:billing")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let dead = dead_letter_count(&mut conn).await;
     assert_eq!(dead, 0, "paused entry was dead-lettered");
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     assert_eq!(assignment(&listener), before, "the pause cost the shard");
@@ -279,28 +287,13 @@ async fn with_key_ordering_pause_shard_starts_nothing_new_on_the_shard_until_the
         move |delivery: stream_listener::core::handler::Delivery| {
             let (recorder, paused_at) = (recorder.clone(), paused_at.clone());
             async move {
-                let n = payload_n(&delivery);
-                recorder.calls.lock().unwrap().push(Call {
-                    at_us: now_us(),
-                    member: delivery.member_id.to_string(),
-                    shard: delivery.shard,
-                    entry_id: delivery.entry_id.clone(),
-                    member_epoch: delivery.member_epoch,
-                    attempt: delivery.attempt,
-                    delivery_count: delivery.delivery_count,
-                    n,
-                });
+                let n = recorder.record_call(&delivery);
                 if n == Some(1) && paused_at.load(Ordering::SeqCst) == 0 {
                     paused_at.store(now_us(), Ordering::SeqCst);
                     return Err(HandlerError::pause_shard(pause));
                 }
                 tokio::time::sleep(work).await;
-                recorder.done.lock().unwrap().push((
-                    now_us(),
-                    delivery.member_id.to_string(),
-                    delivery.shard,
-                    delivery.entry_id.clone(),
-                ));
+                recorder.record_done(&delivery);
                 Ok(())
             }
         }
@@ -352,11 +345,7 @@ async fn with_key_ordering_pause_shard_starts_nothing_new_on_the_shard_until_the
     assert!(first_7.at_us > on_1[1].at_us, "{calls:?}");
     // Nothing lost: every entry handled and acked, nothing dead-lettered.
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
-    let dead: u64 = redis::cmd("XLEN")
-        .arg("orders:dlq:billing")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let dead = dead_letter_count(&mut conn).await;
     assert_eq!(dead, 0);
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
@@ -421,11 +410,7 @@ async fn a_batch_that_returns_pause_shard_runs_again_after_the_pause_with_the_sa
         waited >= pause,
         "ran again after {waited:?}, before the {pause:?} pause"
     );
-    let dead: u64 = redis::cmd("XLEN")
-        .arg("orders:dlq:billing")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let dead = dead_letter_count(&mut conn).await;
     assert_eq!(dead, 0, "a paused batch was dead-lettered");
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
