@@ -205,8 +205,9 @@ impl ShardTask {
                 "batch handler failed; retrying in place"
             );
             self.pause(backoff).await;
-            // The lease may have lapsed during the backoff: no attempt without it.
-            if self.done() || !self.may_finish() {
+            // The lease may have lapsed during the backoff: no attempt without it. A pause of
+            // the member leaves the rest pending, as on the per-entry path.
+            if self.done() || !self.may_finish() || self.ctx.shared.is_paused() {
                 return Ok(false);
             }
             attempt += 1;
