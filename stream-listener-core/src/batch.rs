@@ -10,6 +10,7 @@
 //! | `()`, `Ok(())` | every entry of the batch is acked |
 //! | `Err(BatchError::at(i, e))` | entries `0..i` are acked; entry `i` failed with `e`: the entries from `i` on are retried as one batch with backoff; when `max_attempts` is used up (or `e` is non-retryable), entry `i` alone is dead-lettered and the entries after it go on as a fresh batch |
 //! | `Err(BatchError::all(e))`, `Err(e)` of any other error type | the whole batch is retried with backoff; when `max_attempts` is used up (or `e` is non-retryable), every entry of the batch is dead-lettered |
+//! | `e` is [`HandlerError::pause_shard(d)`](HandlerError::pause_shard) (with `at` or `all`) | no failed attempt: the shard is paused for `d`, then the batch (from `i` with `at`) runs again with the same attempt number; nothing is dead-lettered for it |
 //!
 //! An index out of range is a bug in the handler: it counts as [`BatchError::all`] with its
 //! error, and is logged.
@@ -113,7 +114,7 @@ impl<'a, T> IntoIterator for &'a Batch<T> {
 pub struct BatchError {
     /// The failed entry's position in the batch, or `None` for the whole batch.
     pub(crate) index: Option<usize>,
-    /// The error, with its kind (retryable, non-retryable, decode).
+    /// The error, with its kind (retryable, non-retryable, decode, shard pause).
     pub(crate) error: HandlerError,
 }
 

@@ -250,6 +250,9 @@ impl HandlerError {
     /// pending and try it again after, in place (docs/design.md §14.4). It is not a failed
     /// attempt and never dead-letters the entry; the member's other shards keep going. A revoke
     /// or a shutdown during the pause ends it: the entry stays pending for the next owner.
+    /// With `ordering = "key"` or `"none"` the entries already running on the shard finish
+    /// during the pause and none starts; from a batch handler (in a `BatchError`) the batch
+    /// runs again after the pause, with the same attempt number.
     /// `duration` is clamped to [`HandlerError::MIN_SHARD_PAUSE`]..=
     /// [`HandlerError::MAX_SHARD_PAUSE`].
     pub fn pause_shard(duration: std::time::Duration) -> Self {

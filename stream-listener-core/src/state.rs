@@ -95,7 +95,7 @@ impl std::fmt::Debug for States {
 /// A listener function takes `State<T>` (or an extractor that needs a state of type `T`), and
 /// no value of type `T` was given to the application. `run_listeners` reports it as
 /// `RunError::MissingState` with the listener's name, before contacting Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
     "no state of type `{type_name}` was provided: add one with `stream_listener::app().with_state(value)` (value: `{type_name}`) before running"
 )]
@@ -103,6 +103,9 @@ pub struct MissingState {
     /// The missing type, as `std::any::type_name` prints it.
     pub type_name: &'static str,
 }
+
+// Readable from `main`, as every public error (docs/design.md §14.5).
+crate::report::readable_debug!(MissingState);
 
 impl MissingState {
     /// The error for a missing `T`.
@@ -139,6 +142,7 @@ mod tests {
         let error = states.require::<Db>().unwrap_err();
         assert_eq!(error.type_name, std::any::type_name::<Db>());
         assert!(error.to_string().contains("app().with_state("), "{error}");
+        assert_eq!(format!("{error:?}"), error.to_string(), "readable Debug");
         assert!(States::new().is_empty());
         assert_eq!(format!("{states:?}"), "{\"u32\"}");
     }

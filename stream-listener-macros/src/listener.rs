@@ -195,8 +195,7 @@ fn expand_fn(args: TokenStream, function: &ItemFn) -> syn::Result<TokenStream> {
 /// extractor (or a payload extractor that is not last, or a state type that is not `Clone` or
 /// not `Send + Sync`) is reported there; the result's conversion at the return type.
 ///
-/// A batch branch (last argument `Batch<T>`) would build the prepared parts the same way and
-/// register a batch handler instead.
+/// A batch listener's handler is [`make_batch_handler`]'s.
 fn make_handler(
     krate: &TokenStream,
     fn_name: &syn::Ident,
@@ -252,9 +251,6 @@ fn make_handler(
     }
 }
 
-/// `Some(wrapper)` for a hook given as `path` (`None` when not given): a plain `fn` that calls
-/// it and boxes its future. Spanned at the path, so a hook with the wrong signature is reported
-/// there.
 /// The `Batch<T>` argument of a batch listener and the arguments before it, `None` for a
 /// per-entry listener: `batch = true` or `false` when given, otherwise whether the last
 /// argument's type is called `Batch` (docs/design.md §14.2).
@@ -322,6 +318,9 @@ fn make_batch_handler(
     }
 }
 
+/// `Some(wrapper)` for a hook given as `path` (`None` when not given): a plain `fn` that calls
+/// it and boxes its future. Spanned at the path, so a hook with the wrong signature is reported
+/// there.
 fn hook_fn(krate: &TokenStream, path: Option<&syn::Path>, key: &str) -> TokenStream {
     let Some(path) = path else {
         return quote!(::core::option::Option::None);

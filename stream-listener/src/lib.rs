@@ -133,14 +133,14 @@ pub use stream_listener_macros::stream_listener;
 
 pub use registry::HookFn;
 pub use registry::{ListenerRegistration, registered_listeners};
-/// Shared state and functions of several extractors (docs/design.md §14.1): `app().with_state(db)`
-/// gives the `State<T>` arguments their values; [`handler_fn`] makes a handler of such a
-/// function without the attribute.
 pub use registry::{MakeHandler, MakeListenerHandler};
 pub use run::{App, app};
 pub use run::{ListenerStatus, RunError, RunningApp, run, run_listeners, run_with};
 pub use stream_listener_core::extract::{FromDeliveryParts, LastExtractor, State};
 pub use stream_listener_core::handler::Ownership;
+/// Shared state and functions of several extractors (docs/design.md §14.1): `app().with_state(db)`
+/// gives the `State<T>` arguments their values; [`handler_fn`] makes a handler of such a
+/// function without the attribute.
 pub use stream_listener_core::handler_fn::{HandlerFn, ListenerFn, handler_fn};
 /// Lifecycle hooks (docs/design.md §13.3): `#[stream_listener(on_revoked = path)]` or
 /// [`core::member::ListenerOptions::hooks`].

@@ -325,6 +325,32 @@ impl Recorder {
         first
     }
 
+    /// Records the start of a handler call of `delivery` (now); returns its message number.
+    pub fn record_call(&self, delivery: &Delivery) -> Option<u64> {
+        let n = payload_n(delivery);
+        self.calls.lock().unwrap().push(Call {
+            at_us: now_us(),
+            member: delivery.member_id.to_string(),
+            shard: delivery.shard,
+            entry_id: delivery.entry_id.clone(),
+            member_epoch: delivery.member_epoch,
+            attempt: delivery.attempt,
+            delivery_count: delivery.delivery_count,
+            n,
+        });
+        n
+    }
+
+    /// Records that the handler of `delivery` succeeded (now).
+    pub fn record_done(&self, delivery: &Delivery) {
+        self.done.lock().unwrap().push((
+            now_us(),
+            delivery.member_id.to_string(),
+            delivery.shard,
+            delivery.entry_id.clone(),
+        ));
+    }
+
     /// Distinct `(shard, entry id)` whose handler succeeded at least once.
     pub fn handled(&self) -> BTreeSet<(u32, String)> {
         self.done
@@ -371,17 +397,7 @@ pub fn recording_handler(
         let recorder = recorder.clone();
         let behaviour = behaviour.clone();
         Box::pin(async move {
-            let n = payload_n(&delivery);
-            recorder.calls.lock().unwrap().push(Call {
-                at_us: now_us(),
-                member: delivery.member_id.to_string(),
-                shard: delivery.shard,
-                entry_id: delivery.entry_id.clone(),
-                member_epoch: delivery.member_epoch,
-                attempt: delivery.attempt,
-                delivery_count: delivery.delivery_count,
-                n,
-            });
+            let n = recorder.record_call(&delivery);
             if !work.is_zero() {
                 tokio::time::sleep(work).await;
             }
@@ -391,12 +407,7 @@ pub fn recording_handler(
             if n.is_none() {
                 return Err(HandlerError::Decode("payload is not {\"n\": N}".into()));
             }
-            recorder.done.lock().unwrap().push((
-                now_us(),
-                delivery.member_id.to_string(),
-                delivery.shard,
-                delivery.entry_id.clone(),
-            ));
+            recorder.record_done(&delivery);
             Ok(())
         })
     }

@@ -187,7 +187,9 @@ impl ListenerHandle {
 
     /// Pauses every shard of every member of this handle, in this process (docs/design.md §14.4):
     /// no shard task starts a read or a handler attempt until [`ListenerHandle::resume`]. An
-    /// attempt in flight finishes and is acked; entries read but not started stay pending and
+    /// attempt in flight finishes and is acked (with `ordering = "key"` or `"none"`, every entry
+    /// running on a shard; a failed attempt is not retried while paused, and a batch listener's
+    /// batch in its backoff is not tried again); entries read but not started stay pending and
     /// are handled, in order, after the resume. Heartbeats go on, so a pause of any length keeps
     /// the members' assignments and starts no rebalance; a paused shard that is revoked is
     /// released at once, and a shutdown still shuts down. Idempotent; the members stay ready

@@ -211,8 +211,7 @@ impl ShardTask {
             );
             self.pause(backoff).await;
             // The lease may have lapsed during the backoff: no attempt without it. A pause of
-            // the member leaves the rest pending, as on the per-entry path (read again from `0`
-            // after the resume).
+            // the member leaves the rest pending, as on the per-entry path.
             if self.done() || !self.may_finish() || self.ctx.shared.is_paused() {
                 return Ok(false);
             }

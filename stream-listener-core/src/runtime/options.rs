@@ -91,10 +91,12 @@ pub struct ListenerOptions {
     /// How a shard's entries may run relative to each other: [`Ordering::Shard`] (default, one
     /// at a time in entry order), [`Ordering::Key`] (different partition keys concurrently, one
     /// key in order) or [`Ordering::None`]; `[listeners.<name>] ordering` (docs/design.md §14.3).
+    /// Ignored by batch listeners ([`Listener::new_batch`](crate::member::Listener::new_batch)):
+    /// a shard runs one batch attempt at a time, on one worker.
     pub ordering: Ordering,
     /// With [`Ordering::Key`] or [`Ordering::None`]: the most handler calls of one shard in
     /// flight at once (default 16, at least 1; [`Listener::new`](crate::member::Listener::new)
-    /// refuses 0). Ignored with [`Ordering::Shard`] (one at a time);
+    /// refuses 0). Ignored with [`Ordering::Shard`] (one at a time) and by batch listeners;
     /// `[listeners.<name>] max_in_flight`.
     pub max_in_flight: u32,
 }

@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 
 /// How the entries of one shard may run relative to each other (`[listeners.<name>] ordering`,
 /// docs/design.md §14.3). In every mode a shard has one owner at a time, acks follow completion
-/// and a new owner re-reads whatever was not acked (at-least-once, as with the default).
+/// and a new owner re-reads whatever was not acked (at-least-once, as with the default); a paused
+/// shard (`ListenerHandle::pause`, `HandlerError::pause_shard`) starts no new entry while the
+/// running ones finish. Batch listeners ignore it (one batch attempt of a shard at a time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
