@@ -91,6 +91,7 @@ pub struct ListenerOptions {
     /// How a shard's entries may run relative to each other: [`Ordering::Shard`] (default, one
     /// at a time in entry order), [`Ordering::Key`] (different partition keys concurrently, one
     /// key in order) or [`Ordering::None`]; `[listeners.<name>] ordering` (docs/design.md §14.3).
+    /// Ignored by batch listeners: a shard's batches run one at a time, in entry order.
     pub ordering: Ordering,
     /// With [`Ordering::Key`] or [`Ordering::None`]: the most handler calls of one shard in
     /// flight at once (default 16, at least 1; [`Listener::new`](crate::member::Listener::new)
