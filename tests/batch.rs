@@ -2,6 +2,7 @@
 //!
 //! - the entries of one read are handled as one batch, in entry order, and acked;
 //! - `BatchError::at(k, e)` acks the entries before `k` and retries exactly those from `k` on;
+//!   with `e` a `HandlerError::pause_shard`, it runs them again after the pause, same attempt;
 //! - an undecodable entry is dead-lettered with reason `decode` before the batch is built, and
 //!   the batch skips it;
 //! - a whole-batch error is retried whole with backoff; when `max_attempts` is used up every
@@ -197,6 +198,50 @@ async fn batch_error_at_k_acks_the_prefix_and_retries_exactly_the_entries_from_k
     // Backoff 50 ms, then 100 ms: lower bounds only.
     assert!(seen[1].at_us - seen[0].at_us >= 50_000, "{seen:?}");
     assert!(seen[2].at_us - seen[1].at_us >= 100_000, "{seen:?}");
+    assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
+    assert!(dead_letters(&mut conn).await.is_empty());
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_error_at_k_with_pause_shard_acks_the_prefix_and_runs_the_rest_after_the_pause() {
+    let (_serial, _server, target, mut conn, _recorder) = Context::serial(1).await.parts();
+    let ids = publish(&mut conn, 1..=5).await;
+    let mut opts = options(1);
+    // A pause is not a failed attempt: with one attempt, nothing may be dead-lettered.
+    opts.max_attempts = 1;
+    let pause = Duration::from_millis(400);
+    // Entry n = 3 asks for a pause on its first call.
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let outcome: Outcome = {
+        let paused = paused.clone();
+        Arc::new(move |batch| {
+            for (i, (Json(value), _)) in batch.entries().enumerate() {
+                if value.n == 3 && !paused.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return Err(BatchError::at(i, HandlerError::pause_shard(pause)));
+                }
+            }
+            Ok(())
+        })
+    };
+    let (listener, calls) = start_batch(&target, opts, outcome).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || calls_of(&calls).len() == 2).await,
+        "{:?}",
+        calls_of(&calls)
+    );
+    let seen = calls_of(&calls);
+    assert_eq!(seen[0].ids(), ids);
+    assert_eq!(seen[1].ids(), ids[2..].to_vec(), "the rest, from index 2");
+    let attempts: Vec<u32> = seen.iter().map(|call| call.entries[0].2).collect();
+    assert_eq!(attempts, vec![1, 1], "a pause is not a failed attempt");
+    assert!(
+        seen[1].at_us - seen[0].at_us >= pause.as_micros() as u64,
+        "called again before the pause ended: {seen:?}"
+    );
+    for id in &ids[..2] {
+        assert_eq!(times_seen(&seen, id), 1, "{id} before the pausing index");
+    }
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     assert!(dead_letters(&mut conn).await.is_empty());
     listener.shutdown_and_wait().await.expect("clean shutdown");

@@ -467,6 +467,13 @@ fn slow(_: Delivery) -> HandlerFuture {
 /// docs/design.md §14.5: `shutdown_and_wait` says whether the shutdown was clean. A handler
 /// still running after `shutdown_timeout` is cancelled and named in the error (its entry stays
 /// pending); a shutdown with nothing in flight is `Ok`.
+/// Shuts `app` down as a `main` returning `Result<(), RunError>` would: `?` converts a
+/// shutdown that was not clean into `RunError::Shutdown`.
+async fn shut_down(app: stream_listener::RunningApp) -> Result<(), RunError> {
+    app.shutdown_and_wait().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_names_a_handler_cancelled_past_shutdown_timeout_and_a_clean_one_is_ok() {
     let server = RedisServer::start().unwrap();
@@ -507,7 +514,7 @@ shards = 1
     .await
     .unwrap();
     assert!(quick.wait_for_assignment(1, Duration::from_secs(15)).await);
-    quick.shutdown_and_wait().await.expect("clean shutdown");
+    shut_down(quick).await.expect("clean shutdown");
 
     let app = run_listeners(
         config.clone(),
@@ -525,7 +532,11 @@ shards = 1
     }
     assert!(SLOW_STARTED.load(std::sync::atomic::Ordering::SeqCst));
     let started = Instant::now();
-    let error = app.shutdown_and_wait().await.unwrap_err();
+    // Through `?` in a function returning `RunError`, as a `main` would.
+    let error = match shut_down(app).await {
+        Err(RunError::Shutdown(error)) => error,
+        other => panic!("{other:?}"),
+    };
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "bounded by shutdown_timeout"

@@ -33,6 +33,11 @@
 //! - [`run()`], [`run_with`] and [`run_listeners`] start the registered listeners
 //!   ([`RunningApp`], [`RunError`]); [`app()`]`.with_state(value)` gives them shared state first
 //!   ([`App`]);
+//! - a listener whose last argument is [`Batch<T>`](Batch) gets a shard's entries at once and
+//!   says which one failed with [`BatchError::at`] (docs/design.md §14.2); `ordering = "key"`
+//!   runs a shard's keys in parallel (§14.3); [`ListenerHandle::pause`] /
+//!   [`ListenerHandle::resume`] ([`RunningApp::handle`]) and [`HandlerError::pause_shard`] pause
+//!   consumption (§14.4);
 //! - [`Config`] is the configuration file;
 //! - [`Publisher`] appends to a sharded stream, routed by partition key (docs/design.md §9);
 //! - the `stream-listener` command-line tool (feature `cli`, on by default) creates, scales,

@@ -217,7 +217,8 @@ pub struct ListenerConfig {
     #[serde(with = "humantime_serde")]
     pub batch_max_wait: Option<Duration>,
     /// `ordering`: `"shard"` (default), `"key"` or `"none"`: how a shard's entries may run
-    /// relative to each other (docs/design.md §14.3).
+    /// relative to each other (docs/design.md §14.3); per-entry listeners only (a batch
+    /// listener's batches of a shard run one at a time).
     pub ordering: Option<crate::member::Ordering>,
     /// `max_in_flight`: with `ordering = "key"` or `"none"`, the most handler calls of one shard
     /// in flight at once (≥ 1, default 16); ignored with `"shard"`.

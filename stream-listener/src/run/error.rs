@@ -157,6 +157,12 @@ pub enum RunError {
         /// The missing type, as `std::any::type_name` prints it.
         type_name: &'static str,
     },
+    /// A shutdown that was not clean ([`RunningApp::shutdown_and_wait`](crate::RunningApp::shutdown_and_wait),
+    /// [`RunningApp::join`](crate::RunningApp::join)): a handler cancelled past
+    /// `shutdown_timeout`, or a leave that did not reach Redis. Every member has stopped. Lets a
+    /// `main` returning `Result<(), RunError>` write `app.shutdown_and_wait().await?`.
+    #[error(transparent)]
+    Shutdown(#[from] stream_listener_core::member::ShutdownError),
 }
 
 impl RunError {
