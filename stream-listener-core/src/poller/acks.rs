@@ -121,6 +121,27 @@ impl ShardTask {
         self.acks.take_for(token)
     }
 
+    /// The end of handling one read, in every mode (in order, key lanes, batch): when
+    /// `complete` (every entry finished), the `finished` ids wait in the ack buffer for the
+    /// next read's round trip ([`Self::hold_acks`]); otherwise (revoked, stopped, lease ended,
+    /// paused) they are acked now, in one fenced `XACK`. Returns `complete`.
+    ///
+    /// # Errors
+    /// The ack's Redis failure, when not complete.
+    pub(super) async fn settle_read(
+        &mut self,
+        token: &FenceToken,
+        finished: Vec<String>,
+        complete: bool,
+    ) -> Result<bool, DataPlaneError> {
+        if complete {
+            self.hold_acks(token, finished).await;
+        } else {
+            self.ack(token, &finished).await?;
+        }
+        Ok(complete)
+    }
+
     /// Holds `ids`, finished under `token`, for the next read's round trip (or an ack on their
     /// own if something else comes first); ids held under another token are acked first.
     pub(super) async fn hold_acks(&mut self, token: &FenceToken, ids: Vec<String>) {

@@ -66,12 +66,7 @@ impl ShardTask {
                 .batch_attempts(token, rest, &handler, limits, &mut finished)
                 .await?;
         }
-        if complete {
-            self.hold_acks(token, finished).await;
-            return Ok(true);
-        }
-        self.ack(token, &finished).await?;
-        Ok(false)
+        self.settle_read(token, finished, complete).await
     }
 
     /// The handler attempts on the admitted entries `rest`, until every one is handled or

@@ -93,13 +93,7 @@ impl ShardTask {
                 }
             }
         }
-        if complete {
-            // Acked with the next read (or on its own if something else comes first).
-            self.hold_acks(token, finished).await;
-            return Ok(true);
-        }
-        self.ack(token, &finished).await?;
-        Ok(false)
+        self.settle_read(token, finished, complete).await
     }
 
     /// docs/design.md §8.8, outcomes: retries in place with backoff, dead letters, cancellation.

@@ -142,12 +142,7 @@ impl ShardTask {
             .into_iter()
             .map(|i| entries[i].id.clone())
             .collect();
-        if complete {
-            self.hold_acks(token, finished).await;
-            return Ok(true);
-        }
-        self.ack(token, &finished).await?;
-        Ok(false)
+        self.settle_read(token, finished, complete).await
     }
 
     /// Runs the lanes until no entry runs and none may start. Returns the entries finished (to
