@@ -123,7 +123,7 @@ impl Admin {
                 .enable_all()
                 .build()
                 .unwrap(),
-            target: RedisTarget::Standalone(url.to_owned()),
+            target: RedisTarget::standalone(url.to_owned()),
         }
     }
 

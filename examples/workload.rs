@@ -315,9 +315,9 @@ fn logging_hooks(conn: RedisConnection, stream: &str, group: &str, args: &Consum
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let target = if cli.cluster_nodes.is_empty() {
-        RedisTarget::Standalone(cli.redis_url.clone())
+        RedisTarget::standalone(cli.redis_url.clone())
     } else {
-        RedisTarget::Cluster(cli.cluster_nodes.clone())
+        RedisTarget::cluster(cli.cluster_nodes.clone())
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

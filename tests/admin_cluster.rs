@@ -28,7 +28,7 @@ async fn read_all(conn: &mut RedisConnection, key: &str, group: &str) -> Vec<Str
 #[tokio::test]
 async fn main_admin_flow_on_a_cluster() {
     let cluster = RedisCluster::start().unwrap();
-    let mut conn = support::connect(&RedisTarget::Cluster(cluster.urls())).await;
+    let mut conn = support::connect(&RedisTarget::cluster(cluster.urls())).await;
     let config = CoordinatorConfig::default();
 
     let created = admin::create_stream(&mut conn, "orders", 4).await.unwrap();

@@ -672,7 +672,7 @@ async fn replay_during_a_scale_in_lands_where_the_producer_routes_now() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_replay_and_purge_on_a_cluster() {
     let cluster = RedisCluster::start().unwrap();
-    let target = RedisTarget::Cluster(cluster.urls());
+    let target = RedisTarget::cluster(cluster.urls());
     let mut conn = support::connect(&target).await;
     admin::create_stream(&mut conn, STREAM, 3).await.unwrap();
     let recorder = Arc::new(Recorder::default());
@@ -760,7 +760,7 @@ async fn connect_without(
         .await
         .unwrap();
     let url = url.replacen("redis://", &format!("redis://{user}:pw@"), 1);
-    support::connect(&RedisTarget::Standalone(url)).await
+    support::connect(&RedisTarget::standalone(url)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

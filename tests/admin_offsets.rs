@@ -33,10 +33,10 @@ impl Redis {
     async fn start(cluster: bool) -> Redis {
         if cluster {
             let cluster = RedisCluster::start().unwrap();
-            let target = RedisTarget::Cluster(cluster.urls());
+            let target = RedisTarget::cluster(cluster.urls());
             let mut nodes = Vec::new();
             for node in cluster.nodes() {
-                nodes.push(support::connect(&RedisTarget::Standalone(node.url())).await);
+                nodes.push(support::connect(&RedisTarget::standalone(node.url())).await);
             }
             Redis {
                 conn: support::connect(&target).await,
@@ -47,7 +47,7 @@ impl Redis {
             }
         } else {
             let server = RedisServer::start().unwrap();
-            let target = RedisTarget::Standalone(server.url());
+            let target = RedisTarget::standalone(server.url());
             Redis {
                 conn: support::connect(&target).await,
                 nodes: vec![support::connect(&target).await],

@@ -25,7 +25,7 @@ use support::{coordination, heartbeat_request, mark_retiring};
 const NO_LEASE: Duration = Duration::ZERO;
 
 async fn connect(server: &RedisServer) -> RedisConnection {
-    support::connect(&RedisTarget::Standalone(server.url())).await
+    support::connect(&RedisTarget::standalone(server.url())).await
 }
 
 /// `(name, pending, last-delivered-id)` of each consumer group of `key`, by name.

@@ -71,7 +71,7 @@ batch_size = 16
 /// Publishes `n` events on one key (one shard), in seq order.
 async fn publish(url: &str, n: u64) {
     let conn = RedisConnection::connect(
-        &RedisTarget::Standalone(url.to_owned()),
+        &RedisTarget::standalone(url.to_owned()),
         Duration::from_secs(5),
     )
     .await

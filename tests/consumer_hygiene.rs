@@ -340,7 +340,7 @@ async fn the_keep_list_holds_live_and_static_members_on_a_standalone_server() {
 #[tokio::test]
 async fn the_keep_list_holds_live_and_static_members_on_a_cluster() {
     let cluster = RedisCluster::start().unwrap();
-    let target = RedisTarget::Cluster(cluster.urls());
+    let target = RedisTarget::cluster(cluster.urls());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, STREAM, 4).await.unwrap();
     admin::register_group(&mut conn, STREAM, GROUP, StartFrom::Earliest)
@@ -533,7 +533,7 @@ async fn takeovers_delete_the_consumers_of_departed_members_on_a_cluster() {
     const SHARDS: u32 = 4;
     let _serial = SERIAL.lock().await;
     let cluster = RedisCluster::start().unwrap();
-    let target = RedisTarget::Cluster(cluster.urls());
+    let target = RedisTarget::cluster(cluster.urls());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, STREAM, SHARDS)
         .await

@@ -117,7 +117,7 @@ async fn fence_field(conn: &mut RedisConnection, prefix: &str, shard: u32) -> Op
 #[tokio::test]
 async fn raise_and_check_follow_the_rust_model_exactly() {
     let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = connect(&target).await;
     let mut a = client(&conn, "orders", "a");
     let fence = StreamKeys::new("orders").unwrap().fence(0);
@@ -230,7 +230,7 @@ async fn raise_and_check_follow_the_rust_model_exactly() {
 #[tokio::test]
 async fn a_stale_token_reads_acks_and_claims_nothing() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let key = "{orders:0}";
     create_group(&mut conn, key).await;
     add(&mut conn, key, 1, 5).await;
@@ -322,7 +322,7 @@ async fn a_stale_token_reads_acks_and_claims_nothing() {
 #[tokio::test]
 async fn acks_mode_lets_a_stale_read_through_but_refuses_its_ack() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let key = "{orders:0}";
     create_group(&mut conn, key).await;
     add(&mut conn, key, 1, 3).await;
@@ -372,7 +372,7 @@ async fn acks_mode_lets_a_stale_read_through_but_refuses_its_ack() {
 #[tokio::test]
 async fn own_pending_entries_come_back_in_pages_with_delivery_counts() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let key = "{orders:2}";
     create_group(&mut conn, key).await;
     add(&mut conn, key, 1, 5).await;
@@ -426,7 +426,7 @@ async fn own_pending_entries_come_back_in_pages_with_delivery_counts() {
 async fn entries_trimmed_while_pending_are_dropped_by_the_claim_or_read_without_body() {
     // Trimmed while pending: 100 entries, a reads 10 and dies, XTRIM MAXLEN 50, b takes over.
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let (a5, b6) = (token(1, 5, "a"), token(1, 6, "b"));
     let mut a = client(&conn, "orders", "a");
     let mut b = client(&conn, "orders", "b");
@@ -500,7 +500,7 @@ async fn entries_trimmed_while_pending_are_dropped_by_the_claim_or_read_without_
 #[tokio::test]
 async fn claims_are_bounded_per_call_and_leave_our_own_entries_alone() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let key = "{orders:0}";
     create_group(&mut conn, key).await;
     add(&mut conn, key, 1, 12).await;
@@ -553,7 +553,7 @@ async fn claims_are_bounded_per_call_and_leave_our_own_entries_alone() {
 #[tokio::test]
 async fn an_empty_read_returns_the_last_entry_id_to_wait_from() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let key = "{orders:0}";
     create_group(&mut conn, key).await;
     let a5 = token(1, 5, "a");
@@ -587,7 +587,7 @@ async fn an_empty_read_returns_the_last_entry_id_to_wait_from() {
 #[tokio::test]
 async fn a_missing_stream_or_group_is_a_typed_error() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let a5 = token(1, 5, "a");
     let mut a = client(&conn, "orders", "a");
     // Shard 0: no stream at all (but a fence left from before: the raise does not write one
@@ -646,7 +646,7 @@ async fn a_missing_stream_or_group_is_a_typed_error() {
 #[tokio::test]
 async fn dead_letters_carry_exactly_the_fixed_fields_then_the_original_ones() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let key = "{orders:3}";
     create_group(&mut conn, key).await;
     add(&mut conn, key, 7, 7).await;
@@ -752,7 +752,7 @@ async fn dead_letters_carry_exactly_the_fixed_fields_then_the_original_ones() {
 #[tokio::test]
 async fn bodies_over_the_limit_are_withheld_and_reported_with_their_size() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let key = "{orders:1}";
     create_group(&mut conn, key).await;
     add(&mut conn, key, 1, 1).await;
@@ -820,7 +820,7 @@ async fn bodies_over_the_limit_are_withheld_and_reported_with_their_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_wakes_on_a_new_entry_and_times_out_empty() {
     let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = connect(&target).await;
     for shard in 0..3 {
         create_group(&mut conn, &format!("{{orders:{shard}}}")).await;
@@ -929,7 +929,7 @@ fn shards_in_different_slots(prefix: &str, n: usize) -> Vec<u32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_works_on_a_cluster_across_slots() {
     let cluster = RedisCluster::start().unwrap();
-    let target = RedisTarget::Cluster(cluster.urls());
+    let target = RedisTarget::cluster(cluster.urls());
     let mut conn = connect(&target).await;
     let keys = StreamKeys::new("orders").unwrap();
     let shards = shards_in_different_slots("orders", 3);
@@ -1066,7 +1066,7 @@ async fn every_operation_works_on_a_cluster_across_slots() {
 #[tokio::test]
 async fn operations_reload_their_scripts_after_a_script_flush() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let key = "{orders:0}";
     create_group(&mut conn, key).await;
     add(&mut conn, key, 1, 2).await;
@@ -1099,7 +1099,7 @@ async fn operations_reload_their_scripts_after_a_script_flush() {
 #[tokio::test]
 async fn ack_and_read_new_acks_then_reads_in_one_round_trip() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
     let key = "{orders:0}";
     create_group(&mut conn, key).await;
     add(&mut conn, key, 1, 6).await;
@@ -1186,7 +1186,7 @@ async fn ack_and_read_new_acks_then_reads_in_one_round_trip() {
 #[tokio::test]
 async fn a_corrupt_attempt_count_is_dropped_and_counted_again() {
     let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = connect(&target).await;
     let keys = StreamKeys::new("orders").unwrap();
     create_group(&mut conn, &keys.shard(0)).await;

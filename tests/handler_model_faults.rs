@@ -555,7 +555,7 @@ async fn key_mode_a_redis_restart_while_keys_run_at_once_loses_nothing_and_keeps
         .start()
         .unwrap();
     let target =
-        stream_listener::core::internals::connection::RedisTarget::Standalone(server.url());
+        stream_listener::core::internals::connection::RedisTarget::standalone(server.url());
     let mut conn = connect(&target).await;
     stream_listener::core::internals::admin::create_stream(&mut conn, STREAM, 1)
         .await

@@ -180,13 +180,13 @@ async fn consume_everything(target: RedisTarget) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_members_consume_twenty_thousand_messages_in_key_order() {
     let server = RedisServer::start().unwrap();
-    consume_everything(RedisTarget::Standalone(server.url())).await;
+    consume_everything(RedisTarget::standalone(server.url())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_members_consume_twenty_thousand_messages_in_key_order_on_a_cluster() {
     let cluster = RedisCluster::start().unwrap();
-    consume_everything(RedisTarget::Cluster(cluster.urls())).await;
+    consume_everything(RedisTarget::cluster(cluster.urls())).await;
 }
 
 /// Redis restarted empty: it loses everything mid-run. A listener whose stream is configured
@@ -195,7 +195,7 @@ async fn four_members_consume_twenty_thousand_messages_in_key_order_on_a_cluster
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_metadata_is_provisioned_again_from_the_configured_shard_count() {
     let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, "orders", 4).await.unwrap();
     let log: Log = Arc::default();
@@ -238,7 +238,7 @@ async fn lost_metadata_is_provisioned_again_from_the_configured_shard_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_static_member_stops_for_good_and_says_so() {
     let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, "orders", 2).await.unwrap();
     let log: Log = Arc::default();
@@ -276,7 +276,7 @@ async fn a_replaced_static_member_stops_for_good_and_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_over_the_size_limit_is_dead_lettered_by_id() {
     let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, "orders", 1).await.unwrap();
     let event = |seq: u64| {

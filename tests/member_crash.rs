@@ -568,7 +568,7 @@ async fn a_read_whose_reply_is_lost_on_a_cluster_strands_nothing(mode: FencingMo
     let _serial = SERIAL.lock().await;
     let cluster = RedisCluster::start().unwrap();
     let faults = Arc::new(LostReplies::default());
-    let target = RedisTarget::Cluster(proxy_cluster(&cluster, &faults).await);
+    let target = RedisTarget::cluster(proxy_cluster(&cluster, &faults).await);
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
     let shards = [0, 1];
@@ -648,7 +648,7 @@ tests_of!(a_read_whose_reply_is_lost_on_a_cluster_strands_nothing {
 async fn a_master_frozen_past_the_response_timeout_during_reads_strands_nothing() {
     let _serial = SERIAL.lock().await;
     let cluster = RedisCluster::start().unwrap();
-    let target = RedisTarget::Cluster(cluster.urls());
+    let target = RedisTarget::cluster(cluster.urls());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
     let shards = [0, 1];
@@ -687,7 +687,7 @@ async fn a_read_whose_reply_is_lost_on_a_standalone_server_strands_nothing() {
     let server = RedisServer::start().unwrap();
     let faults = Arc::new(LostReplies::default());
     let proxy = LostReplyProxy::start(server.port(), faults.clone()).await;
-    let target = RedisTarget::Standalone(format!("redis://127.0.0.1:{}", proxy.port));
+    let target = RedisTarget::standalone(format!("redis://127.0.0.1:{}", proxy.port));
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
     let shards = [0, 1];
@@ -722,7 +722,7 @@ async fn a_read_whose_reply_is_lost_on_a_standalone_server_strands_nothing() {
 async fn a_shard_stream_lost_with_its_master_is_provisioned_again_with_auto_create_shards() {
     let _serial = SERIAL.lock().await;
     let mut cluster = RedisCluster::start().unwrap();
-    let target = RedisTarget::Cluster(cluster.urls());
+    let target = RedisTarget::cluster(cluster.urls());
     let mut conn = connect(&target).await;
     const SHARDS: u32 = 8;
     admin::create_stream(&mut conn, STREAM, SHARDS)

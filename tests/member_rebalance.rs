@@ -617,7 +617,7 @@ async fn retirement_waits_out_a_producer_whose_refreshes_fail_and_strands_nothin
         .unwrap();
     let producer_url = format!("redis://producer:pw@127.0.0.1:{}", server.port());
     let producer_conn = RedisConnection::connect(
-        &RedisTarget::Standalone(producer_url),
+        &RedisTarget::standalone(producer_url),
         Duration::from_secs(1),
     )
     .await

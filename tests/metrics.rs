@@ -185,7 +185,7 @@ const STREAM: &str = "metered";
 
 async fn server(shards: u32) -> (RedisServer, RedisTarget, RedisConnection) {
     let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, STREAM, shards)
         .await

@@ -18,7 +18,7 @@ use stream_listener::{PublishError, Published, Publisher, PublisherOptions, shar
 use support::{command_calls, key_on_shard, scale_in_and_retire, total_len};
 
 async fn connect(url: String, response_timeout: Duration) -> RedisConnection {
-    RedisConnection::connect(&RedisTarget::Standalone(url), response_timeout)
+    RedisConnection::connect(&RedisTarget::standalone(url), response_timeout)
         .await
         .unwrap()
 }

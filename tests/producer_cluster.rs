@@ -15,7 +15,7 @@ use stream_listener::{Publisher, PublisherOptions, shard_for_key};
 use support::{scale_in_and_retire, total_len};
 
 async fn connect(cluster: &RedisCluster) -> RedisConnection {
-    support::connect(&RedisTarget::Cluster(cluster.urls())).await
+    support::connect(&RedisTarget::cluster(cluster.urls())).await
 }
 
 /// The stream, through the admin API (shard streams and metadata, `metadataVersion` 1).

@@ -9,7 +9,7 @@ use stream_listener::core::internals::connection::{RedisConnection, RedisFailure
 use stream_listener::testing::RedisServer;
 
 async fn connect(url: String, response_timeout: Duration) -> RedisConnection {
-    RedisConnection::connect(&RedisTarget::Standalone(url), response_timeout)
+    RedisConnection::connect(&RedisTarget::standalone(url), response_timeout)
         .await
         .unwrap()
 }
@@ -133,7 +133,7 @@ async fn a_refused_connection_and_a_silent_server_are_unreachable() {
 
     let url = server.url();
     drop(server);
-    let error = RedisConnection::connect(&RedisTarget::Standalone(url), Duration::from_secs(1))
+    let error = RedisConnection::connect(&RedisTarget::standalone(url), Duration::from_secs(1))
         .await
         .unwrap_err();
     assert_eq!(

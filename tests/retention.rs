@@ -366,7 +366,7 @@ async fn dead_letter_streams_are_trimmed_by_their_own_bounds() {
 #[tokio::test]
 async fn trimming_works_on_a_cluster() {
     let cluster = RedisCluster::start().unwrap();
-    let mut conn = support::connect(&RedisTarget::Cluster(cluster.urls())).await;
+    let mut conn = support::connect(&RedisTarget::cluster(cluster.urls())).await;
     admin::create_stream(&mut conn, STREAM, 3).await.unwrap();
     register(&mut conn, GROUP).await;
     register(&mut conn, "stopped").await;
@@ -575,7 +575,7 @@ async fn startup_writes_the_configured_retention_when_it_differs() {
             .unwrap()
     };
     let app = start(config).await;
-    let mut conn = support::connect(&RedisTarget::Standalone(url.clone())).await;
+    let mut conn = support::connect(&RedisTarget::standalone(url.clone())).await;
     let shown = admin::stream_retention(&mut conn, STREAM).await.unwrap();
     let mut expected = max_len(RetentionMode::Force, 1000);
     expected.max_age_ms = Some(7 * 86_400_000);

@@ -121,7 +121,7 @@ async fn a_registered_listener_consumes_published_events() {
     );
 
     let conn = RedisConnection::connect(
-        &RedisTarget::Standalone(server.url()),
+        &RedisTarget::standalone(server.url()),
         Duration::from_secs(5),
     )
     .await
@@ -214,7 +214,7 @@ async fn run_with_a_cluster() {
         "[redis]\ncluster_nodes = [{nodes}]\n[coordination]\nheartbeat_interval = \"200ms\"\nmember_lease_ttl = \"1500ms\"\nrebalance_timeout = \"3s\"\n[streams.run_events]\nshards = 4\n[listeners.on_event]\nhandler_timeout = \"2s\"\n"
     );
     let config = Config::from_toml_str(&text, "cluster.toml").unwrap();
-    assert!(matches!(config.redis.target(), RedisTarget::Cluster(_)));
+    assert!(config.redis.target().is_cluster());
     let app = run_with(config.clone()).await.unwrap();
     assert!(
         app.wait_for_assignment(4, Duration::from_secs(20)).await,
@@ -566,7 +566,7 @@ shards = 1
     );
     // The cancelled handler's entry was not acked.
     let mut conn = RedisConnection::connect(
-        &RedisTarget::Standalone(server.url()),
+        &RedisTarget::standalone(server.url()),
         Duration::from_secs(5),
     )
     .await
@@ -594,7 +594,7 @@ fn public_errors_debug_as_their_message_and_causes() {
 
     let mut options = stream_listener::core::member::ListenerOptions::default();
     options.concurrency = 0;
-    let target = RedisTarget::Standalone("redis://127.0.0.1:1".into());
+    let target = RedisTarget::standalone("redis://127.0.0.1:1");
     let refused =
         stream_listener::core::member::Listener::new(target, "orders", "billing", ignore, options)
             .unwrap_err();

@@ -30,7 +30,7 @@ async fn sigterm_shuts_down_gracefully() {
         .unwrap();
     assert!(app.wait_for_assignment(2, Duration::from_secs(15)).await);
     let mut conn = stream_listener::core::internals::connection::RedisConnection::connect(
-        &stream_listener::core::internals::connection::RedisTarget::Standalone(server.url()),
+        &stream_listener::core::internals::connection::RedisTarget::standalone(server.url()),
         Duration::from_secs(5),
     )
     .await

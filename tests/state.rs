@@ -82,7 +82,7 @@ fn free_port() -> u16 {
 
 async fn publish(url: &str, stream: &str, n: u64) -> BTreeSet<(u32, String)> {
     let conn = RedisConnection::connect(
-        &RedisTarget::Standalone(url.to_owned()),
+        &RedisTarget::standalone(url.to_owned()),
         Duration::from_secs(5),
     )
     .await

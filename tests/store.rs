@@ -148,21 +148,21 @@ async fn concurrent_drivers_lose_no_update(conn: RedisConnection, prefix: &str, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_drivers_lose_no_update() {
     let server = RedisServer::start().unwrap();
-    let conn = connect(RedisTarget::Standalone(server.url())).await;
+    let conn = connect(RedisTarget::standalone(server.url())).await;
     concurrent_drivers_lose_no_update(conn, "orders", 20).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_drivers_lose_no_update_on_a_cluster() {
     let cluster = RedisCluster::start().unwrap();
-    let conn = connect(RedisTarget::Cluster(cluster.urls())).await;
+    let conn = connect(RedisTarget::cluster(cluster.urls())).await;
     concurrent_drivers_lose_no_update(conn, "orders", 20).await;
 }
 
 #[tokio::test]
 async fn a_steady_member_is_answered_by_the_fast_path_exactly_as_by_the_full_transition() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 4).await;
     let mut store = group_store(&conn, "orders", "g").await;
     let joined = store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
@@ -222,7 +222,7 @@ async fn a_steady_member_is_answered_by_the_fast_path_exactly_as_by_the_full_tra
 #[tokio::test]
 async fn missing_metadata_fails_closed() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 2).await;
     let mut store = group_store(&conn, "orders", "g").await;
     store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
@@ -248,7 +248,7 @@ async fn missing_metadata_fails_closed() {
 #[tokio::test]
 async fn corrupt_json_is_an_error_not_a_rebuild() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 2).await;
     let mut store = group_store(&conn, "orders", "g").await;
     store.heartbeat(&request("a", 1, 0, &[])).await.unwrap();
@@ -276,7 +276,7 @@ async fn corrupt_json_is_an_error_not_a_rebuild() {
 #[tokio::test]
 async fn redis_unreachable_is_a_clear_error() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 2).await;
     let mut store = group_store(&conn, "orders", "g").await;
     drop(server);
@@ -301,7 +301,7 @@ async fn group_hash_fields(conn: &mut RedisConnection) -> Vec<String> {
 #[tokio::test]
 async fn fast_path_workers_are_stored_and_removed_with_the_member() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 4).await;
     let mut store = group_store(&conn, "orders", "g").await;
     store.heartbeat(&request("b", 1, 0, &[])).await.unwrap();
@@ -363,7 +363,7 @@ fn store_with(
 #[tokio::test]
 async fn the_fast_path_answers_again_within_a_lease_after_a_re_provision() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 4).await;
     let config = timings(300, 1_500, 6_000);
     let lease = config.member_lease_ttl;
@@ -497,7 +497,7 @@ async fn drive_with_own_timings(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_with_different_timings_are_each_answered_with_their_own() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 8).await;
     let short = timings(300, 1_500, 6_000);
     let long = timings(1_000, 6_000, 20_000);
@@ -559,7 +559,7 @@ async fn members_with_different_timings_are_each_answered_with_their_own() {
 #[tokio::test]
 async fn the_fast_path_falls_back_after_an_outage_whatever_the_other_members_ttl() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 2).await;
     let short = timings(300, 1_500, 6_000);
     let long = timings(1_000, 6_000, 20_000);
@@ -739,12 +739,12 @@ async fn rewrite_stream(conn: &mut RedisConnection, prefix: &str, count: u32, ve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_view_read_before_a_scale_out_does_not_take_the_group_back() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 2).await;
     let mut b = group_store(&conn, "orders", "g").await;
     let joined = b.heartbeat(&request("b", 1, 0, &[])).await.unwrap();
     let gate = ScriptGate::start(server.addr()).await;
-    let gated = connect(RedisTarget::Standalone(gate.url.clone())).await;
+    let gated = connect(RedisTarget::standalone(gate.url.clone())).await;
     let mut a = store_with(&gated, "orders", "g", CoordinatorConfig::default());
     gate.arm();
     // A join skips the fast path: `a` reads the stream version and view (1), then its load
@@ -783,7 +783,7 @@ async fn a_stream_view_read_before_a_scale_out_does_not_take_the_group_back() {
 #[tokio::test]
 async fn a_group_follows_stream_metadata_re_created_at_a_lower_version() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 2).await;
     let config = timings(300, 1_500, 6_000);
     // A correction round (the member reports a version above the re-created one) lasts a lease.
@@ -859,7 +859,7 @@ async fn a_group_follows_stream_metadata_re_created_at_a_lower_version() {
 #[tokio::test]
 async fn a_late_request_does_not_renew_a_lease_through_an_outdated_fast_entry() {
     let server = RedisServer::start().unwrap();
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 2).await;
     let mut store = group_store(&conn, "orders", "g").await;
     let static_request = |seq, epoch, owned: &[u32]| HeartbeatRequest {

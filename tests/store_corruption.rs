@@ -806,7 +806,7 @@ async fn publish(conn: &mut RedisConnection, prefix: &str, n: u32, dlq: bool) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_in_any_coordination_key_is_repaired_or_stops_with_a_clear_error() {
     let server = RedisServer::start().unwrap();
-    let mut conn = support::connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = support::connect(&RedisTarget::standalone(server.url())).await;
     let cases = cases();
     assert!(cases.len() >= 25);
     let mut failures = Vec::new();
@@ -914,7 +914,7 @@ async fn garbage_in_any_coordination_key_is_repaired_or_stops_with_a_clear_error
 #[tokio::test]
 async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
     let server = RedisServer::start().unwrap();
-    let mut conn = support::connect(&RedisTarget::Standalone(server.url())).await;
+    let mut conn = support::connect(&RedisTarget::standalone(server.url())).await;
     let prefix = "history";
     admin::create_stream(&mut conn, prefix, SHARDS)
         .await
@@ -964,7 +964,7 @@ async fn a_transition_meeting_a_history_of_the_wrong_type_writes_nothing() {
 async fn a_listener_survives_garbage_in_the_fast_path_fields() {
     use support as ms;
     let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = ms::connect(&target).await;
     admin::create_stream(&mut conn, ms::STREAM, 4)
         .await

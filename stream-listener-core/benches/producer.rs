@@ -356,7 +356,7 @@ async fn bench() {
     // Standalone.
     let server = RedisServer::start().unwrap();
     let conn = RedisConnection::connect(
-        &RedisTarget::Standalone(server.url()),
+        &RedisTarget::standalone(server.url()),
         Duration::from_secs(10),
     )
     .await
@@ -410,7 +410,7 @@ async fn bench() {
     if cluster {
         let cluster = RedisCluster::start().unwrap();
         let conn = RedisConnection::connect(
-            &RedisTarget::Cluster(cluster.urls()),
+            &RedisTarget::cluster(cluster.urls()),
             Duration::from_secs(10),
         )
         .await

@@ -728,7 +728,7 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
     );
     let server = RedisServer::start().expect("start redis-server");
     println!("  redis-server pid {:?} at {}", server.pid(), server.url());
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = RedisConnection::connect(&target, Duration::from_secs(10))
         .await
         .expect("connect");

@@ -23,26 +23,174 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-/// Where Redis is. Its `Debug` hides passwords (`user:password@` and `pass=`).
+/// Where Redis is and how to reach it: a [`Topology`] (standalone, cluster or Sentinel) and the
+/// TLS files ([`TlsOptions`]) used when its URLs are `rediss://`. Its `Debug` hides passwords
+/// (`user:password@` and `pass=`); [`RedisTarget::describe`] is the same for logs.
 #[derive(Clone, PartialEq, Eq)]
-pub enum RedisTarget {
-    /// One server: a `redis://` URL (`redis://user:password@host:port/db`).
+pub struct RedisTarget {
+    topology: Topology,
+    tls: TlsOptions,
+}
+
+/// How the Redis deployment is laid out.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Topology {
+    /// One server: a `redis://` or `rediss://` URL (`redis://user:password@host:port/db`).
     Standalone(String),
     /// A Redis Cluster: one or more seed node URLs.
     Cluster(Vec<String>),
+    /// A master found through Redis Sentinel ([`SentinelTarget`]).
+    Sentinel(SentinelTarget),
+}
+
+/// A master monitored by Redis Sentinel: the sentinels to ask, and the name they know it by
+/// (Sentinel's `SENTINEL GET-MASTER-ADDR-BY-NAME`, <https://redis.io/docs/latest/operate/oss_and_stack/management/sentinel/>).
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SentinelTarget {
+    /// URLs of the sentinels (`redis://[user:password@]host:26379`), at least one.
+    pub sentinels: Vec<String>,
+    /// The monitored master's name (`sentinel monitor <name> ...`), e.g. `mymaster`.
+    pub master_name: String,
+    /// Credentials and database for the master and its replicas, as a URL whose host is
+    /// ignored (`redis://user:password@_/0`); `None`: no authentication, database 0.
+    pub master_auth: Option<String>,
+}
+
+/// TLS settings for `rediss://` connections (`[redis] tls_*`, README "TLS"). All paths are PEM
+/// files. With every field empty a `rediss://` connection verifies the server against the
+/// system's root certificates.
+#[derive(Clone, Default, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub struct TlsOptions {
+    /// `tls_ca_file`: the certificate authority (PEM) the server's certificate must chain to.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// `tls_cert_file`: the client certificate (PEM) for mutual TLS; needs `key_file`.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// `tls_key_file`: the client certificate's private key (PEM); needs `cert_file`.
+    pub key_file: Option<std::path::PathBuf>,
+    /// `tls_insecure`: skip verifying the server's certificate (an explicit, logged opt-out).
+    pub insecure: bool,
+}
+
+impl SentinelTarget {
+    /// The master `master_name` found through `sentinels`, without credentials.
+    pub fn new(sentinels: Vec<String>, master_name: impl Into<String>) -> Self {
+        SentinelTarget {
+            sentinels,
+            master_name: master_name.into(),
+            master_auth: None,
+        }
+    }
+}
+
+impl RedisTarget {
+    /// One server at `url` (`redis://` or `rediss://`).
+    pub fn standalone(url: impl Into<String>) -> Self {
+        Self::new(Topology::Standalone(url.into()))
+    }
+
+    /// A Redis Cluster reached through the seed node URLs `nodes`.
+    pub fn cluster(nodes: Vec<String>) -> Self {
+        Self::new(Topology::Cluster(nodes))
+    }
+
+    /// A master found through Sentinel.
+    pub fn sentinel(target: SentinelTarget) -> Self {
+        Self::new(Topology::Sentinel(target))
+    }
+
+    /// A target of `topology`, with no TLS files.
+    pub fn new(topology: Topology) -> Self {
+        RedisTarget {
+            topology,
+            tls: TlsOptions::default(),
+        }
+    }
+
+    /// This target with the TLS files `tls`.
+    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// The deployment's layout.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The TLS files.
+    pub fn tls(&self) -> &TlsOptions {
+        &self.tls
+    }
+
+    /// Whether this is a cluster (multi-slot calls must then be split per slot).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.topology, Topology::Cluster(_))
+    }
+
+    /// The target for logs and errors, passwords replaced by `***`: the URL, `cluster [a, b]`
+    /// or `sentinel master <name> via [a, b]`.
+    pub fn describe(&self) -> String {
+        let list = |urls: &[String]| {
+            urls.iter()
+                .map(|n| redact_url(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match &self.topology {
+            Topology::Standalone(url) => redact_url(url),
+            Topology::Cluster(nodes) => format!("cluster [{}]", list(nodes)),
+            Topology::Sentinel(s) => {
+                format!(
+                    "sentinel master {} via [{}]",
+                    s.master_name,
+                    list(&s.sentinels)
+                )
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTarget")
+            .field("topology", &self.topology)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RedisTarget::Standalone(url) => {
+            Topology::Standalone(url) => {
                 f.debug_tuple("Standalone").field(&redact_url(url)).finish()
             }
-            RedisTarget::Cluster(nodes) => f
+            Topology::Cluster(nodes) => f
                 .debug_tuple("Cluster")
                 .field(&nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>())
                 .finish(),
+            Topology::Sentinel(s) => f.debug_tuple("Sentinel").field(s).finish(),
         }
+    }
+}
+
+impl std::fmt::Debug for SentinelTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelTarget")
+            .field(
+                "sentinels",
+                &self
+                    .sentinels
+                    .iter()
+                    .map(|n| redact_url(n))
+                    .collect::<Vec<_>>(),
+            )
+            .field("master_name", &self.master_name)
+            .field("master_auth", &self.master_auth.as_deref().map(redact_url))
+            .finish()
     }
 }
 
@@ -107,8 +255,8 @@ impl RedisConnection {
         target: &RedisTarget,
         response_timeout: Duration,
     ) -> redis::RedisResult<Self> {
-        match target {
-            RedisTarget::Standalone(url) => {
+        match target.topology() {
+            Topology::Standalone(url) => {
                 let client = redis::Client::open(url.as_str())?;
                 let config = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(response_timeout))
@@ -117,7 +265,7 @@ impl RedisConnection {
                 let manager = ConnectionManager::new_with_config(client, config).await?;
                 Ok(RedisConnection::Standalone(manager))
             }
-            RedisTarget::Cluster(nodes) => {
+            Topology::Cluster(nodes) => {
                 let client = |retries| {
                     ClusterClient::builder(nodes.clone())
                         .response_timeout(response_timeout)
@@ -134,6 +282,11 @@ impl RedisConnection {
                     data_plane,
                 ))
             }
+            // Built by the Sentinel work (README "Sentinel").
+            Topology::Sentinel(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "Sentinel is not supported yet",
+            ))),
         }
     }
 
@@ -298,11 +451,12 @@ mod tests {
 
     #[test]
     fn passwords_never_reach_debug_output() {
-        let target = RedisTarget::Standalone("redis://u:s3cret@127.0.0.1:7711/0".into());
+        let target = RedisTarget::standalone("redis://u:s3cret@127.0.0.1:7711/0");
         assert_eq!(
-            format!("{target:?}"),
+            format!("{:?}", target.topology()),
             "Standalone(\"redis://u:***@127.0.0.1:7711/0\")"
         );
+        assert_eq!(target.describe(), "redis://u:***@127.0.0.1:7711/0");
         assert_eq!(
             redact_url("redis+unix:///tmp/r.sock?db=1&pass=s3cret"),
             "redis+unix:///tmp/r.sock?db=1&pass=***"
@@ -311,7 +465,7 @@ mod tests {
             redact_url("redis://127.0.0.1:6379"),
             "redis://127.0.0.1:6379"
         );
-        let cluster = RedisTarget::Cluster(vec!["redis://:pw@10.0.0.1:7000".into()]);
+        let cluster = RedisTarget::cluster(vec!["redis://:pw@10.0.0.1:7000".into()]);
         assert!(!format!("{cluster:?}").contains("pw@"));
     }
 

@@ -69,7 +69,7 @@ pub mod internals {
         admin,
         /// The sticky assignor (docs/design.md §7).
         assignor,
-        /// Standalone or cluster connections behind one type.
+        /// Standalone, cluster or Sentinel connections behind one type.
         connection,
         /// The pure coordinator state machine (docs/design.md §4–§6); it knows nothing of Redis.
         coordinator,

@@ -36,7 +36,7 @@ fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
 
 async fn connect(url: &str) -> RedisConnection {
     RedisConnection::connect(
-        &RedisTarget::Standalone(url.to_owned()),
+        &RedisTarget::standalone(url.to_owned()),
         Duration::from_secs(5),
     )
     .await
@@ -707,7 +707,7 @@ async fn group_cleanup_works_on_a_cluster() {
         run(&all)
     };
     let mut conn = RedisConnection::connect(
-        &RedisTarget::Cluster(cluster.urls()),
+        &RedisTarget::cluster(cluster.urls()),
         Duration::from_secs(5),
     )
     .await

@@ -87,7 +87,7 @@ async fn dlq_list_show_replay_and_purge_through_the_tool() {
     let server = RedisServer::start().unwrap();
     let url = vec!["--redis-url".to_owned(), server.url()];
     let cli = |args: &[&str]| cli_with(&url, args);
-    let mut conn = connect(RedisTarget::Standalone(server.url())).await;
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
     let (a, b) = two_dead_letters(&mut conn).await;
     let shard = shard_for_key("a", 2);
 
@@ -337,7 +337,7 @@ async fn dlq_list_and_replay_on_a_cluster() {
         .into_iter()
         .flat_map(|url| ["--cluster-node".to_owned(), url])
         .collect();
-    let mut conn = connect(RedisTarget::Cluster(cluster.urls())).await;
+    let mut conn = connect(RedisTarget::cluster(cluster.urls())).await;
     let (a, b) = two_dead_letters(&mut conn).await;
     let (code, out, err) = cli_with(&nodes, &["--json", "dlq", "list", "orders", "billing"]);
     assert_eq!((code, err.as_str()), (0, ""));

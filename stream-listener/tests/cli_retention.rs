@@ -90,7 +90,7 @@ async fn retention_is_set_printed_cleared_and_trimmed_from_the_command_line() {
         "{out}"
     );
 
-    let mut conn = connect(RedisTarget::Standalone(url.clone())).await;
+    let mut conn = connect(RedisTarget::standalone(url.clone())).await;
     two_groups(&mut conn, "{orders:0}").await;
     let (code, out, err) = cli(&url, &["stream", "trim", "orders", "--dry-run"]);
     assert_eq!((code, err.as_str()), (0, ""));
@@ -220,7 +220,7 @@ async fn bad_retention_flags_exit_2_naming_the_flag_and_change_nothing() {
         ],
     );
     assert_eq!(code, 2);
-    let mut conn = connect(RedisTarget::Standalone(url.clone())).await;
+    let mut conn = connect(RedisTarget::standalone(url.clone())).await;
     let exists: bool = conn.exists("sl:{other}:stream").await.unwrap();
     assert!(!exists, "a refused create creates nothing");
 }
@@ -248,7 +248,7 @@ async fn retention_commands_work_on_a_cluster() {
         "2",
     ]);
     assert_eq!((code, err.as_str()), (0, ""));
-    let mut conn = connect(RedisTarget::Cluster(cluster.urls())).await;
+    let mut conn = connect(RedisTarget::cluster(cluster.urls())).await;
     two_groups(&mut conn, "{orders:2}").await;
     let (code, out, err) = with(&["stream", "trim", "orders", "--dry-run"]);
     assert_eq!((code, err.as_str()), (0, ""));

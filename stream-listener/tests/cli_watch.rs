@@ -51,7 +51,7 @@ async fn orders_with_billing() -> (RedisServer, String, RedisConnection) {
     let server = RedisServer::start().unwrap();
     let url = server.url();
     let mut conn = RedisConnection::connect(
-        &RedisTarget::Standalone(url.clone()),
+        &RedisTarget::standalone(url.clone()),
         Duration::from_secs(5),
     )
     .await

@@ -162,7 +162,7 @@ pub fn create_stream(url: &str) {
     use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
     block_on(async {
         let mut conn = RedisConnection::connect(
-            &RedisTarget::Standalone(url.to_owned()),
+            &RedisTarget::standalone(url.to_owned()),
             Duration::from_secs(5),
         )
         .await

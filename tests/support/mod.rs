@@ -107,7 +107,7 @@ impl Context {
     /// A server and a stream of `shards` shards.
     pub async fn start(shards: u32) -> Context {
         let server = RedisServer::start().unwrap();
-        let target = RedisTarget::Standalone(server.url());
+        let target = RedisTarget::standalone(server.url());
         let mut conn = connect(&target).await;
         admin::create_stream(&mut conn, STREAM, shards)
             .await

@@ -89,7 +89,7 @@ pub(crate) fn spawn_raw_consumer(
     stop: Arc<AtomicUsize>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     // Standalone: 4 tasks over 2 shards each; cluster (one slot per call): one task per shard.
-    let groups: Vec<Vec<u32>> = if matches!(target, RedisTarget::Cluster(_)) {
+    let groups: Vec<Vec<u32>> = if target.is_cluster() {
         (0..LAT_SHARDS).map(|s| vec![s]).collect()
     } else {
         (0..TP_TASKS).map(task_shards).collect()

@@ -108,19 +108,19 @@ fn main() {
                     {
                         let server = RedisServer::start().expect("redis-server");
                         let r =
-                            throughput(RedisTarget::Standalone(server.url()), "standalone").await;
+                            throughput(RedisTarget::standalone(server.url()), "standalone").await;
                         strict_peak = strict_peak.or(r.get(&Case::ListenerStrict).copied());
                     }
                     if cluster {
                         let c = RedisCluster::start().expect("cluster");
-                        throughput(RedisTarget::Cluster(c.urls()), "cluster").await;
+                        throughput(RedisTarget::cluster(c.urls()), "cluster").await;
                     }
                 }
                 "latency" => {
                     {
                         let server = RedisServer::start().expect("redis-server");
                         latency(
-                            RedisTarget::Standalone(server.url()),
+                            RedisTarget::standalone(server.url()),
                             "standalone",
                             strict_peak,
                         )
@@ -128,30 +128,30 @@ fn main() {
                     }
                     if cluster {
                         let c = RedisCluster::start().expect("cluster");
-                        latency(RedisTarget::Cluster(c.urls()), "cluster", None).await;
+                        latency(RedisTarget::cluster(c.urls()), "cluster", None).await;
                     }
                 }
                 "memory" => memory().await,
                 "rebalance" => {
                     {
                         let server = RedisServer::start().expect("redis-server");
-                        rebalance(RedisTarget::Standalone(server.url()), "standalone").await;
+                        rebalance(RedisTarget::standalone(server.url()), "standalone").await;
                     }
                     if cluster {
                         let c = RedisCluster::start().expect("cluster");
-                        rebalance(RedisTarget::Cluster(c.urls()), "cluster").await;
+                        rebalance(RedisTarget::cluster(c.urls()), "cluster").await;
                     }
                 }
                 "retention" => retention().await,
                 "ordering" => {
                     let server = RedisServer::start().expect("redis-server");
-                    ordering::ordering(RedisTarget::Standalone(server.url())).await;
+                    ordering::ordering(RedisTarget::standalone(server.url())).await;
                 }
                 #[cfg(feature = "metrics")]
                 "metrics_overhead" => {
                     let server = RedisServer::start().expect("redis-server");
                     metrics_overhead::metrics_overhead(
-                        RedisTarget::Standalone(server.url()),
+                        RedisTarget::standalone(server.url()),
                         "standalone",
                     )
                     .await;

@@ -28,7 +28,7 @@ pub(crate) fn memory_child(args: &[String]) {
     let batch: usize = args[3].parse().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async move {
-        let target = RedisTarget::Standalone(url);
+        let target = RedisTarget::standalone(url);
         let mut conn = connect(&target).await;
         let _: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
         if mode == "bare" {
@@ -125,7 +125,7 @@ pub(crate) fn field(line: &str, n: usize) -> u64 {
 pub(crate) async fn memory() {
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
-    let target = RedisTarget::Standalone(url.clone());
+    let target = RedisTarget::standalone(url.clone());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, MEM_PREFIX, MEM_SHARDS)
         .await

@@ -175,7 +175,7 @@ async fn publish(mut conn: RedisConnection, total: u64, rate: u64, published: Ar
 
 async fn soak(with_retention: bool, total: u64, rate: u64, keep: u64, spin: Duration) -> Soak {
     let server = RedisServer::start().expect("redis-server");
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, PREFIX, SHARDS)
         .await

@@ -6,22 +6,47 @@ use serde::Deserialize;
 
 use super::DEFAULT_REDIS_URL;
 use super::validate::redact_url;
-use crate::connection::RedisTarget;
+use crate::connection::{RedisTarget, SentinelTarget, TlsOptions, Topology};
 use crate::coordinator::CoordinatorConfig;
 use crate::dataplane::FencingMode;
 use crate::model::StartFrom;
 use crate::runtime::DEFAULT_METRICS_INTERVAL;
 
-/// `[redis]`: a standalone server (`url`) or a cluster (`cluster_nodes`), not both.
+/// `[redis]`: a standalone server (`url`), a cluster (`cluster_nodes`) or a master found through
+/// Sentinel (`sentinels` and `sentinel_master`), one of them; TLS files for `rediss://` URLs;
+/// replication waits (`min_replica_acks`).
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct RedisConfig {
-    /// `url`: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS. Default
+    /// `url`: `redis://[user:password@]host:port[/db]`, or `rediss://` for TLS. With `sentinels`
+    /// only its user, password and database count (the master's credentials). Default
     /// [`DEFAULT_REDIS_URL`]; `REDIS_URL` overrides it.
     pub url: Option<String>,
     /// `cluster_nodes`: seed node URLs of a Redis Cluster (empty: standalone).
     pub cluster_nodes: Vec<String>,
+    /// `sentinels`: URLs of Redis Sentinel processes (`redis://host:26379`); with
+    /// `sentinel_master`, members, producers and the admin tool find the master through them and
+    /// follow a failover (README "Sentinel").
+    pub sentinels: Vec<String>,
+    /// `sentinel_master`: the name the sentinels monitor the master by (`mymaster`).
+    pub sentinel_master: Option<String>,
+    /// `tls_ca_file`: PEM file of the certificate authority a `rediss://` server's certificate
+    /// must chain to (default: the system's roots).
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// `tls_cert_file`: PEM client certificate for mutual TLS (with `tls_key_file`).
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// `tls_key_file`: PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// `tls_insecure` (default false): do not verify the server's certificate. Logged as a
+    /// warning at startup; for tests only.
+    pub tls_insecure: bool,
+    /// `min_replica_acks` (default 0: off): after each publish and each ack, wait
+    /// (`WAIT numreplicas timeout`) until this many replicas have the write (README "Sentinel").
+    pub min_replica_acks: u32,
+    /// `replica_ack_timeout` (default 1 s): how long such a wait lasts at most.
+    #[serde(with = "humantime_serde")]
+    pub replica_ack_timeout: Duration,
     /// `startup_timeout` (default 30 s): how long `run()` retries, with capped backoff, while
     /// Redis does not answer at startup, before it fails with a clear error.
     #[serde(with = "humantime_serde")]
@@ -33,6 +58,14 @@ impl Default for RedisConfig {
         RedisConfig {
             url: None,
             cluster_nodes: Vec::new(),
+            sentinels: Vec::new(),
+            sentinel_master: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_insecure: false,
+            min_replica_acks: 0,
+            replica_ack_timeout: Duration::from_secs(1),
             startup_timeout: Duration::from_secs(30),
         }
     }
@@ -50,24 +83,54 @@ impl std::fmt::Debug for RedisConfig {
                     .map(|n| redact_url(n))
                     .collect::<Vec<_>>(),
             )
+            .field(
+                "sentinels",
+                &self
+                    .sentinels
+                    .iter()
+                    .map(|n| redact_url(n))
+                    .collect::<Vec<_>>(),
+            )
+            .field("sentinel_master", &self.sentinel_master)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("tls_insecure", &self.tls_insecure)
+            .field("min_replica_acks", &self.min_replica_acks)
+            .field("replica_ack_timeout", &self.replica_ack_timeout)
             .field("startup_timeout", &self.startup_timeout)
             .finish()
     }
 }
 
 impl RedisConfig {
-    /// Where to connect: the cluster when `cluster_nodes` is set, else `url` (default
-    /// [`DEFAULT_REDIS_URL`]).
+    /// Where to connect: the cluster when `cluster_nodes` is set, the Sentinel master when
+    /// `sentinels` is, else `url` (default [`DEFAULT_REDIS_URL`]); with the TLS files. The
+    /// validation (docs/design.md §11) has refused a file that sets more than one of them.
     pub fn target(&self) -> RedisTarget {
-        if self.cluster_nodes.is_empty() {
-            RedisTarget::Standalone(
-                self.url
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_REDIS_URL.to_owned()),
-            )
+        let url = || {
+            self.url
+                .clone()
+                .unwrap_or_else(|| DEFAULT_REDIS_URL.to_owned())
+        };
+        let topology = if !self.cluster_nodes.is_empty() {
+            Topology::Cluster(self.cluster_nodes.clone())
+        } else if !self.sentinels.is_empty() {
+            let mut sentinel = SentinelTarget::new(
+                self.sentinels.clone(),
+                self.sentinel_master.clone().unwrap_or_default(),
+            );
+            sentinel.master_auth = self.url.clone();
+            Topology::Sentinel(sentinel)
         } else {
-            RedisTarget::Cluster(self.cluster_nodes.clone())
-        }
+            Topology::Standalone(url())
+        };
+        let mut tls = TlsOptions::default();
+        tls.ca_file = self.tls_ca_file.clone();
+        tls.cert_file = self.tls_cert_file.clone();
+        tls.key_file = self.tls_key_file.clone();
+        tls.insecure = self.tls_insecure;
+        RedisTarget::new(topology).with_tls(tls)
     }
 }
 

@@ -42,7 +42,7 @@ fn an_empty_file_gives_the_defaults() {
     let config = parse("").unwrap();
     assert_eq!(
         config.redis.target(),
-        RedisTarget::Standalone(DEFAULT_REDIS_URL.into())
+        RedisTarget::standalone(DEFAULT_REDIS_URL)
     );
     assert_eq!(config.redis.startup_timeout, Duration::from_secs(30));
     assert_eq!(
@@ -297,7 +297,7 @@ fn environment_overrides() {
     let config = Config::load_with_env(|k| env.get(k).cloned()).unwrap();
     assert_eq!(
         config.redis.target(),
-        RedisTarget::Standalone("redis://env:2".into())
+        RedisTarget::standalone("redis://env:2")
     );
     assert_eq!(config.member.instance_id.as_deref(), Some("pod-7"));
     assert_eq!(config.file(), Some(path.display().to_string().as_str()));

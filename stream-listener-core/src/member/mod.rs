@@ -597,7 +597,7 @@ mod tests {
     use super::*;
 
     fn new_with(options: ListenerOptions) -> Result<Listener, ListenerError> {
-        let target = RedisTarget::Standalone("redis://127.0.0.1:1".into());
+        let target = RedisTarget::standalone("redis://127.0.0.1:1");
         let handler = |_: crate::handler::Delivery| async { Ok(()) };
         Listener::new(target, "orders", "billing", handler, options)
     }
@@ -628,7 +628,7 @@ mod tests {
 
     #[test]
     fn a_batch_listener_is_validated_as_any_and_its_wait_must_leave_half_the_lease() {
-        let target = RedisTarget::Standalone("redis://127.0.0.1:1".into());
+        let target = RedisTarget::standalone("redis://127.0.0.1:1");
         let handler = |_: crate::batch::Batch<crate::extract::RawMessage>| async {};
         let mut options = ListenerOptions::default();
         options.batch_max_wait = options.coordination.member_lease_ttl / 2;

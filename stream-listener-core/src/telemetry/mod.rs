@@ -215,7 +215,7 @@ mod tests {
     async fn real_server_errors_are_classified() {
         use crate::connection::{RedisConnection, RedisTarget};
         let server = crate::testing::RedisServer::start().unwrap();
-        let target = RedisTarget::Standalone(server.url());
+        let target = RedisTarget::standalone(server.url());
         let mut conn = RedisConnection::connect(&target, std::time::Duration::from_secs(5))
             .await
             .unwrap();

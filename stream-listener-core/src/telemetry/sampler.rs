@@ -182,7 +182,7 @@ mod tests {
     #[tokio::test]
     async fn a_shard_sample_reads_lag_pending_and_the_oldest_pending_age() {
         let server = RedisServer::start().unwrap();
-        let target = RedisTarget::Standalone(server.url());
+        let target = RedisTarget::standalone(server.url());
         let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
             .await
             .unwrap();

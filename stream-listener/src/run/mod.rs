@@ -9,7 +9,7 @@ mod error;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use stream_listener_core::config::{Config, redact_url};
+use stream_listener_core::config::Config;
 use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::internals::keys::StreamKeys;
 use stream_listener_core::internals::startup::{self, Connected};
@@ -154,7 +154,7 @@ async fn start_members(
 ) -> Result<RunningApp, RunError> {
     let connected = startup::connect(target, Some(config.redis.startup_timeout))
         .await
-        .map_err(|e| RunError::startup(describe_target(target), e))?;
+        .map_err(|e| RunError::startup(target.describe(), e))?;
     provision(&connected, config, target).await?;
     check_streams(&connected, &planned, target).await?;
     let mut listeners = Vec::new();
@@ -284,20 +284,6 @@ fn plan(
     Ok(planned)
 }
 
-fn describe_target(target: &RedisTarget) -> String {
-    match target {
-        RedisTarget::Standalone(url) => redact_url(url),
-        RedisTarget::Cluster(nodes) => format!(
-            "cluster [{}]",
-            nodes
-                .iter()
-                .map(|n| redact_url(n))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
-}
-
 /// Step 4: create the configured streams that do not exist.
 async fn provision(
     connected: &Connected,
@@ -322,7 +308,7 @@ async fn provision(
             ),
             Err(ProvisionError::Store(error)) if unreachable(&error) => {
                 return Err(RunError::Redis {
-                    target: describe_target(target),
+                    target: target.describe(),
                     source: Box::new(error),
                 });
             }
@@ -352,7 +338,7 @@ async fn provision_retention(
     target: &RedisTarget,
 ) -> Result<(), RunError> {
     let redis = |e: StoreError| RunError::Redis {
-        target: describe_target(target),
+        target: target.describe(),
         source: Box::new(e),
     };
     let keys = StreamKeys::new(prefix).map_err(|e| RunError::Stream {
@@ -384,7 +370,7 @@ async fn check_streams(
         let exists = load_stream_metadata(&mut conn, &keys)
             .await
             .map_err(|e| RunError::Redis {
-                target: describe_target(target),
+                target: target.describe(),
                 source: Box::new(e),
             })?
             .is_some();

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::common::*;
 use redis::Value;
-use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener_core::internals::connection::{RedisConnection, Topology};
 use stream_listener_core::internals::dataplane::{FencingMode, ReadOutcome, ShardClient};
 use stream_listener_core::internals::fence::FenceToken;
 
@@ -316,7 +316,7 @@ pub(crate) async fn run_sea_streamer(
     round: usize,
 ) -> (u64, f64, Option<CaseCost>) {
     let bin = std::env::var("E2E_SEA_STREAMER_BIN").expect("E2E_SEA_STREAMER_BIN");
-    let RedisTarget::Standalone(url) = &setup.target else {
+    let Topology::Standalone(url) = setup.target.topology() else {
         panic!("sea-streamer runs on the standalone server only");
     };
     let mut conn = setup.conn.clone();

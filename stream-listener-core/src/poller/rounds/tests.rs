@@ -30,7 +30,7 @@ fn key(shard: ShardIndex) -> String {
 /// A server with shards 0..`shards`, each with group `g` and `entries` entries.
 pub(super) async fn setup(shards: u32, entries: usize) -> (RedisServer, RedisConnection) {
     let server = RedisServer::start().unwrap();
-    let target = RedisTarget::Standalone(server.url());
+    let target = RedisTarget::standalone(server.url());
     let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
         .await
         .unwrap();

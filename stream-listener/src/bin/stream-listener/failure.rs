@@ -67,13 +67,13 @@ fn redact(url: &str) -> String {
 pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
     let (target, shown) = if cli.cluster_nodes.is_empty() {
         (
-            RedisTarget::Standalone(cli.redis_url.clone()),
+            RedisTarget::standalone(cli.redis_url.clone()),
             redact(&cli.redis_url),
         )
     } else {
         let shown: Vec<String> = cli.cluster_nodes.iter().map(|n| redact(n)).collect();
         (
-            RedisTarget::Cluster(cli.cluster_nodes.clone()),
+            RedisTarget::cluster(cli.cluster_nodes.clone()),
             format!("cluster {}", shown.join(", ")),
         )
     };
