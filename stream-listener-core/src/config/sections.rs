@@ -125,11 +125,12 @@ impl RedisConfig {
         } else {
             Topology::Standalone(url())
         };
-        let mut tls = TlsOptions::default();
-        tls.ca_file = self.tls_ca_file.clone();
-        tls.cert_file = self.tls_cert_file.clone();
-        tls.key_file = self.tls_key_file.clone();
-        tls.insecure = self.tls_insecure;
+        let tls = TlsOptions {
+            ca_file: self.tls_ca_file.clone(),
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_key_file.clone(),
+            insecure: self.tls_insecure,
+        };
         RedisTarget::new(topology).with_tls(tls)
     }
 }

@@ -1,0 +1,354 @@
+//! TLS for `rediss://` targets (docs/design.md §15.1): the crypto provider, the PEM files of
+//! [`TlsOptions`] read for redis-rs, and what a failed handshake means and what to check.
+//!
+//! redis-rs returns every TLS failure as an I/O error wrapping rustls's error (the `source()`
+//! chain stops at the `std::io::Error`, whose `get_ref()` holds the `rustls::Error`): a server
+//! certificate that does not verify is `InvalidCertificate(..)`, a server refusing the client's
+//! certificate is `AlertReceived(CertificateRequired | BadCertificate | UnknownCA ..)`. A
+//! `redis://` URL against a TLS-only server only gets "connection reset by peer" (the server
+//! closes after "wrong version number"), which a crashed server gives too; so after such a
+//! failure [`explain_plaintext_failure`] sends one TLS ClientHello and, when the server answers
+//! with a TLS handshake record, returns [`ServerSpeaksTls`] instead.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{RedisFailure, TlsOptions};
+
+/// How long the check of [`explain_plaintext_failure`] waits for a TLS answer.
+const TLS_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+/// The first byte of a TLS handshake record (RFC 8446 §5.1, `ContentType.handshake`).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// Installs ring as rustls's process-wide crypto provider, once, unless the application has
+/// installed one already: redis-rs's rustls support (no default features) builds its TLS
+/// configurations from the process default (docs/design.md §15.1). Called before every
+/// connection, so users never have to.
+pub(crate) fn install_crypto_provider() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        // An Err means another provider is installed already: that one is used.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// The PEM files of `tls` read and checked, for redis-rs (`Client::build_with_tls`,
+/// `ClusterClientBuilder::certs`, Sentinel's `TlsCertificates`): `None` when neither
+/// `tls_ca_file` nor a client certificate is set (a `rediss://` URL then verifies against the
+/// system's root certificates).
+///
+/// # Errors
+/// [`redis::ErrorKind::InvalidClientConfig`] naming the setting and the path when a file is
+/// missing, unreadable or holds no certificate (no private key for `tls_key_file`), and when
+/// `tls_cert_file` is set without `tls_key_file` or the reverse.
+pub(crate) fn tls_certificates(
+    tls: &TlsOptions,
+) -> redis::RedisResult<Option<redis::TlsCertificates>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    install_crypto_provider();
+    let certificates = |setting: &str, path: &std::path::Path| {
+        let pem = read_pem(setting, path)?;
+        match CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>() {
+            Ok(certs) if !certs.is_empty() => Ok(pem),
+            Ok(_) => Err(invalid_tls_file(
+                setting,
+                path,
+                "no certificate in it".into(),
+            )),
+            Err(e) => Err(invalid_tls_file(setting, path, e.to_string())),
+        }
+    };
+    let client_tls = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let client_cert = certificates("tls_cert_file", cert)?;
+            let client_key = read_pem("tls_key_file", key)?;
+            PrivateKeyDer::from_pem_slice(&client_key)
+                .map_err(|e| invalid_tls_file("tls_key_file", key, e.to_string()))?;
+            Some(redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            })
+        }
+        (None, None) => None,
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "mutual TLS needs both tls_cert_file and tls_key_file",
+                "set both (the client certificate and its private key, PEM) or neither".to_owned(),
+            )));
+        }
+    };
+    let root_cert = match &tls.ca_file {
+        Some(ca) => Some(certificates("tls_ca_file", ca)?),
+        None => None,
+    };
+    if client_tls.is_none() && root_cert.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+fn read_pem(setting: &str, path: &std::path::Path) -> redis::RedisResult<Vec<u8>> {
+    std::fs::read(path).map_err(|e| invalid_tls_file(setting, path, format!("cannot read it: {e}")))
+}
+
+fn invalid_tls_file(setting: &str, path: &std::path::Path, why: String) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "invalid TLS file",
+        format!(
+            "{setting} = {:?}: {why} (a PEM file is expected)",
+            path.display().to_string()
+        ),
+    ))
+}
+
+/// The standalone client of `url` with `tls`: certificates from [`tls_certificates`], and no
+/// verification of the server when `tls.insecure` (redis-rs's `#insecure`).
+pub(super) fn standalone_client(url: &str, tls: &TlsOptions) -> redis::RedisResult<redis::Client> {
+    use redis::{ConnectionAddr, IntoConnectionInfo};
+    let mut info = url.into_connection_info()?;
+    if tls.insecure {
+        let ConnectionAddr::TcpTls {
+            host,
+            port,
+            tls_params,
+            ..
+        } = info.addr().clone()
+        else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "tls_insecure needs a rediss:// URL",
+            )));
+        };
+        info = info.set_addr(ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: true,
+            tls_params,
+        });
+    }
+    match tls_certificates(tls)? {
+        Some(certs) => redis::Client::build_with_tls(info, certs),
+        None => redis::Client::open(info),
+    }
+}
+
+/// A `redis://` URL reached a server that answers a TLS handshake: it must be `rediss://`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the server at {address} speaks TLS but the URL is plain redis://; use rediss://{address} (with tls_ca_file)"
+)]
+pub(crate) struct ServerSpeaksTls {
+    /// `host:port`.
+    address: String,
+}
+
+/// Why a TLS handshake failed, read from redis-rs's error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsCause {
+    /// The server's certificate did not verify (rustls `InvalidCertificate`).
+    ServerCertificate,
+    /// The server refused the client: no client certificate, or one it does not trust.
+    ClientRejected,
+    /// A plain `redis://` connection reached a TLS server ([`ServerSpeaksTls`]).
+    PlaintextToTls,
+    /// Another TLS error (protocol versions, cipher suites, a malformed record).
+    Other,
+}
+
+/// The TLS cause of `error`, if it is a TLS failure: looks through the `source()` chain and
+/// into `std::io::Error`s (whose `source()` skips the error they wrap). redis-rs's `source()` of
+/// an I/O error is the `Arc<dyn Error + Send + Sync>` it keeps the `std::io::Error` in, so that
+/// is looked through too (pinned by a unit test: a change in redis-rs fails it).
+pub(crate) fn tls_cause(error: &redis::RedisError) -> Option<TlsCause> {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = next {
+        let unshared = current
+            .downcast_ref::<Shared>()
+            .map(|shared| &**shared as &(dyn std::error::Error + 'static))
+            .unwrap_or(current);
+        let inner = unshared
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|e| e as &(dyn std::error::Error + 'static));
+        for candidate in [Some(unshared), inner].into_iter().flatten() {
+            if candidate.is::<ServerSpeaksTls>() {
+                return Some(TlsCause::PlaintextToTls);
+            }
+            if let Some(tls) = candidate.downcast_ref::<rustls::Error>() {
+                return Some(cause_of(tls));
+            }
+        }
+        next = current.source();
+    }
+    None
+}
+
+fn cause_of(error: &rustls::Error) -> TlsCause {
+    use rustls::AlertDescription as Alert;
+    match error {
+        rustls::Error::InvalidCertificate(_) => TlsCause::ServerCertificate,
+        rustls::Error::AlertReceived(
+            Alert::CertificateRequired
+            | Alert::BadCertificate
+            | Alert::UnknownCA
+            | Alert::CertificateUnknown
+            | Alert::CertificateExpired
+            | Alert::CertificateRevoked
+            | Alert::UnsupportedCertificate
+            | Alert::AccessDenied
+            | Alert::DecryptError,
+        ) => TlsCause::ClientRejected,
+        _ => TlsCause::Other,
+    }
+}
+
+/// What to check when `error` is a failed TLS handshake ([`RedisFailure::TlsHandshake`]), in one
+/// sentence naming the settings; `None` for any other error.
+pub fn tls_advice(error: &redis::RedisError) -> Option<&'static str> {
+    Some(match tls_cause(error)? {
+        TlsCause::ServerCertificate => {
+            "TLS verification of the server's certificate failed: check that tls_ca_file (--tls-ca-file) is the CA that signed the server's certificate and that the URL's host is a name or IP address the certificate lists (tls_insecure = true skips verification: for tests only)"
+        }
+        TlsCause::ClientRejected => {
+            "the server refused this client during the TLS handshake: it wants a client certificate its CA signed; set tls_cert_file and tls_key_file (--tls-cert-file, --tls-key-file) to one"
+        }
+        TlsCause::PlaintextToTls => {
+            "the server seems to speak TLS: write the URL as rediss://host:port (and set tls_ca_file to the CA of its certificate)"
+        }
+        TlsCause::Other => {
+            "the TLS handshake failed: check that the server's TLS settings (tls-protocols, tls-ciphers) allow TLS 1.2 or 1.3"
+        }
+    })
+}
+
+/// `error` of a connection to the plain `redis://` URL `url`, or [`ServerSpeaksTls`] when the
+/// connection was reset or closed and the server answers a TLS ClientHello (at most
+/// [`TLS_CHECK_TIMEOUT`]). Refused connections, timeouts and other errors are returned as is.
+pub(crate) async fn explain_plaintext_failure(
+    url: &str,
+    error: redis::RedisError,
+) -> redis::RedisError {
+    use redis::{ConnectionAddr, IntoConnectionInfo};
+    if RedisFailure::of(&error) != RedisFailure::ConnectionLost || error.is_connection_refusal() {
+        return error;
+    }
+    let Ok(info) = url.into_connection_info() else {
+        return error;
+    };
+    let ConnectionAddr::Tcp(host, port) = info.addr() else {
+        return error;
+    };
+    match tokio::time::timeout(TLS_CHECK_TIMEOUT, speaks_tls(host, *port)).await {
+        Ok(Ok(true)) => redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            ServerSpeaksTls {
+                address: format!("{host}:{port}"),
+            },
+        )),
+        _ => error,
+    }
+}
+
+/// Whether `host:port` answers a TLS ClientHello with a TLS handshake record (its ServerHello).
+async fn speaks_tls(host: &str, port: u16) -> std::io::Result<bool> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let name =
+        rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(std::io::Error::other)?;
+    // Nothing is verified: the handshake is never finished, only the server's first byte read.
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(std::io::Error::other)?
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let mut hello = Vec::new();
+    rustls::ClientConnection::new(Arc::new(config), name)
+        .map_err(std::io::Error::other)?
+        .write_tls(&mut hello)?;
+    let mut stream = tokio::net::TcpStream::connect((host, port)).await?;
+    stream.write_all(&hello).await?;
+    let mut first = [0u8; 1];
+    stream.read_exact(&mut first).await?;
+    Ok(first[0] == TLS_HANDSHAKE_RECORD)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io_wrapped(error: impl std::error::Error + Send + Sync + 'static) -> redis::RedisError {
+        redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::InvalidData, error))
+    }
+
+    #[test]
+    fn rustls_errors_inside_io_errors_are_tls_failures() {
+        let wrong_ca = io_wrapped(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ));
+        assert_eq!(tls_cause(&wrong_ca), Some(TlsCause::ServerCertificate));
+        assert_eq!(RedisFailure::of(&wrong_ca), RedisFailure::TlsHandshake);
+        assert!(tls_advice(&wrong_ca).unwrap().contains("tls_ca_file"));
+        let refused = io_wrapped(rustls::Error::AlertReceived(
+            rustls::AlertDescription::CertificateRequired,
+        ));
+        assert_eq!(tls_cause(&refused), Some(TlsCause::ClientRejected));
+        assert!(tls_advice(&refused).unwrap().contains("tls_cert_file"));
+        let plaintext = io_wrapped(ServerSpeaksTls {
+            address: "127.0.0.1:6380".into(),
+        });
+        assert_eq!(tls_cause(&plaintext), Some(TlsCause::PlaintextToTls));
+        assert!(tls_advice(&plaintext).unwrap().contains("rediss://"));
+        // Other I/O errors are not TLS failures.
+        let reset =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(tls_cause(&reset), None);
+        assert_eq!(tls_advice(&reset), None);
+        assert_eq!(RedisFailure::of(&reset), RedisFailure::ConnectionLost);
+    }
+
+    fn tls_file(name: &str, contents: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("sl-tls-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+
+    #[test]
+    fn tls_files_are_checked_and_named_in_errors() {
+        assert!(tls_certificates(&TlsOptions::default()).unwrap().is_none());
+        let mut tls = TlsOptions {
+            ca_file: Some("/nonexistent/ca.crt".into()),
+            ..TlsOptions::default()
+        };
+        let error = tls_certificates(&tls).unwrap_err();
+        assert_eq!(error.kind(), redis::ErrorKind::InvalidClientConfig);
+        let text = error.to_string();
+        assert!(
+            text.contains("tls_ca_file = \"/nonexistent/ca.crt\": cannot read it"),
+            "{text}"
+        );
+
+        tls.ca_file = Some(tls_file("not-pem.crt", "hello"));
+        let text = tls_certificates(&tls).unwrap_err().to_string();
+        assert!(
+            text.contains("tls_ca_file") && text.contains("no certificate"),
+            "{text}"
+        );
+
+        let tls = TlsOptions {
+            cert_file: Some("/c.crt".into()),
+            ..TlsOptions::default()
+        };
+        let text = tls_certificates(&tls).unwrap_err().to_string();
+        assert!(text.contains("tls_cert_file and tls_key_file"), "{text}");
+    }
+}
