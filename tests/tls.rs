@@ -217,6 +217,36 @@ async fn a_wrong_ca_is_a_clear_startup_error_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_for_another_host_is_a_clear_startup_error_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let material = TlsMaterial::generate_for(dir.path(), &["redis.invalid"]).unwrap();
+    let server = RedisServer::builder()
+        .tls_material(material.clone(), TlsAuthClients::Optional)
+        .start()
+        .unwrap();
+    let (error, took) = startup_error(config(&format!(
+        "url = {:?}\n{}",
+        server.url(),
+        ca_line(&material)
+    )))
+    .await;
+    assert!(took < FAIL_FAST, "failed after {took:?}, not at once");
+    let RunError::RedisTls { advice, source, .. } = &error else {
+        panic!("expected RedisTls, got {error:?}");
+    };
+    assert!(
+        advice.contains("a name or IP address the certificate lists"),
+        "{advice}"
+    );
+    assert!(
+        source
+            .to_string()
+            .contains("not valid for name \"127.0.0.1\""),
+        "{source}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plaintext_url_against_a_tls_only_server_says_use_rediss() {
     let server = RedisServer::builder()
         .tls(TlsAuthClients::Optional)
@@ -268,6 +298,27 @@ async fn consumes_from_a_tls_cluster() {
         .collect::<Vec<_>>()
         .join(", ");
     assert!(nodes.starts_with("\"rediss://"), "{nodes}");
+
+    // A wrong CA, and plain redis:// seeds, fail at once on a cluster too.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = TlsMaterial::generate(other_dir.path()).unwrap();
+    let (error, took) = startup_error(config(&format!(
+        "cluster_nodes = [{nodes}]\n{}",
+        ca_line(&other)
+    )))
+    .await;
+    assert!(took < FAIL_FAST, "failed after {took:?}, not at once");
+    let RunError::RedisTls { advice, .. } = &error else {
+        panic!("expected RedisTls, got {error:?}");
+    };
+    assert!(advice.contains("tls_ca_file"), "{advice}");
+    let plain = nodes.replace("rediss://", "redis://");
+    let (error, took) = startup_error(config(&format!("cluster_nodes = [{plain}]\n"))).await;
+    assert!(took < FAIL_FAST, "failed after {took:?}, not at once");
+    let RunError::RedisTls { advice, .. } = &error else {
+        panic!("expected RedisTls, got {error:?}");
+    };
+    assert!(advice.contains("rediss://"), "{advice}");
     let config = config(&format!(
         "cluster_nodes = [{nodes}]\n{}",
         ca_line(cluster.tls().unwrap())

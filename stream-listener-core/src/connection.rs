@@ -26,7 +26,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 mod tls;
 
 pub use tls::tls_advice;
-use tls::{explain_plaintext_failure, standalone_client, tls_cause};
+use tls::{explain_cluster_failure, explain_plaintext_failure, standalone_client, tls_cause};
 pub(crate) use tls::{install_crypto_provider, tls_certificates};
 
 /// Where Redis is and how to reach it: a [`Topology`] (standalone, cluster or Sentinel) and the
@@ -295,10 +295,7 @@ impl RedisConnection {
                 });
                 match client(2)?.get_async_connection().await {
                     Ok(conn) => Ok(RedisConnection::Cluster(conn, data_plane)),
-                    Err(error) => Err(match nodes.first() {
-                        Some(first) => explain_plaintext_failure(first, error).await,
-                        None => error,
-                    }),
+                    Err(error) => Err(explain_cluster_failure(nodes, target.tls(), error).await),
                 }
             }
             // Built by the Sentinel work (README "Sentinel").

@@ -8,7 +8,10 @@
 //! `redis://` URL against a TLS-only server only gets "connection reset by peer" (the server
 //! closes after "wrong version number"), which a crashed server gives too; so after such a
 //! failure [`explain_plaintext_failure`] sends one TLS ClientHello and, when the server answers
-//! with a TLS handshake record, returns [`ServerSpeaksTls`] instead.
+//! with a TLS handshake record, returns [`ServerSpeaksTls`] instead. redis-rs's cluster client
+//! keeps the rustls error only as text ("Failed to create initial connections - Io: invalid peer
+//! certificate: ..."), so [`explain_cluster_failure`] makes one connection to the first seed
+//! alone, whose error keeps its type.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -252,6 +255,34 @@ pub(crate) async fn explain_plaintext_failure(
                 address: format!("{host}:{port}"),
             },
         )),
+        _ => error,
+    }
+}
+
+/// `error` of a cluster connection to the seeds `nodes`, or the TLS error of one connection to
+/// the first seed: redis-rs's cluster client reports "Failed to create initial connections" with
+/// the rustls error only as text, so the handshake is tried once more, alone, where the error
+/// keeps its type (at most [`TLS_CHECK_TIMEOUT`] more, and only after a lost connection). A plain
+/// `redis://` first seed is checked as [`explain_plaintext_failure`] does.
+pub(crate) async fn explain_cluster_failure(
+    nodes: &[String],
+    tls: &TlsOptions,
+    error: redis::RedisError,
+) -> redis::RedisError {
+    let Some(first) = nodes.first() else {
+        return error;
+    };
+    if RedisFailure::of(&error) != RedisFailure::ConnectionLost {
+        return error;
+    }
+    if !first.starts_with("rediss://") {
+        return explain_plaintext_failure(first, error).await;
+    }
+    let Ok(client) = standalone_client(first, tls) else {
+        return error;
+    };
+    match tokio::time::timeout(TLS_CHECK_TIMEOUT, client.get_multiplexed_async_connection()).await {
+        Ok(Err(alone)) if tls_cause(&alone).is_some() => alone,
         _ => error,
     }
 }

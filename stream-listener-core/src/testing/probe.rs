@@ -28,8 +28,12 @@ pub(crate) enum Transport {
     /// Plain RESP over TCP.
     #[default]
     Plain,
-    /// RESP over TLS with this client configuration (the harness's CA and client certificate).
-    Tls(Arc<rustls::ClientConfig>),
+    /// RESP over TLS with this client configuration (the harness's CA and client certificate),
+    /// verifying the server certificate for this name.
+    Tls(
+        Arc<rustls::ClientConfig>,
+        rustls::pki_types::ServerName<'static>,
+    ),
 }
 
 /// Sends one command to `127.0.0.1:port` over `transport` on a fresh connection and reads one
@@ -51,10 +55,9 @@ pub(crate) fn command_via(
     }
     match transport {
         Transport::Plain => exchange(stream, &request),
-        Transport::Tls(config) => {
-            let name = rustls::pki_types::ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
-            let tls =
-                rustls::ClientConnection::new(config.clone(), name).map_err(io::Error::other)?;
+        Transport::Tls(config, name) => {
+            let tls = rustls::ClientConnection::new(config.clone(), name.clone())
+                .map_err(io::Error::other)?;
             exchange(rustls::StreamOwned::new(tls, stream), &request)
         }
     }

@@ -185,7 +185,7 @@ impl RedisServerBuilder {
         }
         let tls = self.tls.as_ref().and_then(|(m, _)| m.clone());
         let probe = match &tls {
-            Some(material) => Transport::Tls(material.probe_config()?),
+            Some(material) => material.probe_config()?,
             None => Transport::Plain,
         };
         let lease = ports::lease(self.bus_port)?;

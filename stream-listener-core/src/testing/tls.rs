@@ -12,6 +12,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::HarnessError;
+use super::probe;
 use crate::connection::TlsOptions;
 
 /// The names the server certificate is valid for: the harness binds `127.0.0.1` only.
@@ -50,6 +51,8 @@ pub struct TlsMaterial {
     server_key_file: PathBuf,
     client_cert_file: PathBuf,
     client_key_file: PathBuf,
+    /// The first name of the server certificate: the one the probe verifies.
+    server_name: String,
 }
 
 impl TlsMaterial {
@@ -60,6 +63,17 @@ impl TlsMaterial {
     /// [`HarnessError::Tls`] if a certificate cannot be made; [`HarnessError::Io`] if a file
     /// cannot be written.
     pub fn generate(dir: &Path) -> Result<Self, HarnessError> {
+        Self::generate_for(dir, &SERVER_NAMES)
+    }
+
+    /// As [`generate`](Self::generate) with a server certificate valid for `server_names` only
+    /// (host names or IP addresses): without `127.0.0.1` among them, a client of the harness's
+    /// server sees a certificate for another host (the "wrong host name" case of a test).
+    ///
+    /// # Errors
+    /// As [`generate`](Self::generate); [`HarnessError::Tls`] for a name that is neither a DNS
+    /// name nor an IP address.
+    pub fn generate_for(dir: &Path, server_names: &[&str]) -> Result<Self, HarnessError> {
         let err = |what: &str| {
             let what = what.to_owned();
             move |e: rcgen::Error| HarnessError::tls(what, e)
@@ -85,7 +99,7 @@ impl TlsMaterial {
             Ok::<_, HarnessError>((cert.pem(), key.serialize_pem()))
         };
         let (server_cert, server_key) = leaf(
-            SERVER_NAMES.map(String::from).to_vec(),
+            server_names.iter().map(|n| (*n).to_owned()).collect(),
             vec![
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
@@ -103,6 +117,11 @@ impl TlsMaterial {
             server_key_file: dir.join("server.key"),
             client_cert_file: dir.join("client.crt"),
             client_key_file: dir.join("client.key"),
+            server_name: server_names
+                .first()
+                .copied()
+                .unwrap_or("localhost")
+                .to_owned(),
         };
         for (path, pem) in [
             (&material.ca_file, ca.pem()),
@@ -210,12 +229,12 @@ impl TlsMaterial {
         })
     }
 
-    /// The probe's rustls configuration: trusts this CA, presents the client certificate (so it
+    /// The probe's TLS transport: trusts this CA, verifies the server certificate's first name, presents the client certificate (so it
     /// works with `tls-auth-clients yes`), ring as the crypto provider (no process default needed).
     ///
     /// # Errors
     /// [`HarnessError::Tls`] if the files do not parse.
-    pub(crate) fn probe_config(&self) -> Result<Arc<rustls::ClientConfig>, HarnessError> {
+    pub(crate) fn probe_config(&self) -> Result<probe::Transport, HarnessError> {
         let tls = |what: &str| {
             let what = what.to_owned();
             move |e: rustls::pki_types::pem::Error| HarnessError::tls(what, e)
@@ -238,6 +257,8 @@ impl TlsMaterial {
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)
             .map_err(|e| HarnessError::tls("client certificate", e))?;
-        Ok(Arc::new(config))
+        let name = rustls::pki_types::ServerName::try_from(self.server_name.clone())
+            .map_err(|e| HarnessError::tls("server name", e))?;
+        Ok(probe::Transport::Tls(Arc::new(config), name))
     }
 }
