@@ -273,6 +273,24 @@ async fn a_plaintext_url_against_a_tls_only_server_says_use_rediss() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rediss_url_against_a_plain_server_says_use_redis() {
+    let server = RedisServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let material = TlsMaterial::generate(dir.path()).unwrap();
+    let url = format!("rediss://127.0.0.1:{}", server.port());
+    let (error, took) =
+        startup_error(config(&format!("url = {url:?}\n{}", ca_line(&material)))).await;
+    // A plain server never answers the ClientHello: the first attempt times out (10 s), then the
+    // check says why instead of retrying until startup_timeout (30 s).
+    assert!(took < Duration::from_secs(15), "failed after {took:?}");
+    let RunError::RedisTls { advice, .. } = &error else {
+        panic!("expected RedisTls, got {error:?}");
+    };
+    assert!(advice.contains("does not speak TLS"), "{advice}");
+    assert!(advice.contains("redis://host:port"), "{advice}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_insecure_connects_without_a_ca() {
     let server = RedisServer::builder()
         .tls(TlsAuthClients::Optional)
@@ -282,10 +300,53 @@ async fn tls_insecure_connects_without_a_ca() {
     let (error, _) = startup_error(config(&format!("url = {:?}\n", server.url()))).await;
     assert!(matches!(error, RunError::RedisTls { .. }), "{error:?}");
 
+    // The opt-out is logged once, as a warning naming the target (this thread's subscriber:
+    // run_with's startup runs on the test's thread).
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || writer.clone())
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
     let config = config(&format!("url = {:?}\ntls_insecure = true\n", server.url()));
     let app = run_with(config.clone()).await.unwrap();
+    drop(guard);
+    let warnings: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|line| line.contains("tls_insecure"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(warnings[0].contains(" WARN "), "{}", warnings[0]);
+    assert!(warnings[0].contains(&server.url()), "{}", warnings[0]);
     publish_and_consume(&app, &config, 2000..2020).await;
     app.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// The lines a `fmt` subscriber wrote.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,10 +24,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 mod tls;
+mod tls_failure;
 
-pub use tls::tls_advice;
-use tls::{explain_cluster_failure, explain_plaintext_failure, standalone_client, tls_cause};
+use tls::standalone_client;
 pub(crate) use tls::{install_crypto_provider, tls_certificates};
+pub use tls_failure::tls_advice;
+use tls_failure::{explain_cluster_failure, explain_failure, tls_cause};
 
 /// Where Redis is and how to reach it: a [`Topology`] (standalone, cluster or Sentinel) and the
 /// TLS files ([`TlsOptions`]) used when its URLs are `rediss://`. Its `Debug` hides passwords
@@ -271,7 +273,7 @@ impl RedisConnection {
                     .set_number_of_retries(1);
                 match ConnectionManager::new_with_config(client, config).await {
                     Ok(manager) => Ok(RedisConnection::Standalone(manager)),
-                    Err(error) => Err(explain_plaintext_failure(url, error).await),
+                    Err(error) => Err(explain_failure(url, error).await),
                 }
             }
             Topology::Cluster(nodes) => {
