@@ -148,6 +148,10 @@ async fn consumes_over_tls_verified_against_the_ca_file() {
         .start()
         .unwrap();
     assert!(server.url().starts_with("rediss://127.0.0.1:"));
+    // The harness's own client speaks TLS too.
+    let mut con = server.client().get_connection().unwrap();
+    let pong: String = redis::cmd("PING").query(&mut con).unwrap();
+    assert_eq!(pong, "PONG");
     let material = server.tls().unwrap();
     let config = config(&format!("url = {:?}\n{}", server.url(), ca_line(material)));
     let app = run_with(config.clone()).await.unwrap();
@@ -359,6 +363,9 @@ async fn consumes_from_a_tls_cluster() {
         .collect::<Vec<_>>()
         .join(", ");
     assert!(nodes.starts_with("\"rediss://"), "{nodes}");
+    let mut con = cluster.client().get_async_connection().await.unwrap();
+    let pong: String = redis::cmd("PING").query_async(&mut con).await.unwrap();
+    assert_eq!(pong, "PONG");
 
     // A wrong CA, and plain redis:// seeds, fail at once on a cluster too.
     let other_dir = tempfile::tempdir().unwrap();

@@ -189,3 +189,36 @@ fn tls_failures_and_misused_flags_say_what_to_fix() {
     assert!(err.contains("/nonexistent/ca.crt"), "{err}");
     let _ = std::fs::remove_dir_all(&other_dir);
 }
+
+#[test]
+fn admin_commands_run_on_a_tls_cluster() {
+    let cluster = stream_listener_core::testing::RedisCluster::builder()
+        .tls()
+        .start()
+        .unwrap();
+    let ca = path(cluster.tls().unwrap().ca_file());
+    let mut args: Vec<String> = cluster
+        .urls()
+        .into_iter()
+        .flat_map(|url| ["--cluster-node".to_owned(), url])
+        .collect();
+    args.extend(["--tls-ca-file".to_owned(), ca]);
+    args.extend(["stream", "create", "orders", "--shards", "3"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = cli(&args, &[]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert!(
+        out.starts_with("created stream orders with 3 shards"),
+        "{out}"
+    );
+
+    // REDIS_TLS_INSECURE=true: no CA, no verification, a warning.
+    let first = cluster.urls()[0].clone();
+    let (code, out, err) = cli(
+        &["--cluster-node", first.as_str(), "stream", "list"],
+        &[("REDIS_TLS_INSECURE", "true")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("orders"), "{out}");
+    assert!(err.contains("warning: --tls-insecure"), "{err}");
+}
