@@ -402,8 +402,8 @@ pub enum RedisFailure {
     Other,
     /// The TLS handshake failed: the server's certificate did not verify (wrong `tls_ca_file`,
     /// a host name the certificate does not name), the server refused the client (no or a wrong
-    /// client certificate), or a `redis://` URL reached a server that speaks TLS. Retrying
-    /// cannot fix it; [`tls_advice`] says what to check.
+    /// client certificate), a `redis://` URL reached a server that speaks TLS, or a `rediss://`
+    /// URL a plain one. Retrying cannot fix it; [`tls_advice`] says what to check.
     TlsHandshake,
 }
 

@@ -43,8 +43,9 @@ pub enum StartupError {
         found: String,
     },
     /// The TLS handshake failed ([`RedisFailure::TlsHandshake`]): the server's certificate did
-    /// not verify, the server refused the client's certificate, or a `redis://` URL reached a
-    /// TLS server. Not retried: the configuration must change.
+    /// not verify, the server refused the client's certificate, or the URL's scheme does not
+    /// match the server (`redis://` to a TLS port, `rediss://` to a plain one). Not retried: the
+    /// configuration must change.
     #[error("TLS with Redis failed: {advice}")]
     Tls {
         /// What to check ([`crate::connection::tls_advice`]).

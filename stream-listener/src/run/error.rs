@@ -165,7 +165,8 @@ pub enum RunError {
     Shutdown(#[from] stream_listener_core::member::ShutdownError),
     /// The TLS handshake with Redis failed at startup (docs/design.md §15.1): the server's
     /// certificate did not verify against `tls_ca_file`, the server refused the client
-    /// certificate, or a `redis://` URL reached a TLS server. Not retried.
+    /// certificate, or the URL's scheme does not match the server (`redis://` to a TLS port,
+    /// `rediss://` to a plain one). Not retried.
     #[error("TLS with Redis at {target} failed: {advice}")]
     RedisTls {
         /// The URL or cluster nodes (passwords replaced by `***`).
