@@ -193,12 +193,9 @@ async fn a_wrong_ca_is_a_clear_startup_error_at_once() {
         .unwrap();
     let other_dir = tempfile::tempdir().unwrap();
     let other = TlsMaterial::generate(other_dir.path()).unwrap();
-    let (error, took) = startup_error(config(&format!(
-        "url = {:?}\n{}",
-        server.url(),
-        ca_line(&other)
-    )))
-    .await;
+    // With a password in the URL: the error names the target without it.
+    let url = format!("rediss://app:s3cret@127.0.0.1:{}", server.port());
+    let (error, took) = startup_error(config(&format!("url = {url:?}\n{}", ca_line(&other)))).await;
     assert!(took < FAIL_FAST, "failed after {took:?}, not at once");
     assert!(
         matches!(error, RunError::RedisTls { .. }),
@@ -207,6 +204,14 @@ async fn a_wrong_ca_is_a_clear_startup_error_at_once() {
     let text = error.to_string();
     assert!(text.contains("TLS verification"), "{text}");
     assert!(text.contains("tls_ca_file"), "{text}");
+    assert!(
+        text.starts_with(&format!(
+            "TLS with Redis at rediss://app:***@127.0.0.1:{}",
+            server.port()
+        )),
+        "{text}"
+    );
+    assert!(!format!("{error:?}").contains("s3cret"), "{error:?}");
 
     // The one place that reads redis-rs's errors says the same to every caller.
     let target = config(&format!("url = {:?}\n{}", server.url(), ca_line(&other)))
