@@ -23,6 +23,14 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+mod tls;
+mod tls_failure;
+
+use tls::standalone_client;
+pub(crate) use tls::{install_crypto_provider, tls_certificates};
+pub use tls_failure::tls_advice;
+use tls_failure::{explain_cluster_failure, explain_failure, tls_cause};
+
 /// Where Redis is and how to reach it: a [`Topology`] (standalone, cluster or Sentinel) and the
 /// TLS files ([`TlsOptions`]) used when its URLs are `rediss://`. Its `Debug` hides passwords
 /// (`user:password@` and `pass=`); [`RedisTarget::describe`] is the same for logs.
@@ -255,32 +263,42 @@ impl RedisConnection {
         target: &RedisTarget,
         response_timeout: Duration,
     ) -> redis::RedisResult<Self> {
+        install_crypto_provider();
         match target.topology() {
             Topology::Standalone(url) => {
-                let client = redis::Client::open(url.as_str())?;
+                let client = standalone_client(url, target.tls())?;
                 let config = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(response_timeout))
                     .set_connection_timeout(Some(DEFAULT_CONNECT_TIMEOUT))
                     .set_number_of_retries(1);
-                let manager = ConnectionManager::new_with_config(client, config).await?;
-                Ok(RedisConnection::Standalone(manager))
+                match ConnectionManager::new_with_config(client, config).await {
+                    Ok(manager) => Ok(RedisConnection::Standalone(manager)),
+                    Err(error) => Err(explain_failure(url, error).await),
+                }
             }
             Topology::Cluster(nodes) => {
+                let certs = tls_certificates(target.tls())?;
                 let client = |retries| {
-                    ClusterClient::builder(nodes.clone())
+                    let mut builder = ClusterClient::builder(nodes.clone())
                         .response_timeout(response_timeout)
                         .connection_timeout(DEFAULT_CONNECT_TIMEOUT)
-                        .retries(retries)
-                        .build()
+                        .retries(retries);
+                    if let Some(certs) = &certs {
+                        builder = builder.certs(certs.clone());
+                    }
+                    if target.tls().insecure {
+                        builder = builder.tls(redis::TlsMode::Insecure);
+                    }
+                    builder.build()
                 };
                 let data_plane = Arc::new(DataPlaneCluster {
                     client: client(0)?,
                     conn: tokio::sync::OnceCell::new(),
                 });
-                Ok(RedisConnection::Cluster(
-                    client(2)?.get_async_connection().await?,
-                    data_plane,
-                ))
+                match client(2)?.get_async_connection().await {
+                    Ok(conn) => Ok(RedisConnection::Cluster(conn, data_plane)),
+                    Err(error) => Err(explain_cluster_failure(nodes, target.tls(), error).await),
+                }
             }
             // Built by the Sentinel work (README "Sentinel").
             Topology::Sentinel(_) => Err(redis::RedisError::from((
@@ -382,12 +400,20 @@ pub enum RedisFailure {
     /// Anything else: a command Redis refused for another reason, a reply of an unexpected type,
     /// an invalid URL.
     Other,
+    /// The TLS handshake failed: the server's certificate did not verify (wrong `tls_ca_file`,
+    /// a host name the certificate does not name), the server refused the client (no or a wrong
+    /// client certificate), a `redis://` URL reached a server that speaks TLS, or a `rediss://`
+    /// URL a plain one. Retrying cannot fix it; [`tls_advice`] says what to check.
+    TlsHandshake,
 }
 
 impl RedisFailure {
     /// What `error` means. For a pipeline's error, what its first failed command's means.
     pub fn of(error: &redis::RedisError) -> Self {
         use redis::ErrorKind;
+        if tls_cause(error).is_some() {
+            return RedisFailure::TlsHandshake;
+        }
         if error.is_timeout() {
             return RedisFailure::Timeout;
         }

@@ -42,6 +42,18 @@ pub enum StartupError {
         /// The version `INFO server` reported (the oldest node of a cluster).
         found: String,
     },
+    /// The TLS handshake failed ([`RedisFailure::TlsHandshake`]): the server's certificate did
+    /// not verify, the server refused the client's certificate, or the URL's scheme does not
+    /// match the server (`redis://` to a TLS port, `rediss://` to a plain one). Not retried: the
+    /// configuration must change.
+    #[error("TLS with Redis failed: {advice}")]
+    Tls {
+        /// What to check ([`crate::connection::tls_advice`]).
+        advice: &'static str,
+        /// The handshake's error.
+        #[source]
+        source: redis::RedisError,
+    },
 }
 
 crate::report::readable_debug!(StartupError);
@@ -83,11 +95,18 @@ impl Connected {
 ///
 /// # Errors
 /// [`StartupError::Unreachable`] once the attempts are used up; [`StartupError::Refused`] at once
-/// for errors retrying cannot fix; [`StartupError::TooOld`].
+/// for errors retrying cannot fix, [`StartupError::Tls`] for a failed TLS handshake;
+/// [`StartupError::TooOld`].
 pub async fn connect(
     target: &RedisTarget,
     startup_timeout: Option<Duration>,
 ) -> Result<Connected, StartupError> {
+    if target.tls().insecure {
+        tracing::warn!(
+            redis = %target.describe(),
+            "tls_insecure = true: the Redis server's TLS certificate is not verified; anyone on the network path can impersonate it"
+        );
+    }
     let mut conn = connect_with_retry(target, startup_timeout).await?;
     check_version(&mut conn).await?;
     Ok(Connected {
@@ -124,6 +143,13 @@ async fn connect_with_retry(
                     tracing::info!(attempts, "connected to Redis");
                 }
                 return Ok(conn);
+            }
+            Some(Err(error)) if RedisFailure::of(&error) == RedisFailure::TlsHandshake => {
+                let advice = crate::connection::tls_advice(&error).unwrap_or_default();
+                return Err(StartupError::Tls {
+                    advice,
+                    source: error,
+                });
             }
             Some(Err(error)) if !RedisFailure::of(&error).is_unreachable() => {
                 return Err(StartupError::Refused(error));

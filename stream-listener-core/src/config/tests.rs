@@ -462,3 +462,39 @@ fn zero_max_in_flight_is_an_error() {
     );
     assert_eq!(message, "must be at least 1");
 }
+
+#[test]
+fn tls_settings_are_checked() {
+    assert_invalid_at(
+        "[redis]\nurl = \"redis://127.0.0.1:6379\"\ntls_ca_file = \"/ca.crt\"\n",
+        "redis.tls_ca_file",
+        3,
+        "is a plain redis:// URL",
+    );
+    let (key, _, message) = invalid(
+        "[redis]\ncluster_nodes = [\"rediss://a:1\", \"redis://b:1\"]\ntls_insecure = true\n",
+    );
+    assert_eq!(key, "redis.tls_insecure");
+    assert!(
+        message.contains("cluster_nodes \"redis://b:1\""),
+        "{message}"
+    );
+    let (key, _, message) =
+        invalid("[redis]\nurl = \"rediss://a:1\"\ntls_cert_file = \"/c.crt\"\n");
+    assert_eq!(key, "redis.tls_cert_file");
+    assert!(message.contains("tls_key_file"), "{message}");
+    let (key, _, _) = invalid("[redis]\nurl = \"rediss://a:1\"\ntls_key_file = \"/c.key\"\n");
+    assert_eq!(key, "redis.tls_key_file");
+    let (key, _, message) = invalid(
+        "[redis]\nurl = \"rediss://a:1\"\ntls_insecure = true\ntls_ca_file = \"/ca.crt\"\n",
+    );
+    assert_eq!(key, "redis.tls_insecure");
+    assert!(message.contains("tls_ca_file"), "{message}");
+    // No url: the default redis://127.0.0.1:6379 is plain.
+    let (key, _, _) = invalid("[redis]\ntls_ca_file = \"/ca.crt\"\n");
+    assert_eq!(key, "redis.tls_ca_file");
+    parse(
+        "[redis]\nurl = \"rediss://a:1\"\ntls_ca_file = \"/ca.crt\"\ntls_cert_file = \"/c.crt\"\ntls_key_file = \"/c.key\"\n",
+    )
+    .expect("rediss:// with a CA and a client certificate is valid");
+}

@@ -102,7 +102,68 @@ impl Config {
                 "must be positive, e.g. \"30s\"",
             ));
         }
-        Ok(())
+        self.validate_tls()
+    }
+
+    /// The `tls_*` keys (README "TLS"): a client certificate needs its key and the reverse,
+    /// `tls_insecure` excludes `tls_ca_file` (nothing would be verified against it), and TLS
+    /// settings need `rediss://` URLs for `url` and `cluster_nodes` (Sentinel targets are
+    /// checked by the Sentinel settings).
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let redis = &self.redis;
+        match (&redis.tls_cert_file, &redis.tls_key_file) {
+            (Some(_), None) => {
+                return Err(self.invalid(
+                    &["redis", "tls_cert_file"],
+                    "mutual TLS needs tls_key_file too (the client certificate's private key, PEM)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(self.invalid(
+                    &["redis", "tls_key_file"],
+                    "mutual TLS needs tls_cert_file too (the client certificate, PEM)",
+                ));
+            }
+            _ => {}
+        }
+        if redis.tls_insecure && redis.tls_ca_file.is_some() {
+            return Err(self.invalid(
+                &["redis", "tls_insecure"],
+                "tls_insecure = true skips verifying the server, so tls_ca_file would not be used: remove one of them (keep tls_ca_file to verify the server)",
+            ));
+        }
+        let tls_key = [
+            (redis.tls_ca_file.is_some(), "tls_ca_file"),
+            (redis.tls_cert_file.is_some(), "tls_cert_file"),
+            (redis.tls_insecure, "tls_insecure"),
+        ]
+        .into_iter()
+        .find_map(|(set, key)| set.then_some(key));
+        let Some(tls_key) = tls_key else {
+            return Ok(());
+        };
+        if !redis.sentinels.is_empty() {
+            return Ok(());
+        }
+        let plain = match (&redis.url, redis.cluster_nodes.first()) {
+            (_, Some(_)) => redis
+                .cluster_nodes
+                .iter()
+                .find(|n| !n.starts_with("rediss://"))
+                .map(|n| ("cluster_nodes", n.clone())),
+            (Some(url), None) => (!url.starts_with("rediss://")).then(|| ("url", url.clone())),
+            (None, None) => Some(("url", super::DEFAULT_REDIS_URL.to_owned())),
+        };
+        match plain {
+            Some((key, url)) => Err(self.invalid(
+                &["redis", tls_key],
+                format!(
+                    "{tls_key} is set but [redis] {key} {:?} is a plain redis:// URL, which never uses TLS; write it as rediss://host:port",
+                    redact_url(&url)
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The protocol timings of `[coordination]`, checked.

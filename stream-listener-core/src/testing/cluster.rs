@@ -10,7 +10,7 @@ use tempfile::TempDir;
 use super::binaries::Binary;
 use super::probe::{self, Reply};
 use super::process::{self, SpawnSpec};
-use super::{HarnessError, RedisServer, RedisServerBuilder};
+use super::{HarnessError, RedisServer, RedisServerBuilder, TlsAuthClients, TlsMaterial};
 
 /// Slots of a Redis Cluster.
 const SLOTS: &str = "16384";
@@ -32,6 +32,7 @@ pub struct RedisClusterBuilder {
     ready_timeout: Duration,
     cli_binary: Option<PathBuf>,
     server: RedisServerBuilder,
+    tls: bool,
 }
 
 impl Default for RedisClusterBuilder {
@@ -42,6 +43,7 @@ impl Default for RedisClusterBuilder {
             ready_timeout: Duration::from_secs(30),
             cli_binary: None,
             server: RedisServerBuilder::default(),
+            tls: false,
         }
     }
 }
@@ -81,6 +83,15 @@ impl RedisClusterBuilder {
         self
     }
 
+    /// Makes every node TLS-only with one set of certificates ([`TlsMaterial`], made at start in
+    /// the cluster's directory, see [`RedisCluster::tls`]): `--tls-cluster yes` (the cluster bus
+    /// over TLS), `--tls-auth-clients optional`; [`RedisCluster::urls`] are then `rediss://` and
+    /// [`RedisCluster::client`] trusts the CA.
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
     /// Runs this `redis-cli` binary instead of the one from `STREAM_LISTENER_REDIS_CLI` or `PATH`.
     pub fn cli_binary(mut self, path: impl Into<PathBuf>) -> Self {
         self.cli_binary = Some(path.into());
@@ -102,27 +113,41 @@ impl RedisClusterBuilder {
     pub fn start(self) -> Result<RedisCluster, HarnessError> {
         let cli = Binary::Cli.resolve(self.cli_binary.as_deref())?;
         let node_timeout_ms = self.node_timeout.as_millis().max(1).to_string();
-        let node_builder = self
+        let dir = tempfile::Builder::new()
+            .prefix("stream-listener-cluster-")
+            .tempdir()
+            .map_err(|e| HarnessError::io("cannot create a temporary directory", e))?;
+        let tls = match self.tls {
+            true => Some(TlsMaterial::generate(dir.path())?),
+            false => None,
+        };
+        let mut node_builder = self
             .server
             .clone()
             .with_bus_port()
             .config("cluster-enabled", "yes")
             .config("cluster-config-file", "nodes.conf")
             .config("cluster-node-timeout", node_timeout_ms);
+        if let Some(material) = &tls {
+            node_builder = node_builder.tls_material(material.clone(), TlsAuthClients::Optional);
+        }
         let nodes = (0..self.masters)
             .map(|_| node_builder.clone().start())
             .collect::<Result<Vec<_>, _>>()?;
-        let dir = tempfile::Builder::new()
-            .prefix("stream-listener-cluster-")
-            .tempdir()
-            .map_err(|e| HarnessError::io("cannot create a temporary directory", e))?;
         let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-        let client = redis::cluster::ClusterClient::new(urls)
+        let mut client = redis::cluster::ClusterClient::builder(urls);
+        if let Some(material) = &tls {
+            crate::connection::install_crypto_provider();
+            client = client.certs(material.redis_certificates()?);
+        }
+        let client = client
+            .build()
             .map_err(|e| HarnessError::redis("cannot build a cluster client", e))?;
         let cluster = RedisCluster {
             nodes,
             client,
             ready_timeout: self.ready_timeout,
+            tls,
             dir,
         };
         cluster.create(&cli)?;
@@ -141,6 +166,7 @@ pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     client: redis::cluster::ClusterClient,
     ready_timeout: Duration,
+    tls: Option<TlsMaterial>,
     dir: TempDir,
 }
 
@@ -174,7 +200,13 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::addr).collect()
     }
 
-    /// Every node's `redis://127.0.0.1:<port>`, the form `cluster::ClusterClient::new` takes.
+    /// The certificates of a TLS cluster ([`RedisClusterBuilder::tls`]), `None` for a plain one.
+    pub fn tls(&self) -> Option<&TlsMaterial> {
+        self.tls.as_ref()
+    }
+
+    /// Every node's `redis://127.0.0.1:<port>` (`rediss://` for a TLS cluster), the form
+    /// `cluster::ClusterClient::new` takes.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
@@ -242,7 +274,7 @@ impl RedisCluster {
         ];
         loop {
             let detail = self.nodes.iter().find_map(|node| {
-                let info = match probe::command(node.port(), &["CLUSTER", "INFO"], PROBE_TIMEOUT) {
+                let info = match node.probe(&["CLUSTER", "INFO"], PROBE_TIMEOUT) {
                     Ok(Reply::Bulk(Some(info))) => info,
                     other => {
                         return Some(format!("node {}: CLUSTER INFO gave {other:?}", node.addr()));
@@ -286,7 +318,12 @@ impl RedisCluster {
         let output_path = self.dir.path().join("cluster-create.log");
         let output = File::create(&output_path)
             .map_err(|e| HarnessError::io("cannot create the redis-cli output file", e))?;
-        let mut args: Vec<OsString> = vec!["--cluster".into(), "create".into()];
+        let mut args: Vec<OsString> = self
+            .tls
+            .as_ref()
+            .map(TlsMaterial::cli_args)
+            .unwrap_or_default();
+        args.extend(["--cluster", "create"].map(OsString::from));
         args.extend(self.addrs().into_iter().map(OsString::from));
         args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(OsString::from));
         let mut child = process::spawn(SpawnSpec {

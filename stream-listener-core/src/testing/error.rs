@@ -154,6 +154,16 @@ pub enum HarnessError {
         #[source]
         source: redis::RedisError,
     },
+
+    /// Making the test certificates ([`TlsMaterial::generate`](super::TlsMaterial::generate)) or
+    /// the TLS probe's client configuration failed.
+    #[error("cannot set up TLS for the test servers: {context}: {detail}")]
+    Tls {
+        /// What the harness was doing.
+        context: String,
+        /// The certificate generator's or rustls's error.
+        detail: String,
+    },
 }
 
 crate::report::readable_debug!(HarnessError);
@@ -163,6 +173,13 @@ impl HarnessError {
         Self::Io {
             context: context.into(),
             source,
+        }
+    }
+
+    pub(crate) fn tls(context: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        Self::Tls {
+            context: context.into(),
+            detail: detail.to_string(),
         }
     }
 

@@ -8,6 +8,8 @@
 //!   `cluster::ClusterClient`;
 //! - fault injection on both: `pause` (`SIGSTOP`), `resume` (`SIGCONT`), `kill` (`SIGKILL`) and
 //!   `restart` (same port, same directory);
+//! - TLS-only servers (`--port 0 --tls-port`) with certificates made at test time:
+//!   [`RedisServerBuilder::tls`], [`TlsMaterial`];
 //! - [`fixtures`]: protocol values and Redis setup that tests and benchmarks share.
 //!
 //! Every process is stopped when its handle is dropped, and on Linux also when the test process
@@ -52,6 +54,8 @@ mod process;
 #[cfg(feature = "testing")]
 mod server;
 #[cfg(feature = "testing")]
+mod tls;
+#[cfg(feature = "testing")]
 pub mod workload;
 
 #[cfg(feature = "testing")]
@@ -62,3 +66,5 @@ pub use cluster::{RedisCluster, RedisClusterBuilder};
 pub use error::HarnessError;
 #[cfg(feature = "testing")]
 pub use server::{Appendfsync, RedisServer, RedisServerBuilder};
+#[cfg(feature = "testing")]
+pub use tls::{TlsAuthClients, TlsMaterial};

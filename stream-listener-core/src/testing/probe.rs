@@ -4,8 +4,9 @@
 //! whatever state the server is in (loading, paused, half started), and must see `-LOADING` as a
 //! plain "not yet".
 
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One RESP2 reply (arrays are not needed by the harness).
@@ -21,9 +22,29 @@ pub(crate) enum Reply {
     Bulk(Option<String>),
 }
 
-/// Sends one command to `127.0.0.1:port` on a fresh connection and reads one reply. Connecting,
-/// writing and reading each time out after `timeout`.
-pub(crate) fn command(port: u16, args: &[&str], timeout: Duration) -> io::Result<Reply> {
+/// How a probe reaches a server: plain TCP, or TLS (a TLS-only server, `--port 0`).
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Transport {
+    /// Plain RESP over TCP.
+    #[default]
+    Plain,
+    /// RESP over TLS with this client configuration (the harness's CA and client certificate),
+    /// verifying the server certificate for this name.
+    Tls(
+        Arc<rustls::ClientConfig>,
+        rustls::pki_types::ServerName<'static>,
+    ),
+}
+
+/// Sends one command to `127.0.0.1:port` over `transport` on a fresh connection and reads one
+/// reply. Connecting, writing and reading (and over TLS the handshake) each time out after
+/// `timeout`.
+pub(crate) fn command_via(
+    transport: &Transport,
+    port: u16,
+    args: &[&str],
+    timeout: Duration,
+) -> io::Result<Reply> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
@@ -32,8 +53,21 @@ pub(crate) fn command(port: u16, args: &[&str], timeout: Duration) -> io::Result
     for arg in args {
         request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
     }
-    (&stream).write_all(request.as_bytes())?;
-    read_reply(&mut BufReader::new(&stream))
+    match transport {
+        Transport::Plain => exchange(stream, &request),
+        Transport::Tls(config, name) => {
+            let tls = rustls::ClientConnection::new(config.clone(), name.clone())
+                .map_err(io::Error::other)?;
+            exchange(rustls::StreamOwned::new(tls, stream), &request)
+        }
+    }
+}
+
+fn exchange(stream: impl Read + Write, request: &str) -> io::Result<Reply> {
+    let mut reader = BufReader::new(stream);
+    reader.get_mut().write_all(request.as_bytes())?;
+    reader.get_mut().flush()?;
+    read_reply(&mut reader)
 }
 
 fn read_reply(reader: &mut impl BufRead) -> io::Result<Reply> {

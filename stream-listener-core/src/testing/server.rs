@@ -11,8 +11,9 @@ use tempfile::TempDir;
 use super::HarnessError;
 use super::binaries::Binary;
 use super::ports::{self, PortLease};
-use super::probe::{self, Reply};
+use super::probe::{self, Reply, Transport};
 use super::process::{self, Signal, SpawnSpec};
+use super::tls::{TlsAuthClients, TlsMaterial};
 
 /// How often a starting server is probed.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -64,6 +65,7 @@ pub struct RedisServerBuilder {
     port_attempts: u32,
     bus_port: bool,
     parent_dir: Option<PathBuf>,
+    tls: Option<(Option<TlsMaterial>, TlsAuthClients)>,
 }
 
 impl Default for RedisServerBuilder {
@@ -77,6 +79,7 @@ impl Default for RedisServerBuilder {
             port_attempts: 5,
             bus_port: false,
             parent_dir: None,
+            tls: None,
         }
     }
 }
@@ -132,6 +135,23 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Makes the server TLS-only: `--port 0`, `--tls-port` on the server's port, certificates
+    /// made at start ([`TlsMaterial::generate`] in the server's directory, see
+    /// [`RedisServer::tls`]), `--tls-auth-clients` from `auth`. [`RedisServer::url`] is then
+    /// `rediss://127.0.0.1:<port>`, [`RedisServer::client`] trusts the CA and presents the client
+    /// certificate, and the readiness probe speaks TLS.
+    pub fn tls(mut self, auth: TlsAuthClients) -> Self {
+        self.tls = Some((None, auth));
+        self
+    }
+
+    /// As [`tls`](Self::tls) with certificates made beforehand (several servers of one CA: a
+    /// cluster, a master and its replicas, sentinels).
+    pub fn tls_material(mut self, material: TlsMaterial, auth: TlsAuthClients) -> Self {
+        self.tls = Some((Some(material), auth));
+        self
+    }
+
     /// Reserves the cluster bus port (`port + 10000`) as well; used for cluster nodes.
     pub(crate) fn with_bus_port(mut self) -> Self {
         self.bus_port = true;
@@ -149,8 +169,9 @@ impl RedisServerBuilder {
     ///   process before `redis-server` bound it;
     /// - [`HarnessError::StartTimeout`] / [`HarnessError::ServerExited`]: the server did not come
     ///   up (the error carries its log tail);
+    /// - [`HarnessError::Tls`]: the TLS certificates could not be made;
     /// - [`HarnessError::Io`], [`HarnessError::Spawn`], [`HarnessError::SpawnerGone`].
-    pub fn start(self) -> Result<RedisServer, HarnessError> {
+    pub fn start(mut self) -> Result<RedisServer, HarnessError> {
         let binary = Binary::Server.resolve(self.binary.as_deref())?;
         let mut dir = tempfile::Builder::new();
         dir.prefix("stream-listener-redis-");
@@ -159,10 +180,20 @@ impl RedisServerBuilder {
             None => dir.tempdir(),
         }
         .map_err(|e| HarnessError::io("cannot create a temporary directory", e))?;
+        if let Some((material @ None, _)) = &mut self.tls {
+            *material = Some(TlsMaterial::generate(dir.path())?);
+        }
+        let tls = self.tls.as_ref().and_then(|(m, _)| m.clone());
+        let probe = match &tls {
+            Some(material) => material.probe_config()?,
+            None => Transport::Plain,
+        };
         let lease = ports::lease(self.bus_port)?;
         let mut server = RedisServer {
             args: self.args(lease.port(), dir.path()),
-            client: client(lease.port())?,
+            client: client(lease.port(), tls.as_ref())?,
+            tls,
+            probe,
             lease,
             binary,
             log_path: dir.path().join(LOG_FILE),
@@ -178,7 +209,7 @@ impl RedisServerBuilder {
                     // Another process took the port first: move to a new one, same directory.
                     let lease = ports::lease(self.bus_port)?;
                     server.args = self.args(lease.port(), server.dir.path());
-                    server.client = client(lease.port())?;
+                    server.client = client(lease.port(), server.tls.as_ref())?;
                     server.lease = lease;
                 }
                 Err(Launch::PortTaken) => {}
@@ -208,6 +239,13 @@ impl RedisServerBuilder {
         push("logfile", "");
         args.push("--dir".into());
         args.push(dir.as_os_str().to_owned());
+        if let Some((Some(material), auth)) = &self.tls {
+            // After `--port <port>`: the last `--port` wins, the plain port is off.
+            for (name, value) in material.server_args(port, *auth) {
+                args.push(format!("--{name}").into());
+                args.push(value.into());
+            }
+        }
         for (name, value) in &self.config {
             args.push(format!("--{name}").into());
             args.push(value.into());
@@ -233,6 +271,8 @@ pub struct RedisServer {
     child: Option<Child>,
     client: redis::Client,
     start_timeout: Duration,
+    tls: Option<TlsMaterial>,
+    probe: Transport,
     // Declared last: dropped after `Drop::drop` has stopped the process.
     dir: TempDir,
 }
@@ -269,12 +309,18 @@ impl RedisServer {
         format!("127.0.0.1:{}", self.port())
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>`, or `rediss://127.0.0.1:<port>` for a TLS server.
     pub fn url(&self) -> String {
-        url(self.port())
+        url(self.port(), self.tls.is_some())
+    }
+
+    /// The certificates of a TLS server ([`RedisServerBuilder::tls`]), `None` for a plain one.
+    pub fn tls(&self) -> Option<&TlsMaterial> {
+        self.tls.as_ref()
     }
 
     /// A redis-rs client for this server (cheap: it connects only when asked for a connection).
+    /// For a TLS server it trusts the harness's CA and presents its client certificate.
     pub fn client(&self) -> redis::Client {
         self.client.clone()
     }
@@ -421,8 +467,7 @@ impl RedisServer {
             }
             if self.answers_ping()
                 // Make sure the answer came from our process, not from one that took the port.
-                && let Ok(Reply::Bulk(Some(info))) =
-                    probe::command(port, &["INFO", "server"], PROBE_TIMEOUT)
+                && let Ok(Reply::Bulk(Some(info))) = self.probe(&["INFO", "server"], PROBE_TIMEOUT)
             {
                 if probe::info_field(&info, "process_id") == Some(pid.to_string().as_str()) {
                     return Ok(());
@@ -446,9 +491,14 @@ impl RedisServer {
     /// `-LOADING`).
     fn answers_ping(&self) -> bool {
         matches!(
-            probe::command(self.port(), &["PING"], PROBE_TIMEOUT),
+            self.probe(&["PING"], PROBE_TIMEOUT),
             Ok(Reply::Simple(pong)) if pong == "PONG"
         )
+    }
+
+    /// One command on a fresh connection (over TLS for a TLS server), bounded by `timeout`.
+    pub(crate) fn probe(&self, args: &[&str], timeout: Duration) -> std::io::Result<Reply> {
+        probe::command_via(&self.probe, self.port(), args, timeout)
     }
 }
 
@@ -459,13 +509,21 @@ impl Drop for RedisServer {
     }
 }
 
-fn client(port: u16) -> Result<redis::Client, HarnessError> {
-    redis::Client::open(url(port))
-        .map_err(|e| HarnessError::redis("cannot build a redis client", e))
+fn client(port: u16, tls: Option<&TlsMaterial>) -> Result<redis::Client, HarnessError> {
+    let error = |e| HarnessError::redis("cannot build a redis client", e);
+    match tls {
+        None => redis::Client::open(url(port, false)).map_err(error),
+        Some(material) => {
+            crate::connection::install_crypto_provider();
+            redis::Client::build_with_tls(url(port, true), material.redis_certificates()?)
+                .map_err(error)
+        }
+    }
 }
 
-fn url(port: u16) -> String {
-    format!("redis://127.0.0.1:{port}")
+fn url(port: u16, tls: bool) -> String {
+    let scheme = if tls { "rediss" } else { "redis" };
+    format!("{scheme}://127.0.0.1:{port}")
 }
 
 fn file_len(file: &File) -> u64 {

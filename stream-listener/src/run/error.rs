@@ -163,6 +163,20 @@ pub enum RunError {
     /// `main` returning `Result<(), RunError>` write `app.shutdown_and_wait().await?`.
     #[error(transparent)]
     Shutdown(#[from] stream_listener_core::member::ShutdownError),
+    /// The TLS handshake with Redis failed at startup (docs/design.md §15.1): the server's
+    /// certificate did not verify against `tls_ca_file`, the server refused the client
+    /// certificate, or the URL's scheme does not match the server (`redis://` to a TLS port,
+    /// `rediss://` to a plain one). Not retried.
+    #[error("TLS with Redis at {target} failed: {advice}")]
+    RedisTls {
+        /// The URL or cluster nodes (passwords replaced by `***`).
+        target: String,
+        /// What to check: the settings to fix.
+        advice: &'static str,
+        /// The handshake's error.
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl RunError {
@@ -181,6 +195,11 @@ impl RunError {
                 last_error: last_error.map(BoxError::from),
             },
             StartupError::TooOld { found } => RunError::RedisTooOld { found, target },
+            StartupError::Tls { advice, source } => RunError::RedisTls {
+                target,
+                advice,
+                source: Box::new(source),
+            },
             other => RunError::Redis {
                 target,
                 source: Box::new(other),

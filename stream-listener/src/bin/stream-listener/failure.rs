@@ -4,7 +4,7 @@
 use stream_listener::core::internals::admin::AdminError;
 use stream_listener::core::internals::connection::RedisFailure;
 use stream_listener::core::internals::connection::{
-    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget,
+    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, TlsOptions, tls_advice,
 };
 use stream_listener::core::internals::report::Chain;
 
@@ -63,6 +63,42 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// The TLS flags (`--tls-ca-file`, `--tls-cert-file`, `--tls-key-file`, `--tls-insecure`), checked
+/// as the `[redis] tls_*` keys are: a certificate needs its key, `--tls-insecure` excludes
+/// `--tls-ca-file`, and any of them needs `rediss://` URLs.
+fn tls_options(cli: &Cli, urls: &[&str]) -> Result<TlsOptions, Failure> {
+    let mut tls = TlsOptions::default();
+    tls.ca_file = cli.tls_ca_file.clone();
+    tls.cert_file = cli.tls_cert_file.clone();
+    tls.key_file = cli.tls_key_file.clone();
+    tls.insecure = cli.tls_insecure;
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        return Err(Failure::Usage(
+            "mutual TLS needs both --tls-cert-file and --tls-key-file".into(),
+        ));
+    }
+    if tls.insecure && tls.ca_file.is_some() {
+        return Err(Failure::Usage(
+            "--tls-insecure skips verifying the server, so --tls-ca-file would not be used: give one of them".into(),
+        ));
+    }
+    let any = tls.ca_file.is_some() || tls.cert_file.is_some() || tls.insecure;
+    if let Some(plain) = urls.iter().find(|u| !u.starts_with("rediss://"))
+        && any
+    {
+        return Err(Failure::Usage(format!(
+            "the --tls-* flags need rediss:// URLs, but {} is plain redis://; write it as rediss://host:port",
+            redact(plain)
+        )));
+    }
+    if tls.insecure {
+        eprintln!(
+            "warning: --tls-insecure: the server's TLS certificate is not verified (tests only)"
+        );
+    }
+    Ok(tls)
+}
+
 /// Connects to the standalone server or cluster the command line names.
 pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
     let (target, shown) = if cli.cluster_nodes.is_empty() {
@@ -77,11 +113,28 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
             format!("cluster {}", shown.join(", ")),
         )
     };
+    let urls: Vec<&str> = if cli.cluster_nodes.is_empty() {
+        vec![cli.redis_url.as_str()]
+    } else {
+        cli.cluster_nodes.iter().map(String::as_str).collect()
+    };
+    let target = target.with_tls(tls_options(cli, &urls)?);
     RedisConnection::connect(&target, DEFAULT_RESPONSE_TIMEOUT)
         .await
         .map_err(|err| {
             let text = one_line(&err.to_string());
-            if err.kind() == redis::ErrorKind::InvalidClientConfig {
+            if let Some(advice) = tls_advice(&err) {
+                Failure::Operation(format!(
+                    "TLS with Redis at {shown} failed ({text}): {advice}"
+                ))
+            } else if err.kind() == redis::ErrorKind::InvalidClientConfig
+                && text.contains("tls_")
+            {
+                // A TLS file named by its `[redis]` key: give the flag's name too.
+                Failure::Usage(format!(
+                    "invalid TLS file: {text}; give --tls-ca-file, --tls-cert-file and --tls-key-file readable PEM files"
+                ))
+            } else if err.kind() == redis::ErrorKind::InvalidClientConfig {
                 Failure::Usage(format!(
                     "invalid Redis address {shown}: {text}; write it as redis://[user:password@]host:port[/db]"
                 ))

@@ -54,6 +54,24 @@ struct Cli {
     #[arg(long = "cluster-node", global = true, value_name = "URL")]
     cluster_nodes: Vec<String>,
 
+    /// PEM file of the certificate authority that signed the server's certificate (rediss://
+    /// URLs); without it the system's root certificates are used.
+    #[arg(long, global = true, env = "REDIS_TLS_CA_FILE", value_name = "PATH")]
+    tls_ca_file: Option<std::path::PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --tls-key-file).
+    #[arg(long, global = true, env = "REDIS_TLS_CERT_FILE", value_name = "PATH")]
+    tls_cert_file: Option<std::path::PathBuf>,
+
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, global = true, env = "REDIS_TLS_KEY_FILE", value_name = "PATH")]
+    tls_key_file: Option<std::path::PathBuf>,
+
+    /// Do not verify the server's TLS certificate (tests only: anyone on the path can
+    /// impersonate the server).
+    #[arg(long, global = true, env = "REDIS_TLS_INSECURE")]
+    tls_insecure: bool,
+
     /// Print the result as JSON (camelCase fields, as stored) instead of tables.
     #[arg(long, global = true)]
     json: bool,
