@@ -23,6 +23,10 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+mod sentinel;
+
+pub use sentinel::SentinelConnection;
+
 /// Where Redis is and how to reach it: a [`Topology`] (standalone, cluster or Sentinel) and the
 /// TLS files ([`TlsOptions`]) used when its URLs are `rediss://`. Its `Debug` hides passwords
 /// (`user:password@` and `pass=`); [`RedisTarget::describe`] is the same for logs.
@@ -213,7 +217,7 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
-/// A cloneable connection to a standalone server or a cluster. Clones share the underlying
+/// A cloneable connection to a standalone server, a cluster or a Sentinel master. Clones share the underlying
 /// multiplexed connection; blocking commands need a connection of their own.
 #[derive(Clone)]
 pub enum RedisConnection {
@@ -222,6 +226,8 @@ pub enum RedisConnection {
     /// A Redis Cluster, and the data plane's connection to it (made on first use, shared by
     /// every clone).
     Cluster(ClusterConnection, Arc<DataPlaneCluster>),
+    /// The master Sentinel names, followed across failovers ([`SentinelConnection`]).
+    Sentinel(SentinelConnection),
 }
 
 /// The data plane's connection to a cluster: the same nodes and timeouts, no re-sent requests
@@ -237,6 +243,7 @@ impl std::fmt::Debug for RedisConnection {
         match self {
             RedisConnection::Standalone(_) => f.write_str("RedisConnection::Standalone"),
             RedisConnection::Cluster(..) => f.write_str("RedisConnection::Cluster"),
+            RedisConnection::Sentinel(_) => f.write_str("RedisConnection::Sentinel"),
         }
     }
 }
@@ -250,7 +257,9 @@ impl RedisConnection {
     /// Connects to `target` with `response_timeout` for every command.
     ///
     /// # Errors
-    /// A [`redis::RedisError`] when the URL is invalid or no server answers in time.
+    /// A [`redis::RedisError`] when the URL is invalid or no server answers in time; for Sentinel
+    /// also when no sentinel answers, none monitors the master's name (`InvalidClientConfig`) or
+    /// none names a usable master now (`MASTERDOWN`), see [`SentinelConnection`].
     pub async fn connect(
         target: &RedisTarget,
         response_timeout: Duration,
@@ -282,11 +291,9 @@ impl RedisConnection {
                     data_plane,
                 ))
             }
-            // Built by the Sentinel work (README "Sentinel").
-            Topology::Sentinel(_) => Err(redis::RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "Sentinel is not supported yet",
-            ))),
+            Topology::Sentinel(sentinel) => Ok(RedisConnection::Sentinel(
+                SentinelConnection::connect(sentinel, target.tls(), response_timeout).await?,
+            )),
         }
     }
 
@@ -304,7 +311,9 @@ impl RedisConnection {
     /// answers in time); the next call tries again.
     pub async fn for_data_plane(&self) -> redis::RedisResult<RedisConnection> {
         match self {
-            RedisConnection::Standalone(_) => Ok(self.clone()),
+            // Neither re-sends: a `ConnectionManager` does not, and a Sentinel connection only
+            // replaces its manager after a failure, never sends the failed command again.
+            RedisConnection::Standalone(_) | RedisConnection::Sentinel(_) => Ok(self.clone()),
             RedisConnection::Cluster(_, data_plane) => {
                 let conn = data_plane
                     .conn
@@ -327,6 +336,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Standalone(c) => c.req_packed_command(cmd),
             RedisConnection::Cluster(c, _) => c.req_packed_command(cmd),
+            RedisConnection::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -339,6 +349,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConnection::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -346,6 +357,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Standalone(c) => c.get_db(),
             RedisConnection::Cluster(c, _) => c.get_db(),
+            RedisConnection::Sentinel(c) => c.get_db(),
         }
     }
 }
