@@ -4,7 +4,7 @@
 use stream_listener::core::internals::admin::AdminError;
 use stream_listener::core::internals::connection::RedisFailure;
 use stream_listener::core::internals::connection::{
-    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget,
+    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, SentinelTarget,
 };
 use stream_listener::core::internals::report::Chain;
 
@@ -63,9 +63,28 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// Connects to the standalone server or cluster the command line names.
+/// Connects to the standalone server, cluster or Sentinel master the command line names.
 pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
-    let (target, shown) = if cli.cluster_nodes.is_empty() {
+    let sentinel = !cli.sentinels.is_empty() || cli.sentinel_master.is_some();
+    let (target, shown) = if sentinel {
+        let (Some(master), false) = (&cli.sentinel_master, cli.sentinels.is_empty()) else {
+            return Err(Failure::Usage(
+                "--sentinel and --sentinel-master (or REDIS_SENTINELS and REDIS_SENTINEL_MASTER) go together: the sentinels to ask and the master name they monitor".into(),
+            ));
+        };
+        if !cli.cluster_nodes.is_empty() {
+            return Err(Failure::Usage(
+                "give either --sentinel (a master found through Redis Sentinel) or --cluster-node (a Redis Cluster), not both".into(),
+            ));
+        }
+        let mut target = SentinelTarget::new(cli.sentinels.clone(), master.clone());
+        target.master_auth = Some(cli.redis_url.clone());
+        let shown: Vec<String> = cli.sentinels.iter().map(|n| redact(n)).collect();
+        (
+            RedisTarget::sentinel(target),
+            format!("sentinel master {master} via {}", shown.join(", ")),
+        )
+    } else if cli.cluster_nodes.is_empty() {
         (
             RedisTarget::standalone(cli.redis_url.clone()),
             redact(&cli.redis_url),
@@ -81,13 +100,17 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
         .await
         .map_err(|err| {
             let text = one_line(&err.to_string());
-            if err.kind() == redis::ErrorKind::InvalidClientConfig {
+            if sentinel && err.kind() == redis::ErrorKind::InvalidClientConfig {
+                Failure::Usage(format!(
+                    "cannot use {shown}: {text}; check --sentinel (REDIS_SENTINELS) and --sentinel-master (REDIS_SENTINEL_MASTER)"
+                ))
+            } else if err.kind() == redis::ErrorKind::InvalidClientConfig {
                 Failure::Usage(format!(
                     "invalid Redis address {shown}: {text}; write it as redis://[user:password@]host:port[/db]"
                 ))
             } else if RedisFailure::of(&err).is_unreachable() {
                 Failure::Unreachable(format!(
-                    "cannot reach Redis at {shown}: {text}; check that Redis is running and that --redis-url (or REDIS_URL, or --cluster-node) points at it"
+                    "cannot reach Redis at {shown}: {text}; check that Redis is running and that --redis-url (or REDIS_URL, or --cluster-node, or --sentinel) points at it"
                 ))
             } else {
                 Failure::Operation(format!("cannot connect to Redis at {shown}: {text}"))
