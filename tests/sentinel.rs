@@ -367,13 +367,16 @@ fn kill_9_of_the_master_under_load_loses_only_unreplicated_entries() {
     assert!(stable.0, "the group is not STABLE again: {}", stable.1);
 }
 
+/// An `XRANGE` entry: id and fields.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 /// The workload messages `(key, seq)` in the shard streams of the server at `url`.
 fn messages_on(url: &str) -> BTreeSet<(String, u64)> {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_connection().unwrap();
     let mut out = BTreeSet::new();
     for shard in 0..support::faults::SHARDS {
-        let entries: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+        let entries: Vec<StreamEntry> = redis::cmd("XRANGE")
             .arg(format!("{{{}:{shard}}}", support::STREAM))
             .arg("-")
             .arg("+")

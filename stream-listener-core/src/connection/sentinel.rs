@@ -397,3 +397,22 @@ fn node_connection_info(
     // and to the master (`set_client_to_redis_certificates`). This is the single place.
     Ok(node)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_master_credentials_and_database_come_from_master_auth() {
+        let mut target = SentinelTarget::new(vec!["redis://127.0.0.1:26379".into()], "mymaster");
+        target.master_auth = Some("redis://u:s3cret@_/2".into());
+        let node = node_connection_info(&target, &TlsOptions::default()).unwrap();
+        let debug = format!("{node:?}");
+        assert!(debug.contains("db: 2"), "{debug}");
+        assert!(debug.contains("\"u\""), "{debug}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        target.master_auth = None;
+        let node = node_connection_info(&target, &TlsOptions::default()).unwrap();
+        assert!(format!("{node:?}").contains("redis_connection_info: None"));
+    }
+}
