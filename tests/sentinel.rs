@@ -197,11 +197,34 @@ async fn startup_errors_name_the_sentinels_and_the_unknown_master() {
 /// process follows by itself, and the group is STABLE again. Asynchronous replication can lose
 /// what the master acknowledged but had not yet sent to the replica: the replica's streams are
 /// read right after the kill (it can receive nothing more, and it is not promoted yet, so this
-/// is exactly what it had acknowledged), and a lost message must not be among them. No shard is
-/// ever read by two members at once (the checker's rule (c)), even though the new master can
-/// lack the last fences and coordination writes.
+/// is exactly what it had), and a lost message must not be among them. No shard is ever read by
+/// two members at once (the checker's rule (c)).
 #[test]
 fn kill_9_of_the_master_under_load_loses_only_unreplicated_entries() {
+    kill_master_under_load(Lag::None);
+}
+
+/// As above, with the replica cut off (`CLIENT KILL TYPE replica` on the master, after pointing
+/// the replica's `masteruser` at a user the master does not have, so that it cannot reconnect)
+/// from just before a third member process joins until the kill: the new master lacks those
+/// entries, acks, heartbeats, the join's epoch bumps and fence raises. The members hold epochs
+/// and fences the new master never saw. Asserted: the stored epoch went back, a correction round
+/// (docs/design.md §6.6) started a new incarnation, and no shard had two readers.
+#[test]
+fn kill_9_of_a_lagging_master_during_a_join_rolls_back_coordination_without_two_readers() {
+    kill_master_under_load(Lag::CutDuringJoin);
+}
+
+/// How the replica trails the master at the kill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lag {
+    /// Not on purpose: only what asynchronous replication had not sent yet.
+    None,
+    /// Its link cut ~600 ms before the kill, while a third consumer process joins.
+    CutDuringJoin,
+}
+
+fn kill_master_under_load(lag: Lag) {
     use stream_listener::testing::workload::{
         self as checker, Expected, Workload, first_read_since, now_us, poll_until,
     };
@@ -260,6 +283,49 @@ fn kill_9_of_the_master_under_load_loses_only_unreplicated_entries() {
     let mut producer = Workload::spawn(workload_binary(), "producer", &first_master, &produce);
     std::thread::sleep(Duration::from_millis(1500));
 
+    if lag == Lag::CutDuringJoin {
+        // The replica re-authenticates as a user the master does not have, so once its link is
+        // killed it cannot reconnect: everything after this point stays on the master only.
+        let mut replica = setup
+            .replica()
+            .unwrap()
+            .unwrap()
+            .client()
+            .get_connection()
+            .unwrap();
+        for (name, value) in [("masteruser", "cut-off"), ("masterauth", "nope")] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query(&mut replica)
+                .unwrap();
+        }
+        let mut master = setup.master().unwrap().client().get_connection().unwrap();
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .query(&mut master)
+            .unwrap();
+        assert_eq!(killed, 1, "the replica's link");
+        consumers.push(consumer("consumer-2", &first_master, 2, &extra));
+        // The join's epoch bumps and fence raises happen on the master only. (The replica's
+        // link must not stay down past 10 x down-after, or Sentinel would not promote it.)
+        let joined = poll_until(Duration::from_secs(6), || {
+            consumers[2]
+                .lines()
+                .iter()
+                .any(|l| matches!(l, checker::LogLine::Read(_)))
+        });
+        assert!(
+            joined,
+            "consumer-2 never read a shard: {}",
+            consumers[2].stderr_text()
+        );
+    }
+    let members = consumers.len() * 2;
+    let at_kill = group_on(&first_master);
     let killed_us = now_us();
     let old_port = setup.kill_master().unwrap();
     let (replica_port, replica_url) = {
@@ -267,6 +333,7 @@ fn kill_9_of_the_master_under_load_loses_only_unreplicated_entries() {
         (replica.port(), replica.url())
     };
     let on_replica = messages_on(&replica_url);
+    let on_replica_group = group_on(&replica_url);
     let new_port = setup
         .wait_for_failover(Duration::from_secs(30))
         .expect("Sentinel promotes the replica");
@@ -311,13 +378,17 @@ fn kill_9_of_the_master_under_load_loses_only_unreplicated_entries() {
         let mut conn = connect(&target).await;
         let (group, stable) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
             g.state == GroupState::Stable
-                && g.members.iter().filter(|m| m.live).count() == 4
+                && g.members.iter().filter(|m| m.live).count() == members
                 && support::converged(g)
         })
         .await;
         (
             stable,
-            format!("{:?} epoch {}", group.state, group.group_epoch),
+            format!(
+                "{:?} (incarnation, epoch) ({}, {})",
+                group.state, group.incarnation, group.group_epoch
+            ),
+            group.incarnation as i64,
         )
     });
     for consumer in consumers.iter_mut() {
@@ -349,22 +420,61 @@ fn kill_9_of_the_master_under_load_loses_only_unreplicated_entries() {
         &not_on_replica,
     );
     eprintln!(
-        "Sentinel kill -9 of the master {old_port} -> {new_port}: {}; failover (kill to promotion) {} ms; first read per shard after the kill (ms): {recovery_ms:?}; on the replica at the kill: {} messages; handled before the kill but not on the replica: {handled_not_replicated}; lost (never handled, none on the replica): {}; group after: {stable:?}; producer: {}",
+        "Sentinel kill -9 of the master ({lag:?}) {old_port} -> {new_port}: {}; failover (kill to promotion) {} ms; first read per shard after the kill (ms): {recovery_ms:?}; on the replica at the kill: {} messages; handled before the kill but not on the replica: {handled_not_replicated}; lost (never handled, none on the replica): {}; group (incarnation, epoch) on the master at the kill {at_kill:?}, on the replica {on_replica_group:?}; group after: {}; producer: {}",
         report.summary(),
         ms(promoted_us - killed_us),
         on_replica.len(),
         report.allowed_lost,
+        stable.1,
         producer.raw_lines().join(" ")
     );
     if !report.ok() || !all_handled || !drained || !stable.0 {
         let mut procs: Vec<&Workload> = consumers.iter().collect();
         procs.push(&producer);
-        eprintln!("logs saved in {}", save_logs("sentinel-kill", &procs));
+        eprintln!(
+            "logs saved in {}",
+            save_logs(&format!("sentinel-kill-{lag:?}"), &procs)
+        );
     }
     report.assert_ok();
+    if lag == Lag::CutDuringJoin {
+        let (Ok(master), Ok(replica)) = (&at_kill, &on_replica_group) else {
+            panic!("the group could not be read: {at_kill:?} {on_replica_group:?}");
+        };
+        assert!(
+            handled_not_replicated + report.allowed_lost > 0,
+            "the cut replica lacked no entry"
+        );
+        assert!(
+            replica.1 < master.1,
+            "the join's epochs were not lost: master {master:?}, replica {replica:?}"
+        );
+        assert!(
+            stable.2 > master.0,
+            "no correction round (new incarnation) after the lost epochs: {}",
+            stable.1
+        );
+    }
     assert!(all_handled, "entries on the new master were never handled");
     assert!(drained, "entries stay pending on the new master");
     assert!(stable.0, "the group is not STABLE again: {}", stable.1);
+}
+
+/// The group's `(incarnation, groupEpoch)` as stored on the server at `url` (its own view, no
+/// Sentinel), or why it could not be read.
+fn group_on(url: &str) -> Result<(i64, i64), String> {
+    support::faults::block_on(async {
+        let mut conn = RedisConnection::connect(
+            &RedisTarget::standalone(url.to_owned()),
+            Duration::from_secs(2),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let group = admin::describe_group(&mut conn, STREAM, support::GROUP, &support::fast())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((group.incarnation as i64, group.group_epoch as i64))
+    })
 }
 
 /// An `XRANGE` entry: id and fields.
