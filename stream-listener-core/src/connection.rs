@@ -14,6 +14,10 @@
 //! re-sends (an error reaches the shard task, which re-reads its own pending entries). The
 //! standalone `ConnectionManager` never re-sends a command (its retries are reconnection
 //! attempts; a failed command returns its error), so the data plane shares it.
+//!
+//! Sentinel: [`SentinelConnection`] (module `sentinel`) serves the master the sentinels name
+//! with a `ConnectionManager`, and replaces it after a failover without re-sending the failed
+//! command, so the data plane shares it too (docs/design.md §15.3).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -90,8 +90,7 @@ impl SentinelConnection {
         tls: &TlsOptions,
         response_timeout: Duration,
     ) -> RedisResult<Self> {
-        let sentinel = Sentinel::build(target.sentinels.clone())?;
-        let node = node_connection_info(target, tls)?;
+        let (sentinel, node) = sentinels_and_master_node(target, tls)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(response_timeout))
             .set_connection_timeout(Some(DEFAULT_CONNECT_TIMEOUT))
@@ -374,6 +373,23 @@ impl ConnectionLike for SentinelConnection {
     }
 }
 
+/// redis-rs's resolver over the sentinels' URLs, and how to reach the master it names.
+///
+/// TLS (wired by the lead at merge; this is the single place): with `tls_certificates(tls)`
+/// returning certificates, build each sentinel's `ConnectionInfo` through
+/// `redis::Client::build_with_tls(url, certs)?.get_connection_info().clone()` before
+/// `Sentinel::build`, and give the master the same certificates. redis-rs 1.8.1's public
+/// `Sentinel::build` keeps no certificates for the master (only `SentinelClientBuilder`'s
+/// `set_client_to_redis_certificates` does), so the master needs that builder or a
+/// `build_with_tls` client made from the resolved address.
+fn sentinels_and_master_node(
+    target: &SentinelTarget,
+    tls: &TlsOptions,
+) -> RedisResult<(Sentinel, SentinelNodeConnectionInfo)> {
+    let sentinel = Sentinel::build(target.sentinels.clone())?;
+    Ok((sentinel, node_connection_info(target, tls)?))
+}
+
 /// The master's credentials and database, from `master_auth` (the userinfo and path of
 /// `[redis] url`; its host is ignored), and its TLS mode (`rediss://`).
 fn node_connection_info(
@@ -392,9 +408,6 @@ fn node_connection_info(
             });
         }
     }
-    // TLS (wired by the lead at merge): apply `tls_certificates(tls)` here, to the sentinels
-    // (`Sentinel::build_with_certs` or `SentinelClientBuilder::set_client_to_sentinel_certificates`)
-    // and to the master (`set_client_to_redis_certificates`). This is the single place.
     Ok(node)
 }
 
