@@ -19,6 +19,26 @@ use stream_listener::core::producer::{Publisher, PublisherOptions};
 use stream_listener::testing::RedisSentinel;
 use support::{Recorder, STREAM, connect, options, start_recording, wait_for_group, wait_until};
 
+/// Payload `n`s handled by [`on_sentinel_event`], the listener `run_with` starts.
+static RUN_HANDLED: std::sync::Mutex<BTreeSet<u64>> = std::sync::Mutex::new(BTreeSet::new());
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Event {
+    n: u64,
+}
+
+#[stream_listener::stream_listener(
+    stream = "sentinel_events",
+    group = "sentinel_group",
+    concurrency = 2
+)]
+async fn on_sentinel_event(
+    message: stream_listener::Message<Event>,
+) -> Result<(), stream_listener::HandlerError> {
+    RUN_HANDLED.lock().unwrap().insert(message.payload.n);
+    Ok(())
+}
+
 fn target_of(setup: &RedisSentinel) -> RedisTarget {
     RedisTarget::sentinel(SentinelTarget::new(
         setup.sentinel_urls(),
@@ -138,6 +158,49 @@ async fn members_and_a_producer_find_the_master_and_follow_a_manual_failover() {
         "manual failover {first_master} -> {new_master}: {failures} failed publishes retried"
     );
     listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// `run_with` and `Config::publisher` on a TOML `[redis]` section naming the sentinels: the
+/// registered listener and the publisher both find the master through them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_a_sentinel_config() {
+    let _serial = support::SERIAL.lock().await;
+    let setup = start_setup().await;
+    let sentinels = setup
+        .sentinel_urls()
+        .iter()
+        .map(|u| format!("{u:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = format!(
+        "[redis]\nsentinels = [{sentinels}]\nsentinel_master = \"{}\"\nstartup_timeout = \"10s\"\n[coordination]\nheartbeat_interval = \"200ms\"\nmember_lease_ttl = \"1500ms\"\nrebalance_timeout = \"3s\"\n[streams.sentinel_events]\nshards = 4\n[listeners.on_sentinel_event]\nhandler_timeout = \"2s\"\nblock = \"500ms\"\n",
+        setup.master_name()
+    );
+    let config = stream_listener::Config::from_toml_str(&text, "sentinel.toml").unwrap();
+    let app = stream_listener::run_with(config.clone()).await.unwrap();
+    assert!(
+        app.wait_for_assignment(4, Duration::from_secs(20)).await,
+        "{:?}",
+        app.status()
+    );
+    let publisher = config.publisher("sentinel_events").await.unwrap();
+    let events: Vec<(String, Event)> = (0..50).map(|n| (format!("key-{n}"), Event { n })).collect();
+    publisher.publish_batch(&events).await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || RUN_HANDLED
+            .lock()
+            .unwrap()
+            .len()
+            == 50)
+        .await,
+        "handled {} of 50",
+        RUN_HANDLED.lock().unwrap().len()
+    );
+    assert_eq!(
+        *RUN_HANDLED.lock().unwrap(),
+        (0..50).collect::<BTreeSet<u64>>()
+    );
+    app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
 /// Startup through sentinels that do not answer retries until `startup_timeout`, then says which

@@ -166,7 +166,9 @@ impl SentinelConnection {
 /// moved. Stops when every connection is dropped.
 async fn re_resolve(shared: Weak<Shared>) {
     let mut delay = FIRST_RETRY_DELAY;
+    let mut attempts = 0u32;
     loop {
+        attempts += 1;
         let Some(strong) = shared.upgrade() else {
             return;
         };
@@ -176,13 +178,16 @@ async fn re_resolve(shared: Weak<Shared>) {
                 strong.resolving.store(false, Ordering::Release);
                 return;
             }
-            Err(error) => {
+            // Logged at attempts 1, 2, 4, 8...: a master that stays down is not a line a second.
+            Err(error) if attempts.is_power_of_two() => {
                 tracing::warn!(
                     master_name = %strong.resolver.master_name,
+                    attempts,
                     error = %error,
                     "no usable master yet (failover in progress?); asking the sentinels again"
                 );
             }
+            Err(_) => {}
         }
         drop(strong);
         tokio::time::sleep(delay).await;
