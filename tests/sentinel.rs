@@ -160,6 +160,43 @@ async fn members_and_a_producer_find_the_master_and_follow_a_manual_failover() {
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
+/// A timeout on a healthy master (frozen by `SIGSTOP` for less than Sentinel's
+/// `down-after-milliseconds`) reaches the caller, the connection asks the sentinels again, they
+/// name the same master, and the connection keeps it: the next commands succeed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_on_a_healthy_master_keeps_it() {
+    let _serial = support::SERIAL.lock().await;
+    let setup = start_setup().await;
+    let master = setup.master().unwrap();
+    let mut conn = RedisConnection::connect(&target_of(&setup), Duration::from_millis(300))
+        .await
+        .unwrap();
+    let before = master_of(&conn);
+    master.pause().unwrap();
+    let error = redis::cmd("PING")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap_err();
+    assert_eq!(RedisFailure::of(&error), RedisFailure::Timeout, "{error}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    master.resume().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = Err(error);
+    while Instant::now() < deadline {
+        last = redis::cmd("PING").query_async::<String>(&mut conn).await;
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last.expect("the master answers again"), "PONG");
+    // The re-resolution has found the same master by now (its ROLE check waited for the resume).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(master_of(&conn), before);
+    let pong: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    assert_eq!(pong, "PONG");
+}
+
 /// `run_with` and `Config::publisher` on a TOML `[redis]` section naming the sentinels: the
 /// registered listener and the publisher both find the master through them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
