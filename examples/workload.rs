@@ -4,15 +4,18 @@
 //! real OS processes, and anyone can use it to test a deployment.
 //!
 //! ```text
-//! workload [--redis-url URL | --cluster-node URL...] produce --stream S --keys K --count N [--rate R]
-//! workload [--redis-url URL | --cluster-node URL...] consume --stream S --group G --concurrency C
+//! workload [--redis-url URL | --cluster-node URL... | --sentinel URL... --sentinel-master NAME]
+//!          produce --stream S --keys K --count N [--rate R]
+//! workload [--redis-url URL | --cluster-node URL... | --sentinel URL... --sentinel-master NAME]
+//!          consume --stream S --group G --concurrency C
 //!          [--handler-ms T] [--fail-every F] [--instance-id ID] [--fencing strict|acks]
 //!          [--heartbeat-ms H --lease-ms L --rebalance-ms B] [--log-starts]
 //!          [--ordering shard|key|none] [--max-in-flight M] ...
 //! ```
 //!
 //! `--redis-url` defaults to `REDIS_URL`, then `redis://127.0.0.1:6379`; `--cluster-node` (repeat
-//! it) talks to a Redis Cluster instead. Both commands create the stream with `--shards` shards
+//! it) talks to a Redis Cluster instead, `--sentinel` (repeat it) with `--sentinel-master` to the
+//! master Redis Sentinel names (followed across failovers). Both commands create the stream with `--shards` shards
 //! (default 8) when it does not exist, and use it as it is otherwise.
 //!
 //! **produce** publishes `count` messages through the routed [`Publisher`]: message `n` (from 0)
@@ -71,7 +74,7 @@ use serde_json::json;
 use stream_listener::core::handler::{Delivery, HandlerError};
 use stream_listener::core::hooks::{Hooks, ShardHookContext};
 use stream_listener::core::internals::admin::{self, AdminError};
-use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget, SentinelTarget};
 use stream_listener::core::internals::coordinator::CoordinatorConfig;
 use stream_listener::core::internals::dataplane::FencingMode;
 use stream_listener::core::internals::keys::StreamKeys;
@@ -100,6 +103,27 @@ struct Cli {
     /// --redis-url is ignored.
     #[arg(long = "cluster-node", global = true, value_name = "URL")]
     cluster_nodes: Vec<String>,
+
+    /// A Redis Sentinel (a redis:// URL); repeat for more. With --sentinel-master the master is
+    /// found through them and followed across failovers; --redis-url then only gives the
+    /// master's user, password and database.
+    #[arg(
+        long = "sentinel",
+        global = true,
+        env = "REDIS_SENTINELS",
+        value_delimiter = ',',
+        value_name = "URL"
+    )]
+    sentinels: Vec<String>,
+
+    /// The name the sentinels monitor the master by (e.g. mymaster).
+    #[arg(
+        long = "sentinel-master",
+        global = true,
+        env = "REDIS_SENTINEL_MASTER",
+        value_name = "NAME"
+    )]
+    sentinel_master: Option<String>,
 
     #[command(subcommand)]
     command: Command,
@@ -314,7 +338,11 @@ fn logging_hooks(conn: RedisConnection, stream: &str, group: &str, args: &Consum
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let target = if cli.cluster_nodes.is_empty() {
+    let target = if let (false, Some(master)) = (cli.sentinels.is_empty(), &cli.sentinel_master) {
+        let mut sentinel = SentinelTarget::new(cli.sentinels.clone(), master.clone());
+        sentinel.master_auth = Some(cli.redis_url.clone());
+        RedisTarget::sentinel(sentinel)
+    } else if cli.cluster_nodes.is_empty() {
         RedisTarget::standalone(cli.redis_url.clone())
     } else {
         RedisTarget::cluster(cli.cluster_nodes.clone())

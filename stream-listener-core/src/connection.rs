@@ -14,6 +14,10 @@
 //! re-sends (an error reaches the shard task, which re-reads its own pending entries). The
 //! standalone `ConnectionManager` never re-sends a command (its retries are reconnection
 //! attempts; a failed command returns its error), so the data plane shares it.
+//!
+//! Sentinel: [`SentinelConnection`] (module `sentinel`) serves the master the sentinels name
+//! with a `ConnectionManager`, and replaces it after a failover without re-sending the failed
+//! command, so the data plane shares it too (docs/design.md §15.3).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +34,9 @@ use tls::standalone_client;
 pub(crate) use tls::{install_crypto_provider, tls_certificates};
 pub use tls_failure::tls_advice;
 use tls_failure::{explain_cluster_failure, explain_failure, tls_cause};
+mod sentinel;
+
+pub use sentinel::SentinelConnection;
 
 /// Where Redis is and how to reach it: a [`Topology`] (standalone, cluster or Sentinel) and the
 /// TLS files ([`TlsOptions`]) used when its URLs are `rediss://`. Its `Debug` hides passwords
@@ -221,7 +228,7 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
-/// A cloneable connection to a standalone server or a cluster. Clones share the underlying
+/// A cloneable connection to a standalone server, a cluster or a Sentinel master. Clones share the underlying
 /// multiplexed connection; blocking commands need a connection of their own.
 #[derive(Clone)]
 pub enum RedisConnection {
@@ -230,6 +237,8 @@ pub enum RedisConnection {
     /// A Redis Cluster, and the data plane's connection to it (made on first use, shared by
     /// every clone).
     Cluster(ClusterConnection, Arc<DataPlaneCluster>),
+    /// The master Sentinel names, followed across failovers ([`SentinelConnection`]).
+    Sentinel(SentinelConnection),
 }
 
 /// The data plane's connection to a cluster: the same nodes and timeouts, no re-sent requests
@@ -245,6 +254,7 @@ impl std::fmt::Debug for RedisConnection {
         match self {
             RedisConnection::Standalone(_) => f.write_str("RedisConnection::Standalone"),
             RedisConnection::Cluster(..) => f.write_str("RedisConnection::Cluster"),
+            RedisConnection::Sentinel(_) => f.write_str("RedisConnection::Sentinel"),
         }
     }
 }
@@ -258,7 +268,9 @@ impl RedisConnection {
     /// Connects to `target` with `response_timeout` for every command.
     ///
     /// # Errors
-    /// A [`redis::RedisError`] when the URL is invalid or no server answers in time.
+    /// A [`redis::RedisError`] when the URL is invalid or no server answers in time; for Sentinel
+    /// also when no sentinel answers, none monitors the master's name (`InvalidClientConfig`) or
+    /// none names a usable master now (`MASTERDOWN`), see [`SentinelConnection`].
     pub async fn connect(
         target: &RedisTarget,
         response_timeout: Duration,
@@ -300,11 +312,9 @@ impl RedisConnection {
                     Err(error) => Err(explain_cluster_failure(nodes, target.tls(), error).await),
                 }
             }
-            // Built by the Sentinel work (README "Sentinel").
-            Topology::Sentinel(_) => Err(redis::RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "Sentinel is not supported yet",
-            ))),
+            Topology::Sentinel(sentinel) => Ok(RedisConnection::Sentinel(
+                SentinelConnection::connect(sentinel, target.tls(), response_timeout).await?,
+            )),
         }
     }
 
@@ -322,7 +332,9 @@ impl RedisConnection {
     /// answers in time); the next call tries again.
     pub async fn for_data_plane(&self) -> redis::RedisResult<RedisConnection> {
         match self {
-            RedisConnection::Standalone(_) => Ok(self.clone()),
+            // Neither re-sends: a `ConnectionManager` does not, and a Sentinel connection only
+            // replaces its manager after a failure, never sends the failed command again.
+            RedisConnection::Standalone(_) | RedisConnection::Sentinel(_) => Ok(self.clone()),
             RedisConnection::Cluster(_, data_plane) => {
                 let conn = data_plane
                     .conn
@@ -345,6 +357,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Standalone(c) => c.req_packed_command(cmd),
             RedisConnection::Cluster(c, _) => c.req_packed_command(cmd),
+            RedisConnection::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -357,6 +370,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConnection::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -364,6 +378,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Standalone(c) => c.get_db(),
             RedisConnection::Cluster(c, _) => c.get_db(),
+            RedisConnection::Sentinel(c) => c.get_db(),
         }
     }
 }

@@ -191,6 +191,36 @@ fn an_unparsable_redis_url_is_an_error() {
 }
 
 #[test]
+fn sentinel_settings_come_together_and_never_with_a_cluster() {
+    let (key, _, message) = invalid("[redis]\nsentinels = [\"redis://127.0.0.1:26379\"]\n");
+    assert_eq!(key, "redis.sentinels");
+    assert!(message.contains("needs `sentinel_master`"), "{message}");
+    let (key, _, message) = invalid("[redis]\nsentinel_master = \"mymaster\"\n");
+    assert_eq!(key, "redis.sentinel_master");
+    assert!(message.contains("needs `sentinels`"), "{message}");
+    let (key, _, message) = invalid(
+        "[redis]\nsentinels = [\"redis://a:26379\"]\nsentinel_master = \"m\"\ncluster_nodes = [\"redis://b:1\"]\n",
+    );
+    assert_eq!(key, "redis.sentinels");
+    assert!(message.contains("not both"), "{message}");
+    let (key, _, message) = invalid("[redis]\nsentinels = [\"nope\"]\nsentinel_master = \"m\"\n");
+    assert_eq!(key, "redis.sentinels");
+    assert!(message.contains("is not a Redis URL"), "{message}");
+    let config = parse(
+        "[redis]\nurl = \"redis://u:pw@_/2\"\nsentinels = [\"redis://a:26379\", \"redis://b:26379\"]\nsentinel_master = \"mymaster\"\n",
+    )
+    .expect("a valid Sentinel configuration");
+    let target = config.redis.target();
+    let crate::connection::Topology::Sentinel(sentinel) = target.topology() else {
+        panic!("a Sentinel target, got {target:?}");
+    };
+    assert_eq!(sentinel.master_name, "mymaster");
+    assert_eq!(sentinel.sentinels.len(), 2);
+    assert_eq!(sentinel.master_auth.as_deref(), Some("redis://u:pw@_/2"));
+    assert!(!format!("{target:?}").contains("pw"));
+}
+
+#[test]
 fn a_prefix_with_braces_is_an_error() {
     for prefix in ["{orders}", "orders}{", "{}orders", "a{b"] {
         let (key, line, message) = invalid(&format!("[streams.\"{prefix}\"]\nshards = 4\n"));

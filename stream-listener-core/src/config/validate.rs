@@ -90,6 +90,7 @@ impl Config {
                 "give either `url` (one server) or `cluster_nodes` (a cluster), not both",
             ));
         }
+        self.validate_sentinel()?;
         if let Some(url) = &redis.url {
             check_redis_url(url).map_err(|m| self.invalid(&["redis", "url"], m))?;
         }
@@ -164,6 +165,43 @@ impl Config {
             )),
             None => Ok(()),
         }
+    }
+
+    /// `sentinels` and `sentinel_master` come together, never with `cluster_nodes`, and the
+    /// sentinels' URLs parse.
+    fn validate_sentinel(&self) -> Result<(), ConfigError> {
+        let redis = &self.redis;
+        if !redis.sentinels.is_empty() && !redis.cluster_nodes.is_empty() {
+            return Err(self.invalid(
+                &["redis", "sentinels"],
+                "give either `sentinels` (a master found through Redis Sentinel) or `cluster_nodes` (a Redis Cluster), not both",
+            ));
+        }
+        match (redis.sentinels.is_empty(), &redis.sentinel_master) {
+            (false, None) => {
+                return Err(self.invalid(
+                    &["redis", "sentinels"],
+                    "`sentinels` needs `sentinel_master`: the name the sentinels monitor the master by (`sentinel monitor <name> ...`), e.g. sentinel_master = \"mymaster\"",
+                ));
+            }
+            (true, Some(_)) => {
+                return Err(self.invalid(
+                    &["redis", "sentinel_master"],
+                    "`sentinel_master` needs `sentinels`: the URLs of the sentinels to ask, e.g. sentinels = [\"redis://10.0.0.1:26379\"]",
+                ));
+            }
+            (false, Some(name)) if name.trim().is_empty() => {
+                return Err(self.invalid(
+                    &["redis", "sentinel_master"],
+                    "must not be empty: the name the sentinels monitor the master by, e.g. \"mymaster\"",
+                ));
+            }
+            _ => {}
+        }
+        for sentinel in &redis.sentinels {
+            check_redis_url(sentinel).map_err(|m| self.invalid(&["redis", "sentinels"], m))?;
+        }
+        Ok(())
     }
 
     /// The protocol timings of `[coordination]`, checked.

@@ -94,8 +94,17 @@ fn invalid_tls_file(setting: &str, path: &std::path::Path, why: String) -> redis
 /// The standalone client of `url` with `tls`: certificates from [`tls_certificates`], and no
 /// verification of the server when `tls.insecure` (redis-rs's `#insecure`).
 pub(super) fn standalone_client(url: &str, tls: &TlsOptions) -> redis::RedisResult<redis::Client> {
-    use redis::{ConnectionAddr, IntoConnectionInfo};
-    let mut info = url.into_connection_info()?;
+    use redis::IntoConnectionInfo;
+    client_of(url.into_connection_info()?, tls)
+}
+
+/// The client of `info` with `tls`, as [`standalone_client`] (the Sentinel code reaches the
+/// sentinels and the master with it).
+pub(super) fn client_of(
+    mut info: redis::ConnectionInfo,
+    tls: &TlsOptions,
+) -> redis::RedisResult<redis::Client> {
+    use redis::ConnectionAddr;
     if tls.insecure {
         let ConnectionAddr::TcpTls {
             host,

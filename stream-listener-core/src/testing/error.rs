@@ -164,6 +164,18 @@ pub enum HarnessError {
         /// The certificate generator's or rustls's error.
         detail: String,
     },
+
+    /// A [`RedisSentinel`](super::RedisSentinel) setup did not reach the state waited for in
+    /// time: at start, every sentinel seeing the master, the replica and the other sentinels; in
+    /// [`wait_for_failover`](super::RedisSentinel::wait_for_failover), every live sentinel naming
+    /// a new master that answers as master.
+    #[error("redis sentinel setup not ready after {waited:?}: {detail}")]
+    SentinelNotReady {
+        /// How long the harness waited.
+        waited: Duration,
+        /// The last mismatch or error seen.
+        detail: String,
+    },
 }
 
 crate::report::readable_debug!(HarnessError);

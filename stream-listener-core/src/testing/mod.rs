@@ -6,6 +6,8 @@
 //!   ([`RedisServerBuilder::aof`]);
 //! - [`RedisCluster`]: a local Redis Cluster of 3 masters (no replicas) for redis-rs's
 //!   `cluster::ClusterClient`;
+//! - [`RedisSentinel`]: one master, one replica and three sentinels (`redis-server --sentinel`),
+//!   with `kill_master` and `wait_for_failover`;
 //! - fault injection on both: `pause` (`SIGSTOP`), `resume` (`SIGCONT`), `kill` (`SIGKILL`) and
 //!   `restart` (same port, same directory);
 //! - TLS-only servers (`--port 0 --tls-port`) with certificates made at test time:
@@ -52,6 +54,8 @@ mod probe;
 #[cfg(feature = "testing")]
 mod process;
 #[cfg(feature = "testing")]
+mod sentinel;
+#[cfg(feature = "testing")]
 mod server;
 #[cfg(feature = "testing")]
 mod tls;
@@ -64,6 +68,8 @@ pub use binaries::{REDIS_CLI_ENV, REDIS_SERVER_ENV};
 pub use cluster::{RedisCluster, RedisClusterBuilder};
 #[cfg(feature = "testing")]
 pub use error::HarnessError;
+#[cfg(feature = "testing")]
+pub use sentinel::{RedisSentinel, RedisSentinelBuilder};
 #[cfg(feature = "testing")]
 pub use server::{Appendfsync, RedisServer, RedisServerBuilder};
 #[cfg(feature = "testing")]

@@ -23,6 +23,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 const LOG_TAIL_LINES: usize = 30;
 /// Name of the log file (the server's stdout and stderr) inside its directory.
 const LOG_FILE: &str = "redis.log";
+/// Name of a sentinel's configuration file inside its directory.
+const SENTINEL_CONFIG_FILE: &str = "sentinel.conf";
 
 /// When an append-only file is on, how often Redis calls `fsync` on it (`appendfsync`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -66,6 +68,7 @@ pub struct RedisServerBuilder {
     bus_port: bool,
     parent_dir: Option<PathBuf>,
     tls: Option<(Option<TlsMaterial>, TlsAuthClients)>,
+    sentinel_config: Option<String>,
 }
 
 impl Default for RedisServerBuilder {
@@ -80,6 +83,7 @@ impl Default for RedisServerBuilder {
             bus_port: false,
             parent_dir: None,
             tls: None,
+            sentinel_config: None,
         }
     }
 }
@@ -158,6 +162,14 @@ impl RedisServerBuilder {
         self
     }
 
+    /// Runs the process as a sentinel (`redis-server <dir>/sentinel.conf --sentinel`), the file
+    /// holding `config` (Sentinel rewrites it as it learns the topology); used by
+    /// [`super::RedisSentinel`].
+    pub(crate) fn sentinel(mut self, config: String) -> Self {
+        self.sentinel_config = Some(config);
+        self
+    }
+
     /// Starts the server on a free `127.0.0.1` port in a fresh temporary directory and waits until
     /// it answers `PING`. Blocks the calling thread (at most about `port_attempts` × the start
     /// timeout); calling it from inside a tokio runtime is fine in tests.
@@ -188,6 +200,10 @@ impl RedisServerBuilder {
             Some(material) => material.probe_config()?,
             None => Transport::Plain,
         };
+        if let Some(config) = &self.sentinel_config {
+            std::fs::write(dir.path().join(SENTINEL_CONFIG_FILE), config)
+                .map_err(|e| HarnessError::io("cannot write the sentinel's configuration", e))?;
+        }
         let lease = ports::lease(self.bus_port)?;
         let mut server = RedisServer {
             args: self.args(lease.port(), dir.path()),
@@ -222,6 +238,11 @@ impl RedisServerBuilder {
 
     fn args(&self, port: u16, dir: &Path) -> Vec<OsString> {
         let mut args: Vec<OsString> = Vec::new();
+        if self.sentinel_config.is_some() {
+            // The configuration file must come first; Sentinel needs it writable.
+            args.push(dir.join(SENTINEL_CONFIG_FILE).into_os_string());
+            args.push("--sentinel".into());
+        }
         let mut push = |name: &str, value: &str| {
             args.push(format!("--{name}").into());
             args.push(value.into());

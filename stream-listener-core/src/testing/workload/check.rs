@@ -114,6 +114,9 @@ pub struct Report {
     pub intervals: Vec<Interval>,
     /// What broke a guarantee, one sentence each.
     pub violations: Vec<String>,
+    /// Produced messages without an ok handled line that the caller allowed to be lost
+    /// ([`check_allowing_loss`]); not violations.
+    pub allowed_lost: usize,
 }
 
 impl Report {
@@ -185,13 +188,26 @@ impl Report {
 
 /// Runs every check on the logs of all consumer processes of one run.
 pub fn check(logs: &[ProcessLog], expected: Expected, stops: &[Stop]) -> Report {
-    check_messages_and_reads(logs, expected, stops, true)
+    check_messages_and_reads(logs, expected, stops, true, &BTreeSet::new())
+}
+
+/// As [`check`], except that a produced message in `may_be_lost` without an ok handled line is
+/// counted in [`Report::allowed_lost`] instead of being a violation. For a failover of
+/// asynchronous replication (docs/design.md §15.3): the caller passes exactly the messages the
+/// replica did not have when the master died, so any other lost message is still a violation.
+pub fn check_allowing_loss(
+    logs: &[ProcessLog],
+    expected: Expected,
+    stops: &[Stop],
+    may_be_lost: &BTreeSet<(String, u64)>,
+) -> Report {
+    check_messages_and_reads(logs, expected, stops, true, may_be_lost)
 }
 
 /// As [`check`] without (b), per-key order: for consumers run with `ordering = "none"`
 /// (docs/design.md §14.3), which promises no order. (a) and (c) are judged as by [`check`].
 pub fn check_without_key_order(logs: &[ProcessLog], expected: Expected, stops: &[Stop]) -> Report {
-    check_messages_and_reads(logs, expected, stops, false)
+    check_messages_and_reads(logs, expected, stops, false, &BTreeSet::new())
 }
 
 fn check_messages_and_reads(
@@ -199,6 +215,7 @@ fn check_messages_and_reads(
     expected: Expected,
     stops: &[Stop],
     key_order: bool,
+    may_be_lost: &BTreeSet<(String, u64)>,
 ) -> Report {
     let mut report = Report {
         processes: logs.len(),
@@ -212,13 +229,19 @@ fn check_messages_and_reads(
             ));
         }
     }
-    check_messages(logs, expected, key_order, &mut report);
+    check_messages(logs, expected, key_order, may_be_lost, &mut report);
     check_reads(logs, stops, &mut report);
     report
 }
 
 /// (a) no loss and (b) per-key order of first handling.
-fn check_messages(logs: &[ProcessLog], expected: Expected, key_order: bool, report: &mut Report) {
+fn check_messages(
+    logs: &[ProcessLog],
+    expected: Expected,
+    key_order: bool,
+    may_be_lost: &BTreeSet<(String, u64)>,
+    report: &mut Report,
+) {
     // (key, seq) -> (first start, ok lines)
     let mut seen: HashMap<(String, u64), (u64, usize)> = HashMap::new();
     for log in logs {
@@ -248,6 +271,7 @@ fn check_messages(logs: &[ProcessLog], expected: Expected, key_order: bool, repo
                 report.handled_ok += 1;
                 report.duplicates += ok - 1;
             }
+            _ if may_be_lost.contains(message) => report.allowed_lost += 1,
             _ => missing.push(message),
         }
     }

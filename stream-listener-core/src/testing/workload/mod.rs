@@ -13,6 +13,7 @@ mod process;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use check::check_allowing_loss;
 pub use check::check_without_key_order;
 pub use check::{CONT_GRACE_US, Interval, Report, Stop, check};
 pub use log::HookCall;

@@ -4,7 +4,7 @@
 use stream_listener::core::internals::admin::AdminError;
 use stream_listener::core::internals::connection::RedisFailure;
 use stream_listener::core::internals::connection::{
-    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, TlsOptions, tls_advice,
+    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, SentinelTarget, TlsOptions, tls_advice,
 };
 use stream_listener::core::internals::report::Chain;
 
@@ -99,9 +99,28 @@ fn tls_options(cli: &Cli, urls: &[&str]) -> Result<TlsOptions, Failure> {
     Ok(tls)
 }
 
-/// Connects to the standalone server or cluster the command line names.
+/// Connects to the standalone server, cluster or Sentinel master the command line names.
 pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
-    let (target, shown) = if cli.cluster_nodes.is_empty() {
+    let sentinel = !cli.sentinels.is_empty() || cli.sentinel_master.is_some();
+    let (target, shown) = if sentinel {
+        let (Some(master), false) = (&cli.sentinel_master, cli.sentinels.is_empty()) else {
+            return Err(Failure::Usage(
+                "--sentinel and --sentinel-master (or REDIS_SENTINELS and REDIS_SENTINEL_MASTER) go together: the sentinels to ask and the master name they monitor".into(),
+            ));
+        };
+        if !cli.cluster_nodes.is_empty() {
+            return Err(Failure::Usage(
+                "give either --sentinel (a master found through Redis Sentinel) or --cluster-node (a Redis Cluster), not both".into(),
+            ));
+        }
+        let mut target = SentinelTarget::new(cli.sentinels.clone(), master.clone());
+        target.master_auth = Some(cli.redis_url.clone());
+        let shown: Vec<String> = cli.sentinels.iter().map(|n| redact(n)).collect();
+        (
+            RedisTarget::sentinel(target),
+            format!("sentinel master {master} via {}", shown.join(", ")),
+        )
+    } else if cli.cluster_nodes.is_empty() {
         (
             RedisTarget::standalone(cli.redis_url.clone()),
             redact(&cli.redis_url),
@@ -113,7 +132,9 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
             format!("cluster {}", shown.join(", ")),
         )
     };
-    let urls: Vec<&str> = if cli.cluster_nodes.is_empty() {
+    let urls: Vec<&str> = if sentinel {
+        cli.sentinels.iter().map(String::as_str).collect()
+    } else if cli.cluster_nodes.is_empty() {
         vec![cli.redis_url.as_str()]
     } else {
         cli.cluster_nodes.iter().map(String::as_str).collect()
@@ -134,13 +155,17 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
                 Failure::Usage(format!(
                     "invalid TLS file: {text}; give --tls-ca-file, --tls-cert-file and --tls-key-file readable PEM files"
                 ))
+            } else if sentinel && err.kind() == redis::ErrorKind::InvalidClientConfig {
+                Failure::Usage(format!(
+                    "cannot use {shown}: {text}; check --sentinel (REDIS_SENTINELS) and --sentinel-master (REDIS_SENTINEL_MASTER)"
+                ))
             } else if err.kind() == redis::ErrorKind::InvalidClientConfig {
                 Failure::Usage(format!(
                     "invalid Redis address {shown}: {text}; write it as redis://[user:password@]host:port[/db]"
                 ))
             } else if RedisFailure::of(&err).is_unreachable() {
                 Failure::Unreachable(format!(
-                    "cannot reach Redis at {shown}: {text}; check that Redis is running and that --redis-url (or REDIS_URL, or --cluster-node) points at it"
+                    "cannot reach Redis at {shown}: {text}; check that Redis is running and that --redis-url (or REDIS_URL, or --cluster-node, or --sentinel) points at it"
                 ))
             } else {
                 Failure::Operation(format!("cannot connect to Redis at {shown}: {text}"))

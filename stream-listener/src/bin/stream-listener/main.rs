@@ -71,6 +71,27 @@ struct Cli {
     /// impersonate the server).
     #[arg(long, global = true, env = "REDIS_TLS_INSECURE")]
     tls_insecure: bool,
+    /// A Redis Sentinel (redis://[user:password@]host:26379); repeat for more. With
+    /// --sentinel-master the tool asks them for the master and talks to it; --redis-url then only
+    /// gives the master's user, password and database (its host is ignored).
+    #[arg(
+        long = "sentinel",
+        global = true,
+        env = "REDIS_SENTINELS",
+        value_delimiter = ',',
+        value_name = "URL"
+    )]
+    sentinels: Vec<String>,
+
+    /// The name the sentinels monitor the master by (`sentinel monitor <name> ...`), e.g.
+    /// mymaster; needs --sentinel.
+    #[arg(
+        long = "sentinel-master",
+        global = true,
+        env = "REDIS_SENTINEL_MASTER",
+        value_name = "NAME"
+    )]
+    sentinel_master: Option<String>,
 
     /// Print the result as JSON (camelCase fields, as stored) instead of tables.
     #[arg(long, global = true)]
