@@ -16,6 +16,7 @@
 //! Everything else is in [`internals`], for the admin tool, tests and benchmarks, without a
 //! semver promise.
 
+mod acl;
 mod admin;
 mod assignor;
 pub mod batch;
@@ -65,6 +66,8 @@ pub mod internals {
     }
 
     re_export! {
+        /// The Redis permissions a listener needs, checked before it joins (README "ACL users").
+        acl,
         /// Admin operations: create, register, describe, list, scale, retire, delete (docs/design.md §8, §10).
         admin,
         /// The sticky assignor (docs/design.md §7).

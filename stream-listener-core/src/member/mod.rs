@@ -49,6 +49,11 @@ pub enum ListenerError {
     /// The group could not be registered (unknown stream, Redis failure, contention).
     #[error("registering the consumer group failed")]
     Register(#[source] ProvisionError),
+    /// The Redis user lacks a command or key the listener needs ([`crate::acl::check_listener`],
+    /// before the group is registered or a member joins); the error names it and the ACL rule to
+    /// add (README "ACL users").
+    #[error(transparent)]
+    Permissions(#[from] crate::acl::AclCheckError),
 }
 
 crate::report::readable_debug!(ListenerError);
@@ -524,6 +529,15 @@ impl Listener {
     pub async fn start_on(self, connected: &Connected) -> Result<ListenerHandle, ListenerError> {
         let conn = connected.connection();
         let mut admin_conn = conn.clone();
+        let group_keys = self.stream.group(&self.group)?;
+        crate::acl::check_listener(
+            &mut admin_conn,
+            &self.stream,
+            &group_keys,
+            self.options.auto_create_shards.is_some(),
+            false,
+        )
+        .await?;
         register_group(
             &mut admin_conn,
             self.stream.prefix(),
