@@ -180,7 +180,9 @@ async fn passwords_never_appear_in_logs_debug_or_errors() {
             support::options(1),
         )
         .unwrap();
-        let err = listener.start().await.err().expect("does not start");
+        let Err(err) = listener.start().await else {
+            panic!("started with a wrong password or host");
+        };
         shown.push(format!("{err:?}"));
         shown.push(err.to_string());
         if let Err(err) = RedisConnection::connect(&target, Duration::from_secs(1)).await {

@@ -37,6 +37,7 @@ pub mod model;
 mod poller;
 pub mod producer;
 mod reconciler;
+mod replication;
 mod report;
 mod runtime;
 mod startup;
@@ -82,6 +83,8 @@ pub mod internals {
         fence,
         /// The key layout in Redis and name validation (docs/design.md §2).
         keys,
+        /// Waiting for replicas after a write (`WAIT`, README "Waiting for replicas").
+        replication,
         /// Printing an error with its causes, each once (`report::Chain`, docs/design.md §8.14).
         report,
         /// Connecting at startup: retry, `PING`, the Redis version check (docs/design.md §1).

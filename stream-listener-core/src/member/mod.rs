@@ -535,7 +535,7 @@ impl Listener {
             &self.stream,
             &group_keys,
             self.options.auto_create_shards.is_some(),
-            false,
+            self.options.min_replica_acks > 0,
         )
         .await?;
         register_group(

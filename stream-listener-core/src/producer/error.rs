@@ -152,6 +152,25 @@ pub enum PublishError {
         #[source]
         source: crate::store::provision::ProvisionError,
     },
+    /// `min_replica_acks > 0` and fewer replicas acknowledged the write within
+    /// `replica_ack_timeout` (`WAIT`, README "Waiting for replicas"). The entries **were**
+    /// appended on the master (their ids are in `published`) and consumers will see them; a
+    /// failover to a replica that lacks them would lose them. Publishing them again may append
+    /// duplicates.
+    #[error(
+        "{} entries were appended but only {acked} of {wanted} replicas acknowledged them within {}; they are on the master and will be delivered unless a failover to a replica that lacks them loses them. Publishing again may append duplicates; check the replicas (INFO replication)",
+        published.len(), humantime::format_duration(*timeout)
+    )]
+    NotReplicated {
+        /// Where the entries were appended.
+        published: Vec<super::Published>,
+        /// Replicas that acknowledged (the smallest count of a batch's pipelines).
+        acked: u32,
+        /// `min_replica_acks`.
+        wanted: u32,
+        /// `replica_ack_timeout`.
+        timeout: Duration,
+    },
 }
 
 crate::report::readable_debug!(PublishError);
