@@ -301,3 +301,59 @@ fn readme_key_patterns_are_the_ones_errors_suggest() {
     );
     assert_eq!(patterns("sl-admin"), acl::admin_key_patterns("orders"));
 }
+
+/// Each command and key pattern of the README's producer rule (but `+hget`, sent only by the
+/// periodic routing refresh) is needed: without it `Publisher::new` or the first publish fails
+/// with `PublishError::NoPermission` naming the command and key and exactly the removed rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_lacking_one_permission_is_told_which() {
+    use stream_listener::core::producer::PublishError;
+    let (server, _conn, rules) = server_with_users().await;
+    let mut sync = server.client().get_connection().unwrap();
+    let mut admin_conn = connect(&RedisTarget::standalone(server.url())).await;
+    admin::create_stream(&mut admin_conn, STREAM, 2)
+        .await
+        .unwrap();
+    let rule = rule_of(&rules, "sl-producer").unwrap().clone();
+    let removable: Vec<String> = rule
+        .commands()
+        .chain(rule.key_patterns())
+        .filter(|r| *r != "+hget")
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(removable.len(), 5, "{removable:?}");
+    for removed in &removable {
+        let reduced = rule.without(removed).unwrap();
+        reduced.apply(&mut sync).unwrap();
+        let options = PublisherOptions {
+            min_replica_acks: u32::from(removed == "+wait"),
+            replica_ack_timeout: Duration::from_millis(50),
+            ..PublisherOptions::default()
+        };
+        let conn = connect(&target_of(&reduced, &server)).await;
+        let outcome = match Publisher::new(conn, STREAM, options).await {
+            Ok(publisher) => publisher
+                .publish_batch(&[("k1", json!({ "n": 1 }))])
+                .await
+                .map(drop),
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Err(error @ PublishError::NoPermission { .. }) => {
+                let PublishError::NoPermission {
+                    rule, key, source, ..
+                } = &error
+                else {
+                    unreachable!()
+                };
+                assert_eq!(rule, removed, "{error}: {source:?}");
+                assert!(error.to_string().contains(key.as_str()), "{error}");
+                assert!(
+                    key.starts_with("{orders:") || key == "sl:{orders}:stream",
+                    "{key}"
+                );
+            }
+            other => panic!("without {removed}: {other:?}"),
+        }
+    }
+}

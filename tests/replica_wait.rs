@@ -249,3 +249,57 @@ async fn a_frozen_replica_fails_publishes_with_the_count_and_only_warns_on_acks(
     );
     replica.resume().unwrap();
 }
+
+/// On a cluster (3 masters, no replicas) each publish's `WAIT` runs on the node of its shard
+/// stream, in the XADD's pipeline (`INFO commandstats` of each node counts its `WAIT`s), and,
+/// no replica being there, the publish fails with `NotReplicated` (0 of 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_wait_runs_on_the_node_of_the_write() {
+    use stream_listener::testing::RedisCluster;
+    logs();
+    let cluster = RedisCluster::start().unwrap();
+    let target = RedisTarget::cluster(cluster.urls());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
+    let publisher = Publisher::new(conn.clone(), STREAM, waiting_publisher())
+        .await
+        .unwrap();
+    let mut nodes = Vec::new();
+    for node in cluster.nodes() {
+        nodes.push(connect(&RedisTarget::standalone(node.url())).await);
+    }
+    for shard in [0u32, 3, 5] {
+        let key = support::key_on_shard(shard, 8);
+        let stream_key = format!("{{{STREAM}:{shard}}}");
+        let mut before = Vec::new();
+        for node in &mut nodes {
+            before.push(
+                support::command_calls(node)
+                    .await
+                    .get("wait")
+                    .copied()
+                    .unwrap_or(0),
+            );
+        }
+        let outcome = publisher.publish(&key, &json!({ "n": shard })).await;
+        assert!(
+            matches!(&outcome, Err(PublishError::NotReplicated { acked: 0, wanted: 1, published, .. }) if published[0].stream_key == stream_key),
+            "{outcome:?}"
+        );
+        for (i, node) in nodes.iter_mut().enumerate() {
+            let waits = support::command_calls(node)
+                .await
+                .get("wait")
+                .copied()
+                .unwrap_or(0);
+            let owns: Result<u64, _> = redis::cmd("XLEN").arg(&stream_key).query_async(node).await;
+            let expected = u64::from(owns.is_ok());
+            assert_eq!(
+                waits - before[i],
+                expected,
+                "node {i} (owns {stream_key}: {})",
+                owns.is_ok()
+            );
+        }
+    }
+}

@@ -464,10 +464,20 @@ pub async fn check_listener(
 /// The command of a `NOPERM this user has no permissions to run the 'script|load' command`
 /// reply, as Redis names it upper case (`SCRIPT LOAD`); `None` for any other error.
 pub(crate) fn refused_command(error: &redis::RedisError) -> Option<String> {
-    if error.code() != Some("NOPERM") {
+    // A pipeline's error carries its failed commands' errors; the first one is the refusal.
+    let first = || {
+        let errors = error.clone().into_server_errors()?;
+        let (_, first) = errors.first()?;
+        Some((first.code().to_owned(), first.details().map(str::to_owned)))
+    };
+    let (code, detail) = match (error.code(), error.detail()) {
+        (Some(code), Some(detail)) => (code.to_owned(), Some(detail.to_owned())),
+        _ => first()?,
+    };
+    if code != "NOPERM" {
         return None;
     }
-    let detail = error.detail()?;
+    let detail = detail?;
     let start = detail.find("run the '")? + "run the '".len();
     let end = start + detail[start..].find('\'')?;
     Some(detail[start..end].replace('|', " ").to_uppercase())

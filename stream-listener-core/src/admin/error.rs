@@ -279,6 +279,7 @@ impl AdminError {
             AdminError::Store(StoreError::Redis(err)) => RedisFailure::of(err),
             AdminError::ReplayPublish { source, .. } => match source.as_ref() {
                 crate::producer::PublishError::Redis(err) => RedisFailure::of(err),
+                crate::producer::PublishError::NoPermission { .. } => return true,
                 _ => return false,
             },
             AdminError::ReplayNotRemoved { source, .. } => RedisFailure::of(source),

@@ -171,6 +171,23 @@ pub enum PublishError {
         /// `replica_ack_timeout`.
         timeout: Duration,
     },
+    /// Redis refused a command or key for the user's ACL rule (`NOPERM`, README "ACL users"):
+    /// nothing was written by the refused command. Redis's message names a refused command but
+    /// never a key; this names both.
+    #[error(
+        "the Redis user may not run {command} on {key}: add {rule} to the producer's ACL rule (README \"ACL users\")"
+    )]
+    NoPermission {
+        /// The refused command (`XADD`, `WAIT`, `HGETALL`).
+        command: String,
+        /// The key, or keys, it was sent for.
+        key: String,
+        /// What to add: `+<command>` when the command is refused, else the key pattern.
+        rule: String,
+        /// Redis's error.
+        #[source]
+        source: redis::RedisError,
+    },
 }
 
 crate::report::readable_debug!(PublishError);
@@ -184,6 +201,37 @@ impl From<StoreError> for PublishError {
                 PublishError::UnknownStream { prefix, key }
             }
             other => PublishError::Metadata(other),
+        }
+    }
+}
+
+impl PublishError {
+    /// `error` of `command` (as sent) on `key` as [`PublishError::NoPermission`] when Redis
+    /// refused it for the ACL (`pattern`: the key pattern that grants `key`), else
+    /// [`PublishError::Redis`].
+    pub(crate) fn from_redis(
+        error: redis::RedisError,
+        command: &str,
+        key: &str,
+        pattern: &str,
+    ) -> Self {
+        if crate::connection::RedisFailure::of(&error)
+            != crate::connection::RedisFailure::NoPermission
+        {
+            return PublishError::Redis(error);
+        }
+        let (command, rule) = match crate::acl::refused_command(&error) {
+            Some(refused) => {
+                let rule = format!("+{}", refused.to_lowercase().replace(' ', "|"));
+                (refused, rule)
+            }
+            None => (command.to_owned(), pattern.to_owned()),
+        };
+        PublishError::NoPermission {
+            command,
+            key: key.to_owned(),
+            rule,
+            source: error,
         }
     }
 }

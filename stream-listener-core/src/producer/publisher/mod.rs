@@ -110,7 +110,16 @@ impl Publisher {
         let read_sent_at = Instant::now();
         let mut read_conn = conn.clone();
         let meta = load_stream_metadata(&mut read_conn, &keys)
-            .await?
+            .await
+            .map_err(|e| match e {
+                crate::store::StoreError::Redis(error) => PublishError::from_redis(
+                    error,
+                    "HGETALL",
+                    &keys.metadata(),
+                    &crate::acl::producer_key_patterns(keys.prefix())[1],
+                ),
+                other => other.into(),
+            })?
             .ok_or_else(|| unknown_stream(&keys))?;
         let routing = Arc::new(Routing::from_metadata(&keys, &meta)?);
         Ok(Publisher {
@@ -404,13 +413,15 @@ impl Publisher {
             let stream_key = &routing.shard_keys[shard as usize];
             let mut conn = self.inner.conn.clone();
             let xadd = self.xadd(stream_key, partition_key, fields);
+            let refused = |error| self.refused(error, stream_key);
             let (id, acked): (Option<String>, Option<u32>) = match self.inner.options.replica_wait()
             {
-                None => (xadd.query_async(&mut conn).await?, None),
+                None => (xadd.query_async(&mut conn).await.map_err(refused)?, None),
                 Some(wait) => {
                     let mut pipe = Pipeline::with_capacity(2);
                     pipe.add_command(xadd).add_command(wait.cmd());
-                    let (id, acked): (Option<String>, u32) = pipe.query_async(&mut conn).await?;
+                    let (id, acked): (Option<String>, u32) =
+                        pipe.query_async(&mut conn).await.map_err(refused)?;
                     (id, Some(acked))
                 }
             };
@@ -451,7 +462,9 @@ impl Publisher {
                 pipe.add_command(xadd(i, &routing.shard_keys[shard as usize]));
             }
             let mut conn = conn.clone();
-            return Ok(query_waiting(pipe, wait, &mut conn).await?);
+            return query_waiting(pipe, wait, &mut conn)
+                .await
+                .map_err(|e| self.refused(e, &self.keys_of(routing, shards)));
         }
         // Cluster: one pipeline per shard (one slot each), all in flight at once.
         let mut by_shard: BTreeMap<u32, (Pipeline, Vec<usize>)> = BTreeMap::new();
@@ -464,11 +477,13 @@ impl Publisher {
         }
         // A WAIT in a shard's pipeline runs on that shard's node: redis-rs routes a cluster
         // pipeline by its first keyed command (the XADD), and WAIT has no key.
-        let replies = try_join_all(by_shard.into_values().map(|(pipe, positions)| {
+        let replies = try_join_all(by_shard.into_iter().map(|(shard, (pipe, positions))| {
             let mut conn = conn.clone();
             async move {
-                let (ids, acked) = query_waiting(pipe, wait, &mut conn).await?;
-                Ok::<_, redis::RedisError>((positions, ids, acked))
+                let (ids, acked) = query_waiting(pipe, wait, &mut conn)
+                    .await
+                    .map_err(|e| self.refused(e, &routing.shard_keys[shard as usize]))?;
+                Ok::<_, PublishError>((positions, ids, acked))
             }
         }))
         .await?;
@@ -484,6 +499,23 @@ impl Publisher {
             };
         }
         Ok((ids, least))
+    }
+
+    /// A failed `XADD` (and `WAIT`) on `key`: [`PublishError::NoPermission`] when the ACL
+    /// refused it, else [`PublishError::Redis`].
+    fn refused(&self, error: redis::RedisError, key: &str) -> PublishError {
+        let pattern = &crate::acl::producer_key_patterns(self.inner.keys.prefix())[0];
+        PublishError::from_redis(error, "XADD", key, pattern)
+    }
+
+    /// The distinct shard stream keys of `shards`, comma-separated, for an error.
+    fn keys_of(&self, routing: &Routing, shards: &[u32]) -> String {
+        let distinct: std::collections::BTreeSet<u32> = shards.iter().copied().collect();
+        distinct
+            .into_iter()
+            .map(|s| routing.shard_keys[s as usize].as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// `published` when no `WAIT` was sent (`acked` is `None`) or enough replicas acknowledged;
