@@ -357,3 +357,97 @@ async fn a_producer_lacking_one_permission_is_told_which() {
         }
     }
 }
+
+/// The README's users with the cluster line on every node of a 3-master cluster: a listener
+/// consumes and dead-letters what the producer publishes, the admin user creates the stream, and
+/// no node refuses anything. Without `+cluster|slots` the listener does not start, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_users_run_a_group_on_a_cluster() {
+    use stream_listener::testing::RedisCluster;
+    let cluster = RedisCluster::start().unwrap();
+    let rules = readme_rules();
+    let apply = |rule: &AclRule| {
+        for node in cluster.nodes() {
+            rule.apply_for_cluster(&mut node.client().get_connection().unwrap())
+                .unwrap();
+        }
+    };
+    rules.iter().for_each(apply);
+    let target = |user: &str| {
+        let rule = rule_of(&rules, user).unwrap();
+        RedisTarget::cluster(
+            cluster
+                .nodes()
+                .iter()
+                .map(|n| rule.url(&n.addr()))
+                .collect(),
+        )
+    };
+    let mut conn = connect(&RedisTarget::cluster(cluster.urls())).await;
+    let mut admin_conn = connect(&target("sl-admin")).await;
+    admin::create_stream(&mut admin_conn, STREAM, 4)
+        .await
+        .unwrap();
+    let publisher = Publisher::new(
+        connect(&target("sl-producer")).await,
+        STREAM,
+        PublisherOptions::default(),
+    )
+    .await
+    .unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let listener = start_member(&target("sl-listener"), &recorder, FencingMode::Strict).await;
+    publish(&publisher, 1, 40).await;
+    let done = wait_until(Duration::from_secs(15), || recorder.handled().len() == 36).await;
+    assert!(done, "handled {} of 36", recorder.handled().len());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while dead_letter_count(&mut conn).await < 4 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(dead_letter_count(&mut conn).await, 4);
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+    for node in cluster.nodes() {
+        let mut node_conn = connect(&RedisTarget::standalone(node.url())).await;
+        assert_eq!(
+            acl_log(&mut node_conn).await,
+            Vec::<String>::new(),
+            "node {}",
+            node.addr()
+        );
+    }
+
+    let listener_rule = rule_of(&rules, "sl-listener").unwrap();
+    for removed in ["+cluster|slots", "+asking"] {
+        let mut reduced = listener_rule.clone();
+        reduced.cluster_rules.retain(|r| r != removed);
+        apply(&reduced);
+        let handler =
+            support::recording_handler(Arc::new(Recorder::default()), Duration::ZERO, None);
+        let target = RedisTarget::cluster(
+            cluster
+                .nodes()
+                .iter()
+                .map(|n| reduced.url(&n.addr()))
+                .collect(),
+        );
+        let started = std::time::Instant::now();
+        let outcome = Listener::new(target, STREAM, GROUP, handler, support::options(1))
+            .unwrap()
+            .start()
+            .await;
+        let Err(error) = outcome else {
+            panic!("a listener without {removed} started");
+        };
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        let text = Chain(&error).to_string();
+        let command = removed.trim_start_matches('+');
+        assert!(
+            text.contains(command) || text.contains(&command.replace('|', " ").to_uppercase()),
+            "without {removed}: {text}"
+        );
+    }
+}

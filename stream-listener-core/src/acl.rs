@@ -29,7 +29,7 @@ struct Check {
 impl Check {
     fn new(operation: &'static str, argv: &[&str]) -> Self {
         let name_words = match argv[0] {
-            "XINFO" | "XGROUP" | "SCRIPT" => 2,
+            "XINFO" | "XGROUP" | "SCRIPT" | "CLUSTER" => 2,
             _ => 1,
         };
         Check {
@@ -420,7 +420,16 @@ pub async fn check_listener(
     creates_stream: bool,
     waits: bool,
 ) -> Result<(), AclCheckError> {
-    let checks = listener_checks(keys, group, creates_stream, waits);
+    let mut checks = listener_checks(keys, group, creates_stream, waits);
+    if conn.is_cluster() {
+        // redis-rs reads the slot map with CLUSTER SLOTS, and follows a migrating slot with
+        // ASKING (README "ACL users", the cluster line).
+        checks.push(Check::new(
+            "follow the cluster's slots",
+            &["CLUSTER", "SLOTS"],
+        ));
+        checks.push(Check::new("follow a slot that moves", &["ASKING"]));
+    }
     let script = Script::new(CHECK_LUA);
     let mut invocation = script.prepare_invoke();
     for check in &checks {

@@ -11,6 +11,9 @@ pub struct AclRule {
     pub password: String,
     /// Every argument after `ACL SETUSER <user>`, in order (`on`, `>…`, `resetkeys`, `~…`, `+…`).
     pub rules: Vec<String>,
+    /// The arguments of a later `ACL SETUSER <user>` line of the section: what a Redis Cluster
+    /// needs on top (`+cluster|slots`, `+asking`); empty when there is none.
+    pub cluster_rules: Vec<String>,
 }
 
 // The password is a test value, but a Debug that prints it would be the habit this crate avoids.
@@ -26,6 +29,7 @@ impl std::fmt::Debug for AclRule {
                     .filter(|r| !r.starts_with('>'))
                     .collect::<Vec<_>>(),
             )
+            .field("cluster_rules", &self.cluster_rules)
             .finish()
     }
 }
@@ -80,10 +84,30 @@ impl AclRule {
             .arg(&self.rules)
             .exec(conn)
     }
+
+    /// [`AclRule::apply`], then the [`AclRule::cluster_rules`] (for every node of a cluster).
+    ///
+    /// # Errors
+    /// As [`AclRule::apply`].
+    pub fn apply_for_cluster(
+        &self,
+        conn: &mut impl redis::ConnectionLike,
+    ) -> redis::RedisResult<()> {
+        self.apply(conn)?;
+        if self.cluster_rules.is_empty() {
+            return Ok(());
+        }
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(&self.user)
+            .arg(&self.cluster_rules)
+            .exec(conn)
+    }
 }
 
 /// The rules of README.md's `### ACL users` section: every line that starts with
-/// `ACL SETUSER`, split on whitespace, in order.
+/// `ACL SETUSER`, split on whitespace, in order; a user's first line is its rule, a later line
+/// its [`AclRule::cluster_rules`].
 ///
 /// # Errors
 /// A message when the section is missing, a rule has no user or no `>password`.
@@ -101,6 +125,10 @@ pub fn readme_acl_rules(readme: &str) -> Result<Vec<AclRule>, String> {
         let mut words = rest.split_whitespace().map(str::to_owned);
         let user = words.next().ok_or_else(|| format!("no user in {line:?}"))?;
         let rule: Vec<String> = words.collect();
+        if let Some(first) = rules.iter_mut().find(|r: &&mut AclRule| r.user == user) {
+            first.cluster_rules.extend(rule);
+            continue;
+        }
         let password = rule
             .iter()
             .find_map(|r| r.strip_prefix('>'))
@@ -110,6 +138,7 @@ pub fn readme_acl_rules(readme: &str) -> Result<Vec<AclRule>, String> {
             user,
             password,
             rules: rule,
+            cluster_rules: Vec::new(),
         });
     }
     if rules.is_empty() {
