@@ -236,3 +236,58 @@ async fn the_password_is_never_printed() {
         "{err}"
     );
 }
+
+/// On a 3-master cluster, with the README's admin rule and cluster line on every node: create,
+/// list, describe, retention, trim and delete (which reads `CLUSTER NODES` and `SCAN`s every
+/// master) succeed and no node refuses anything.
+#[tokio::test]
+async fn admin_commands_run_as_the_readme_admin_user_on_a_cluster() {
+    use stream_listener_core::testing::RedisCluster;
+    let cluster = RedisCluster::start().unwrap();
+    let rule = admin_rule();
+    assert!(
+        !rule.cluster_rules.is_empty(),
+        "README has the cluster line"
+    );
+    for node in cluster.nodes() {
+        rule.apply_for_cluster(&mut node.client().get_connection().unwrap())
+            .unwrap();
+    }
+    let mut args: Vec<String> = Vec::new();
+    for node in cluster.nodes() {
+        args.push("--cluster-node".into());
+        args.push(rule.url(&node.addr()));
+    }
+    let run = |extra: &[&str]| {
+        let output = Command::new(BIN)
+            .args(&args)
+            .args(extra)
+            .env_remove("REDIS_URL")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(0), "{extra:?}: {err}");
+        assert!(!err.contains(&rule.password), "{err}");
+    };
+    run(&["stream", "create", "orders", "--shards", "4"]);
+    run(&["stream", "list"]);
+    run(&["stream", "describe", "orders"]);
+    run(&[
+        "stream",
+        "retention",
+        "orders",
+        "--retention-max-len",
+        "1000",
+    ]);
+    run(&["stream", "trim", "orders"]);
+    run(&["stream", "delete", "orders", "--force"]);
+    for node in cluster.nodes() {
+        let mut conn = connect(node.url()).await;
+        assert_eq!(
+            acl_log(&mut conn).await,
+            Vec::<String>::new(),
+            "node {}",
+            node.addr()
+        );
+    }
+}
