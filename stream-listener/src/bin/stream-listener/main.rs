@@ -487,6 +487,23 @@ mod tests {
         Cli::command_for_tests().debug_assert();
     }
 
+    #[test]
+    fn debug_of_the_command_line_hides_passwords() {
+        let cli = Cli::parse_from([
+            "stream-listener",
+            "--redis-url",
+            "redis://u:s3cret-pw@127.0.0.1:6379",
+            "--cluster-node",
+            "redis://u:s3cret-pw@127.0.0.1:7000",
+            "stream",
+            "list",
+        ]);
+        let shown = format!("{cli:?}");
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
+        assert!(shown.contains("redis://u:***@127.0.0.1:6379"), "{shown}");
+        assert!(shown.contains("redis://u:***@127.0.0.1:7000"), "{shown}");
+    }
+
     impl Cli {
         fn command_for_tests() -> clap::Command {
             <Cli as clap::CommandFactory>::command()
