@@ -82,6 +82,12 @@ impl PublisherOptions {
                     .into(),
             );
         }
+        if self.min_replica_acks > 0 && self.replica_ack_timeout.is_zero() {
+            return invalid(
+                "replica_ack_timeout is 0 with min_replica_acks > 0: WAIT with 0 would block forever; use a positive timeout (default 1 s)"
+                    .into(),
+            );
+        }
         if self.refresh_interval >= self.routing_lease {
             return invalid(format!(
                 "refresh_interval ({:?}) must be shorter than routing_lease ({:?}), or a failed refresh would fail publishing at once",
