@@ -16,6 +16,11 @@
 //! `Publisher::publish` against a raw `XADD`, one message per round trip; on a local 3-master
 //! cluster, `publish_batch` against a raw loop of per-shard pipelines sent concurrently.
 //!
+//! Waiting for replicas (README "Waiting for replicas"): against a master with one replica on
+//! loopback, `publish_batch` and `publish` with `min_replica_acks = 0` against the same with
+//! `min_replica_acks = 1` (a `WAIT 1 <timeout>` pipelined after each batch or message), in the
+//! same alternating rounds.
+//!
 //! Run from the repository root:
 //!
 //! ```sh
@@ -23,7 +28,9 @@
 //! ```
 //!
 //! Environment: `PRODUCER_BENCH_MESSAGES` (default 200000, per side), `PRODUCER_BENCH_ROUNDS`
-//! (default 10), `PRODUCER_BENCH_CLUSTER=0` skips the cluster part. Goal: `publish_batch` at
+//! (default 10), `PRODUCER_BENCH_CLUSTER=0` skips the cluster part, `PRODUCER_BENCH_ONLY=replica`
+//! runs only the replica part (a short run: `PRODUCER_BENCH_MESSAGES=20000
+//! PRODUCER_BENCH_ROUNDS=6`). Goal: `publish_batch` at
 //! least 0.8 of `raw` (BENCHMARKS.md, "Producer").
 
 use std::collections::BTreeMap;
@@ -203,6 +210,8 @@ enum Case {
     RawPerShard,
     RawSingle,
     PublishSingle,
+    PublishBatchWaiting,
+    PublishSingleWaiting,
 }
 
 impl Case {
@@ -213,6 +222,10 @@ impl Case {
             Case::RawPerShard => "raw, one pipeline per shard per batch, concurrent",
             Case::RawSingle => "raw XADD, one message per round trip",
             Case::PublishSingle => "Publisher::publish (one message per round trip)",
+            Case::PublishBatchWaiting => {
+                "Publisher::publish_batch (batch 64), min_replica_acks = 1"
+            }
+            Case::PublishSingleWaiting => "Publisher::publish, min_replica_acks = 1",
         }
     }
 }
@@ -256,6 +269,7 @@ async fn run_case(
     case: Case,
     conn: &RedisConnection,
     publisher: &Publisher,
+    waiting: &Publisher,
     w: &Workload,
     range: std::ops::Range<usize>,
 ) -> Duration {
@@ -266,6 +280,8 @@ async fn run_case(
         Case::RawPerShard => raw_per_shard(conn, w, range).await,
         Case::RawSingle => raw_single(conn, w, range).await,
         Case::PublishSingle => publisher_single(publisher, w, range).await,
+        Case::PublishBatchWaiting => publisher_batches(waiting, w, range).await,
+        Case::PublishSingleWaiting => publisher_single(waiting, w, range).await,
     }
     start.elapsed()
 }
@@ -276,6 +292,7 @@ async fn run_case(
 async fn measure(
     conn: &RedisConnection,
     publisher: &Publisher,
+    waiting: &Publisher,
     w: &Workload,
     rounds: usize,
     cases: &[Case],
@@ -286,7 +303,7 @@ async fn measure(
     let mut trim_conn = conn.clone();
     // Warm-up: one slice of each, not counted.
     for &case in cases {
-        run_case(case, conn, publisher, w, 0..per_round.min(5_000)).await;
+        run_case(case, conn, publisher, waiting, w, 0..per_round.min(5_000)).await;
     }
     trim(&mut trim_conn).await;
     for round in 0..rounds {
@@ -296,13 +313,16 @@ async fn measure(
             order.reverse();
         }
         for case in order {
-            let range = if matches!(case, Case::RawSingle | Case::PublishSingle) {
+            let range = if matches!(
+                case,
+                Case::RawSingle | Case::PublishSingle | Case::PublishSingleWaiting
+            ) {
                 range.start..range.start + per_round / single_share
             } else {
                 range.clone()
             };
             let messages = range.len();
-            let elapsed = run_case(case, conn, publisher, w, range).await;
+            let elapsed = run_case(case, conn, publisher, waiting, w, range).await;
             tallies.entry(case).or_default().add(messages, elapsed);
             trim(&mut trim_conn).await;
         }
@@ -353,6 +373,11 @@ async fn bench() {
         "producer bench: {messages} messages per case, {rounds} alternating rounds, batch {BATCH}, {SHARDS} shards, {DISTINCT_KEYS} distinct keys, mean JSON payload {payload_bytes} bytes"
     );
 
+    if std::env::var("PRODUCER_BENCH_ONLY").as_deref() == Ok("replica") {
+        replica_part(&w, rounds).await;
+        return;
+    }
+
     // Standalone.
     let server = RedisServer::start().unwrap();
     let conn = RedisConnection::connect(
@@ -368,6 +393,7 @@ async fn bench() {
         .unwrap();
     let tallies = measure(
         &conn,
+        &publisher,
         &publisher,
         &w,
         rounds,
@@ -388,6 +414,7 @@ async fn bench() {
     );
     let extra = measure(
         &conn,
+        &publisher,
         &publisher,
         &w,
         rounds,
@@ -424,6 +451,7 @@ async fn bench() {
         let tallies = measure(
             &conn,
             &publisher,
+            &publisher,
             &half,
             rounds,
             &[Case::RawPerShard, Case::PublishBatch],
@@ -436,6 +464,84 @@ async fn bench() {
             Case::RawPerShard,
         );
     }
+    replica_part(&w, rounds).await;
+}
+
+/// A master and one replica of it on loopback (`replicaof`), the replica online.
+async fn master_and_replica() -> (RedisServer, RedisServer, RedisConnection) {
+    let master = RedisServer::start().unwrap();
+    let replica = RedisServer::builder()
+        .config("replicaof", format!("127.0.0.1 {}", master.port()))
+        .start()
+        .unwrap();
+    let conn = RedisConnection::connect(
+        &RedisTarget::standalone(master.url()),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        if info.contains("connected_slaves:1") && info.contains("state=online") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "replica not online: {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (master, replica, conn)
+}
+
+/// `min_replica_acks = 0` against `1`, batch and single, against a master with one replica.
+async fn replica_part(w: &Workload, rounds: usize) {
+    let (_master, _replica, conn) = master_and_replica().await;
+    let mut setup = conn.clone();
+    create_stream(&mut setup).await;
+    let plain = Publisher::new(conn.clone(), PREFIX, PublisherOptions::default())
+        .await
+        .unwrap();
+    let waiting_options = PublisherOptions {
+        min_replica_acks: 1,
+        replica_ack_timeout: Duration::from_secs(1),
+        ..PublisherOptions::default()
+    };
+    let waiting = Publisher::new(conn.clone(), PREFIX, waiting_options)
+        .await
+        .unwrap();
+    let tallies = measure(
+        &conn,
+        &plain,
+        &waiting,
+        w,
+        rounds,
+        &[Case::PublishBatch, Case::PublishBatchWaiting],
+        1,
+    )
+    .await;
+    report(
+        "Master + 1 replica (loopback), publish_batch: min_replica_acks = 0 vs 1",
+        &tallies,
+        Case::PublishBatch,
+    );
+    let tallies = measure(
+        &conn,
+        &plain,
+        &waiting,
+        w,
+        rounds,
+        &[Case::PublishSingle, Case::PublishSingleWaiting],
+        10,
+    )
+    .await;
+    report(
+        "Master + 1 replica (loopback), publish: min_replica_acks = 0 vs 1",
+        &tallies,
+        Case::PublishSingle,
+    );
 }
 
 fn main() {

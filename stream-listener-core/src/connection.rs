@@ -420,6 +420,10 @@ pub enum RedisFailure {
     /// client certificate), a `redis://` URL reached a server that speaks TLS, or a `rediss://`
     /// URL a plain one. Retrying cannot fix it; [`tls_advice`] says what to check.
     TlsHandshake,
+    /// `NOPERM`, or a script's `redis.call` refused by ACL (`ERR The user executing the script
+    /// can't ...`): the Redis user lacks the command or the key (README "ACL users"). Retrying
+    /// cannot fix it; add the permission to the user's ACL rule.
+    NoPermission,
 }
 
 impl RedisFailure {
@@ -439,6 +443,9 @@ impl RedisFailure {
         {
             return RedisFailure::ConnectionLost;
         }
+        if error.code() == Some("ERR") && error.detail().is_some_and(is_script_acl_refusal) {
+            return RedisFailure::NoPermission;
+        }
         match error.code() {
             Some(code) => RedisFailure::of_code(code),
             // A pipeline's error (`ignore_errors` off) carries the failed commands' errors.
@@ -454,6 +461,11 @@ impl RedisFailure {
     /// `ignore_errors`, or a script's element), else as [`RedisFailure::of`].
     pub fn of_reply(reply: &Value) -> Option<Self> {
         match reply {
+            Value::ServerError(error)
+                if error.code() == "ERR" && error.details().is_some_and(is_script_acl_refusal) =>
+            {
+                Some(RedisFailure::NoPermission)
+            }
             Value::ServerError(error) => Some(RedisFailure::of_code(error.code())),
             _ => None,
         }
@@ -470,6 +482,7 @@ impl RedisFailure {
             "MOVED" | "ASK" | "TRYAGAIN" => RedisFailure::ClusterRedirect,
             "WRONGTYPE" => RedisFailure::WrongType,
             "LOADING" | "CLUSTERDOWN" | "MASTERDOWN" => RedisFailure::Unavailable,
+            "NOPERM" => RedisFailure::NoPermission,
             _ => RedisFailure::Other,
         }
     }
@@ -484,6 +497,13 @@ impl RedisFailure {
             RedisFailure::ConnectionLost | RedisFailure::Timeout | RedisFailure::Unavailable
         )
     }
+}
+
+/// Whether an `ERR` reply's text is Redis 7's refusal of a command or key a script called
+/// (`The user executing the script can't run this command or subcommand` / `can't access at least
+/// one of the keys`): ACL refusals inside scripts are `ERR`, not `NOPERM`.
+fn is_script_acl_refusal(detail: &str) -> bool {
+    detail.starts_with("The user executing the script can't")
 }
 
 #[cfg(test)]
@@ -518,7 +538,7 @@ mod tests {
                 Some("detail".to_owned()),
             ))
         };
-        let table: [(&[&str], RedisFailure); 9] = [
+        let table: [(&[&str], RedisFailure); 10] = [
             (&["NOSCRIPT"], RedisFailure::NoScript),
             (&["NOGROUP"], RedisFailure::NoGroup),
             (&["BUSYGROUP"], RedisFailure::BusyGroup),
@@ -530,7 +550,8 @@ mod tests {
                 &["LOADING", "CLUSTERDOWN", "MASTERDOWN"],
                 RedisFailure::Unavailable,
             ),
-            (&["ERR", "NOPERM"], RedisFailure::Other),
+            (&["ERR"], RedisFailure::Other),
+            (&["NOPERM"], RedisFailure::NoPermission),
         ];
         for (code, expected) in table
             .iter()
@@ -559,6 +580,18 @@ mod tests {
         let config = redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "bad URL"));
         assert_eq!(RedisFailure::of(&config), RedisFailure::Other);
         assert!(!RedisFailure::of(&config).is_unreachable());
+    }
+
+    #[test]
+    fn acl_refusals_in_scripts_are_no_permission() {
+        let in_script = redis::make_extension_error(
+            "ERR".to_owned(),
+            Some("The user executing the script can't run this command or subcommand script: 2b58, on @user_script:1.".to_owned()),
+        );
+        assert_eq!(RedisFailure::of(&in_script), RedisFailure::NoPermission);
+        assert!(!RedisFailure::NoPermission.is_unreachable());
+        let other = redis::make_extension_error("ERR".to_owned(), Some("syntax error".to_owned()));
+        assert_eq!(RedisFailure::of(&other), RedisFailure::Other);
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! Everything else is in [`internals`], for the admin tool, tests and benchmarks, without a
 //! semver promise.
 
+mod acl;
 mod admin;
 mod assignor;
 pub mod batch;
@@ -36,6 +37,7 @@ pub mod model;
 mod poller;
 pub mod producer;
 mod reconciler;
+mod replication;
 mod report;
 mod runtime;
 mod startup;
@@ -65,6 +67,8 @@ pub mod internals {
     }
 
     re_export! {
+        /// The Redis permissions a listener needs, checked before it joins (README "ACL users").
+        acl,
         /// Admin operations: create, register, describe, list, scale, retire, delete (docs/design.md §8, §10).
         admin,
         /// The sticky assignor (docs/design.md §7).
@@ -79,6 +83,8 @@ pub mod internals {
         fence,
         /// The key layout in Redis and name validation (docs/design.md §2).
         keys,
+        /// Waiting for replicas after a write (`WAIT`, README "Waiting for replicas").
+        replication,
         /// Printing an error with its causes, each once (`report::Chain`, docs/design.md §8.14).
         report,
         /// Connecting at startup: retry, `PING`, the Redis version check (docs/design.md §1).

@@ -225,7 +225,7 @@ fn passwords_in_urls_are_not_printed() {
     assert_eq!(code, 3);
     assert!(!err.contains("hunter2"), "{err}");
     assert!(
-        err.contains(&format!("redis://***@127.0.0.1:{port}")),
+        err.contains(&format!("redis://user:***@127.0.0.1:{port}")),
         "{err}"
     );
 }

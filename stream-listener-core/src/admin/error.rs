@@ -270,6 +270,23 @@ impl AdminError {
             _ => false,
         }
     }
+
+    /// Whether Redis refused a command or key for the user's ACL rule
+    /// ([`RedisFailure::NoPermission`], README "ACL users"): the command-line tool then says
+    /// which key patterns the admin rule needs.
+    pub fn is_no_permission(&self) -> bool {
+        let failure = match self {
+            AdminError::Store(StoreError::Redis(err)) => RedisFailure::of(err),
+            AdminError::ReplayPublish { source, .. } => match source.as_ref() {
+                crate::producer::PublishError::Redis(err) => RedisFailure::of(err),
+                crate::producer::PublishError::NoPermission { .. } => return true,
+                _ => return false,
+            },
+            AdminError::ReplayNotRemoved { source, .. } => RedisFailure::of(source),
+            _ => return false,
+        };
+        failure == RedisFailure::NoPermission
+    }
 }
 
 #[cfg(test)]

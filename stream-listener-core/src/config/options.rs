@@ -24,6 +24,8 @@ impl Config {
         options.coordination = self.coordinator_config()?;
         options.lease_margin = self.coordination.lease_margin;
         options.metrics_interval = self.observability.metrics_interval;
+        options.min_replica_acks = self.redis.min_replica_acks;
+        options.replica_ack_timeout = self.redis.replica_ack_timeout;
         if let Some(id) = &self.member.instance_id {
             options.instance_id = Some(id.clone());
         }
@@ -161,6 +163,8 @@ impl Config {
         if let Some(max) = self.streams.get(prefix).and_then(|s| s.max_payload_bytes) {
             options.max_payload_bytes = max;
         }
+        options.min_replica_acks = self.redis.min_replica_acks;
+        options.replica_ack_timeout = self.redis.replica_ack_timeout;
         options
     }
 }

@@ -528,3 +528,38 @@ fn tls_settings_are_checked() {
     )
     .expect("rediss:// with a CA and a client certificate is valid");
 }
+
+#[test]
+fn replica_waits_reach_listeners_and_publishers_and_their_timeout_is_checked() {
+    let config = parse(
+        "[redis]\nmin_replica_acks = 1\nreplica_ack_timeout = \"250ms\"\ncluster_nodes = [\"redis://127.0.0.1:7000\"]\n",
+    )
+    .unwrap();
+    let options = config
+        .listener_options("l", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(
+        (options.min_replica_acks, options.replica_ack_timeout),
+        (1, Duration::from_millis(250))
+    );
+    let publisher = config.publisher_options("orders");
+    assert_eq!(
+        (publisher.min_replica_acks, publisher.replica_ack_timeout),
+        (1, Duration::from_millis(250))
+    );
+    assert_invalid_at(
+        "[redis]\nmin_replica_acks = 1\nreplica_ack_timeout = \"0s\"\n",
+        "redis.replica_ack_timeout",
+        3,
+        "must be positive",
+    );
+    // The default heartbeat interval is 3 s.
+    assert_invalid_at(
+        "[redis]\nmin_replica_acks = 2\nreplica_ack_timeout = \"3s\"\n",
+        "redis.replica_ack_timeout",
+        3,
+        "must be below heartbeat_interval (3s)",
+    );
+    // Off: the timeout is not checked.
+    parse("[redis]\nreplica_ack_timeout = \"0s\"\n").unwrap();
+}

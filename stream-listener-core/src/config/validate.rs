@@ -20,6 +20,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_redis()?;
         self.coordinator_config()?;
+        self.validate_replica_wait()?;
         if let Some(id) = &self.member.instance_id {
             check_instance_id(id).map_err(|m| self.invalid(&["member", "instance_id"], m))?;
         }
@@ -387,6 +388,37 @@ impl Config {
         ] {
             crate::store::check_len(key, len)
                 .map_err(|e| self.invalid(&["streams", prefix, key], e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// `[redis] replica_ack_timeout` with `min_replica_acks > 0`: positive, and below
+    /// `heartbeat_interval`, because a `WAIT` holds the member's connection, which its
+    /// heartbeats share (README "Waiting for replicas"). On a cluster each `WAIT` goes in the
+    /// pipeline of its write, to that write's node, so cluster targets are accepted.
+    fn validate_replica_wait(&self) -> Result<(), ConfigError> {
+        let redis = &self.redis;
+        if redis.min_replica_acks == 0 {
+            return Ok(());
+        }
+        if redis.replica_ack_timeout.is_zero() {
+            return Err(self.invalid(
+                &["redis", "replica_ack_timeout"],
+                "must be positive with min_replica_acks > 0 (WAIT with 0 would block forever); default \"1s\"",
+            ));
+        }
+        let heartbeat = self.coordination.heartbeat_interval;
+        if redis.replica_ack_timeout >= heartbeat {
+            return Err(self.invalid(
+                &["redis", "replica_ack_timeout"],
+                format!(
+                    "replica_ack_timeout ({}) must be below heartbeat_interval ({}): a WAIT holds the member's connection, and heartbeats queue behind it while replicas lag",
+                    humantime::format_duration(redis.replica_ack_timeout),
+                    humantime::format_duration(heartbeat)
+                ),
+            ));
         }
         Ok(())
     }

@@ -85,6 +85,7 @@ pub(crate) async fn read_round(
     consumer: &str,
     count: usize,
     parts: Vec<RoundPart>,
+    wait: Option<crate::replication::ReplicaWait>,
 ) -> redis::RedisResult<Vec<PartReply>> {
     let mut pipe = redis::pipe();
     let mut read = redis::cmd("XREADGROUP");
@@ -124,7 +125,15 @@ pub(crate) async fn read_round(
         pipe.add_command(ack);
     }
     pipe.add_command(read).ignore_errors();
+    // The acks' WAIT last (`min_replica_acks`): it covers the ack script before it.
+    let wait = wait.filter(|_| acking > 0);
+    if let Some(wait) = wait {
+        pipe.add_command(wait.cmd());
+    }
     let mut replies: Vec<Value> = pipe.query_async(conn).await?;
+    if let Some(wait) = wait {
+        wait.warn_if_short(replies.pop().as_ref(), acking);
+    }
     let read_reply = replies.pop();
     let mut acks = split_acks(replies.pop(), acking);
     if acks.first().and_then(RedisFailure::of_reply) == Some(RedisFailure::NoScript) {

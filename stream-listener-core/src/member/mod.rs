@@ -49,6 +49,11 @@ pub enum ListenerError {
     /// The group could not be registered (unknown stream, Redis failure, contention).
     #[error("registering the consumer group failed")]
     Register(#[source] ProvisionError),
+    /// The Redis user lacks a command or key the listener needs ([`crate::acl::check_listener`],
+    /// before the group is registered or a member joins); the error names it and the ACL rule to
+    /// add (README "ACL users").
+    #[error(transparent)]
+    Permissions(#[from] crate::acl::AclCheckError),
 }
 
 crate::report::readable_debug!(ListenerError);
@@ -101,6 +106,18 @@ pub enum OptionsError {
         batch_max_wait: Duration,
         /// The member lease it must leave room in.
         member_lease_ttl: Duration,
+    },
+    /// `min_replica_acks > 0` with a `replica_ack_timeout` of zero (`WAIT … 0` would block
+    /// forever) or not below `coordination.heartbeat_interval` (a `WAIT` holds the connection the
+    /// heartbeats share; README "Waiting for replicas").
+    #[error(
+        "replica_ack_timeout ({replica_ack_timeout:?}) must be positive and below heartbeat_interval ({heartbeat_interval:?}) when min_replica_acks > 0: lower it"
+    )]
+    ReplicaAckTimeout {
+        /// The timeout given.
+        replica_ack_timeout: Duration,
+        /// The heartbeat interval it must stay below.
+        heartbeat_interval: Duration,
     },
 }
 
@@ -494,6 +511,17 @@ impl Listener {
             }
             .into());
         }
+        let heartbeat_interval = options.coordination.heartbeat_interval;
+        if options.min_replica_acks > 0
+            && (options.replica_ack_timeout.is_zero()
+                || options.replica_ack_timeout >= heartbeat_interval)
+        {
+            return Err(OptionsError::ReplicaAckTimeout {
+                replica_ack_timeout: options.replica_ack_timeout,
+                heartbeat_interval,
+            }
+            .into());
+        }
         Ok(Listener {
             target,
             stream,
@@ -524,6 +552,15 @@ impl Listener {
     pub async fn start_on(self, connected: &Connected) -> Result<ListenerHandle, ListenerError> {
         let conn = connected.connection();
         let mut admin_conn = conn.clone();
+        let group_keys = self.stream.group(&self.group)?;
+        crate::acl::check_listener(
+            &mut admin_conn,
+            &self.stream,
+            &group_keys,
+            self.options.auto_create_shards.is_some(),
+            self.options.min_replica_acks > 0,
+        )
+        .await?;
         register_group(
             &mut admin_conn,
             self.stream.prefix(),
@@ -600,6 +637,28 @@ mod tests {
         let target = RedisTarget::standalone("redis://127.0.0.1:1");
         let handler = |_: crate::handler::Delivery| async { Ok(()) };
         Listener::new(target, "orders", "billing", handler, options)
+    }
+
+    #[test]
+    fn replica_ack_timeout_must_be_positive_and_below_the_heartbeat_interval() {
+        let mut options = ListenerOptions {
+            replica_ack_timeout: Duration::ZERO,
+            ..ListenerOptions::default()
+        };
+        assert!(new_with(options.clone()).is_ok(), "off: not checked");
+        options.min_replica_acks = 1;
+        for timeout in [Duration::ZERO, options.coordination.heartbeat_interval] {
+            options.replica_ack_timeout = timeout;
+            match new_with(options.clone()) {
+                Err(ListenerError::Options(OptionsError::ReplicaAckTimeout {
+                    replica_ack_timeout,
+                    ..
+                })) => assert_eq!(replica_ack_timeout, timeout),
+                other => panic!("{timeout:?}: {:?}", other.err()),
+            }
+        }
+        options.replica_ack_timeout = Duration::from_millis(100);
+        assert!(new_with(options).is_ok());
     }
 
     #[test]

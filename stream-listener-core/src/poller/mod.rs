@@ -96,6 +96,7 @@ impl ShardTaskContext {
                 group.clone(),
                 member_id.clone(),
                 options.batch_size,
+                options.replica_wait(),
             )
         });
         let metrics = MemberMetrics::new(stream.prefix(), &group, &options.name, &member_id);
@@ -204,7 +205,8 @@ impl ShardTask {
             &ctx.group,
             &ctx.member_id,
         )?
-        .with_max_entry_bytes(ctx.options.max_entry_bytes);
+        .with_max_entry_bytes(ctx.options.max_entry_bytes)
+        .with_replica_wait(ctx.options.replica_wait());
         let shard_key = ctx.stream.shard(shard).into();
         let maintenance = maintenance::Schedule::new(ctx.options.retention_interval);
         let metrics = ShardMetrics::new(

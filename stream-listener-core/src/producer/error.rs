@@ -152,6 +152,42 @@ pub enum PublishError {
         #[source]
         source: crate::store::provision::ProvisionError,
     },
+    /// `min_replica_acks > 0` and fewer replicas acknowledged the write within
+    /// `replica_ack_timeout` (`WAIT`, README "Waiting for replicas"). The entries **were**
+    /// appended on the master (their ids are in `published`) and consumers will see them; a
+    /// failover to a replica that lacks them would lose them. Publishing them again may append
+    /// duplicates.
+    #[error(
+        "{} entries were appended but only {acked} of {wanted} replicas acknowledged them within {}; they are on the master and will be delivered unless a failover to a replica that lacks them loses them. Publishing again may append duplicates; check the replicas (INFO replication)",
+        published.len(), humantime::format_duration(*timeout)
+    )]
+    NotReplicated {
+        /// Where the entries were appended.
+        published: Vec<super::Published>,
+        /// Replicas that acknowledged (the smallest count of a batch's pipelines).
+        acked: u32,
+        /// `min_replica_acks`.
+        wanted: u32,
+        /// `replica_ack_timeout`.
+        timeout: Duration,
+    },
+    /// Redis refused a command or key for the user's ACL rule (`NOPERM`, README "ACL users"):
+    /// nothing was written by the refused command. Redis's message names a refused command but
+    /// never a key; this names both.
+    #[error(
+        "the Redis user may not run {command} on {key}: add {rule} to the producer's ACL rule (README \"ACL users\")"
+    )]
+    NoPermission {
+        /// The refused command (`XADD`, `WAIT`, `HGETALL`).
+        command: String,
+        /// The key, or keys, it was sent for.
+        key: String,
+        /// What to add: `+<command>` when the command is refused, else the key pattern.
+        rule: String,
+        /// Redis's error.
+        #[source]
+        source: redis::RedisError,
+    },
 }
 
 crate::report::readable_debug!(PublishError);
@@ -165,6 +201,37 @@ impl From<StoreError> for PublishError {
                 PublishError::UnknownStream { prefix, key }
             }
             other => PublishError::Metadata(other),
+        }
+    }
+}
+
+impl PublishError {
+    /// `error` of `command` (as sent) on `key` as [`PublishError::NoPermission`] when Redis
+    /// refused it for the ACL (`pattern`: the key pattern that grants `key`), else
+    /// [`PublishError::Redis`].
+    pub(crate) fn from_redis(
+        error: redis::RedisError,
+        command: &str,
+        key: &str,
+        pattern: &str,
+    ) -> Self {
+        if crate::connection::RedisFailure::of(&error)
+            != crate::connection::RedisFailure::NoPermission
+        {
+            return PublishError::Redis(error);
+        }
+        let (command, rule) = match crate::acl::refused_command(&error) {
+            Some(refused) => {
+                let rule = format!("+{}", refused.to_lowercase().replace(' ', "|"));
+                (refused, rule)
+            }
+            None => (command.to_owned(), pattern.to_owned()),
+        };
+        PublishError::NoPermission {
+            command,
+            key: key.to_owned(),
+            rule,
+            source: error,
         }
     }
 }

@@ -99,6 +99,15 @@ pub struct ListenerOptions {
     /// refuses 0). Ignored with [`Ordering::Shard`] (one at a time) and by batch listeners;
     /// `[listeners.<name>] max_in_flight`.
     pub max_in_flight: u32,
+    /// Replicas that must acknowledge each ack (`[redis] min_replica_acks`, default 0: off):
+    /// every ack, or read round carrying acks, ends with `WAIT n <replica_ack_timeout>` in its
+    /// pipeline; fewer replicas is a `warn!`, and consumption goes on (README "Waiting for
+    /// replicas"). The user then needs `+wait`, checked at startup.
+    pub min_replica_acks: u32,
+    /// How long each such `WAIT` lasts at most (`[redis] replica_ack_timeout`, default 1 s).
+    /// It holds the member's connection, which heartbeats share: keep it well below
+    /// `heartbeat_interval`.
+    pub replica_ack_timeout: Duration,
 }
 
 /// The default [`ListenerOptions::max_in_flight`] and `[listeners.<name>] max_in_flight`: 16.
@@ -135,11 +144,18 @@ impl Default for ListenerOptions {
             batch_max_wait: Duration::ZERO,
             ordering: Ordering::Shard,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            min_replica_acks: 0,
+            replica_ack_timeout: Duration::from_secs(1),
         }
     }
 }
 
 impl ListenerOptions {
+    /// The `WAIT` after each ack, `None` when `min_replica_acks` is 0.
+    pub(crate) fn replica_wait(&self) -> Option<crate::replication::ReplicaWait> {
+        crate::replication::ReplicaWait::new(self.min_replica_acks, self.replica_ack_timeout)
+    }
+
     /// The limit of one hook call: [`ListenerOptions::hook_timeout`], or when not given
     /// [`DEFAULT_HOOK_TIMEOUT`](crate::hooks::DEFAULT_HOOK_TIMEOUT) capped at half
     /// `coordination.rebalance_timeout`.

@@ -42,6 +42,8 @@ compile_error!("the stream-listener testing harness needs a Unix-like OS (Linux 
 pub mod fixtures;
 
 #[cfg(feature = "testing")]
+pub mod acl;
+#[cfg(feature = "testing")]
 mod binaries;
 #[cfg(feature = "testing")]
 mod cluster;

@@ -7,7 +7,7 @@ use super::reply::int;
 use super::{Reply, ScriptCall, ShardClient};
 use crate::connection::RedisFailure;
 use crate::dataplane::error::DataPlaneError;
-use crate::dataplane::round::AckPart;
+use crate::dataplane::round::{AckPart, into_result};
 use crate::dataplane::{Fenced, scripts};
 use crate::fence::FenceToken;
 use crate::model::ShardIndex;
@@ -28,7 +28,40 @@ impl ShardClient {
         ids: &[String],
     ) -> Result<Result<usize, Fenced>, DataPlaneError> {
         let call = self.ack_call(shard, token, ids);
-        let reply = self.run(ACK, shard, call).await?;
+        let Some(wait) = self.replica_wait else {
+            let reply = self.run(ACK, shard, call).await?;
+            return ack_outcome(shard, reply);
+        };
+        // The ack and its WAIT in one pipeline: on a cluster it goes to the fence key's node.
+        let mut pipe = redis::pipe();
+        pipe.add_command(call.cmd.clone())
+            .add_command(wait.cmd())
+            .ignore_errors();
+        let replies: Vec<Value> = pipe
+            .query_async(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis(ACK, Some(shard)))?;
+        let Ok([ack_reply, wait_reply]) = <[Value; 2]>::try_from(replies) else {
+            return Err(DataPlaneError::unexpected(
+                ACK,
+                Some(shard),
+                "not two replies",
+            ));
+        };
+        let reply = match into_result(ack_reply) {
+            // The script was not loaded, so the ack did not run: load it and ack again, then wait.
+            Err(error) if RedisFailure::of(&error) == RedisFailure::NoScript => {
+                let reply = self.run(ACK, shard, call).await?;
+                let waited: redis::RedisResult<Value> =
+                    wait.cmd().query_async(&mut self.conn).await;
+                wait.warn_if_short(waited.as_ref().ok(), ids.len());
+                reply
+            }
+            other => {
+                wait.warn_if_short(Some(&wait_reply), ids.len());
+                self.classify(ACK, shard, other)?
+            }
+        };
         ack_outcome(shard, reply)
     }
 
@@ -85,6 +118,7 @@ impl ShardClient {
             &self.consumer,
             count,
             round,
+            self.replica_wait,
         )
         .await?;
         replies

@@ -44,6 +44,8 @@ pub struct ShardClient {
     max_entry_bytes: u64,
     /// The last token used and its encoding (`FenceToken::encode`), reused while it holds.
     encoded_token: Option<(FenceToken, String)>,
+    /// The `WAIT` sent after each ack (`min_replica_acks`), if any.
+    replica_wait: Option<crate::replication::ReplicaWait>,
 }
 
 /// An `EVALSHA` ready to send, with the script it runs (loaded again on `NOSCRIPT`).
@@ -115,7 +117,19 @@ impl ShardClient {
             dead_letters,
             max_entry_bytes: 0,
             encoded_token: None,
+            replica_wait: None,
         })
+    }
+
+    /// Follows every ack with `WAIT` in the same pipeline (`min_replica_acks`, README "Waiting
+    /// for replicas"): fewer replicas than asked is a `warn!`, never an error (the entries were
+    /// handled and are acked on the master). `None`: no wait.
+    pub(crate) fn with_replica_wait(
+        mut self,
+        wait: Option<crate::replication::ReplicaWait>,
+    ) -> Self {
+        self.replica_wait = wait;
+        self
     }
 
     /// Withholds bodies larger than `limit` bytes (field names plus values) from reads: such

@@ -40,6 +40,8 @@ pub(crate) struct ReadRounds {
     consumer: String,
     /// Entries per shard per round (`batch_size`).
     count: usize,
+    /// The `WAIT` after a round's acks (`min_replica_acks`), if any.
+    wait: Option<crate::replication::ReplicaWait>,
     state: Mutex<State>,
 }
 
@@ -163,12 +165,14 @@ impl ReadRounds {
         group: String,
         consumer: String,
         count: usize,
+        wait: Option<crate::replication::ReplicaWait>,
     ) -> Arc<Self> {
         Arc::new(ReadRounds {
             conn,
             group,
             consumer,
             count,
+            wait,
             state: Mutex::new(State::default()),
         })
     }
@@ -242,7 +246,15 @@ impl ReadRounds {
             parts.push(request.part);
         }
         let mut conn = self.conn.clone();
-        let replies = read_round(&mut conn, &self.group, &self.consumer, self.count, parts).await;
+        let replies = read_round(
+            &mut conn,
+            &self.group,
+            &self.consumer,
+            self.count,
+            parts,
+            self.wait,
+        )
+        .await;
         let replies = match replies {
             Ok(replies) => replies,
             Err(error) => {

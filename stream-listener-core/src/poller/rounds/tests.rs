@@ -70,7 +70,7 @@ async fn setup_rounds(
 
 /// The member's read rounds on `conn`, `count` entries per shard per round.
 pub(super) fn rounds_of(conn: &RedisConnection, count: usize) -> Arc<ReadRounds> {
-    ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), count)
+    ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), count, None)
 }
 
 /// The member's client for the shards `{s:<i>}` (to build fenced acks).
@@ -439,7 +439,7 @@ async fn one_ack_call_fences_each_shard_with_its_own_token() {
             ack: Some(client.ack_part(*s, t, ids)),
         })
         .collect();
-    let replies = crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, parts)
+    let replies = crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, parts, None)
         .await
         .unwrap();
     let got: Vec<String> = replies

@@ -110,7 +110,16 @@ impl Publisher {
         let read_sent_at = Instant::now();
         let mut read_conn = conn.clone();
         let meta = load_stream_metadata(&mut read_conn, &keys)
-            .await?
+            .await
+            .map_err(|e| match e {
+                crate::store::StoreError::Redis(error) => PublishError::from_redis(
+                    error,
+                    "HGETALL",
+                    &keys.metadata(),
+                    &crate::acl::producer_key_patterns(keys.prefix())[1],
+                ),
+                other => other.into(),
+            })?
             .ok_or_else(|| unknown_stream(&keys))?;
         let routing = Arc::new(Routing::from_metadata(&keys, &meta)?);
         Ok(Publisher {
@@ -310,16 +319,21 @@ impl Publisher {
         let mut published: Vec<Option<Published>> = vec![None; messages.len()];
         let mut pending: Vec<usize> = (0..messages.len()).collect();
         let mut retried = false;
+        let mut least_acked: Option<u32> = None;
         loop {
             let shards = pending
                 .iter()
                 .map(|&i| self.route(&routing, key(i)))
                 .collect::<Result<Vec<_>, _>>()?;
-            let ids = self
+            let (ids, acked) = self
                 .send(&routing, &pending, &shards, |i, shard_key| {
                     self.xadd(shard_key, key(i), &messages[i].fields())
                 })
                 .await?;
+            least_acked = match (least_acked, acked) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let mut missing = Vec::new();
             for ((&i, &shard), id) in pending.iter().zip(&shards).zip(ids) {
                 match id {
@@ -343,7 +357,7 @@ impl Publisher {
             routing = self.refresh(Some(Instant::now())).await?;
             pending = missing.into_iter().map(|(i, _)| i).collect();
         }
-        Ok(published.into_iter().flatten().collect())
+        self.replicated(published.into_iter().flatten().collect(), least_acked)
     }
 
     fn check_size(&self, size: usize, index: Option<usize>) -> Result<(), PublishError> {
@@ -398,17 +412,29 @@ impl Publisher {
             let shard = self.route(&routing, partition_key)?;
             let stream_key = &routing.shard_keys[shard as usize];
             let mut conn = self.inner.conn.clone();
-            let id: Option<String> = self
-                .xadd(stream_key, partition_key, fields)
-                .query_async(&mut conn)
-                .await?;
+            let xadd = self.xadd(stream_key, partition_key, fields);
+            let refused = |error| self.refused(error, stream_key);
+            let (id, acked): (Option<String>, Option<u32>) = match self.inner.options.replica_wait()
+            {
+                None => (xadd.query_async(&mut conn).await.map_err(refused)?, None),
+                Some(wait) => {
+                    let mut pipe = Pipeline::with_capacity(2);
+                    pipe.add_command(xadd).add_command(wait.cmd());
+                    let (id, acked): (Option<String>, u32) =
+                        pipe.query_async(&mut conn).await.map_err(refused)?;
+                    (id, Some(acked))
+                }
+            };
             match id {
                 Some(entry_id) => {
-                    return Ok(Published {
+                    let published = Published {
                         stream_key: stream_key.clone(),
                         entry_id,
                         shard,
-                    });
+                    };
+                    return self
+                        .replicated(vec![published], acked)
+                        .map(|mut p| p.remove(0));
                 }
                 None if !retried => {
                     retried = true;
@@ -427,15 +453,18 @@ impl Publisher {
         pending: &[usize],
         shards: &[u32],
         xadd: impl Fn(usize, &str) -> Cmd,
-    ) -> Result<Vec<Option<String>>, PublishError> {
+    ) -> Result<(Vec<Option<String>>, Option<u32>), PublishError> {
         let conn = &self.inner.conn;
+        let wait = self.inner.options.replica_wait();
         if !conn.is_cluster() {
-            let mut pipe = Pipeline::with_capacity(pending.len());
+            let mut pipe = Pipeline::with_capacity(pending.len() + 1);
             for (&i, &shard) in pending.iter().zip(shards) {
                 pipe.add_command(xadd(i, &routing.shard_keys[shard as usize]));
             }
             let mut conn = conn.clone();
-            return Ok(pipe.query_async(&mut conn).await?);
+            return query_waiting(pipe, wait, &mut conn)
+                .await
+                .map_err(|e| self.refused(e, &self.keys_of(routing, shards)));
         }
         // Cluster: one pipeline per shard (one slot each), all in flight at once.
         let mut by_shard: BTreeMap<u32, (Pipeline, Vec<usize>)> = BTreeMap::new();
@@ -446,22 +475,89 @@ impl Publisher {
             pipe.add_command(xadd(i, &routing.shard_keys[shard as usize]));
             positions.push(position);
         }
-        let replies = try_join_all(by_shard.into_values().map(|(pipe, positions)| {
+        // A WAIT in a shard's pipeline runs on that shard's node: redis-rs routes a cluster
+        // pipeline by its first keyed command (the XADD), and WAIT has no key.
+        let replies = try_join_all(by_shard.into_iter().map(|(shard, (pipe, positions))| {
             let mut conn = conn.clone();
             async move {
-                let ids: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
-                Ok::<_, redis::RedisError>((positions, ids))
+                let (ids, acked) = query_waiting(pipe, wait, &mut conn)
+                    .await
+                    .map_err(|e| self.refused(e, &routing.shard_keys[shard as usize]))?;
+                Ok::<_, PublishError>((positions, ids, acked))
             }
         }))
         .await?;
         let mut ids = vec![None; pending.len()];
-        for (positions, shard_ids) in replies {
+        let mut least: Option<u32> = None;
+        for (positions, shard_ids, acked) in replies {
             for (position, id) in positions.into_iter().zip(shard_ids) {
                 ids[position] = id;
             }
+            least = match (least, acked) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
-        Ok(ids)
+        Ok((ids, least))
     }
+
+    /// A failed `XADD` (and `WAIT`) on `key`: [`PublishError::NoPermission`] when the ACL
+    /// refused it, else [`PublishError::Redis`].
+    fn refused(&self, error: redis::RedisError, key: &str) -> PublishError {
+        let pattern = &crate::acl::producer_key_patterns(self.inner.keys.prefix())[0];
+        PublishError::from_redis(error, "XADD", key, pattern)
+    }
+
+    /// The distinct shard stream keys of `shards`, comma-separated, for an error.
+    fn keys_of(&self, routing: &Routing, shards: &[u32]) -> String {
+        let distinct: std::collections::BTreeSet<u32> = shards.iter().copied().collect();
+        distinct
+            .into_iter()
+            .map(|s| routing.shard_keys[s as usize].as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `published` when no `WAIT` was sent (`acked` is `None`) or enough replicas acknowledged;
+    /// else [`PublishError::NotReplicated`] carrying them.
+    fn replicated(
+        &self,
+        published: Vec<Published>,
+        acked: Option<u32>,
+    ) -> Result<Vec<Published>, PublishError> {
+        match (self.inner.options.replica_wait(), acked) {
+            (Some(wait), Some(acked)) if wait.short(acked) => Err(PublishError::NotReplicated {
+                published,
+                acked,
+                wanted: wait.replicas,
+                timeout: wait.timeout,
+            }),
+            _ => Ok(published),
+        }
+    }
+}
+
+/// Sends the `XADD`s of `pipe`, followed by `WAIT` when `wait` is set; returns their ids
+/// (`None`: no stream) and the replicas `WAIT` counted.
+async fn query_waiting(
+    mut pipe: Pipeline,
+    wait: Option<crate::replication::ReplicaWait>,
+    conn: &mut RedisConnection,
+) -> redis::RedisResult<(Vec<Option<String>>, Option<u32>)> {
+    let Some(wait) = wait else {
+        return Ok((pipe.query_async(conn).await?, None));
+    };
+    pipe.add_command(wait.cmd());
+    let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+    let acked = replies
+        .pop()
+        .as_ref()
+        .and_then(crate::replication::ReplicaWait::acked);
+    let ids = replies
+        .into_iter()
+        .map(redis::from_redis_value::<Option<String>>)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((ids, Some(acked.unwrap_or(0))))
 }
 
 /// One message's fields after `key`: `payload <json>`, then each header as `h:<name> <value>`

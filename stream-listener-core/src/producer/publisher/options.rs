@@ -39,6 +39,14 @@ pub struct PublisherOptions {
     /// Admin retirement of a drained shard waits at least this long after the scale-in
     /// (docs/design.md §10), so it must not exceed the admin's routing lease. Must be positive.
     pub routing_lease: Duration,
+    /// Replicas that must acknowledge each publish (`[redis] min_replica_acks`, default 0: off).
+    /// With `n > 0` every `XADD` (or pipelined batch of them) is followed, in the same pipeline,
+    /// by `WAIT n <replica_ack_timeout>`; fewer replicas within the timeout is
+    /// [`PublishError::NotReplicated`] (the entries *were* written). README "Waiting for replicas".
+    pub min_replica_acks: u32,
+    /// How long each `WAIT` lasts at most (`[redis] replica_ack_timeout`, default 1 s). The wait
+    /// holds the connection it is sent on: other commands on it queue behind it.
+    pub replica_ack_timeout: Duration,
 }
 
 impl Default for PublisherOptions {
@@ -48,11 +56,18 @@ impl Default for PublisherOptions {
             maxlen: None,
             refresh_interval: DEFAULT_REFRESH_INTERVAL,
             routing_lease: DEFAULT_ROUTING_LEASE,
+            min_replica_acks: 0,
+            replica_ack_timeout: Duration::from_secs(1),
         }
     }
 }
 
 impl PublisherOptions {
+    /// The `WAIT` after each publish, `None` when `min_replica_acks` is 0.
+    pub(crate) fn replica_wait(&self) -> Option<crate::replication::ReplicaWait> {
+        crate::replication::ReplicaWait::new(self.min_replica_acks, self.replica_ack_timeout)
+    }
+
     pub(super) fn validate(&self) -> Result<(), PublishError> {
         let invalid = |detail: String| Err(PublishError::InvalidOptions { detail });
         if self.max_payload_bytes == 0 {
@@ -64,6 +79,12 @@ impl PublisherOptions {
         if self.routing_lease.is_zero() {
             return invalid(
                 "routing_lease is 0: routing would always be expired; use a positive lease (default 30 s)"
+                    .into(),
+            );
+        }
+        if self.min_replica_acks > 0 && self.replica_ack_timeout.is_zero() {
+            return invalid(
+                "replica_ack_timeout is 0 with min_replica_acks > 0: WAIT with 0 would block forever; use a positive timeout (default 1 s)"
                     .into(),
             );
         }

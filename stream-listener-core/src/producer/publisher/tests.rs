@@ -49,6 +49,11 @@ fn options_that_cannot_work_are_refused() {
             refresh_interval: Duration::from_secs(30),
             ..Default::default()
         },
+        PublisherOptions {
+            min_replica_acks: 1,
+            replica_ack_timeout: Duration::ZERO,
+            ..Default::default()
+        },
     ];
     for options in bad {
         let err = options.validate().unwrap_err();

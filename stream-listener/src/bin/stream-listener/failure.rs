@@ -1,10 +1,12 @@
 //! How the tool fails: one line on standard error and an exit code (1 operation failed, 2 usage
 //! error, 3 Redis unreachable), and connecting to Redis with those failures.
 
+use stream_listener::core::internals::acl;
 use stream_listener::core::internals::admin::AdminError;
 use stream_listener::core::internals::connection::RedisFailure;
 use stream_listener::core::internals::connection::{
-    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, SentinelTarget, TlsOptions, tls_advice,
+    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, SentinelTarget, TlsOptions, redact_url,
+    tls_advice,
 };
 use stream_listener::core::internals::report::Chain;
 
@@ -18,12 +20,14 @@ pub(crate) enum Failure {
     Usage(String),
     /// Exit code 3.
     Unreachable(String),
+    /// Exit code 1: Redis refused a command or key for the user's ACL rule.
+    NoPermission(String),
 }
 
 impl Failure {
     pub(crate) fn code(&self) -> u8 {
         match self {
-            Failure::Operation(_) => 1,
+            Failure::Operation(_) | Failure::NoPermission(_) => 1,
             Failure::Usage(_) => 2,
             Failure::Unreachable(_) => 3,
         }
@@ -31,15 +35,47 @@ impl Failure {
 
     pub(crate) fn message(&self) -> &str {
         match self {
-            Failure::Operation(m) | Failure::Usage(m) | Failure::Unreachable(m) => m,
+            Failure::Operation(m)
+            | Failure::Usage(m)
+            | Failure::Unreachable(m)
+            | Failure::NoPermission(m) => m,
         }
     }
+
+    /// The message, and for a refused permission on stream `prefix` the key patterns the admin
+    /// tool's ACL rule needs for it (Redis's `NOPERM` names a command, never the key).
+    pub(crate) fn message_for(&self, prefix: Option<&str>) -> String {
+        match (self, prefix) {
+            (Failure::NoPermission(m), Some(prefix)) => format!(
+                "{m}; for stream {prefix} the admin tool's rule needs the key patterns {} and the commands of README \"ACL users\"",
+                acl::admin_key_patterns(prefix).join(" ")
+            ),
+            _ => self.message().to_owned(),
+        }
+    }
+}
+
+/// The stream prefix the subcommand names (its `<PREFIX>` argument), if any.
+pub(crate) fn prefix_of(matches: &clap::ArgMatches) -> Option<String> {
+    let mut current = matches;
+    while let Some((_, sub)) = current.subcommand() {
+        current = sub;
+    }
+    current
+        .try_get_one::<String>("prefix")
+        .ok()
+        .flatten()
+        .cloned()
 }
 
 impl From<AdminError> for Failure {
     fn from(err: AdminError) -> Self {
         let text = one_line(&Chain(&err).to_string());
-        if err.is_redis_unreachable() {
+        if err.is_no_permission() {
+            Failure::NoPermission(format!(
+                "{text}; the Redis user lacks this permission: add it to the user's ACL rule (`ACL LOG` on the server names the refused command or key)"
+            ))
+        } else if err.is_redis_unreachable() {
             Failure::Unreachable(format!(
                 "lost the connection to Redis: {text}; check that Redis is up, then retry"
             ))
@@ -51,16 +87,6 @@ impl From<AdminError> for Failure {
 
 pub(crate) fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// `redis://user:secret@host` → `redis://***@host`: never print a password.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// The TLS flags (`--tls-ca-file`, `--tls-cert-file`, `--tls-key-file`, `--tls-insecure`), checked
@@ -88,7 +114,7 @@ fn tls_options(cli: &Cli, urls: &[&str]) -> Result<TlsOptions, Failure> {
     {
         return Err(Failure::Usage(format!(
             "the --tls-* flags need rediss:// URLs, but {} is plain redis://; write it as rediss://host:port",
-            redact(plain)
+            redact_url(plain)
         )));
     }
     if tls.insecure {
@@ -115,7 +141,7 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
         }
         let mut target = SentinelTarget::new(cli.sentinels.clone(), master.clone());
         target.master_auth = Some(cli.redis_url.clone());
-        let shown: Vec<String> = cli.sentinels.iter().map(|n| redact(n)).collect();
+        let shown: Vec<String> = cli.sentinels.iter().map(|n| redact_url(n)).collect();
         (
             RedisTarget::sentinel(target),
             format!("sentinel master {master} via {}", shown.join(", ")),
@@ -123,10 +149,10 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
     } else if cli.cluster_nodes.is_empty() {
         (
             RedisTarget::standalone(cli.redis_url.clone()),
-            redact(&cli.redis_url),
+            redact_url(&cli.redis_url),
         )
     } else {
-        let shown: Vec<String> = cli.cluster_nodes.iter().map(|n| redact(n)).collect();
+        let shown: Vec<String> = cli.cluster_nodes.iter().map(|n| redact_url(n)).collect();
         (
             RedisTarget::cluster(cli.cluster_nodes.clone()),
             format!("cluster {}", shown.join(", ")),
@@ -171,18 +197,4 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
                 Failure::Operation(format!("cannot connect to Redis at {shown}: {text}"))
             }
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn passwords_are_never_printed() {
-        assert_eq!(
-            redact("redis://u:secret@host:6379/0"),
-            "redis://***@host:6379/0"
-        );
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-    }
 }

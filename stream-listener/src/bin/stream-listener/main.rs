@@ -35,7 +35,7 @@ use text::{
 /// their consumer groups; lists, replays and purges their dead letters.
 ///
 /// Exit codes: 0 success, 1 operation failed, 2 usage error, 3 Redis unreachable.
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(name = "stream-listener", version, propagate_version = true)]
 struct Cli {
     /// Redis URL of a standalone server: redis://[user:password@]host:port[/db], or rediss://
@@ -99,6 +99,26 @@ struct Cli {
 
     #[command(subcommand)]
     command: Command,
+}
+
+// By hand: the URLs may hold a password, and Debug must not print it.
+impl std::fmt::Debug for Cli {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use stream_listener::core::internals::connection::redact_url;
+        f.debug_struct("Cli")
+            .field("redis_url", &redact_url(&self.redis_url))
+            .field(
+                "cluster_nodes",
+                &self
+                    .cluster_nodes
+                    .iter()
+                    .map(|n| redact_url(n))
+                    .collect::<Vec<_>>(),
+            )
+            .field("json", &self.json)
+            .field("command", &self.command)
+            .finish()
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -316,7 +336,12 @@ fn parse_positive_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let prefix = failure::prefix_of(&matches);
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(err) => err.exit(),
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -333,7 +358,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(failure) => {
-            eprintln!("error: {}", failure.message());
+            eprintln!("error: {}", failure.message_for(prefix.as_deref()));
             ExitCode::from(failure.code())
         }
     }
@@ -499,6 +524,23 @@ mod tests {
     #[test]
     fn the_command_line_parses() {
         Cli::command_for_tests().debug_assert();
+    }
+
+    #[test]
+    fn debug_of_the_command_line_hides_passwords() {
+        let cli = Cli::parse_from([
+            "stream-listener",
+            "--redis-url",
+            "redis://u:s3cret-pw@127.0.0.1:6379",
+            "--cluster-node",
+            "redis://u:s3cret-pw@127.0.0.1:7000",
+            "stream",
+            "list",
+        ]);
+        let shown = format!("{cli:?}");
+        assert!(!shown.contains("s3cret-pw"), "{shown}");
+        assert!(shown.contains("redis://u:***@127.0.0.1:6379"), "{shown}");
+        assert!(shown.contains("redis://u:***@127.0.0.1:7000"), "{shown}");
     }
 
     impl Cli {
