@@ -114,6 +114,9 @@ pub struct Report {
     pub intervals: Vec<Interval>,
     /// What broke a guarantee, one sentence each.
     pub violations: Vec<String>,
+    /// Messages without an ok handled line that were allowed to be lost: only from
+    /// [`check_allowing_unreplicated_loss`], those of its `may_be_lost`.
+    pub lost_unreplicated: usize,
 }
 
 impl Report {
@@ -185,13 +188,27 @@ impl Report {
 
 /// Runs every check on the logs of all consumer processes of one run.
 pub fn check(logs: &[ProcessLog], expected: Expected, stops: &[Stop]) -> Report {
-    check_messages_and_reads(logs, expected, stops, true)
+    check_messages_and_reads(logs, expected, stops, true, &BTreeSet::new())
+}
+
+/// As [`check`], except that the messages in `may_be_lost` may have no ok handled line: in a
+/// failover test, the messages that no replica had acknowledged (`WAIT`, `workload produce
+/// --wait-replicas`) when their master was killed, which asynchronous replication may lose. Each
+/// of them that is lost is counted in [`Report::lost_unreplicated`] instead of being a violation;
+/// every other message, per-key order and reads are judged as by [`check`].
+pub fn check_allowing_unreplicated_loss(
+    logs: &[ProcessLog],
+    expected: Expected,
+    stops: &[Stop],
+    may_be_lost: &BTreeSet<(String, u64)>,
+) -> Report {
+    check_messages_and_reads(logs, expected, stops, true, may_be_lost)
 }
 
 /// As [`check`] without (b), per-key order: for consumers run with `ordering = "none"`
 /// (docs/design.md §14.3), which promises no order. (a) and (c) are judged as by [`check`].
 pub fn check_without_key_order(logs: &[ProcessLog], expected: Expected, stops: &[Stop]) -> Report {
-    check_messages_and_reads(logs, expected, stops, false)
+    check_messages_and_reads(logs, expected, stops, false, &BTreeSet::new())
 }
 
 fn check_messages_and_reads(
@@ -199,6 +216,7 @@ fn check_messages_and_reads(
     expected: Expected,
     stops: &[Stop],
     key_order: bool,
+    may_be_lost: &BTreeSet<(String, u64)>,
 ) -> Report {
     let mut report = Report {
         processes: logs.len(),
@@ -212,13 +230,19 @@ fn check_messages_and_reads(
             ));
         }
     }
-    check_messages(logs, expected, key_order, &mut report);
+    check_messages(logs, expected, key_order, may_be_lost, &mut report);
     check_reads(logs, stops, &mut report);
     report
 }
 
 /// (a) no loss and (b) per-key order of first handling.
-fn check_messages(logs: &[ProcessLog], expected: Expected, key_order: bool, report: &mut Report) {
+fn check_messages(
+    logs: &[ProcessLog],
+    expected: Expected,
+    key_order: bool,
+    may_be_lost: &BTreeSet<(String, u64)>,
+    report: &mut Report,
+) {
     // (key, seq) -> (first start, ok lines)
     let mut seen: HashMap<(String, u64), (u64, usize)> = HashMap::new();
     for log in logs {
@@ -248,6 +272,7 @@ fn check_messages(logs: &[ProcessLog], expected: Expected, key_order: bool, repo
                 report.handled_ok += 1;
                 report.duplicates += ok - 1;
             }
+            _ if may_be_lost.contains(message) => report.lost_unreplicated += 1,
             _ => missing.push(message),
         }
     }
