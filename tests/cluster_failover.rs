@@ -1,0 +1,496 @@
+//! Redis Cluster failover under load, with real processes (issue 21, "Redis Cluster with
+//! replicas"): a local cluster of 3 masters and 3 replicas (`RedisCluster::builder().replicas(1)`,
+//! `cluster-node-timeout` 1.5 s), three `workload consume` processes of two members each and a
+//! `workload produce` at 600 messages/s, all through `--cluster-node`. Mid-run the master that
+//! holds the group's coordination keys (`sl:{orders:billing}:*`, and the shard streams of its
+//! slots) is failed over:
+//!
+//! - gracefully, with `CLUSTER FAILOVER` on its replica: nothing may be lost;
+//! - by `kill -9`: the cluster promotes its replica after `cluster-node-timeout`. Replication is
+//!   asynchronous, so the entries the old master acknowledged but had not yet sent to its replica
+//!   are gone. The producer runs with `--wait-replicas 1 --wait-timeout-ms 50` (`WAIT 1 50`
+//!   after each batch of 32): a message whose batch's `WAIT` returned at least 1 was on the
+//!   replica, and must not be lost; the others may be (`check_allowing_unreplicated_loss`), and
+//!   how many were is reported. The killed node is restarted once the replica is promoted and
+//!   rejoins as its replica.
+//!
+//! Each run is judged by the fault checker (`stream_listener::testing::workload::check`): no
+//! loss (as above), per-key order of first handling, no shard read by two members at once (lost
+//! fences or coordination writes must end in the correction round, not in two owners), and
+//! nothing pending once every message is handled. Figures (printed; `--nocapture`): time from the
+//! fault until the cluster is ready again and until each shard of the failed master is read
+//! again, messages lost, duplicates.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::testing::RedisCluster;
+use stream_listener::testing::workload::{
+    self as checker, Expected, LogLine, Workload, first_read_since, now_us, poll_until,
+};
+use support::faults::{
+    SHARDS, block_on, consumer, handled_ok, save_logs, serial, strings, wait_settled,
+    workload_binary,
+};
+use support::{GROUP, STREAM};
+
+const KEYS: u64 = 40;
+const COUNT: u64 = 3000;
+const RATE: u64 = 600;
+const EXPECTED: Expected = Expected {
+    keys: KEYS,
+    count: COUNT,
+};
+/// `cluster-node-timeout`: a master unreachable this long is failed and its replica promoted.
+const NODE_TIMEOUT: Duration = Duration::from_millis(1500);
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// A 3-master, 3-replica cluster with the suite's stream.
+fn start_cluster() -> RedisCluster {
+    let cluster = RedisCluster::builder()
+        .masters(3)
+        .replicas(1)
+        .node_timeout(NODE_TIMEOUT)
+        .start()
+        .expect("a cluster of 3 masters and 3 replicas");
+    let target = RedisTarget::cluster(cluster.urls());
+    block_on(async {
+        let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
+            .await
+            .expect("connect to the cluster");
+        admin::create_stream(&mut conn, STREAM, SHARDS)
+            .await
+            .expect("create the stream");
+    });
+    cluster
+}
+
+/// `--cluster-node <url>` for every node.
+fn cluster_args(cluster: &RedisCluster) -> Vec<String> {
+    cluster
+        .urls()
+        .into_iter()
+        .flat_map(|url| ["--cluster-node".to_owned(), url])
+        .collect()
+}
+
+fn start_consumers(cluster: &RedisCluster) -> Vec<Workload> {
+    let mut extra = cluster_args(cluster);
+    extra.extend(strings(&["--handler-ms", "2"]));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let url = cluster.urls()[0].clone();
+    let consumers: Vec<Workload> = (0..3)
+        .map(|i| consumer(&format!("consumer-{i}"), &url, 2, &extra))
+        .collect();
+    wait_settled(
+        &consumers.iter().collect::<Vec<_>>(),
+        Duration::from_secs(30),
+        Duration::from_millis(800),
+    );
+    consumers
+}
+
+/// `workload produce` at `RATE`/s with `WAIT 1 50` after each batch of 32.
+fn start_producer(cluster: &RedisCluster) -> Workload {
+    let mut args = strings(&[
+        "produce",
+        "--stream",
+        STREAM,
+        "--keys",
+        &KEYS.to_string(),
+        "--count",
+        &COUNT.to_string(),
+        "--rate",
+        &RATE.to_string(),
+        "--shards",
+        &SHARDS.to_string(),
+        "--batch",
+        "32",
+        "--wait-replicas",
+        "1",
+        "--wait-timeout-ms",
+        "50",
+    ]);
+    args.extend(cluster_args(cluster));
+    Workload::spawn(workload_binary(), "producer", &cluster.urls()[0], &args)
+}
+
+/// The master serving the group's coordination keys (`sl:{orders:billing}:group` and its
+/// companions share the slot of `{orders:billing}`, docs/design.md §2.2).
+fn coordination_master(cluster: &RedisCluster) -> usize {
+    cluster
+        .master_of_key(&format!("{{{STREAM}:{GROUP}}}"))
+        .expect("the group's slot has a master")
+}
+
+/// The shards whose stream is on node `master`.
+fn shards_on(cluster: &RedisCluster, master: usize) -> BTreeSet<u32> {
+    (0..SHARDS)
+        .filter(|shard| {
+            cluster.master_of_key(&format!("{{{STREAM}:{shard}}}")).ok() == Some(master)
+        })
+        .collect()
+}
+
+/// A set of produced messages, `(key, seq)`.
+type Messages = BTreeSet<(String, u64)>;
+
+/// Messages (key, seq) whose batch's `WAIT` returned at least one replica, and the others, from
+/// the producer's `replicated` lines. Message `n` is `key-<n mod K>`, seq `n div K`.
+fn replication_of(producer: &Workload) -> (Messages, Messages) {
+    let mut acked = BTreeSet::new();
+    for line in producer.raw_lines() {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if value["event"] != "replicated" || value["acks"].as_i64().unwrap_or(-1) < 1 {
+            continue;
+        }
+        let (first, end) = (value["first"].as_u64(), value["end"].as_u64());
+        if let (Some(first), Some(end)) = (first, end) {
+            acked.extend(first..end);
+        }
+    }
+    let message = |n: u64| (Expected::key(n % KEYS), n / KEYS);
+    let (yes, no): (Vec<u64>, Vec<u64>) = (0..COUNT).partition(|n| acked.contains(n));
+    (
+        yes.into_iter().map(message).collect(),
+        no.into_iter().map(message).collect(),
+    )
+}
+
+/// The producer's `WAIT` replies batch after batch, run-length encoded: `1x40 -1x3 0x20 ...`
+/// (`-1`: `WAIT` failed).
+fn wait_replies(producer: &Workload) -> String {
+    let mut runs: Vec<(i64, usize)> = Vec::new();
+    for line in producer.raw_lines() {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if value["event"] != "replicated" {
+            continue;
+        }
+        let acks = value["acks"].as_i64().unwrap_or(-1);
+        match runs.last_mut() {
+            Some((last, n)) if *last == acks => *n += 1,
+            _ => runs.push((acks, 1)),
+        }
+    }
+    runs.iter()
+        .map(|(acks, n)| format!("{acks}x{n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Entries pending in the group per shard (`XPENDING <shard> <group>` through the cluster).
+fn pending_per_shard(cluster: &RedisCluster) -> Result<Vec<u64>, String> {
+    let mut conn = cluster
+        .client()
+        .get_connection()
+        .map_err(|e| e.to_string())?;
+    (0..SHARDS)
+        .map(|shard| {
+            let summary: redis::Value = redis::cmd("XPENDING")
+                .arg(format!("{{{STREAM}:{shard}}}"))
+                .arg(GROUP)
+                .query(&mut conn)
+                .map_err(|e| e.to_string())?;
+            match summary {
+                redis::Value::Array(items) => match items.first() {
+                    Some(redis::Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
+                    other => Err(format!("unexpected XPENDING summary {other:?}")),
+                },
+                other => Err(format!("unexpected XPENDING reply {other:?}")),
+            }
+        })
+        .collect()
+}
+
+/// For each shard, the time from `fault_us` until its first read at or after
+/// `since_us` (when the test saw the new master serve), in ms: an upper bound on how long the
+/// shard went unread. Panics naming the shard when one is not read within 30 s.
+fn read_again(consumers: &[Workload], fault_us: u64, since_us: u64) -> BTreeMap<u32, f64> {
+    let all: Vec<&Workload> = consumers.iter().collect();
+    (0..SHARDS)
+        .map(|shard| {
+            let read = poll_until(Duration::from_secs(30), || {
+                first_read_since(&all, shard, since_us).is_some()
+            });
+            if !read {
+                let saved = save_logs("cluster-unread", &all);
+                panic!(
+                    "shard {shard} was never read after the failover (logs in {saved}); stderr: {}",
+                    stderr_of(consumers)
+                );
+            }
+            let (at, _) = first_read_since(&all, shard, since_us).unwrap();
+            (shard, ms(at - fault_us))
+        })
+        .collect()
+}
+
+/// For each shard, the longest time from an entry's append (the milliseconds of its stream id,
+/// the master's clock: the same host) to the end of its first ok handler call, over the entries
+/// appended in `[from_us, to_us]`, in ms: how long the shard's new entries waited around a fault.
+/// (Read gaps would also count the time the producer could not append.)
+fn longest_waits(consumers: &[Workload], from_us: u64, to_us: u64) -> BTreeMap<u32, f64> {
+    let mut first_done: BTreeMap<(u32, String), u64> = BTreeMap::new();
+    for line in consumers.iter().flat_map(Workload::lines) {
+        if let LogLine::Handled(h) = line
+            && h.ok
+        {
+            let done = first_done
+                .entry((h.call.shard, h.call.entry_id))
+                .or_insert(u64::MAX);
+            *done = (*done).min(h.end_us);
+        }
+    }
+    let mut waits: BTreeMap<u32, f64> = BTreeMap::new();
+    for ((shard, id), done) in first_done {
+        let Some(appended_us) = id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map(|ms| ms * 1000)
+        else {
+            continue;
+        };
+        if (from_us..=to_us).contains(&appended_us) {
+            let wait = waits.entry(shard).or_insert(0.0);
+            *wait = wait.max(ms(done.saturating_sub(appended_us)));
+        }
+    }
+    waits
+}
+
+fn stderr_of(procs: &[Workload]) -> String {
+    procs
+        .iter()
+        .map(|p| format!("{}: {}", p.name, p.stderr_text()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits for the producer, then until every message that can be handled is (all but those in
+/// `may_be_lost` that no consumer handled), and nothing is pending; then shuts the consumers down.
+fn finish(
+    cluster: &RedisCluster,
+    producer: &mut Workload,
+    consumers: &mut [Workload],
+    may_be_lost: &BTreeSet<(String, u64)>,
+) {
+    let status = producer.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the producer did not finish (status {status:?}); stderr:\n{}",
+        producer.stderr_text()
+    );
+    // Lost messages never come: wait for the rest, then a quiet second for stragglers.
+    let must = COUNT as usize - may_be_lost.len();
+    let started = Instant::now();
+    let mut last = (0, Instant::now());
+    let all = poll_until(Duration::from_secs(40), || {
+        let done = handled_ok(&consumers.iter().collect::<Vec<_>>());
+        if done != last.0 {
+            last = (done, Instant::now());
+        }
+        done == COUNT as usize || (done >= must && last.1.elapsed() >= Duration::from_secs(2))
+    });
+    if !all {
+        let saved = save_logs("cluster-unfinished", &consumers.iter().collect::<Vec<_>>());
+        panic!(
+            "not every message was handled within {:?} (logs in {saved}): {}; stderr:\n{}",
+            started.elapsed(),
+            checker::check_allowing_unreplicated_loss(&logs(consumers), EXPECTED, &[], may_be_lost)
+                .summary(),
+            stderr_of(consumers)
+        );
+    }
+    let mut pending = Vec::new();
+    let drained = poll_until(Duration::from_secs(15), || {
+        pending = pending_per_shard(cluster).unwrap_or_default();
+        pending.len() == SHARDS as usize && pending.iter().all(|&n| n == 0)
+    });
+    if !drained {
+        let saved = save_logs("cluster-pending", &consumers.iter().collect::<Vec<_>>());
+        panic!(
+            "entries stay pending after every message was handled (per shard {pending:?}; logs in \
+             {saved}): read but never acked"
+        );
+    }
+    for consumer in consumers.iter_mut() {
+        consumer.terminate(Duration::from_secs(20));
+    }
+}
+
+fn logs(consumers: &[Workload]) -> Vec<checker::ProcessLog> {
+    consumers.iter().map(Workload::log).collect()
+}
+
+fn assert_clean(report: &checker::Report, scenario: &str, consumers: &[Workload]) {
+    if !report.ok() {
+        let saved = save_logs(scenario, &consumers.iter().collect::<Vec<_>>());
+        eprintln!("{scenario}: logs saved in {saved}");
+    }
+    report.assert_ok();
+}
+
+/// `CLUSTER FAILOVER` on the replica of the master holding the group's coordination keys, under
+/// load: the replica catches up before it takes over (the master pauses its clients meanwhile),
+/// so nothing is lost, no shard has two readers, and every shard of that master is read again.
+#[test]
+fn a_graceful_cluster_failover_under_load_loses_nothing() {
+    let _serial = serial();
+    let cluster = start_cluster();
+    let mut consumers = start_consumers(&cluster);
+    let mut producer = start_producer(&cluster);
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let master = coordination_master(&cluster);
+    let replica = cluster
+        .replica_of(master)
+        .unwrap()
+        .expect("the master has a replica");
+    let moved = shards_on(&cluster, master);
+    let fault_us = now_us();
+    cluster.failover(replica).expect("CLUSTER FAILOVER");
+    let ready_us = now_us();
+    assert_eq!(coordination_master(&cluster), replica);
+    let read_again_ms = read_again(&consumers, fault_us, ready_us);
+    let ready_ms = ms(ready_us - fault_us);
+
+    finish(&cluster, &mut producer, &mut consumers, &BTreeSet::new());
+    let report = checker::check(&logs(&consumers), EXPECTED, &[]);
+    let (acked, unacked) = replication_of(&producer);
+    eprintln!(
+        "CLUSTER FAILOVER: {}; failed over and ready after {ready_ms:.0} ms; every shard read \
+         again after (ms) {read_again_ms:?} (shards {moved:?} were on the old master); messages \
+         whose WAIT 1 returned >= 1: {}, the others: {}; WAIT replies per batch: {}",
+        report.summary(),
+        acked.len(),
+        unacked.len(),
+        wait_replies(&producer)
+    );
+    assert_clean(&report, "cluster-failover", &consumers);
+    assert_eq!(report.handled_ok, COUNT as usize);
+    let slowest = read_again_ms.values().copied().fold(0.0, f64::max);
+    assert!(
+        slowest < 10_000.0,
+        "a shard waited {slowest} ms to be read again after the failover: {read_again_ms:?}"
+    );
+}
+
+/// `kill -9` of the master holding the group's coordination keys, under load: the cluster
+/// promotes its replica after `cluster-node-timeout`; the members reconnect by themselves and
+/// read every shard again; no message a replica had acknowledged is lost (those it had not may
+/// be: counted and reported); no shard has two readers. The heartbeats fail until the promotion
+/// (about 3 s, longer than the 1.5 s lease), so every member stops reading meanwhile (fail
+/// closed) and goes on with the same shards.
+#[test]
+fn kill_9_of_the_coordination_master_under_load_promotes_its_replica_and_loses_no_replicated_entry()
+{
+    kill_9_run("coordination", coordination_master, None);
+}
+
+/// `kill -9` of a master that holds shard streams but not the group's coordination keys: only
+/// its shards wait for the promotion; the entries of the shards on the other masters are handled
+/// on (none waits as long as the lease from its append to its handling); the same guarantees as
+/// above.
+#[test]
+fn kill_9_of_a_shard_master_under_load_stops_only_its_shards() {
+    let lease = Duration::from_millis(support::faults::LEASE_MS);
+    kill_9_run(
+        "shards",
+        |cluster| {
+            let coordination = coordination_master(cluster);
+            (0..SHARDS)
+                .filter_map(|shard| cluster.master_of_key(&format!("{{{STREAM}:{shard}}}")).ok())
+                .find(|&m| m != coordination)
+                .expect("a master with shards and without the group's keys")
+        },
+        Some(lease),
+    );
+}
+
+/// The `kill -9` scenario on the master `victim` picks; with `others_gap`, the shards on the
+/// other masters must not go unread longer than that.
+fn kill_9_run(label: &str, victim: impl Fn(&RedisCluster) -> usize, others_gap: Option<Duration>) {
+    let _serial = serial();
+    let mut cluster = start_cluster();
+    let mut consumers = start_consumers(&cluster);
+    let mut producer = start_producer(&cluster);
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let master = victim(&cluster);
+    let replica = cluster
+        .replica_of(master)
+        .unwrap()
+        .expect("the master has a replica");
+    let moved = shards_on(&cluster, master);
+    let fault_us = now_us();
+    cluster.kill_node(master).unwrap();
+    cluster
+        .wait_until_promoted(replica)
+        .expect("the cluster promotes the replica");
+    let promoted_us = now_us();
+    let promoted_ms = ms(promoted_us - fault_us);
+    for shard in &moved {
+        let key = format!("{{{STREAM}:{shard}}}");
+        assert_eq!(cluster.master_of_key(&key).unwrap(), replica, "{key}");
+    }
+    // The killed node comes back as the new master's replica, so WAIT can be satisfied again.
+    cluster.restart_node(master).unwrap();
+    cluster.wait_until_ready().expect("the old master rejoins");
+    assert_eq!(cluster.replica_of(replica).unwrap(), Some(master));
+    let read_again_ms = read_again(&consumers, fault_us, promoted_us);
+
+    let status = producer.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{}",
+        producer.stderr_text()
+    );
+    let (acked, unacked) = replication_of(&producer);
+    finish(&cluster, &mut producer, &mut consumers, &unacked);
+    let waits = longest_waits(&consumers, fault_us - 1_000_000, fault_us + 15_000_000);
+    let report =
+        checker::check_allowing_unreplicated_loss(&logs(&consumers), EXPECTED, &[], &unacked);
+    eprintln!(
+        "kill -9 of a master ({label}): {}; replica promoted after {promoted_ms:.0} ms \
+         (cluster-node-timeout {NODE_TIMEOUT:?}); every shard read again after (ms) \
+         {read_again_ms:?}, longest wait from append to handled per shard (ms) {waits:?} (shards {moved:?} were \
+         on the killed master); messages whose WAIT 1 returned >= 1: {} (lost: 0, asserted), \
+         the others: {} (lost: {}); WAIT replies per batch: {}; producer: {}",
+        report.summary(),
+        acked.len(),
+        unacked.len(),
+        report.lost_unreplicated,
+        wait_replies(&producer),
+        producer.raw_lines().last().cloned().unwrap_or_default()
+    );
+    assert_clean(&report, &format!("cluster-kill9-{label}"), &consumers);
+    let slowest = read_again_ms.values().copied().fold(0.0, f64::max);
+    assert!(
+        slowest < 20_000.0,
+        "a shard waited {slowest} ms to be read again after the kill: {read_again_ms:?}"
+    );
+    if let Some(limit) = others_gap {
+        let limit_ms = limit.as_secs_f64() * 1000.0;
+        let stalled: BTreeMap<&u32, &f64> = waits
+            .iter()
+            .filter(|(shard, wait)| !moved.contains(shard) && **wait >= limit_ms)
+            .collect();
+        assert!(
+            stalled.is_empty(),
+            "entries of shards on the masters that kept running waited {stalled:?} ms to be \
+             handled (limit {limit_ms} ms)"
+        );
+    }
+}
