@@ -110,13 +110,19 @@ fn cluster_args(cluster: &RedisCluster) -> Vec<String> {
         .collect()
 }
 
+/// A `workload consume` process of two members on the cluster, with a 2 ms handler and `extra`.
+fn cluster_consumer(cluster: &RedisCluster, name: &str, extra: &[&str]) -> Workload {
+    let mut args = cluster_args(cluster);
+    args.extend(strings(&["--handler-ms", "2"]));
+    args.extend(strings(extra));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    consumer(name, &cluster.urls()[0], 2, &args)
+}
+
+/// Three consumer processes, settled (every shard owned, nothing moving for 0.8 s).
 fn start_consumers(cluster: &RedisCluster) -> Vec<Workload> {
-    let mut extra = cluster_args(cluster);
-    extra.extend(strings(&["--handler-ms", "2"]));
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let url = cluster.urls()[0].clone();
     let consumers: Vec<Workload> = (0..3)
-        .map(|i| consumer(&format!("consumer-{i}"), &url, 2, &extra))
+        .map(|i| cluster_consumer(cluster, &format!("consumer-{i}"), &[]))
         .collect();
     wait_settled(
         &consumers.iter().collect::<Vec<_>>(),
@@ -437,14 +443,14 @@ fn a_graceful_cluster_failover_under_load_loses_nothing() {
 
 /// `kill -9` of the master holding the group's coordination keys, under load: the cluster
 /// promotes its replica after `cluster-node-timeout`; the members reconnect by themselves and
-/// read every shard again; no message a replica had acknowledged is lost (those it had not may
-/// be: counted and reported); no shard has two readers. The heartbeats fail until the promotion
+/// read every shard again; every message the promoted replica holds is handled (those it lacks
+/// may be lost: counted and reported); no shard has two readers. The heartbeats fail until the promotion
 /// (about 3 s, longer than the 1.5 s lease), so every member stops reading meanwhile (fail
 /// closed) and goes on with the same shards.
 #[test]
 fn kill_9_of_the_coordination_master_under_load_promotes_its_replica_and_loses_no_replicated_entry()
 {
-    kill_9_run("coordination", coordination_master, None);
+    kill_9_scenario("coordination", coordination_master, None, None);
 }
 
 /// `kill -9` of a master that holds shard streams but not the group's coordination keys: only
@@ -454,7 +460,7 @@ fn kill_9_of_the_coordination_master_under_load_promotes_its_replica_and_loses_n
 #[test]
 fn kill_9_of_a_shard_master_under_load_stops_only_its_shards() {
     let lease = Duration::from_millis(support::faults::LEASE_MS);
-    kill_9_run(
+    kill_9_scenario(
         "shards",
         |cluster| {
             let coordination = coordination_master(cluster);
@@ -464,6 +470,7 @@ fn kill_9_of_a_shard_master_under_load_stops_only_its_shards() {
                 .expect("a master with shards and without the group's keys")
         },
         Some(lease),
+        None,
     );
 }
 
@@ -472,11 +479,11 @@ fn kill_9_of_a_shard_master_under_load_stops_only_its_shards() {
 /// its replication connection closed by the master (`CLIENT KILL TYPE replica`), right after a
 /// fourth consumer process joined. Every write of those 1.2 s (the rebalance in the group's
 /// metadata, leases, fence raises, reads and acks of the master's shards, appends) never
-/// reaches it, and is lost when it is promoted. Replica-acknowledged messages are still not lost,
-/// the others may be (counted), and lost coordination writes must not give a shard two readers.
+/// reaches it, and is lost when it is promoted. Every message the promoted replica holds is still
+/// handled, the others may be lost (counted), and lost coordination writes must not give a shard
+/// two readers.
 #[test]
 fn kill_9_of_the_coordination_master_with_a_lagging_replica_loses_only_unreplicated_writes() {
-    let _serial = serial();
     kill_9_scenario(
         "lagging-replica",
         coordination_master,
@@ -594,21 +601,17 @@ fn cut_replication_link(cluster: &RedisCluster, master: usize) {
     assert_eq!(killed, 1, "the master had one replica connection");
 }
 
-/// The `kill -9` scenario on the master `victim` picks; with `others_gap`, the shards on the
-/// other masters must not go unread longer than that.
-fn kill_9_run(label: &str, victim: impl Fn(&RedisCluster) -> usize, others_gap: Option<Duration>) {
-    let _serial = serial();
-    kill_9_scenario(label, victim, others_gap, None);
-}
-
-/// `kill_9_run`, and with `lag` the replica is frozen for that long before the kill (and
-/// continued right after it).
+/// The `kill -9` scenario on the master `victim` picks. With `others_gap`, no entry of a shard on
+/// another master may wait that long from its append to its handling. With `lag`, a fourth
+/// process joins and the replica is cut off for that long before the kill (frozen, its
+/// replication connection closed), and continued right after it.
 fn kill_9_scenario(
     label: &str,
     victim: impl Fn(&RedisCluster) -> usize,
     others_gap: Option<Duration>,
     lag: Option<Duration>,
 ) {
+    let _serial = serial();
     let mut cluster = start_cluster();
     let mut consumers = start_consumers(&cluster);
     let mut producer = start_producer(&cluster);
@@ -628,10 +631,7 @@ fn kill_9_scenario(
         // A fourth process joins; once its members have joined, the replica is cut off, so
         // the rebalance that follows (its coordination writes, and the fence raises on this
         // master's shards) is lost with the master.
-        let mut extra = cluster_args(&cluster);
-        extra.extend(strings(&["--handler-ms", "2", "--log-starts"]));
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        consumers.push(consumer("consumer-3", &cluster.urls()[0], 2, &extra));
+        consumers.push(cluster_consumer(&cluster, "consumer-3", &["--log-starts"]));
         let joined = poll_until(Duration::from_secs(20), || {
             consumers[3]
                 .lines()

@@ -203,6 +203,14 @@ fn a_cluster_with_replicas_fails_over_gracefully_and_after_a_kill() {
     assert_eq!(info["cluster_size"], "3");
     assert_eq!(info["cluster_known_nodes"], "6");
 
+    // CLUSTER FAILOVER goes to a replica; a master refuses it.
+    let refused = cluster.failover(masters[0]).unwrap_err();
+    assert!(
+        matches!(&refused, HarnessError::UnexpectedReply { index, command, reply }
+            if *index == masters[0] && command == "CLUSTER FAILOVER" && reply.contains("replica")),
+        "{refused:?}"
+    );
+
     let client = cluster.client();
     let mut con = client.get_connection().unwrap();
     con.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -246,8 +246,9 @@ impl RedisCluster {
     /// Waits (at most the builder's `ready_timeout`) until every node answers `CLUSTER INFO`
     /// with `cluster_state:ok`, `cluster_slots_assigned:16384`, `cluster_slots_ok:16384`,
     /// `cluster_known_nodes` equal to the number of nodes and `cluster_size` equal to the number
-    /// of masters; and, with replicas, until every master has its `replicas` replicas
-    /// (`CLUSTER NODES`) and every replica reports `master_link_status:up` (`INFO
+    /// of masters; and, with replicas, until as many nodes as there are masters say
+    /// `role:master`, every other node says `role:slave` with `master_link_status:up`, and each
+    /// master's `connected_slaves` counts the replicas that follow it (each node's own `INFO
     /// replication`), so that a write can be replicated.
     ///
     /// # Errors
@@ -255,12 +256,11 @@ impl RedisCluster {
     /// [`HarnessError::ClusterNotReady`] with the last mismatch seen.
     pub fn wait_until_ready(&self) -> Result<(), HarnessError> {
         let all: Vec<usize> = (0..self.nodes.len()).collect();
+        let masters = self.nodes.len() / (1 + self.replicas);
         self.wait_for("ready", || {
             self.slots_served(&all)
-                .or_else(|| self.size_is(self.nodes.len() / (1 + self.replicas)))
-                .or_else(|| {
-                    self.replicas_linked(&all, Some(self.nodes.len() / (1 + self.replicas)))
-                })
+                .or_else(|| self.size_is(masters))
+                .or_else(|| self.replicas_linked(&all, Some(masters)))
         })
     }
 
@@ -269,10 +269,12 @@ impl RedisCluster {
     /// # Errors
     ///
     /// [`HarnessError::NoSuchNode`]; [`HarnessError::Io`] when the node does not answer (killed,
-    /// paused) within 500 ms.
+    /// paused) within 500 ms; [`HarnessError::UnexpectedReply`] for a reply without `role`.
     pub fn is_master(&self, index: usize) -> Result<bool, HarnessError> {
-        let info = self.text(index, &["INFO", "replication"])?;
-        Ok(probe::info_field(&info, "role") == Some("master"))
+        Ok(matches!(
+            self.replication(index)?,
+            Replication::Master { .. }
+        ))
     }
 
     /// The node serving hash slot `slot` (0..16384) now, by index: the running master whose own
@@ -344,18 +346,26 @@ impl RedisCluster {
     ///
     /// # Errors
     ///
-    /// [`HarnessError::NoSuchNode`]; [`HarnessError::ClusterNotReady`] when the node refuses
-    /// (`-ERR You should send CLUSTER FAILOVER to a replica`) or is not a master, with every
-    /// node ready, within the builder's `ready_timeout`.
+    /// [`HarnessError::NoSuchNode`]; [`HarnessError::UnexpectedReply`] when the node refuses
+    /// (`-ERR You should send CLUSTER FAILOVER to a replica`); [`HarnessError::Io`] when it does
+    /// not answer; [`HarnessError::ClusterNotReady`] when it is not a master, with every node
+    /// ready, within the builder's `ready_timeout`.
     pub fn failover(&self, replica: usize) -> Result<(), HarnessError> {
         let port = self.get(replica)?.port();
         match probe::command(port, &["CLUSTER", "FAILOVER"], PROBE_TIMEOUT) {
             Ok(Reply::Simple(_)) => {}
-            other => {
-                return Err(HarnessError::ClusterNotReady {
-                    waited: Duration::ZERO,
-                    detail: format!("node {replica}: CLUSTER FAILOVER gave {other:?}"),
+            Ok(other) => {
+                return Err(HarnessError::UnexpectedReply {
+                    index: replica,
+                    command: "CLUSTER FAILOVER".into(),
+                    reply: format!("{other:?}"),
                 });
+            }
+            Err(e) => {
+                return Err(HarnessError::io(
+                    format!("node {replica}: CLUSTER FAILOVER failed"),
+                    e,
+                ));
             }
         }
         self.wait_for("failed over", || {
@@ -498,10 +508,11 @@ impl RedisCluster {
                     .unwrap_or(0),
                 link_up: field("master_link_status") == Some("up"),
             }),
-            other => Err(HarnessError::io(
-                format!("node {index}: INFO replication gave role {other:?}"),
-                std::io::Error::other("unexpected reply"),
-            )),
+            other => Err(HarnessError::UnexpectedReply {
+                index,
+                command: "INFO replication".into(),
+                reply: format!("role {other:?}"),
+            }),
         }
     }
 
@@ -515,10 +526,11 @@ impl RedisCluster {
         let port = self.get(index)?.port();
         match probe::command(port, args, PROBE_TIMEOUT) {
             Ok(Reply::Bulk(Some(text))) => Ok(text),
-            Ok(other) => Err(HarnessError::io(
-                format!("node {index}: {} gave {other:?}", args.join(" ")),
-                std::io::Error::other("unexpected reply"),
-            )),
+            Ok(other) => Err(HarnessError::UnexpectedReply {
+                index,
+                command: args.join(" "),
+                reply: format!("{other:?}"),
+            }),
             Err(e) => Err(HarnessError::io(
                 format!("node {index}: {} failed", args.join(" ")),
                 e,
@@ -532,11 +544,10 @@ impl RedisCluster {
         text.lines()
             .filter_map(NodeLine::parse)
             .find(|n| n.flags.iter().any(|f| f == "myself"))
-            .ok_or_else(|| {
-                HarnessError::io(
-                    format!("node {index}: CLUSTER NODES has no `myself` line"),
-                    std::io::Error::other("unexpected reply"),
-                )
+            .ok_or_else(|| HarnessError::UnexpectedReply {
+                index,
+                command: "CLUSTER NODES".into(),
+                reply: "no `myself` line".into(),
             })
     }
 
