@@ -40,8 +40,7 @@ use stream_listener::testing::workload::{
     self as checker, Expected, LogLine, Workload, first_read_since, now_us, poll_until,
 };
 use support::faults::{
-    SHARDS, block_on, consumer, handled_ok, save_logs, serial, strings, wait_settled,
-    workload_binary,
+    SHARDS, block_on, handled_ok, save_logs, serial, strings, wait_settled, workload_binary,
 };
 use support::{GROUP, STREAM};
 
@@ -110,19 +109,68 @@ fn cluster_args(cluster: &RedisCluster) -> Vec<String> {
         .collect()
 }
 
-/// A `workload consume` process of two members on the cluster, with a 2 ms handler and `extra`.
-fn cluster_consumer(cluster: &RedisCluster, name: &str, extra: &[&str]) -> Workload {
-    let mut args = cluster_args(cluster);
-    args.extend(strings(&["--handler-ms", "2"]));
+/// Member timings of a consumer process: heartbeat, lease, rebalance timeout (ms).
+#[derive(Debug, Clone, Copy)]
+struct Timings {
+    heartbeat_ms: u64,
+    lease_ms: u64,
+    rebalance_ms: u64,
+}
+
+/// The suite's timings (`tests/support/faults.rs`): 200 ms, 1.5 s, 3 s.
+const SUITE: Timings = Timings {
+    heartbeat_ms: support::faults::HEARTBEAT_MS,
+    lease_ms: support::faults::LEASE_MS,
+    rebalance_ms: support::faults::REBALANCE_MS,
+};
+
+/// A `workload consume` process of two members on the cluster, as `support::faults::consumer`
+/// starts one but with `timings`, a 2 ms handler and `extra`.
+fn cluster_consumer(
+    cluster: &RedisCluster,
+    name: &str,
+    timings: Timings,
+    extra: &[&str],
+) -> Workload {
+    let mut args = strings(&[
+        "consume",
+        "--stream",
+        STREAM,
+        "--group",
+        GROUP,
+        "--heartbeat-ms",
+        &timings.heartbeat_ms.to_string(),
+        "--lease-ms",
+        &timings.lease_ms.to_string(),
+        "--rebalance-ms",
+        &timings.rebalance_ms.to_string(),
+        "--concurrency",
+        "2",
+        "--batch-size",
+        "16",
+        "--block-ms",
+        "500",
+        "--backoff-ms",
+        "20",
+        "--handler-timeout-ms",
+        "2000",
+        "--shutdown-timeout-ms",
+        "3000",
+        "--shards",
+        &SHARDS.to_string(),
+        "--exit-on-stdin-close",
+        "--handler-ms",
+        "2",
+    ]);
+    args.extend(cluster_args(cluster));
     args.extend(strings(extra));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    consumer(name, &cluster.urls()[0], 2, &args)
+    Workload::spawn(workload_binary(), name, &cluster.urls()[0], &args)
 }
 
 /// Three consumer processes, settled (every shard owned, nothing moving for 0.8 s).
-fn start_consumers(cluster: &RedisCluster) -> Vec<Workload> {
+fn start_consumers(cluster: &RedisCluster, timings: Timings) -> Vec<Workload> {
     let consumers: Vec<Workload> = (0..3)
-        .map(|i| cluster_consumer(cluster, &format!("consumer-{i}"), &[]))
+        .map(|i| cluster_consumer(cluster, &format!("consumer-{i}"), timings, &[]))
         .collect();
     wait_settled(
         &consumers.iter().collect::<Vec<_>>(),
@@ -387,7 +435,7 @@ fn assert_clean(report: &checker::Report, scenario: &str, consumers: &[Workload]
 fn a_graceful_cluster_failover_under_load_loses_nothing() {
     let _serial = serial();
     let cluster = start_cluster();
-    let mut consumers = start_consumers(&cluster);
+    let mut consumers = start_consumers(&cluster, SUITE);
     let mut producer = start_producer(&cluster);
     std::thread::sleep(Duration::from_millis(1500));
 
@@ -450,7 +498,13 @@ fn a_graceful_cluster_failover_under_load_loses_nothing() {
 #[test]
 fn kill_9_of_the_coordination_master_under_load_promotes_its_replica_and_loses_no_replicated_entry()
 {
-    kill_9_scenario("coordination", coordination_master, None, None);
+    kill_9(Kill9 {
+        label: "coordination",
+        victim: coordination_master,
+        timings: SUITE,
+        others_gap: None,
+        lag: None,
+    });
 }
 
 /// `kill -9` of a master that holds shard streams but not the group's coordination keys: only
@@ -459,19 +513,38 @@ fn kill_9_of_the_coordination_master_under_load_promotes_its_replica_and_loses_n
 /// above.
 #[test]
 fn kill_9_of_a_shard_master_under_load_stops_only_its_shards() {
-    let lease = Duration::from_millis(support::faults::LEASE_MS);
-    kill_9_scenario(
-        "shards",
-        |cluster| {
+    kill_9(Kill9 {
+        label: "shards",
+        victim: |cluster| {
             let coordination = coordination_master(cluster);
             (0..SHARDS)
                 .filter_map(|shard| cluster.master_of_key(&format!("{{{STREAM}:{shard}}}")).ok())
                 .find(|&m| m != coordination)
                 .expect("a master with shards and without the group's keys")
         },
-        Some(lease),
-        None,
-    );
+        timings: SUITE,
+        others_gap: Some(Duration::from_millis(SUITE.lease_ms)),
+        lag: None,
+    });
+}
+
+/// `kill -9` of the coordination master with members whose lease outlasts the promotion
+/// (heartbeat 300 ms, lease 8 s, so 6.4 s after the lease margin, against about 3 s until the
+/// promotion): the heartbeats fail meanwhile, but no member stops, so the shards on the other
+/// masters are read on (no entry there waits 1.5 s from its append to its handling).
+#[test]
+fn kill_9_of_the_coordination_master_within_the_lease_stops_only_its_shards() {
+    kill_9(Kill9 {
+        label: "within-lease",
+        victim: coordination_master,
+        timings: Timings {
+            heartbeat_ms: 300,
+            lease_ms: 8000,
+            rebalance_ms: 8000,
+        },
+        others_gap: Some(Duration::from_millis(1500)),
+        lag: None,
+    });
 }
 
 /// As the coordination master's `kill -9`, with the replica cut off for the 1.2 s before the
@@ -484,12 +557,13 @@ fn kill_9_of_a_shard_master_under_load_stops_only_its_shards() {
 /// two readers.
 #[test]
 fn kill_9_of_the_coordination_master_with_a_lagging_replica_loses_only_unreplicated_writes() {
-    kill_9_scenario(
-        "lagging-replica",
-        coordination_master,
-        None,
-        Some(Duration::from_millis(1200)),
-    );
+    kill_9(Kill9 {
+        label: "lagging-replica",
+        victim: coordination_master,
+        timings: SUITE,
+        others_gap: None,
+        lag: Some(Duration::from_millis(1200)),
+    });
 }
 
 /// Entries of `shards` that were handled (so the old master had them) and appended before
@@ -601,19 +675,33 @@ fn cut_replication_link(cluster: &RedisCluster, master: usize) {
     assert_eq!(killed, 1, "the master had one replica connection");
 }
 
-/// The `kill -9` scenario on the master `victim` picks. With `others_gap`, no entry of a shard on
-/// another master may wait that long from its append to its handling. With `lag`, a fourth
-/// process joins and the replica is cut off for that long before the kill (frozen, its
-/// replication connection closed), and continued right after it.
-fn kill_9_scenario(
-    label: &str,
-    victim: impl Fn(&RedisCluster) -> usize,
+/// One `kill -9` run ([`kill_9`]).
+struct Kill9 {
+    /// Names the run in the figures and the saved logs.
+    label: &'static str,
+    /// Picks the master to kill.
+    victim: fn(&RedisCluster) -> usize,
+    /// The consumers' timings.
+    timings: Timings,
+    /// No entry of a shard on another master may wait this long from its append to its handling.
     others_gap: Option<Duration>,
+    /// A fourth process joins, then the replica is cut off (frozen, its replication connection
+    /// closed) for this long before the kill, and continued right after it.
     lag: Option<Duration>,
-) {
+}
+
+/// The `kill -9` scenario `run`.
+fn kill_9(run: Kill9) {
+    let Kill9 {
+        label,
+        victim,
+        timings,
+        others_gap,
+        lag,
+    } = run;
     let _serial = serial();
     let mut cluster = start_cluster();
-    let mut consumers = start_consumers(&cluster);
+    let mut consumers = start_consumers(&cluster, timings);
     let mut producer = start_producer(&cluster);
     std::thread::sleep(Duration::from_millis(1500));
 
@@ -631,7 +719,12 @@ fn kill_9_scenario(
         // A fourth process joins; once its members have joined, the replica is cut off, so
         // the rebalance that follows (its coordination writes, and the fence raises on this
         // master's shards) is lost with the master.
-        consumers.push(cluster_consumer(&cluster, "consumer-3", &["--log-starts"]));
+        consumers.push(cluster_consumer(
+            &cluster,
+            "consumer-3",
+            timings,
+            &["--log-starts"],
+        ));
         let joined = poll_until(Duration::from_secs(20), || {
             consumers[3]
                 .lines()
