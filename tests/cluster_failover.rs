@@ -37,10 +37,11 @@ use stream_listener::core::internals::admin;
 use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::testing::RedisCluster;
 use stream_listener::testing::workload::{
-    self as checker, Expected, LogLine, Workload, first_read_since, now_us, poll_until,
+    self as checker, Expected, LogLine, Workload, first_read_since, handled_messages, now_us,
+    poll_until,
 };
 use support::faults::{
-    SHARDS, block_on, handled_ok, save_logs, serial, strings, wait_settled, workload_binary,
+    SHARDS, block_on, save_logs, serial, strings, wait_settled, workload_binary,
 };
 use support::{GROUP, STREAM};
 
@@ -364,8 +365,8 @@ fn stderr_of(procs: &[Workload]) -> String {
         .join("\n")
 }
 
-/// Waits for the producer, then until every message that can be handled is (all but those in
-/// `may_be_lost` that no consumer handled), and nothing is pending; then shuts the consumers down.
+/// Waits for the producer, then until every message outside `may_be_lost` is handled and nothing
+/// is pending; then shuts the consumers down.
 fn finish(
     cluster: &RedisCluster,
     producer: &mut Workload,
@@ -378,16 +379,14 @@ fn finish(
         "the producer did not finish (status {status:?}); stderr:\n{}",
         producer.stderr_text()
     );
-    // Lost messages never come: wait for the rest, then a quiet second for stragglers.
-    let must = COUNT as usize - may_be_lost.len();
+    // The messages Redis no longer holds may never come; every other one must.
     let started = Instant::now();
-    let mut last = (0, Instant::now());
     let all = poll_until(Duration::from_secs(40), || {
-        let done = handled_ok(&consumers.iter().collect::<Vec<_>>());
-        if done != last.0 {
-            last = (done, Instant::now());
-        }
-        done == COUNT as usize || (done >= must && last.1.elapsed() >= Duration::from_secs(2))
+        handled_messages(&consumers.iter().collect::<Vec<_>>())
+            .iter()
+            .filter(|m| !may_be_lost.contains(*m))
+            .count()
+            == COUNT as usize - may_be_lost.len()
     });
     if !all {
         let saved = save_logs("cluster-unfinished", &consumers.iter().collect::<Vec<_>>());
