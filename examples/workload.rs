@@ -23,12 +23,13 @@
 //! `--retry-for-ms` passes without progress: messages may then be appended twice, never lost.
 //! It prints one JSON line at the end: `{"event":"produced","stream":..,"keys":K,"count":N,
 //! "retries":r,"elapsedUs":µs}`. With `--wait-replicas W` it sends `WAIT W T` after each batch
-//! (`--wait-timeout-ms`, default 100; on a cluster redis-rs sends it to every master and returns
-//! the least count) on the connection that appended the batch, so the reply counts the replicas
-//! that have every entry this process appended so far, and prints one line per batch before the
-//! summary: `{"event":"replicated","first":n0,"end":n1,"acks":a,"tsUs":µs}` for messages
-//! `n0..n1` (`acks` -1 when `WAIT` failed, e.g. a master was down). Tests of a failover read it to
-//! tell the entries a replica had acknowledged from those async replication may lose.
+//! (`--wait-timeout-ms`, default 100) on the connection that appended the batch, and prints one
+//! line per batch before the summary: `{"event":"replicated","first":n0,"end":n1,"acks":a,
+//! "tsUs":µs}` for messages `n0..n1` (`acks` -1 when `WAIT` failed). On a standalone server the
+//! reply counts the replicas that have every entry this process appended so far. On a cluster
+//! redis-rs sends it to every master it has a connection to and returns the least count: a master
+//! that has just died is skipped, so right after a failover a 1 does not prove that a replica
+//! had the batch (docs/design.md §15.5).
 //!
 //! **consume** runs a listener with `concurrency` members and writes one JSON line to stdout per
 //! handler call, assignment change, fenced read that returned entries, and fence rejection; with

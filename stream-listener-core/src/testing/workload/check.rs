@@ -192,10 +192,10 @@ pub fn check(logs: &[ProcessLog], expected: Expected, stops: &[Stop]) -> Report 
 }
 
 /// As [`check`], except that the messages in `may_be_lost` may have no ok handled line: in a
-/// failover test, the messages that no replica had acknowledged (`WAIT`, `workload produce
-/// --wait-replicas`) when their master was killed, which asynchronous replication may lose. Each
-/// of them that is lost is counted in [`Report::lost_unreplicated`] instead of being a violation;
-/// every other message, per-key order and reads are judged as by [`check`].
+/// failover test, the messages the promoted replica never received (no shard stream holds them
+/// after the failover; the dead master had acknowledged them), which asynchronous replication
+/// loses. Each of them that is lost is counted in [`Report::lost_unreplicated`] instead of being
+/// a violation; every other message, per-key order and reads are judged as by [`check`].
 pub fn check_allowing_unreplicated_loss(
     logs: &[ProcessLog],
     expected: Expected,
