@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! workload [--redis-url URL | --cluster-node URL... | --sentinel URL... --sentinel-master NAME]
-//!          produce --stream S --keys K --count N [--rate R]
+//!          produce --stream S --keys K --count N [--rate R] [--wait-replicas W [--wait-timeout-ms T]]
 //! workload [--redis-url URL | --cluster-node URL... | --sentinel URL... --sentinel-master NAME]
 //!          consume --stream S --group G --concurrency C
 //!          [--handler-ms T] [--fail-every F] [--instance-id ID] [--fencing strict|acks]
@@ -24,7 +24,14 @@
 //! unpaced by default). A failed batch is sent again (Redis down or restarting) until
 //! `--retry-for-ms` passes without progress: messages may then be appended twice, never lost.
 //! It prints one JSON line at the end: `{"event":"produced","stream":..,"keys":K,"count":N,
-//! "retries":r,"elapsedUs":µs}`.
+//! "retries":r,"elapsedUs":µs}`. With `--wait-replicas W` it sends `WAIT W T` after each batch
+//! (`--wait-timeout-ms`, default 100) on the connection that appended the batch, and prints one
+//! line per batch before the summary: `{"event":"replicated","first":n0,"end":n1,"acks":a,
+//! "tsUs":µs}` for messages `n0..n1` (`acks` -1 when `WAIT` failed). On a standalone server the
+//! reply counts the replicas that have every entry this process appended so far. On a cluster
+//! redis-rs sends it to every master it has a connection to and returns the least count: a master
+//! that has just died is skipped, so right after a failover a 1 does not prove that a replica
+//! had the batch (docs/design.md §15.5).
 //!
 //! **consume** runs a listener with `concurrency` members and writes one JSON line to stdout per
 //! handler call, assignment change, fenced read that returned entries, and fence rejection; with
@@ -160,6 +167,12 @@ struct ProduceArgs {
     /// Give up when no batch could be sent for this long (ms).
     #[arg(long, default_value_t = 60_000)]
     retry_for_ms: u64,
+    /// After each batch, `WAIT` for this many replicas and log a `replicated` line (0: no WAIT).
+    #[arg(long, default_value_t = 0)]
+    wait_replicas: u32,
+    /// `WAIT`'s timeout (ms).
+    #[arg(long, default_value_t = 100)]
+    wait_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -440,6 +453,8 @@ async fn produce(target: RedisTarget, args: ProduceArgs) -> Result<(), String> {
     }
     let mut conn = connect(&target).await?;
     ensure_stream(&mut conn, &args.stream, args.shards).await?;
+    // A clone shares the publisher's connection, so WAIT counts the replicas of its appends.
+    let mut wait_conn = conn.clone();
     let publisher = Publisher::new(conn, &args.stream, PublisherOptions::default())
         .await
         .map_err(|e| format!("cannot publish to {:?}: {e}", args.stream))?;
@@ -497,6 +512,16 @@ async fn produce(target: RedisTarget, args: ProduceArgs) -> Result<(), String> {
                 }
             }
         }
+        if args.wait_replicas > 0 {
+            let acks = wait_for_replicas(&mut wait_conn, &args).await;
+            emit(&json!({
+                "event": "replicated",
+                "first": sent,
+                "end": end,
+                "acks": acks,
+                "tsUs": now_us(),
+            }));
+        }
         sent = end;
     }
     emit(&json!({
@@ -508,6 +533,17 @@ async fn produce(target: RedisTarget, args: ProduceArgs) -> Result<(), String> {
         "elapsedUs": u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
     }));
     Ok(())
+}
+
+/// `WAIT <wait_replicas> <wait_timeout_ms>` on `conn`: the replicas that acknowledged every
+/// write sent on it so far (on a cluster the least over the masters), -1 when it failed.
+async fn wait_for_replicas(conn: &mut RedisConnection, args: &ProduceArgs) -> i64 {
+    let reply: redis::RedisResult<i64> = redis::cmd("WAIT")
+        .arg(args.wait_replicas)
+        .arg(args.wait_timeout_ms)
+        .query_async(conn)
+        .await;
+    reply.unwrap_or(-1)
 }
 
 fn coordination(args: &ConsumeArgs) -> Result<CoordinatorConfig, String> {

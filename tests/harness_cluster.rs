@@ -173,3 +173,79 @@ fn a_paused_node_times_out_then_answers_after_resume() {
     let info = cluster_info(&cluster, 2);
     assert_eq!(info["cluster_state"], "ok");
 }
+
+/// `masters(3).replicas(1)`: six nodes, three masters each with a linked replica; the key
+/// helpers find a key's master and its replica; `CLUSTER FAILOVER` swaps them with the data; a
+/// `kill -9` of a master makes the cluster promote its replica.
+#[test]
+fn a_cluster_with_replicas_fails_over_gracefully_and_after_a_kill() {
+    let mut cluster = RedisCluster::builder()
+        .masters(3)
+        .replicas(1)
+        .node_timeout(Duration::from_millis(1000))
+        .start()
+        .unwrap();
+    assert_eq!(cluster.nodes().len(), 6);
+    let masters: Vec<usize> = (0..6).filter(|&i| cluster.is_master(i).unwrap()).collect();
+    assert_eq!(masters.len(), 3, "{masters:?}");
+    let replicas: BTreeSet<usize> = masters
+        .iter()
+        .map(|&m| {
+            cluster
+                .replica_of(m)
+                .unwrap()
+                .expect("every master has a replica")
+        })
+        .collect();
+    assert_eq!(replicas.len(), 3);
+    assert!(replicas.iter().all(|r| !masters.contains(r)));
+    let info = cluster_info(&cluster, 0);
+    assert_eq!(info["cluster_size"], "3");
+    assert_eq!(info["cluster_known_nodes"], "6");
+
+    // CLUSTER FAILOVER goes to a replica; a master refuses it.
+    let refused = cluster.failover(masters[0]).unwrap_err();
+    assert!(
+        matches!(&refused, HarnessError::UnexpectedReply { index, command, reply }
+            if *index == masters[0] && command == "CLUSTER FAILOVER" && reply.contains("replica")),
+        "{refused:?}"
+    );
+
+    let client = cluster.client();
+    let mut con = client.get_connection().unwrap();
+    con.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    con.set("{orders:0}", "before").unwrap();
+    let old_master = cluster.master_of_key("{orders:0}").unwrap();
+    let replica = cluster.replica_of(old_master).unwrap().unwrap();
+
+    // Graceful: the replica takes over, the old master follows it.
+    cluster.failover(replica).unwrap();
+    assert!(cluster.is_master(replica).unwrap());
+    assert!(!cluster.is_master(old_master).unwrap());
+    assert_eq!(cluster.master_of_key("{orders:0}").unwrap(), replica);
+    assert_eq!(cluster.replica_of(replica).unwrap(), Some(old_master));
+    assert_eq!(con.get("{orders:0}").unwrap().as_deref(), Some("before"));
+    // The write and its WAIT on one connection to the key's master: the write reached the
+    // replica before the kill below. (A keyless WAIT through the cluster client fans out over its
+    // slot map, stale right after the failover, and can reach the demoted node, which refuses it.)
+    let mut node = cluster.nodes()[replica].client().get_connection().unwrap();
+    let () = node.set("{orders:0}", "after failover").unwrap();
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(1000).query(&mut node).unwrap();
+    assert_eq!(acked, 1);
+
+    // kill -9 of the new master: its replica (the old master) is promoted.
+    cluster.kill_node(replica).unwrap();
+    cluster.wait_until_promoted(old_master).unwrap();
+    assert_eq!(cluster.master_of_key("{orders:0}").unwrap(), old_master);
+    assert_eq!(cluster.replica_of(old_master).unwrap(), None);
+    let mut con = client.get_connection().unwrap();
+    con.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(
+        con.get("{orders:0}").unwrap().as_deref(),
+        Some("after failover")
+    );
+    assert!(matches!(
+        cluster.failover(6),
+        Err(HarnessError::NoSuchNode { index: 6, count: 6 })
+    ));
+}

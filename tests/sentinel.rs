@@ -513,7 +513,7 @@ fn kill_master_under_load(lag: Lag) {
         .iter()
         .filter(|m| !on_replica.contains(*m))
         .count();
-    let report = checker::check_allowing_loss(
+    let report = checker::check_allowing_unreplicated_loss(
         &consumers.iter().map(Workload::log).collect::<Vec<_>>(),
         expected,
         &[],
@@ -524,7 +524,7 @@ fn kill_master_under_load(lag: Lag) {
         report.summary(),
         ms(promoted_us - killed_us),
         on_replica.len(),
-        report.allowed_lost,
+        report.lost_unreplicated,
         stable.1,
         producer.raw_lines().join(" ")
     );
@@ -542,7 +542,7 @@ fn kill_master_under_load(lag: Lag) {
             panic!("the group could not be read: {at_kill:?} {on_replica_group:?}");
         };
         assert!(
-            handled_not_replicated + report.allowed_lost > 0,
+            handled_not_replicated + report.lost_unreplicated > 0,
             "the cut replica lacked no entry"
         );
         assert!(

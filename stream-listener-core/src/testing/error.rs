@@ -176,6 +176,19 @@ pub enum HarnessError {
         /// The last mismatch or error seen.
         detail: String,
     },
+
+    /// A cluster node answered a harness command with a reply the harness cannot use: `CLUSTER
+    /// FAILOVER` refused (sent to a master: `-ERR You should send CLUSTER FAILOVER to a
+    /// replica`), or an `INFO replication` / `CLUSTER NODES` reply without the expected fields.
+    #[error("cluster node {index} answered `{command}` with {reply}")]
+    UnexpectedReply {
+        /// The node's index in the cluster.
+        index: usize,
+        /// The command sent.
+        command: String,
+        /// The reply, as the harness read it.
+        reply: String,
+    },
 }
 
 crate::report::readable_debug!(HarnessError);

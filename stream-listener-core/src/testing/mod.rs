@@ -4,8 +4,9 @@
 //! - [`RedisServer`]: one `redis-server` on a free `127.0.0.1` port in its own temporary
 //!   directory, without persistence unless asked for an append-only file
 //!   ([`RedisServerBuilder::aof`]);
-//! - [`RedisCluster`]: a local Redis Cluster of 3 masters (no replicas) for redis-rs's
-//!   `cluster::ClusterClient`;
+//! - [`RedisCluster`]: a local Redis Cluster of 3 masters for redis-rs's
+//!   `cluster::ClusterClient`, with replicas when asked ([`RedisClusterBuilder::replicas`]), and
+//!   its failovers (`CLUSTER FAILOVER`, a promotion after a kill);
 //! - [`RedisSentinel`]: one master, one replica and three sentinels (`redis-server --sentinel`),
 //!   with `kill_master` and `wait_for_failover`;
 //! - fault injection on both: `pause` (`SIGSTOP`), `resume` (`SIGCONT`), `kill` (`SIGKILL`) and

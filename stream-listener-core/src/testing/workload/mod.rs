@@ -13,9 +13,8 @@ mod process;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use check::check_allowing_loss;
-pub use check::check_without_key_order;
 pub use check::{CONT_GRACE_US, Interval, Report, Stop, check};
+pub use check::{check_allowing_unreplicated_loss, check_without_key_order};
 pub use log::HookCall;
 pub use log::{
     Expected, FenceRejected, Handled, HandlerCall, Handling, LogLine, Ownership, ProcessLog, Read,
