@@ -240,6 +240,75 @@ async fn run_with_a_sentinel_config() {
     app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
+/// A TLS-only setup (master, replica and sentinels behind one private CA): `rediss://`
+/// sentinels with the CA file find the master over TLS, and follow a `SENTINEL FAILOVER`; without
+/// the CA the startup fails at once with a TLS error, not a retry until `startup_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_setup_is_found_and_followed_over_tls() {
+    let _serial = support::SERIAL.lock().await;
+    let mut setup = tokio::task::spawn_blocking(|| RedisSentinel::builder().tls().start())
+        .await
+        .unwrap()
+        .expect("the TLS Sentinel setup starts");
+    assert!(
+        setup
+            .sentinel_urls()
+            .iter()
+            .all(|u| u.starts_with("rediss://"))
+    );
+    let ca = setup.tls().expect("a TLS setup").ca_only();
+
+    let started = Instant::now();
+    let error = startup::connect(&target_of(&setup), Some(Duration::from_secs(20)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, StartupError::Tls { .. }),
+        "without the CA: {error:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let target = target_of(&setup).with_tls(ca);
+    let first = setup.master().unwrap().port();
+    let mut conn = connect(&target).await;
+    assert_eq!(master_of(&conn), format!("127.0.0.1:{first}"));
+    let () = redis::cmd("SET")
+        .arg("tls-key")
+        .arg("before")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    setup.failover().unwrap();
+    let second = tokio::task::block_in_place(|| {
+        setup
+            .wait_for_failover(Duration::from_secs(20))
+            .expect("Sentinel fails over")
+    });
+    assert_ne!(second, first);
+    // Writes fail (READONLY, a dropped connection) until the connection has asked the
+    // sentinels again; then they reach the new master, over TLS.
+    let mut written = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !written && Instant::now() < deadline {
+        written = redis::cmd("SET")
+            .arg("tls-key")
+            .arg("after")
+            .query_async::<()>(&mut conn)
+            .await
+            .is_ok()
+            && master_of(&conn) == format!("127.0.0.1:{second}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(written, "still on {}", master_of(&conn));
+    let value: String = redis::cmd("GET")
+        .arg("tls-key")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(value, "after");
+}
+
 /// Startup through sentinels that do not answer retries until `startup_timeout`, then says which
 /// sentinels it asked; a master name no sentinel monitors fails at once, naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -283,6 +283,7 @@ impl Resolver {
     /// # Errors
     /// - every sentinel that answered knows no master of that name: `InvalidClientConfig`
     ///   (retrying cannot fix it);
+    /// - a TLS handshake with a sentinel failed: that error (`RedisFailure::TlsHandshake`);
     /// - none answered: an I/O error naming them (startup retries it).
     async fn ask_sentinels(&self) -> RedisResult<(String, u16)> {
         let mut unknown = false;
@@ -299,6 +300,11 @@ impl Resolver {
             match tokio::time::timeout(DEFAULT_CONNECT_TIMEOUT, answer).await {
                 Ok(Ok(Some(addr))) => return Ok(addr),
                 Ok(Ok(None)) => unknown = true,
+                // A TLS setting is wrong: asking the next sentinel the same way cannot help,
+                // and the error keeps its kind (startup fails at once, with what to check).
+                Ok(Err(error)) if RedisFailure::of(&error) == RedisFailure::TlsHandshake => {
+                    return Err(error);
+                }
                 Ok(Err(error)) => last_error = Some(error.to_string()),
                 Err(_) => last_error = Some("no answer in time".to_owned()),
             }

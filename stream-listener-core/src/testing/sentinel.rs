@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use redis::FromRedisValue;
 
-use super::{HarnessError, RedisServer};
+use super::{HarnessError, RedisServer, TlsAuthClients, TlsMaterial};
 
 /// Timeout of one query the harness sends (connect, write, read).
 const QUERY_TIMEOUT: Duration = Duration::from_millis(500);
@@ -26,6 +26,7 @@ pub struct RedisSentinelBuilder {
     down_after: Duration,
     failover_timeout: Duration,
     ready_timeout: Duration,
+    tls: bool,
 }
 
 impl Default for RedisSentinelBuilder {
@@ -35,6 +36,7 @@ impl Default for RedisSentinelBuilder {
             down_after: Duration::from_millis(1000),
             failover_timeout: Duration::from_millis(5000),
             ready_timeout: Duration::from_secs(30),
+            tls: false,
         }
     }
 }
@@ -67,6 +69,15 @@ impl RedisSentinelBuilder {
         self
     }
 
+    /// Makes all five processes TLS-only with one set of certificates ([`TlsMaterial`], made at
+    /// start, see [`RedisSentinel::tls`]): `--tls-replication yes`, so the replica and the
+    /// sentinels reach the master over TLS, `--tls-auth-clients optional`;
+    /// [`RedisSentinel::sentinel_urls`] are then `rediss://`.
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
     /// Starts a master, a replica of it (`REPLICAOF`) and three sentinels
     /// (`redis-server <dir>/sentinel.conf --sentinel`, each `sentinel monitor <name> 127.0.0.1
     /// <master port> 2`) on free loopback ports, and waits until every sentinel reports the
@@ -77,10 +88,27 @@ impl RedisSentinelBuilder {
     /// As [`super::RedisServerBuilder::start`]; [`HarnessError::Redis`] when `REPLICAOF` fails;
     /// [`HarnessError::SentinelNotReady`] when the setup is not ready in time.
     pub fn start(self) -> Result<RedisSentinel, HarnessError> {
-        let master = RedisServer::start()?;
-        let replica = RedisServer::start()?;
+        let tls = match self.tls {
+            true => {
+                let dir = tempfile::Builder::new()
+                    .prefix("stream-listener-sentinel-tls-")
+                    .tempdir()
+                    .map_err(|e| HarnessError::io("cannot create a temporary directory", e))?;
+                let material = TlsMaterial::generate(dir.path())?;
+                Some((material, dir))
+            }
+            false => None,
+        };
+        let builder = || match &tls {
+            Some((material, _)) => {
+                RedisServer::builder().tls_material(material.clone(), TlsAuthClients::Optional)
+            }
+            None => RedisServer::builder(),
+        };
+        let master = builder().start()?;
+        let replica = builder().start()?;
         query::<()>(
-            replica.port(),
+            &replica,
             redis::cmd("REPLICAOF").arg("127.0.0.1").arg(master.port()),
         )
         .map_err(|e| HarnessError::redis("REPLICAOF on the replica failed", e))?;
@@ -95,13 +123,14 @@ impl RedisSentinelBuilder {
             failover = self.failover_timeout.as_millis(),
         );
         let sentinels = (0..SENTINELS)
-            .map(|_| RedisServer::builder().sentinel(config.clone()).start())
+            .map(|_| builder().sentinel(config.clone()).start())
             .collect::<Result<Vec<_>, _>>()?;
         let setup = RedisSentinel {
             sentinels,
             known_master: master.port(),
             nodes: vec![master, replica],
             master_name: self.master_name,
+            tls,
         };
         setup.wait_ready(self.ready_timeout)?;
         Ok(setup)
@@ -123,6 +152,8 @@ pub struct RedisSentinel {
     master_name: String,
     /// The master's port as of the start or the last [`RedisSentinel::wait_for_failover`].
     known_master: u16,
+    /// The certificates of a TLS setup and the directory holding them (dropped last).
+    tls: Option<(TlsMaterial, tempfile::TempDir)>,
 }
 
 impl RedisSentinel {
@@ -139,7 +170,13 @@ impl RedisSentinel {
         Self::builder().start()
     }
 
-    /// The sentinels' URLs, `redis://127.0.0.1:<port>` (for `[redis] sentinels`).
+    /// The certificates of a TLS setup ([`RedisSentinelBuilder::tls`]), `None` for a plain one.
+    pub fn tls(&self) -> Option<&TlsMaterial> {
+        self.tls.as_ref().map(|(material, _)| material)
+    }
+
+    /// The sentinels' URLs, `redis://127.0.0.1:<port>` (`rediss://` with
+    /// [`RedisSentinelBuilder::tls`]), for `[redis] sentinels`.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(RedisServer::url).collect()
     }
@@ -194,6 +231,26 @@ impl RedisSentinel {
         Ok(port)
     }
 
+    /// A manual failover: `SENTINEL FAILOVER <name>` to the first running sentinel (over TLS for
+    /// a TLS setup). Returns at once; [`wait_for_failover`](Self::wait_for_failover) waits for it.
+    ///
+    /// # Errors
+    /// [`HarnessError::Redis`] when no sentinel accepts it.
+    pub fn failover(&self) -> Result<(), HarnessError> {
+        let sentinel = self
+            .sentinels
+            .iter()
+            .find(|s| s.pid().is_some())
+            .ok_or_else(|| not_ready(Duration::ZERO, "no sentinel runs".into()))?;
+        query::<()>(
+            sentinel,
+            redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(&self.master_name),
+        )
+        .map_err(|e| HarnessError::redis("SENTINEL FAILOVER failed", e))
+    }
+
     /// Waits until every sentinel names a master other than the one known before (at start, or
     /// at the last call), that node answers `ROLE` as master, and the old master, if it still
     /// runs (a manual `SENTINEL FAILOVER`), answers as a replica (Sentinel converts it a moment
@@ -206,7 +263,7 @@ impl RedisSentinel {
         let old = self.known_master;
         loop {
             let detail = match self.all_sentinels_agree() {
-                Ok(port) if port != old && node_is_master(port) && self.demoted(old) => {
+                Ok(port) if port != old && self.node_is_master(port) && self.demoted(old) => {
                     self.known_master = port;
                     return Ok(port);
                 }
@@ -224,7 +281,7 @@ impl RedisSentinel {
     fn demoted(&self, port: u16) -> bool {
         match self.node(port) {
             Some(node) if node.pid().is_some() => matches!(
-                query::<redis::Role>(port, &redis::cmd("ROLE")),
+                self.query_port::<redis::Role>(port, &redis::cmd("ROLE")),
                 Ok(redis::Role::Replica { .. })
             ),
             _ => true,
@@ -238,7 +295,7 @@ impl RedisSentinel {
     fn master_port(&self) -> Result<u16, HarnessError> {
         let mut last = String::from("no sentinel");
         for sentinel in &self.sentinels {
-            match master_addr(sentinel.port(), &self.master_name) {
+            match self.master_addr(sentinel.port(), &self.master_name) {
                 Ok(port) => return Ok(port),
                 Err(e) => last = e,
             }
@@ -251,7 +308,7 @@ impl RedisSentinel {
         let ports = self
             .sentinels
             .iter()
-            .map(|s| master_addr(s.port(), &self.master_name))
+            .map(|s| self.master_addr(s.port(), &self.master_name))
             .collect::<Result<Vec<_>, _>>()?;
         match ports.split_first() {
             Some((first, rest)) if rest.iter().all(|p| p == first) => Ok(*first),
@@ -279,11 +336,12 @@ impl RedisSentinel {
 
     /// Whether the sentinel on `port` sees the master, its replica and the two other sentinels.
     fn sentinel_ready(&self, port: u16) -> Result<(), String> {
-        let master: HashMap<String, String> = query(
-            port,
-            redis::cmd("SENTINEL").arg("MASTER").arg(&self.master_name),
-        )
-        .map_err(|e| format!("SENTINEL MASTER on {port}: {e}"))?;
+        let master: HashMap<String, String> = self
+            .query_port(
+                port,
+                redis::cmd("SENTINEL").arg("MASTER").arg(&self.master_name),
+            )
+            .map_err(|e| format!("SENTINEL MASTER on {port}: {e}"))?;
         let field = |name: &str| master.get(name).map(String::as_str).unwrap_or("");
         let expected_master = self.nodes[0].port().to_string();
         if field("port") != expected_master
@@ -299,13 +357,14 @@ impl RedisSentinel {
                 field("num-other-sentinels")
             ));
         }
-        let replicas: Vec<HashMap<String, String>> = query(
-            port,
-            redis::cmd("SENTINEL")
-                .arg("REPLICAS")
-                .arg(&self.master_name),
-        )
-        .map_err(|e| format!("SENTINEL REPLICAS on {port}: {e}"))?;
+        let replicas: Vec<HashMap<String, String>> = self
+            .query_port(
+                port,
+                redis::cmd("SENTINEL")
+                    .arg("REPLICAS")
+                    .arg(&self.master_name),
+            )
+            .map_err(|e| format!("SENTINEL REPLICAS on {port}: {e}"))?;
         let replica_port = self.nodes[1].port().to_string();
         let seen = replicas.iter().any(|r| {
             r.get("port") == Some(&replica_port)
@@ -319,34 +378,53 @@ impl RedisSentinel {
         }
         Ok(())
     }
+
+    /// The master's port as the sentinel on `port` names it.
+    fn master_addr(&self, port: u16, name: &str) -> Result<u16, String> {
+        let addr: Option<(String, u16)> = self
+            .query_port(
+                port,
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(name),
+            )
+            .map_err(|e| format!("SENTINEL GET-MASTER-ADDR-BY-NAME on {port}: {e}"))?;
+        addr.map(|(_, p)| p)
+            .ok_or_else(|| format!("sentinel {port} knows no master {name:?}"))
+    }
+
+    /// Whether the node on `port` answers `ROLE` as master.
+    fn node_is_master(&self, port: u16) -> bool {
+        matches!(
+            self.query_port::<redis::Role>(port, &redis::cmd("ROLE")),
+            Ok(redis::Role::Primary { .. })
+        )
+    }
+
+    /// The harness's server (sentinel or data node) on `port`.
+    fn server(&self, port: u16) -> Option<&RedisServer> {
+        self.sentinels
+            .iter()
+            .chain(&self.nodes)
+            .find(|n| n.port() == port)
+    }
+
+    /// [`query`] to the server on `port` (its client speaks TLS to a TLS server).
+    fn query_port<T: FromRedisValue>(&self, port: u16, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match self.server(port) {
+            Some(server) => query(server, cmd),
+            None => Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no server of the setup on port {port}"),
+            ))),
+        }
+    }
 }
 
-/// The master's port as the sentinel on `port` names it.
-fn master_addr(port: u16, name: &str) -> Result<u16, String> {
-    let addr: Option<(String, u16)> = query(
-        port,
-        redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(name),
-    )
-    .map_err(|e| format!("SENTINEL GET-MASTER-ADDR-BY-NAME on {port}: {e}"))?;
-    addr.map(|(_, p)| p)
-        .ok_or_else(|| format!("sentinel {port} knows no master {name:?}"))
-}
-
-/// Whether the node on `port` answers `ROLE` as master.
-fn node_is_master(port: u16) -> bool {
-    matches!(
-        query::<redis::Role>(port, &redis::cmd("ROLE")),
-        Ok(redis::Role::Primary { .. })
-    )
-}
-
-/// Sends `cmd` to `127.0.0.1:port` on a fresh connection, every step bounded by
+/// Sends `cmd` to `server` on a fresh connection (TLS to a TLS server), every step bounded by
 /// [`QUERY_TIMEOUT`].
-fn query<T: FromRedisValue>(port: u16, cmd: &redis::Cmd) -> redis::RedisResult<T> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
-    let mut conn = client.get_connection_with_timeout(QUERY_TIMEOUT)?;
+fn query<T: FromRedisValue>(server: &RedisServer, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    let mut conn = server.client().get_connection_with_timeout(QUERY_TIMEOUT)?;
     conn.set_read_timeout(Some(QUERY_TIMEOUT))?;
     conn.set_write_timeout(Some(QUERY_TIMEOUT))?;
     cmd.query(&mut conn)
