@@ -8,7 +8,9 @@
 //! replica that lacks it loses it. On a cluster, redis-rs sends a pipeline to the node of its first
 //! keyed command, so a `WAIT` after an `XADD` or an ack script runs on that command's node.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use redis::{Cmd, Value};
 
@@ -75,6 +77,104 @@ impl ReplicaWait {
     }
 }
 
+/// A member's replica waits after acks (docs/design.md §15.4): at most one ack `WAIT` in flight
+/// per member, and none for a while after one fell short.
+///
+/// Why: `WAIT` blocks the connection it is sent on, and a member's shards share one connection
+/// (with its heartbeats on a standalone server). One `WAIT` per shard's ack would queue in Redis
+/// behind each other when the replica is gone (32 shards × `replica_ack_timeout`), starving the
+/// member's reads and heartbeats. A `WAIT` covers every write sent before it on its connection,
+/// so the acks that go without one are covered by the member's next `WAIT`. After a short
+/// `WAIT` (a replica down or lagging), acks go without `WAIT` for [`AckWaits::pause`]; the first
+/// ack after the pause probes the replicas again. Waiting after acks narrows duplicates after a
+/// failover; it never holds an entry back (the ack is done on the master either way).
+#[derive(Debug, Clone)]
+pub(crate) struct AckWaits {
+    wait: ReplicaWait,
+    state: Arc<AckWaitState>,
+}
+
+#[derive(Debug, Default)]
+struct AckWaitState {
+    in_flight: AtomicBool,
+    paused_until: Mutex<Option<Instant>>,
+}
+
+/// The right to send one ack `WAIT` ([`AckWaits::begin`]); released when dropped.
+#[derive(Debug)]
+pub(crate) struct AckWaitTurn {
+    waits: AckWaits,
+}
+
+impl AckWaits {
+    /// The member's ack waits for `wait`.
+    pub(crate) fn new(wait: ReplicaWait) -> Self {
+        AckWaits {
+            wait,
+            state: Arc::default(),
+        }
+    }
+
+    /// How long acks go without `WAIT` after a short one: four `replica_ack_timeout`s, at least
+    /// 1 s (the connection is then blocked by a `WAIT` at most a fifth of the time).
+    pub(crate) fn pause(&self) -> Duration {
+        (self.wait.timeout * 4).max(Duration::from_secs(1))
+    }
+
+    /// A turn to send a `WAIT` with the next ack, or `None` when another ack's `WAIT` of this
+    /// member is in flight or waits are paused after a short one.
+    pub(crate) fn begin(&self) -> Option<AckWaitTurn> {
+        let paused = self
+            .state
+            .paused_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|until| Instant::now() < until);
+        if paused || self.state.in_flight.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        Some(AckWaitTurn {
+            waits: self.clone(),
+        })
+    }
+}
+
+impl AckWaitTurn {
+    /// `WAIT <replicas> <timeout>`.
+    pub(crate) fn cmd(&self) -> Cmd {
+        self.waits.wait.cmd()
+    }
+
+    /// Reads the `WAIT` reply (`None`: none came back) for `acks` acks: logs a short one and
+    /// pauses the member's ack waits ([`AckWaits::pause`]).
+    pub(crate) fn finish(self, reply: Option<&Value>, acks: usize) {
+        let wait = self.waits.wait;
+        let short = reply
+            .and_then(ReplicaWait::acked)
+            .is_none_or(|acked| wait.short(acked));
+        if short {
+            wait.warn_if_short(reply, acks);
+            let pause = self.waits.pause();
+            *self
+                .waits
+                .state
+                .paused_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + pause);
+            tracing::warn!(
+                ?pause,
+                "acks go without WAIT for this long, then probe the replicas again"
+            );
+        }
+    }
+}
+
+impl Drop for AckWaitTurn {
+    fn drop(&mut self) {
+        self.waits.state.in_flight.store(false, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +195,23 @@ mod tests {
         assert_eq!(ReplicaWait::acked(&Value::Int(1)), Some(1));
         assert_eq!(ReplicaWait::acked(&Value::Nil), None);
         assert!(wait.short(1) && !wait.short(2));
+    }
+
+    #[test]
+    fn one_ack_wait_in_flight_per_member_and_none_after_a_short_one() {
+        let waits = AckWaits::new(ReplicaWait::new(1, Duration::from_millis(100)).unwrap());
+        assert_eq!(waits.pause(), Duration::from_secs(1));
+        let turn = waits.begin().expect("the first turn");
+        assert!(waits.clone().begin().is_none(), "one in flight per member");
+        turn.finish(Some(&Value::Int(1)), 3);
+        let turn = waits
+            .begin()
+            .expect("released, and not paused: the replica acked");
+        turn.finish(Some(&Value::Int(0)), 3);
+        assert!(waits.begin().is_none(), "paused after a short WAIT");
+        *waits.state.paused_until.lock().unwrap() = Some(Instant::now());
+        let turn = waits.begin().expect("the pause is over: probe again");
+        drop(turn);
+        assert!(waits.begin().is_some(), "a dropped turn is released");
     }
 }

@@ -85,7 +85,7 @@ pub(crate) async fn read_round(
     consumer: &str,
     count: usize,
     parts: Vec<RoundPart>,
-    wait: Option<crate::replication::ReplicaWait>,
+    wait: Option<&crate::replication::AckWaits>,
 ) -> redis::RedisResult<Vec<PartReply>> {
     let mut pipe = redis::pipe();
     let mut read = redis::cmd("XREADGROUP");
@@ -126,13 +126,15 @@ pub(crate) async fn read_round(
     }
     pipe.add_command(read).ignore_errors();
     // The acks' WAIT last (`min_replica_acks`): it covers the ack script before it.
-    let wait = wait.filter(|_| acking > 0);
-    if let Some(wait) = wait {
-        pipe.add_command(wait.cmd());
+    let turn = wait
+        .filter(|_| acking > 0)
+        .and_then(crate::replication::AckWaits::begin);
+    if let Some(turn) = &turn {
+        pipe.add_command(turn.cmd());
     }
     let mut replies: Vec<Value> = pipe.query_async(conn).await?;
-    if let Some(wait) = wait {
-        wait.warn_if_short(replies.pop().as_ref(), acking);
+    if let Some(turn) = turn {
+        turn.finish(replies.pop().as_ref(), acking);
     }
     let read_reply = replies.pop();
     let mut acks = split_acks(replies.pop(), acking);

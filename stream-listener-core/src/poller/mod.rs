@@ -70,6 +70,9 @@ pub(crate) struct ShardTaskContext {
     /// may span all the member's shard keys there); `None` otherwise (strict reads are fenced
     /// scripts, one shard each; cluster keys of different slots cannot share a command).
     rounds: Option<Arc<ReadRounds>>,
+    /// The member's replica waits after acks (`min_replica_acks`), shared by its shards: one
+    /// `WAIT` in flight at a time (docs/design.md §15.4).
+    ack_waits: Option<crate::replication::AckWaits>,
     /// The member's metric series (docs/design.md §13.1), resolved once.
     pub(crate) metrics: MemberMetrics,
     /// Handler attempts running now outside the worker pool: with `ordering = "key"` or
@@ -90,13 +93,16 @@ impl ShardTaskContext {
         shared: Arc<MemberShared>,
     ) -> Self {
         let member_id = shared.member_id();
+        let ack_waits = options
+            .replica_wait()
+            .map(crate::replication::AckWaits::new);
         let rounds = (options.fencing == FencingMode::Acks && !conn.is_cluster()).then(|| {
             ReadRounds::new(
                 conn.clone(),
                 group.clone(),
                 member_id.clone(),
                 options.batch_size,
-                options.replica_wait(),
+                ack_waits.clone(),
             )
         });
         let metrics = MemberMetrics::new(stream.prefix(), &group, &options.name, &member_id);
@@ -105,6 +111,7 @@ impl ShardTaskContext {
             workers: Semaphore::new(options.runtime_max_concurrency as usize),
             member_id: member_id.into(),
             rounds,
+            ack_waits,
             target,
             conn,
             stream,
@@ -206,7 +213,7 @@ impl ShardTask {
             &ctx.member_id,
         )?
         .with_max_entry_bytes(ctx.options.max_entry_bytes)
-        .with_replica_wait(ctx.options.replica_wait());
+        .with_replica_wait(ctx.ack_waits.clone());
         let shard_key = ctx.stream.shard(shard).into();
         let maintenance = maintenance::Schedule::new(ctx.options.retention_interval);
         let metrics = ShardMetrics::new(

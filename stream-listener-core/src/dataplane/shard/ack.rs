@@ -28,14 +28,18 @@ impl ShardClient {
         ids: &[String],
     ) -> Result<Result<usize, Fenced>, DataPlaneError> {
         let call = self.ack_call(shard, token, ids);
-        let Some(wait) = self.replica_wait else {
+        let Some(turn) = self
+            .replica_wait
+            .as_ref()
+            .and_then(crate::replication::AckWaits::begin)
+        else {
             let reply = self.run(ACK, shard, call).await?;
             return ack_outcome(shard, reply);
         };
         // The ack and its WAIT in one pipeline: on a cluster it goes to the fence key's node.
         let mut pipe = redis::pipe();
         pipe.add_command(call.cmd.clone())
-            .add_command(wait.cmd())
+            .add_command(turn.cmd())
             .ignore_errors();
         let replies: Vec<Value> = pipe
             .query_async(&mut self.conn)
@@ -53,12 +57,12 @@ impl ShardClient {
             Err(error) if RedisFailure::of(&error) == RedisFailure::NoScript => {
                 let reply = self.run(ACK, shard, call).await?;
                 let waited: redis::RedisResult<Value> =
-                    wait.cmd().query_async(&mut self.conn).await;
-                wait.warn_if_short(waited.as_ref().ok(), ids.len());
+                    turn.cmd().query_async(&mut self.conn).await;
+                turn.finish(waited.as_ref().ok(), ids.len());
                 reply
             }
             other => {
-                wait.warn_if_short(Some(&wait_reply), ids.len());
+                turn.finish(Some(&wait_reply), ids.len());
                 self.classify(ACK, shard, other)?
             }
         };
@@ -118,7 +122,7 @@ impl ShardClient {
             &self.consumer,
             count,
             round,
-            self.replica_wait,
+            self.replica_wait.as_ref(),
         )
         .await?;
         replies

@@ -45,7 +45,7 @@ pub struct ShardClient {
     /// The last token used and its encoding (`FenceToken::encode`), reused while it holds.
     encoded_token: Option<(FenceToken, String)>,
     /// The `WAIT` sent after each ack (`min_replica_acks`), if any.
-    replica_wait: Option<crate::replication::ReplicaWait>,
+    replica_wait: Option<crate::replication::AckWaits>,
 }
 
 /// An `EVALSHA` ready to send, with the script it runs (loaded again on `NOSCRIPT`).
@@ -121,13 +121,11 @@ impl ShardClient {
         })
     }
 
-    /// Follows every ack with `WAIT` in the same pipeline (`min_replica_acks`, README "Waiting
-    /// for replicas"): fewer replicas than asked is a `warn!`, never an error (the entries were
-    /// handled and are acked on the master). `None`: no wait.
-    pub(crate) fn with_replica_wait(
-        mut self,
-        wait: Option<crate::replication::ReplicaWait>,
-    ) -> Self {
+    /// Follows acks with `WAIT` in the same pipeline (`min_replica_acks`, README "Waiting for
+    /// replicas"), as the member's [`AckWaits`](crate::replication::AckWaits) allow: fewer
+    /// replicas than asked is a `warn!`, never an error (the entries were handled and are acked
+    /// on the master). `None`: no wait.
+    pub(crate) fn with_replica_wait(mut self, wait: Option<crate::replication::AckWaits>) -> Self {
         self.replica_wait = wait;
         self
     }

@@ -117,16 +117,19 @@ impl ShardClient {
         let mut pipe = redis::pipe();
         pipe.add_command(ack).add_command(read).ignore_errors();
         // The ack's WAIT last: the read is not held up by it (both replies come back together).
-        let wait = self.replica_wait;
-        if let Some(wait) = wait {
-            pipe.add_command(wait.cmd());
+        let turn = self
+            .replica_wait
+            .as_ref()
+            .and_then(crate::replication::AckWaits::begin);
+        if let Some(turn) = &turn {
+            pipe.add_command(turn.cmd());
         }
         let mut replies: Vec<Value> = pipe
             .query_async(&mut self.conn)
             .await
             .map_err(DataPlaneError::redis("ack_and_read_new", Some(shard)))?;
-        if let Some(wait) = wait {
-            wait.warn_if_short(replies.pop().as_ref(), ids.len());
+        if let Some(turn) = turn {
+            turn.finish(replies.pop().as_ref(), ids.len());
         }
         let Ok([ack_reply, read_reply]) = <[Value; 2]>::try_from(replies) else {
             return Err(DataPlaneError::unexpected(

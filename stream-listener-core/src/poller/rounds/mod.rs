@@ -41,7 +41,7 @@ pub(crate) struct ReadRounds {
     /// Entries per shard per round (`batch_size`).
     count: usize,
     /// The `WAIT` after a round's acks (`min_replica_acks`), if any.
-    wait: Option<crate::replication::ReplicaWait>,
+    wait: Option<crate::replication::AckWaits>,
     state: Mutex<State>,
 }
 
@@ -165,7 +165,7 @@ impl ReadRounds {
         group: String,
         consumer: String,
         count: usize,
-        wait: Option<crate::replication::ReplicaWait>,
+        wait: Option<crate::replication::AckWaits>,
     ) -> Arc<Self> {
         Arc::new(ReadRounds {
             conn,
@@ -252,7 +252,7 @@ impl ReadRounds {
             &self.consumer,
             self.count,
             parts,
-            self.wait,
+            self.wait.as_ref(),
         )
         .await;
         let replies = match replies {
