@@ -274,6 +274,21 @@ impl Resolver {
                 )),
             ));
         }
+        // The ROLE check can take as long as the node was frozen (`SIGSTOP`, a stalled VM): if
+        // Sentinel promoted another node meanwhile, the old one answers "master" once it runs
+        // again, until Sentinel converts it, and the writes it takes are dropped when it resyncs.
+        // So the sentinels must still name this node after its ROLE answer.
+        let (again_host, again_port) = self.ask_sentinels().await?;
+        let again = format!("{again_host}:{again_port}");
+        if again != addr {
+            return Err(redis::make_extension_error(
+                "MASTERDOWN".to_owned(),
+                Some(format!(
+                    "{addr} answered ROLE as master {:?}, but the sentinels now name {again} (a failover during the check)",
+                    self.master_name
+                )),
+            ));
+        }
         Ok((addr, manager))
     }
 
