@@ -324,7 +324,10 @@ async fn a_replica_killed_under_load_does_not_stall_a_member_of_many_shards() {
         .unwrap();
     let mut conn = connect(&RedisTarget::standalone(master.url())).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !info(&mut conn, "replication").await.contains("state=online") {
+    while !info(&mut conn, "replication")
+        .await
+        .contains("state=online")
+    {
         assert!(Instant::now() < deadline, "replica not online");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
