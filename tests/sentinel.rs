@@ -258,6 +258,29 @@ async fn a_master_resumed_after_its_failover_is_not_kept() {
     );
 }
 
+/// The sentinels name a master that is not there (killed, not yet failed over): the error is
+/// retried by startup (`ConnectionLost`) and names the address the sentinels gave, not only
+/// "Connection refused".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_master_that_cannot_be_reached_is_named_in_the_error() {
+    let _serial = support::SERIAL.lock().await;
+    let mut setup = start_setup().await;
+    let port = setup.kill_master().unwrap();
+    let error = RedisConnection::connect(&target_of(&setup), Duration::from_millis(500))
+        .await
+        .expect_err("the named master is down");
+    assert_eq!(
+        RedisFailure::of(&error),
+        RedisFailure::ConnectionLost,
+        "{error}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!("127.0.0.1:{port}")) && text.contains("sentinels"),
+        "{text}"
+    );
+}
+
 /// `run_with` and `Config::publisher` on a TOML `[redis]` section naming the sentinels: the
 /// registered listener and the publisher both find the master through them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

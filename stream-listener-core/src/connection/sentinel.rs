@@ -262,7 +262,9 @@ impl Resolver {
         let (host, port) = self.ask_sentinels().await?;
         let addr = format!("{host}:{port}");
         let client = self.master.client(host, port)?;
-        let mut manager = ConnectionManager::new_with_config(client, self.config.clone()).await?;
+        let mut manager = ConnectionManager::new_with_config(client, self.config.clone())
+            .await
+            .map_err(|error| self.unreachable_master(&addr, error))?;
         // A failover in progress: the sentinels may still name the old master, now demoted.
         let role: redis::Role = redis::cmd("ROLE").query_async(&mut manager).await?;
         if !matches!(role, redis::Role::Primary { .. }) {
@@ -290,6 +292,23 @@ impl Resolver {
             ));
         }
         Ok((addr, manager))
+    }
+
+    /// `error` of connecting to the master at `addr`, naming `addr` when the connection was
+    /// refused or dropped: redis-rs's "Connection refused" alone does not say that the sentinels
+    /// named a node that is not there. Other errors (TLS, credentials) are returned as they are,
+    /// their types intact.
+    fn unreachable_master(&self, addr: &str, error: RedisError) -> RedisError {
+        if RedisFailure::of(&error) != RedisFailure::ConnectionLost {
+            return error;
+        }
+        RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            format!(
+                "the sentinels [{}] name {addr} as master {:?}, but it cannot be reached: {error}",
+                self.sentinels, self.master_name
+            ),
+        ))
     }
 
     /// The master's `(host, port)` from the first sentinel that answers
