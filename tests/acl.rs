@@ -451,3 +451,110 @@ async fn readme_users_run_a_group_on_a_cluster() {
         );
     }
 }
+
+/// The lines a global `fmt` subscriber (WARN and above) wrote: a member's tasks run on the
+/// runtime's threads, so a thread-local subscriber would not see them.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `+xack` removed from the listener's user while it runs: handlers keep running, the refused
+/// acks are retried with a back-off (not a spin) and logged as what they are, an ACL refusal (not
+/// "check that Redis is up and reachable"); nothing is lost, and once `+xack` is back every
+/// entry is acked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_removed_while_running_is_logged_as_such_and_recovers() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .finish(),
+    )
+    .expect("the only global subscriber of tests/acl.rs");
+    let (server, mut conn, rules) = server_with_users().await;
+    admin::create_stream(&mut conn, STREAM, 2).await.unwrap();
+    let listener = target_of(rule_of(&rules, "sl-listener").unwrap(), &server);
+    let producer_conn = connect(&target_of(rule_of(&rules, "sl-producer").unwrap(), &server)).await;
+    let publisher = Publisher::new(producer_conn, STREAM, PublisherOptions::default())
+        .await
+        .unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let handle = support::start_recording_with(
+        &listener,
+        &recorder,
+        support::options(1),
+        Duration::ZERO,
+        None,
+    )
+    .await;
+    publish(&publisher, 1, 20).await;
+    assert!(wait_until(Duration::from_secs(10), || recorder.handled().len() == 20).await);
+
+    let mut sync = server.client().get_connection().unwrap();
+    let setuser = |sync: &mut redis::Connection, rule: &str| {
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("sl-listener")
+            .arg(rule)
+            .query::<()>(sync)
+            .unwrap()
+    };
+    setuser(&mut sync, "-xack");
+    publish(&publisher, 21, 20).await;
+    assert!(wait_until(Duration::from_secs(10), || recorder.handled().len() == 40).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let refused: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|line| line.contains("ack failed"))
+        .collect();
+    assert!(
+        !refused.is_empty(),
+        "no ack failure logged: {:#?}",
+        logs.lines()
+    );
+    assert!(
+        refused.len() < 60,
+        "{} ack failures logged in about 3 s: a spin, not a back-off",
+        refused.len()
+    );
+    for line in &refused {
+        assert!(
+            line.contains("ACL") && !line.contains("up and reachable"),
+            "a refused ack must be logged as an ACL refusal: {line}"
+        );
+    }
+    let pending =
+        support::pending_count(&mut conn, 0).await + support::pending_count(&mut conn, 1).await;
+    assert_eq!(pending, 20, "the 20 handled but refused acks stay pending");
+
+    setuser(&mut sync, "+xack");
+    publish(&publisher, 41, 20).await;
+    assert!(wait_until(Duration::from_secs(15), || recorder.handled().len() == 60).await);
+    for shard in 0..2 {
+        assert_eq!(support::wait_no_pending(&mut conn, shard).await, 0);
+    }
+    handle.shutdown_and_wait().await.expect("clean shutdown");
+}

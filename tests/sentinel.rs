@@ -197,6 +197,90 @@ async fn a_timeout_on_a_healthy_master_keeps_it() {
     assert_eq!(pong, "PONG");
 }
 
+/// The master frozen (`SIGSTOP`) past `down-after-milliseconds`, so that Sentinel promotes the
+/// replica, and resumed right after the promotion: the old node answers as master again (until
+/// Sentinel converts it, seconds later) and takes writes that its resync then drops. A
+/// re-resolution that began during the freeze asked the sentinels before the promotion, and its
+/// `ROLE` check on the frozen node is answered "master" after the resume: the connection must not
+/// keep that node, but follow the sentinels to the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_resumed_after_its_failover_is_not_kept() {
+    let _serial = support::SERIAL.lock().await;
+    let setup = start_setup().await;
+    let master = setup.master().unwrap();
+    let mut conn = RedisConnection::connect(&target_of(&setup), Duration::from_millis(300))
+        .await
+        .unwrap();
+    let old = master_of(&conn);
+    master.pause().unwrap();
+    let error = redis::cmd("PING")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap_err();
+    assert_eq!(RedisFailure::of(&error), RedisFailure::Timeout, "{error}");
+    let sentinel = redis::Client::open(setup.sentinel_urls()[0].as_str()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new = loop {
+        let mut sc = sentinel.get_multiplexed_async_connection().await.unwrap();
+        let (host, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(setup.master_name())
+            .query_async(&mut sc)
+            .await
+            .unwrap();
+        let addr = format!("{host}:{port}");
+        if addr != old {
+            break addr;
+        }
+        assert!(Instant::now() < deadline, "no failover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    master.resume().unwrap();
+    // Commands now get answers (from one node or the other); the re-resolution ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis::cmd("PING")
+        .query_async::<String>(&mut conn)
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "no answer after the resume");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while master_of(&conn) != new && Instant::now() < deadline {
+        let _ = redis::cmd("PING").query_async::<String>(&mut conn).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        master_of(&conn),
+        new,
+        "the connection kept the old master {old} after Sentinel promoted {new}"
+    );
+}
+
+/// The sentinels name a master that is not there (killed, not yet failed over): the error is
+/// retried by startup (`ConnectionLost`) and names the address the sentinels gave, not only
+/// "Connection refused".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_master_that_cannot_be_reached_is_named_in_the_error() {
+    let _serial = support::SERIAL.lock().await;
+    let mut setup = start_setup().await;
+    let port = setup.kill_master().unwrap();
+    let error = RedisConnection::connect(&target_of(&setup), Duration::from_millis(500))
+        .await
+        .expect_err("the named master is down");
+    assert_eq!(
+        RedisFailure::of(&error),
+        RedisFailure::ConnectionLost,
+        "{error}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains(&format!("127.0.0.1:{port}")) && text.contains("sentinels"),
+        "{text}"
+    );
+}
+
 /// `run_with` and `Config::publisher` on a TOML `[redis]` section naming the sentinels: the
 /// registered listener and the publisher both find the master through them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

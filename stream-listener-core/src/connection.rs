@@ -487,6 +487,18 @@ impl RedisFailure {
         }
     }
 
+    /// What to check after `error`, for the messages of errors that wrap it: an ACL refusal
+    /// ([`RedisFailure::NoPermission`]) names the user's ACL rule, anything else says
+    /// `otherwise` ("check that Redis is up and reachable"), which would send an operator
+    /// whose permission was removed at runtime looking for a network fault.
+    pub(crate) fn hint(error: &redis::RedisError, otherwise: &'static str) -> &'static str {
+        if RedisFailure::of(error) == RedisFailure::NoPermission {
+            "the Redis user's ACL rule refuses a command or key this needs: ACL LOG names it, README \"ACL users\" has the rule"
+        } else {
+            otherwise
+        }
+    }
+
     /// Whether the server (or cluster) could not be reached or could not serve, as opposed to a
     /// command it refused: [`RedisFailure::ConnectionLost`], [`RedisFailure::Timeout`],
     /// [`RedisFailure::Unavailable`]. The admin tool exits with code 3 then, and startup keeps

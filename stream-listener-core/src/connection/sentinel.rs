@@ -262,7 +262,9 @@ impl Resolver {
         let (host, port) = self.ask_sentinels().await?;
         let addr = format!("{host}:{port}");
         let client = self.master.client(host, port)?;
-        let mut manager = ConnectionManager::new_with_config(client, self.config.clone()).await?;
+        let mut manager = ConnectionManager::new_with_config(client, self.config.clone())
+            .await
+            .map_err(|error| self.unreachable_master(&addr, error))?;
         // A failover in progress: the sentinels may still name the old master, now demoted.
         let role: redis::Role = redis::cmd("ROLE").query_async(&mut manager).await?;
         if !matches!(role, redis::Role::Primary { .. }) {
@@ -274,7 +276,39 @@ impl Resolver {
                 )),
             ));
         }
+        // The ROLE check can take as long as the node was frozen (`SIGSTOP`, a stalled VM): if
+        // Sentinel promoted another node meanwhile, the old one answers "master" once it runs
+        // again, until Sentinel converts it, and the writes it takes are dropped when it resyncs.
+        // So the sentinels must still name this node after its ROLE answer.
+        let (again_host, again_port) = self.ask_sentinels().await?;
+        let again = format!("{again_host}:{again_port}");
+        if again != addr {
+            return Err(redis::make_extension_error(
+                "MASTERDOWN".to_owned(),
+                Some(format!(
+                    "{addr} answered ROLE as master {:?}, but the sentinels now name {again} (a failover during the check)",
+                    self.master_name
+                )),
+            ));
+        }
         Ok((addr, manager))
+    }
+
+    /// `error` of connecting to the master at `addr`, naming `addr` when the connection was
+    /// refused or dropped: redis-rs's "Connection refused" alone does not say that the sentinels
+    /// named a node that is not there. Other errors (TLS, credentials) are returned as they are,
+    /// their types intact.
+    fn unreachable_master(&self, addr: &str, error: RedisError) -> RedisError {
+        if RedisFailure::of(&error) != RedisFailure::ConnectionLost {
+            return error;
+        }
+        RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            format!(
+                "the sentinels [{}] name {addr} as master {:?}, but it cannot be reached: {error}",
+                self.sentinels, self.master_name
+            ),
+        ))
     }
 
     /// The master's `(host, port)` from the first sentinel that answers

@@ -30,8 +30,9 @@ pub enum DataPlaneError {
     /// cause is the error's source; [`crate::connection::RedisFailure::of`] says which).
     /// Usually transient: back off, re-check the lease and the assignment, and retry.
     #[error(
-        "Redis {op} failed{}; back off, re-check the lease, and retry (check that Redis is up and reachable)",
-        shard.map(|s| format!(" on shard {s}")).unwrap_or_default()
+        "Redis {op} failed{}; back off, re-check the lease, and retry ({})",
+        shard.map(|s| format!(" on shard {s}")).unwrap_or_default(),
+        crate::connection::RedisFailure::hint(source, "check that Redis is up and reachable")
     )]
     Redis {
         /// The operation (`raise_fence`, `read_pending`, `read_new`, `ack`, `claim_others`,

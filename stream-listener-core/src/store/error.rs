@@ -10,7 +10,10 @@ use crate::keys::NameError;
 pub enum StoreError {
     /// Redis did not answer or refused a command ([`crate::connection::RedisFailure::of`] says
     /// which); the cause is the error's source.
-    #[error("Redis command failed; check that Redis is up and reachable at the configured URL")]
+    #[error(
+        "Redis command failed; {}",
+        crate::connection::RedisFailure::hint(.0, "check that Redis is up and reachable at the configured URL")
+    )]
     Redis(#[from] redis::RedisError),
     /// A stream prefix or group name that cannot be used.
     #[error(transparent)]
