@@ -305,16 +305,15 @@ async fn on_a_cluster_wait_runs_on_the_node_of_the_write() {
 }
 
 /// A replica killed while a member of 32 shards acks with `min_replica_acks = 1` and the
-/// default fencing: each shard's ack pipeline ends in its own `WAIT 1 <timeout>`, and all of them
-/// go through the member's one multiplexed connection, where Redis runs them one after the
-/// other. `replica_ack_timeout < heartbeat_interval` (what validation checks) bounds one `WAIT`,
-/// not 32 queued ones: every command behind them, heartbeats included, waits up to 32 × the
-/// timeout. What should hold: consumption goes on (acks only warn) and no heartbeat times out.
+/// default fencing. All shards' acks go through the member's one multiplexed connection, where
+/// Redis runs queued `WAIT`s one after the other, so one `WAIT` per shard's ack would hold every
+/// command behind them, heartbeats included, for up to 32 × the timeout. What must hold:
+/// consumption goes on (acks only warn) and no heartbeat times out.
 ///
-/// DEFECT (review-break, not fixed: a design choice, see the report): with 32 shards the
-/// member handles nothing for about 6 s after the kill and its heartbeats time out.
+/// It failed before the member's ack waits were one at a time (`replication::AckWaits`,
+/// docs/design.md §15.4): with 32 shards the member handled nothing for about 4–6 s after the
+/// kill and its heartbeats timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: queued per-shard WAITs stall the shared connection (review-break report)"]
 async fn a_replica_killed_under_load_does_not_stall_a_member_of_many_shards() {
     logs();
     let master = RedisServer::start().unwrap();
