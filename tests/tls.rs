@@ -300,6 +300,24 @@ async fn a_rediss_url_against_a_plain_server_says_use_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rediss_url_against_a_plain_server_says_use_redis_with_a_short_startup_timeout() {
+    // The quick start's startup_timeout is 10 s, no longer than the first attempt's own timeout:
+    // the check must still say why, not "cannot reach Redis ... check that Redis is running".
+    let server = RedisServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let material = TlsMaterial::generate(dir.path()).unwrap();
+    let url = format!("rediss://127.0.0.1:{}", server.port());
+    let mut config = config(&format!("url = {url:?}\n{}", ca_line(&material)));
+    config.redis.startup_timeout = Duration::from_secs(3);
+    let (error, took) = startup_error(config).await;
+    assert!(took < Duration::from_secs(8), "failed after {took:?}");
+    let RunError::RedisTls { advice, .. } = &error else {
+        panic!("expected RedisTls, got {error:?}");
+    };
+    assert!(advice.contains("does not speak TLS"), "{advice}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_insecure_connects_without_a_ca() {
     let server = RedisServer::builder()
         .tls(TlsAuthClients::Optional)

@@ -36,6 +36,22 @@ pub use tls_failure::tls_advice;
 use tls_failure::{explain_cluster_failure, explain_failure, tls_cause};
 mod sentinel;
 
+/// Why a connection attempt to `target` that timed out, or that the caller's own deadline cut
+/// short, failed, when a check can tell: a `rediss://` standalone URL whose port answers a plain
+/// `PING` (a TLS handshake failure, see [`tls_failure`]). `None` otherwise. Used by
+/// [`crate::startup::connect`] when `startup_timeout` ends before the attempt's own timeout.
+pub(crate) async fn explain_timed_out_attempt(target: &RedisTarget) -> Option<redis::RedisError> {
+    let Topology::Standalone(url) = target.topology() else {
+        return None;
+    };
+    if !url.starts_with("rediss://") {
+        return None;
+    }
+    let timeout = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+    let explained = explain_failure(url, timeout).await;
+    (RedisFailure::of(&explained) == RedisFailure::TlsHandshake).then_some(explained)
+}
+
 pub use sentinel::SentinelConnection;
 
 /// Where Redis is and how to reach it: a [`Topology`] (standalone, cluster or Sentinel) and the

@@ -155,7 +155,18 @@ async fn connect_with_retry(
                 return Err(StartupError::Refused(error));
             }
             Some(Err(error)) => Some(error),
-            None => None,
+            // startup_timeout ended before the attempt's own timeout (a plain server never
+            // answers a ClientHello): say why when the check can, as the attempt would have.
+            None => match crate::connection::explain_timed_out_attempt(target).await {
+                Some(error) => {
+                    let advice = crate::connection::tls_advice(&error).unwrap_or_default();
+                    return Err(StartupError::Tls {
+                        advice,
+                        source: error,
+                    });
+                }
+                None => None,
+            },
         };
         let now = Instant::now();
         if startup_timeout.is_none() || now + delay >= deadline {

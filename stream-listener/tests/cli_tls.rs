@@ -222,3 +222,101 @@ fn admin_commands_run_on_a_tls_cluster() {
     assert!(out.contains("orders"), "{out}");
     assert!(err.contains("warning: --tls-insecure"), "{err}");
 }
+
+/// A TLS-only sentinel (`tls-port`, `tls-replication yes`) monitoring the TLS-only `server`
+/// under the name `tlsmaster`, started by hand (the Sentinel harness has no TLS); killed on drop.
+struct TlsSentinel {
+    child: std::process::Child,
+    port: u16,
+    _dir: std::path::PathBuf,
+}
+
+impl TlsSentinel {
+    fn start(server: &RedisServer, tls: &TlsMaterial) -> TlsSentinel {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("cli-tls-sentinel-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port 0\ntls-port {port}\nbind 127.0.0.1\ndir {}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes\nsentinel monitor tlsmaster 127.0.0.1 {} 1\n",
+                path(&dir),
+                path(tls.server_cert_file()),
+                path(tls.server_key_file()),
+                path(tls.ca_file()),
+                server.port(),
+            ),
+        )
+        .unwrap();
+        let binary = std::env::var("STREAM_LISTENER_REDIS_SERVER").unwrap_or("redis-server".into());
+        let child = Command::new(binary)
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sentinel did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        TlsSentinel {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for TlsSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self._dir);
+    }
+}
+
+#[test]
+fn admin_commands_run_through_a_tls_sentinel_without_redis_url() {
+    // README "Sentinel" and "TLS": `rediss://` sentinels and the --tls-* flags are enough; the
+    // master is reached with TLS too, as run() does without `[redis] url`.
+    let server = RedisServer::builder()
+        .tls(TlsAuthClients::Required)
+        .start()
+        .unwrap();
+    let tls = server.tls().unwrap();
+    let sentinel = TlsSentinel::start(&server, tls);
+    let sentinel_url = format!("rediss://127.0.0.1:{}", sentinel.port);
+    let (ca, cert, key) = (
+        path(tls.ca_file()),
+        path(tls.client_cert_file()),
+        path(tls.client_key_file()),
+    );
+    let (code, out, err) = cli(
+        &[
+            "--sentinel",
+            &sentinel_url,
+            "--sentinel-master",
+            "tlsmaster",
+            "--tls-ca-file",
+            &ca,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "stream",
+            "list",
+        ],
+        &[],
+    );
+    assert_eq!((code, err.as_str()), (0, ""), "{out}");
+}

@@ -47,8 +47,27 @@ pub(crate) fn tls_certificates(
         (Some(cert), Some(key)) => {
             let client_cert = certificates("tls_cert_file", cert)?;
             let client_key = read_pem("tls_key_file", key)?;
-            PrivateKeyDer::from_pem_slice(&client_key)
+            let key_der = PrivateKeyDer::from_pem_slice(&client_key)
                 .map_err(|e| invalid_tls_file("tls_key_file", key, e.to_string()))?;
+            // What redis-rs does only when it connects, so that a certificate rustls refuses
+            // (an X.509 v1 one: "invalid peer certificate: UnsupportedCertVersion", although it
+            // is the client's own) is named here, with the file.
+            let chain = CertificateDer::pem_slice_iter(&client_cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid_tls_file("tls_cert_file", cert, e.to_string()))?;
+            rustls::ClientConfig::builder()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| {
+                    invalid_tls_file(
+                        "tls_cert_file",
+                        cert,
+                        format!(
+                            "rustls cannot use it with tls_key_file {:?}: {e}; certificates must be X.509 v3 (`openssl x509 -req` makes v1 ones unless given -extfile)",
+                            key.display().to_string()
+                        ),
+                    )
+                })?;
             Some(redis::ClientTlsConfig {
                 client_cert,
                 client_key,
@@ -141,6 +160,42 @@ mod tests {
         let path = dir.join(name);
         std::fs::write(&path, contents).unwrap();
         path
+    }
+
+    /// A self-signed X.509 v1 certificate (what `openssl x509 -req` makes without `-extfile`)
+    /// and its key.
+    const V1_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBFjCBvQIUdFrWg+2Wijs4iGuIiN++ZZ2DtxswCgYIKoZIzj0EAwIwDTELMAkG
+A1UEAwwCdjEwIBcNMjYxMjAxMjM1NDMzWhgPMjEyNjExMDcyMzU0MzNaMA0xCzAJ
+BgNVBAMMAnYxMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEkegvCGv9INkc5Yd0
+yeGgO4yc9rZDm9NMb8H/HjwlYOu2XqNDxxYBzb4qp1sbdihOjQINK5CcS6mX8Yo8
+HMSoTjAKBggqhkjOPQQDAgNIADBFAiBj7iNVeTqdX1XRRWv2YCiNdC2eZtSym7QW
+FQYmTke5rQIhAPHh/+sxPF+oPP+LtPBeUkH6Fgsna6UT0yeLPziB7jJA
+-----END CERTIFICATE-----
+";
+    const V1_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg4GxSRoflT0b86kWo
+hv3+P/xn86Up5PCJ/+B2OAtOZVKhRANCAASR6C8Ia/0g2Rzlh3TJ4aA7jJz2tkOb
+00xvwf8ePCVg67Zeo0PHFgHNviqnWxt2KE6NAg0rkJxLqZfxijwcxKhO
+-----END PRIVATE KEY-----
+";
+
+    #[test]
+    fn a_v1_client_certificate_is_an_invalid_tls_file_naming_it() {
+        let tls = TlsOptions {
+            cert_file: Some(tls_file("v1.crt", V1_CERT)),
+            key_file: Some(tls_file("v1.key", V1_KEY)),
+            ..TlsOptions::default()
+        };
+        let error = tls_certificates(&tls).unwrap_err();
+        assert_eq!(error.kind(), redis::ErrorKind::InvalidClientConfig);
+        let text = error.to_string();
+        assert!(
+            text.contains("invalid TLS file")
+                && text.contains("tls_cert_file = ")
+                && text.contains("v3"),
+            "{text}"
+        );
     }
 
     #[test]

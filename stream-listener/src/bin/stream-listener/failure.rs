@@ -140,7 +140,10 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
             ));
         }
         let mut target = SentinelTarget::new(cli.sentinels.clone(), master.clone());
-        target.master_auth = Some(cli.redis_url.clone());
+        // The default --redis-url is no master setting: without one, the master speaks TLS
+        // when the sentinels do (as run() without `[redis] url`).
+        target.master_auth = (cli.redis_url != stream_listener::core::config::DEFAULT_REDIS_URL)
+            .then(|| cli.redis_url.clone());
         let shown: Vec<String> = cli.sentinels.iter().map(|n| redact_url(n)).collect();
         (
             RedisTarget::sentinel(target),

@@ -73,7 +73,8 @@ struct Cli {
     tls_insecure: bool,
     /// A Redis Sentinel (redis://[user:password@]host:26379); repeat for more. With
     /// --sentinel-master the tool asks them for the master and talks to it; --redis-url then only
-    /// gives the master's user, password and database (its host is ignored).
+    /// gives the master's user, password and database (its host is ignored); without it the
+    /// master speaks TLS when every sentinel URL is rediss://.
     #[arg(
         long = "sentinel",
         global = true,
