@@ -230,7 +230,11 @@ fn a_cluster_with_replicas_fails_over_gracefully_and_after_a_kill() {
     // slot map, stale right after the failover, and can reach the demoted node, which refuses it.)
     let mut node = cluster.nodes()[replica].client().get_connection().unwrap();
     let () = node.set("{orders:0}", "after failover").unwrap();
-    let acked: i64 = redis::cmd("WAIT").arg(1).arg(1000).query(&mut node).unwrap();
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(1000)
+        .query(&mut node)
+        .unwrap();
     assert_eq!(acked, 1);
 
     // kill -9 of the new master: its replica (the old master) is promoted.

@@ -563,3 +563,15 @@ fn replica_waits_reach_listeners_and_publishers_and_their_timeout_is_checked() {
     // Off: the timeout is not checked.
     parse("[redis]\nreplica_ack_timeout = \"0s\"\n").unwrap();
 }
+
+#[test]
+fn debug_of_a_unix_socket_url_hides_its_pass_parameter() {
+    let config = parse("[redis]\nurl = \"redis+unix:///tmp/r.sock?db=1&pass=s3cret\"\n").unwrap();
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("s3cret"), "password in Debug: {debug}");
+    assert_eq!(
+        redact_url("redis://u:s3cret@127.0.0.1:6379"),
+        crate::connection::redact_url("redis://u:s3cret@127.0.0.1:6379"),
+        "one redaction for config and connection"
+    );
+}

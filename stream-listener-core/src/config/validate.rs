@@ -313,15 +313,9 @@ impl Config {
     }
 }
 
-/// `redis://user:secret@host` → `redis://***@host`: never print a password.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
+/// The one password redaction ([`crate::connection::redact_url`]), re-exported here for
+/// config users.
+pub use crate::connection::redact_url;
 
 pub(super) fn check_redis_url(url: &str) -> Result<(), String> {
     redis::IntoConnectionInfo::into_connection_info(url)
