@@ -575,3 +575,18 @@ fn debug_of_a_unix_socket_url_hides_its_pass_parameter() {
         "one redaction for config and connection"
     );
 }
+
+#[test]
+fn tls_settings_with_a_sentinel_target_need_a_rediss_url() {
+    let (key, _, message) = invalid(
+        "[redis]\nsentinels = [\"redis://a:26379\"]\nsentinel_master = \"m\"\ntls_ca_file = \"/ca.crt\"\n",
+    );
+    assert_eq!(key, "redis.tls_ca_file");
+    assert!(message.contains("rediss://"), "{message}");
+    for tls_url in [
+        "sentinels = [\"rediss://a:26379\"]\nsentinel_master = \"m\"\n",
+        "url = \"rediss://u:pw@_/0\"\nsentinels = [\"redis://a:26379\"]\nsentinel_master = \"m\"\n",
+    ] {
+        parse(&format!("[redis]\n{tls_url}tls_ca_file = \"/ca.crt\"\n")).unwrap();
+    }
+}
