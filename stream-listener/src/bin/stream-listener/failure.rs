@@ -5,8 +5,8 @@ use stream_listener::core::internals::acl;
 use stream_listener::core::internals::admin::AdminError;
 use stream_listener::core::internals::connection::RedisFailure;
 use stream_listener::core::internals::connection::{
-    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, SentinelTarget, TlsOptions, redact_url,
-    tls_advice,
+    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, SentinelTarget, TlsOptions, Topology,
+    redact_url, tls_advice,
 };
 use stream_listener::core::internals::report::Chain;
 
@@ -125,8 +125,17 @@ fn tls_options(cli: &Cli, urls: &[&str]) -> Result<TlsOptions, Failure> {
     Ok(tls)
 }
 
-/// Connects to the standalone server, cluster or Sentinel master the command line names.
-pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
+/// The URL of a standalone server when `--redis-url` (`REDIS_URL`) is not given.
+const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+/// The target the command line names, how to show it (passwords redacted), and the URLs the
+/// `--tls-*` flags need to be `rediss://`.
+///
+/// # Errors
+/// [`Failure::Usage`] when `--sentinel` and `--sentinel-master` do not come together, or come
+/// with `--cluster-node`.
+pub(crate) fn target_of(cli: &Cli) -> Result<(RedisTarget, String, Vec<&str>), Failure> {
+    let redis_url = cli.redis_url.as_deref().unwrap_or(DEFAULT_REDIS_URL);
     let sentinel = !cli.sentinels.is_empty() || cli.sentinel_master.is_some();
     let (target, shown) = if sentinel {
         let (Some(master), false) = (&cli.sentinel_master, cli.sentinels.is_empty()) else {
@@ -140,7 +149,9 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
             ));
         }
         let mut target = SentinelTarget::new(cli.sentinels.clone(), master.clone());
-        target.master_auth = Some(cli.redis_url.clone());
+        // Without --redis-url the master speaks TLS when every sentinel does (as `[redis]`
+        // without `url`); the plain default URL would make it plain.
+        target.master_auth = cli.redis_url.clone();
         let shown: Vec<String> = cli.sentinels.iter().map(|n| redact_url(n)).collect();
         (
             RedisTarget::sentinel(target),
@@ -148,8 +159,8 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
         )
     } else if cli.cluster_nodes.is_empty() {
         (
-            RedisTarget::standalone(cli.redis_url.clone()),
-            redact_url(&cli.redis_url),
+            RedisTarget::standalone(redis_url.to_owned()),
+            redact_url(redis_url),
         )
     } else {
         let shown: Vec<String> = cli.cluster_nodes.iter().map(|n| redact_url(n)).collect();
@@ -161,10 +172,17 @@ pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
     let urls: Vec<&str> = if sentinel {
         cli.sentinels.iter().map(String::as_str).collect()
     } else if cli.cluster_nodes.is_empty() {
-        vec![cli.redis_url.as_str()]
+        vec![redis_url]
     } else {
         cli.cluster_nodes.iter().map(String::as_str).collect()
     };
+    Ok((target, shown, urls))
+}
+
+/// Connects to the standalone server, cluster or Sentinel master the command line names.
+pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
+    let (target, shown, urls) = target_of(cli)?;
+    let sentinel = matches!(target.topology(), Topology::Sentinel(_));
     let target = target.with_tls(tls_options(cli, &urls)?);
     RedisConnection::connect(&target, DEFAULT_RESPONSE_TIMEOUT)
         .await

@@ -39,15 +39,9 @@ use text::{
 #[command(name = "stream-listener", version, propagate_version = true)]
 struct Cli {
     /// Redis URL of a standalone server: redis://[user:password@]host:port[/db], or rediss://
-    /// for TLS.
-    #[arg(
-        long,
-        global = true,
-        env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379",
-        value_name = "URL"
-    )]
-    redis_url: String,
+    /// for TLS [default: redis://127.0.0.1:6379].
+    #[arg(long, global = true, env = "REDIS_URL", value_name = "URL")]
+    redis_url: Option<String>,
 
     /// Seed node of a Redis Cluster (a redis:// URL); repeat for more nodes. When given, the
     /// tool talks to the cluster and --redis-url is ignored.
@@ -106,7 +100,7 @@ impl std::fmt::Debug for Cli {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use stream_listener::core::internals::connection::redact_url;
         f.debug_struct("Cli")
-            .field("redis_url", &redact_url(&self.redis_url))
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field(
                 "cluster_nodes",
                 &self
@@ -520,6 +514,7 @@ async fn run(cli: Cli) -> Result<String, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stream_listener::core::internals::connection::Topology;
 
     #[test]
     fn the_command_line_parses() {
@@ -541,6 +536,46 @@ mod tests {
         assert!(!shown.contains("s3cret-pw"), "{shown}");
         assert!(shown.contains("redis://u:***@127.0.0.1:6379"), "{shown}");
         assert!(shown.contains("redis://u:***@127.0.0.1:7000"), "{shown}");
+    }
+
+    #[test]
+    fn a_sentinel_master_without_redis_url_speaks_tls_like_its_sentinels() {
+        let cli = Cli::parse_from([
+            "stream-listener",
+            "--sentinel",
+            "rediss://127.0.0.1:26379",
+            "--sentinel-master",
+            "mymaster",
+            "stream",
+            "list",
+        ]);
+        let Ok((target, _, _)) = failure::target_of(&cli) else {
+            panic!("no target");
+        };
+        let Topology::Sentinel(sentinel) = target.topology() else {
+            panic!("not a Sentinel target: {target:?}");
+        };
+        // No --redis-url: the master's scheme follows the sentinels' (as [redis] without url),
+        // not the plain default URL.
+        assert_eq!(sentinel.master_auth, None);
+        let cli = Cli::parse_from([
+            "stream-listener",
+            "--redis-url",
+            "rediss://u:pw@_/2",
+            "--sentinel",
+            "rediss://127.0.0.1:26379",
+            "--sentinel-master",
+            "mymaster",
+            "stream",
+            "list",
+        ]);
+        let Ok((target, _, _)) = failure::target_of(&cli) else {
+            panic!("no target");
+        };
+        let Topology::Sentinel(sentinel) = target.topology() else {
+            panic!("not a Sentinel target: {target:?}");
+        };
+        assert_eq!(sentinel.master_auth.as_deref(), Some("rediss://u:pw@_/2"));
     }
 
     impl Cli {
