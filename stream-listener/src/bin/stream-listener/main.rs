@@ -5,6 +5,7 @@
 //! corrupt metadata...); 2 usage error (bad arguments, invalid URL); 3 Redis unreachable. Errors
 //! are one line on standard error saying what went wrong and what to do.
 
+mod connect;
 mod dlq;
 mod failure;
 mod resets;
@@ -21,7 +22,8 @@ use serde::Serialize;
 use stream_listener::core::internals::admin;
 use stream_listener::core::internals::coordinator::CoordinatorConfig;
 
-use failure::{Failure, connect};
+use connect::connect;
+use failure::Failure;
 use text::cleanup_text;
 use text::{
     created_text, deleted_text, group_text, groups_text, retire_text, scale_text, stream_text,
@@ -549,7 +551,7 @@ mod tests {
             "stream",
             "list",
         ]);
-        let Ok((target, _, _)) = failure::target_of(&cli) else {
+        let Ok((target, _, _)) = connect::target_of(&cli) else {
             panic!("no target");
         };
         let Topology::Sentinel(sentinel) = target.topology() else {
@@ -569,7 +571,7 @@ mod tests {
             "stream",
             "list",
         ]);
-        let Ok((target, _, _)) = failure::target_of(&cli) else {
+        let Ok((target, _, _)) = connect::target_of(&cli) else {
             panic!("no target");
         };
         let Topology::Sentinel(sentinel) = target.topology() else {
