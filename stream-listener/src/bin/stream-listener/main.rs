@@ -67,9 +67,10 @@ struct Cli {
     /// impersonate the server).
     #[arg(long, global = true, env = "REDIS_TLS_INSECURE")]
     tls_insecure: bool,
-    /// A Redis Sentinel (redis://[user:password@]host:26379); repeat for more. With
-    /// --sentinel-master the tool asks them for the master and talks to it; --redis-url then only
-    /// gives the master's user, password and database (its host is ignored).
+    /// A Redis Sentinel (redis://[user:password@]host:26379, rediss:// for TLS); repeat for more.
+    /// With --sentinel-master the tool asks them for the master and talks to it; --redis-url then
+    /// only gives the master's user, password, database and scheme (its host is ignored; without
+    /// it the master speaks TLS when every sentinel URL is rediss://).
     #[arg(
         long = "sentinel",
         global = true,
