@@ -112,6 +112,19 @@ impl std::fmt::Debug for Cli {
                     .map(|n| redact_url(n))
                     .collect::<Vec<_>>(),
             )
+            .field(
+                "sentinels",
+                &self
+                    .sentinels
+                    .iter()
+                    .map(|n| redact_url(n))
+                    .collect::<Vec<_>>(),
+            )
+            .field("sentinel_master", &self.sentinel_master)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("tls_insecure", &self.tls_insecure)
             .field("json", &self.json)
             .field("command", &self.command)
             .finish()
@@ -532,10 +545,13 @@ mod tests {
             "redis://u:s3cret-pw@127.0.0.1:6379",
             "--cluster-node",
             "redis://u:s3cret-pw@127.0.0.1:7000",
+            "--sentinel",
+            "redis://:s3cret-pw@127.0.0.1:26379",
             "stream",
             "list",
         ]);
         let shown = format!("{cli:?}");
+        assert!(shown.contains("redis://:***@127.0.0.1:26379"), "{shown}");
         assert!(!shown.contains("s3cret-pw"), "{shown}");
         assert!(shown.contains("redis://u:***@127.0.0.1:6379"), "{shown}");
         assert!(shown.contains("redis://u:***@127.0.0.1:7000"), "{shown}");
