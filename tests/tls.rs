@@ -373,3 +373,26 @@ async fn consumes_from_a_tls_cluster() {
     publish_and_consume(&app, &config, 3000..3100).await;
     app.shutdown_and_wait().await.expect("clean shutdown");
 }
+
+/// A `rediss://` sentinel whose certificate does not verify (no `tls_ca_file`: the system's
+/// roots do not know the test CA) is a TLS failure, as for a server: `run_with` stops at once
+/// with `RunError::RedisTls`, not retried as an unreachable sentinel until `startup_timeout`.
+/// (A TLS-only `redis-server` stands in for the sentinel: the handshake fails before any
+/// command.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_whose_certificate_does_not_verify_is_a_tls_failure() {
+    let server = RedisServer::builder()
+        .tls(TlsAuthClients::Optional)
+        .start()
+        .unwrap();
+    let (error, took) = startup_error(config(&format!(
+        "sentinels = [{:?}]\nsentinel_master = \"mymaster\"\n",
+        server.url()
+    )))
+    .await;
+    assert!(
+        matches!(error, RunError::RedisTls { .. }),
+        "{error:?} after {took:?}"
+    );
+    assert!(took < FAIL_FAST, "failed after {took:?}");
+}
