@@ -10,8 +10,7 @@
 
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::json;
@@ -27,27 +26,6 @@ use stream_listener::{
 };
 
 const PASSWORD: &str = "s3cret-pw";
-
-/// Every line the subscriber wrote.
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Buffer {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl Write for Buffer {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 static HANDLED: Mutex<u64> = Mutex::new(0);
 
@@ -100,14 +78,7 @@ fn listener_rule() -> AclRule {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_never_appear_in_logs_debug_or_errors() {
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let buffer = support::logs::capture(tracing::Level::DEBUG);
 
     let server = RedisServer::start().unwrap();
     let rule = listener_rule();

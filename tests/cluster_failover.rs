@@ -282,22 +282,7 @@ fn pending_per_shard(cluster: &RedisCluster) -> Result<Vec<u64>, String> {
         .client()
         .get_connection()
         .map_err(|e| e.to_string())?;
-    (0..SHARDS)
-        .map(|shard| {
-            let summary: redis::Value = redis::cmd("XPENDING")
-                .arg(format!("{{{STREAM}:{shard}}}"))
-                .arg(GROUP)
-                .query(&mut conn)
-                .map_err(|e| e.to_string())?;
-            match summary {
-                redis::Value::Array(items) => match items.first() {
-                    Some(redis::Value::Int(n)) => Ok(u64::try_from(*n).unwrap_or(0)),
-                    other => Err(format!("unexpected XPENDING summary {other:?}")),
-                },
-                other => Err(format!("unexpected XPENDING reply {other:?}")),
-            }
-        })
-        .collect()
+    support::faults::pending_per_shard_on(&mut conn)
 }
 
 /// For each shard, the time from `fault_us` until its first read at or after

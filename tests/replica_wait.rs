@@ -9,8 +9,7 @@
 
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -20,44 +19,19 @@ use stream_listener::core::internals::dataplane::FencingMode;
 use stream_listener::core::member::ListenerOptions;
 use stream_listener::core::producer::{PublishError, Publisher, PublisherOptions};
 use stream_listener::testing::RedisServer;
+use support::logs::LogBuffer;
 use support::{Recorder, STREAM, connect, info, wait_until};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 
-/// Every line the subscriber wrote.
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn logs() -> &'static Buffer {
-    static LOGS: OnceLock<Buffer> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let buffer = Buffer::default();
-        let writer = buffer.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).unwrap();
-        buffer
-    })
+/// The test process's log lines, warnings and errors (one subscriber for every test here).
+fn logs() -> &'static LogBuffer {
+    static LOGS: OnceLock<LogBuffer> = OnceLock::new();
+    LOGS.get_or_init(|| support::logs::capture(tracing::Level::WARN))
 }
 
 fn count_in_logs(text: &str) -> usize {
-    String::from_utf8_lossy(&logs().0.lock().unwrap())
-        .matches(text)
-        .count()
+    logs().text().matches(text).count()
 }
 
 /// A master and a replica of it, the replica online (`INFO replication` of the master), and the

@@ -445,6 +445,36 @@ async fn startup_errors_name_the_sentinels_and_the_unknown_master() {
     );
 }
 
+/// Two sentinels that accept connections but never answer (a hung host) come first in the
+/// list: the connection must still reach the master through the third, as Sentinel's client
+/// guidelines ask (try the next sentinel), within one startup attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sentinels_first_in_the_list_do_not_hide_the_one_that_answers() {
+    let _serial = support::SERIAL.lock().await;
+    let silent: Vec<std::net::TcpListener> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let setup = start_setup().await;
+    let mut sentinels: Vec<String> = silent
+        .iter()
+        .map(|l| format!("redis://{}", l.local_addr().unwrap()))
+        .collect();
+    sentinels.extend(setup.sentinel_urls());
+    let target = RedisTarget::sentinel(SentinelTarget::new(sentinels, setup.master_name()));
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(30),
+        RedisConnection::connect(&target, Duration::from_secs(5)),
+    )
+    .await
+    .expect("connect returns");
+    assert!(
+        outcome.is_ok(),
+        "the third sentinel names the master: {:?}",
+        outcome.err()
+    );
+    drop(silent);
+}
+
 /// `kill -9` of the master under load, with the members and the producer as real processes
 /// (`examples/workload.rs` pointed at the sentinels): Sentinel promotes the replica, every
 /// process follows by itself, and the group is STABLE again. Asynchronous replication can lose

@@ -9,47 +9,15 @@
 
 mod support;
 
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stream_listener::{Delivery, HandlerError, ShardHookContext};
 use support::{Context, GROUP, STREAM, options, start_listener, wait_until};
 
-/// Every line the subscriber wrote.
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Buffer {
-    fn lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl Write for Buffer {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hook_logs_name_stream_group_member_shard_and_member_epoch() {
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let buffer = support::logs::capture(tracing::Level::INFO);
 
     let (_serial, _server, target, _conn, _recorder) = Context::start(1).await.parts();
     let contexts: Arc<Mutex<Vec<ShardHookContext>>> = Arc::default();

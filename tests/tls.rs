@@ -4,6 +4,8 @@
 //! missing client certificate and a plaintext URL against a TLS-only server: clear, typed and
 //! immediate, not retried until `startup_timeout`.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Mutex;
@@ -329,13 +331,7 @@ async fn tls_insecure_connects_without_a_ca() {
 
     // The opt-out is logged once, as a warning naming the target (this thread's subscriber:
     // run_with's startup runs on the test's thread).
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .finish();
+    let (logs, subscriber) = support::logs::subscriber(tracing::Level::WARN);
     let guard = tracing::subscriber::set_default(subscriber);
     let config = config(&format!("url = {:?}\ntls_insecure = true\n", server.url()));
     let app = run_with(config.clone()).await.unwrap();
@@ -350,30 +346,6 @@ async fn tls_insecure_connects_without_a_ca() {
     assert!(warnings[0].contains(&server.url()), "{}", warnings[0]);
     publish_and_consume(&app, &config, 2000..2020).await;
     app.shutdown_and_wait().await.expect("clean shutdown");
-}
-
-/// The lines a `fmt` subscriber wrote.
-#[derive(Clone, Default)]
-struct Logs(std::sync::Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl std::io::Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -418,4 +390,27 @@ async fn consumes_from_a_tls_cluster() {
     let app = run_with(config.clone()).await.unwrap();
     publish_and_consume(&app, &config, 3000..3100).await;
     app.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// A `rediss://` sentinel whose certificate does not verify (no `tls_ca_file`: the system's
+/// roots do not know the test CA) is a TLS failure, as for a server: `run_with` stops at once
+/// with `RunError::RedisTls`, not retried as an unreachable sentinel until `startup_timeout`.
+/// (A TLS-only `redis-server` stands in for the sentinel: the handshake fails before any
+/// command.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_whose_certificate_does_not_verify_is_a_tls_failure() {
+    let server = RedisServer::builder()
+        .tls(TlsAuthClients::Optional)
+        .start()
+        .unwrap();
+    let (error, took) = startup_error(config(&format!(
+        "sentinels = [{:?}]\nsentinel_master = \"mymaster\"\n",
+        server.url()
+    )))
+    .await;
+    assert!(
+        matches!(error, RunError::RedisTls { .. }),
+        "{error:?} after {took:?}"
+    );
+    assert!(took < FAIL_FAST, "failed after {took:?}");
 }

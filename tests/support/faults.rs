@@ -265,12 +265,17 @@ pub fn save_logs(scenario: &str, procs: &[&Workload]) -> String {
 pub fn pending_per_shard(url: &str) -> Result<Vec<u64>, String> {
     let client = redis::Client::open(url).map_err(|e| e.to_string())?;
     let mut conn = client.get_connection().map_err(|e| e.to_string())?;
+    pending_per_shard_on(&mut conn)
+}
+
+/// [`pending_per_shard`] on `conn` (a server's or a cluster's connection).
+pub fn pending_per_shard_on(conn: &mut impl redis::ConnectionLike) -> Result<Vec<u64>, String> {
     (0..SHARDS)
         .map(|shard| {
             let summary: redis::Value = redis::cmd("XPENDING")
                 .arg(format!("{{{STREAM}:{shard}}}"))
                 .arg(GROUP)
-                .query(&mut conn)
+                .query(conn)
                 .map_err(|e| e.to_string())?;
             match summary {
                 redis::Value::Array(items) => match items.first() {

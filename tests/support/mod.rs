@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod faults;
+pub mod logs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

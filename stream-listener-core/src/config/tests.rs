@@ -563,3 +563,30 @@ fn replica_waits_reach_listeners_and_publishers_and_their_timeout_is_checked() {
     // Off: the timeout is not checked.
     parse("[redis]\nreplica_ack_timeout = \"0s\"\n").unwrap();
 }
+
+#[test]
+fn debug_of_a_unix_socket_url_hides_its_pass_parameter() {
+    let config = parse("[redis]\nurl = \"redis+unix:///tmp/r.sock?db=1&pass=s3cret\"\n").unwrap();
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("s3cret"), "password in Debug: {debug}");
+    assert_eq!(
+        redact_url("redis://u:s3cret@127.0.0.1:6379"),
+        crate::connection::redact_url("redis://u:s3cret@127.0.0.1:6379"),
+        "one redaction for config and connection"
+    );
+}
+
+#[test]
+fn tls_settings_with_a_sentinel_target_need_a_rediss_url() {
+    let (key, _, message) = invalid(
+        "[redis]\nsentinels = [\"redis://a:26379\"]\nsentinel_master = \"m\"\ntls_ca_file = \"/ca.crt\"\n",
+    );
+    assert_eq!(key, "redis.tls_ca_file");
+    assert!(message.contains("rediss://"), "{message}");
+    for tls_url in [
+        "sentinels = [\"rediss://a:26379\"]\nsentinel_master = \"m\"\n",
+        "url = \"rediss://u:pw@_/0\"\nsentinels = [\"redis://a:26379\"]\nsentinel_master = \"m\"\n",
+    ] {
+        parse(&format!("[redis]\n{tls_url}tls_ca_file = \"/ca.crt\"\n")).unwrap();
+    }
+}

@@ -109,8 +109,8 @@ impl Config {
 
     /// The `tls_*` keys (README "TLS"): a client certificate needs its key and the reverse,
     /// `tls_insecure` excludes `tls_ca_file` (nothing would be verified against it), and TLS
-    /// settings need `rediss://` URLs for `url` and `cluster_nodes` (Sentinel targets are
-    /// checked by the Sentinel settings).
+    /// settings need `rediss://` URLs for `url` and `cluster_nodes`, and for a Sentinel target at
+    /// least one `rediss://` sentinel or `url`.
     fn validate_tls(&self) -> Result<(), ConfigError> {
         let redis = &self.redis;
         match (&redis.tls_cert_file, &redis.tls_key_file) {
@@ -144,8 +144,19 @@ impl Config {
         let Some(tls_key) = tls_key else {
             return Ok(());
         };
+        let tls_url = |url: &String| url.starts_with("rediss://");
         if !redis.sentinels.is_empty() {
-            return Ok(());
+            // The TLS files serve the rediss:// sentinels and a rediss:// master (the scheme of
+            // `url`, or without one, of the sentinels): with no rediss:// URL they are unused.
+            if redis.sentinels.iter().any(tls_url) || redis.url.as_ref().is_some_and(tls_url) {
+                return Ok(());
+            }
+            return Err(self.invalid(
+                &["redis", tls_key],
+                format!(
+                    "{tls_key} is set but the sentinels and [redis] url are plain redis:// URLs, which never use TLS; write the sentinels as rediss://host:port, and url as rediss://... for a TLS master"
+                ),
+            ));
         }
         let plain = match (&redis.url, redis.cluster_nodes.first()) {
             (_, Some(_)) => redis
@@ -313,15 +324,9 @@ impl Config {
     }
 }
 
-/// `redis://user:secret@host` → `redis://***@host`: never print a password.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
+/// The one password redaction ([`crate::connection::redact_url`]), re-exported here for
+/// config users.
+pub use crate::connection::redact_url;
 
 pub(super) fn check_redis_url(url: &str) -> Result<(), String> {
     redis::IntoConnectionInfo::into_connection_info(url)

@@ -317,11 +317,15 @@ impl Resolver {
     /// # Errors
     /// - every sentinel that answered knows no master of that name: `InvalidClientConfig`
     ///   (retrying cannot fix it);
-    /// - a TLS handshake with a sentinel failed: that error (`RedisFailure::TlsHandshake`);
+    /// - a sentinel's TLS handshake failed and none answered: that error
+    ///   ([`RedisFailure::TlsHandshake`], startup stops at once);
     /// - none answered: an I/O error naming them (startup retries it).
     async fn ask_sentinels(&self) -> RedisResult<(String, u16)> {
         let mut unknown = false;
         let mut last_error = None;
+        // Kept with its type: a handshake that failed is not an unreachable sentinel, and
+        // retrying cannot fix it (RedisFailure::TlsHandshake, docs/design.md §15.1).
+        let mut tls_error = None;
         for client in &self.sentinel_clients {
             let answer = async {
                 let mut conn = client.get_multiplexed_async_connection().await?;
@@ -334,10 +338,9 @@ impl Resolver {
             match tokio::time::timeout(DEFAULT_CONNECT_TIMEOUT, answer).await {
                 Ok(Ok(Some(addr))) => return Ok(addr),
                 Ok(Ok(None)) => unknown = true,
-                // A TLS setting is wrong: asking the next sentinel the same way cannot help,
-                // and the error keeps its kind (startup fails at once, with what to check).
                 Ok(Err(error)) if RedisFailure::of(&error) == RedisFailure::TlsHandshake => {
-                    return Err(error);
+                    last_error = Some(error.to_string());
+                    tls_error.get_or_insert(error);
                 }
                 Ok(Err(error)) => last_error = Some(error.to_string()),
                 Err(_) => last_error = Some("no answer in time".to_owned()),
@@ -352,6 +355,9 @@ impl Resolver {
                     self.sentinels, self.master_name
                 ),
             )));
+        }
+        if let Some(error) = tls_error {
+            return Err(error);
         }
         Err(RedisError::from(std::io::Error::new(
             std::io::ErrorKind::ConnectionRefused,

@@ -430,9 +430,10 @@ impl Listener {
         Self::build(target, stream, group, AnyHandler::batch(handler), options)
     }
 
-    /// A listener running `handler`, per entry or per batch ([`ListenerHandler`]): what
-    /// [`Listener::new`] and [`Listener::new_batch`] build, for a handler whose kind is decided
-    /// at run time (the facade's registrations).
+    /// A listener running `handler`, per entry or per batch
+    /// ([`ListenerHandler`](crate::batch::ListenerHandler)): what [`Listener::new`] and
+    /// [`Listener::new_batch`] build, for a handler whose kind is decided at run time (the
+    /// facade's registrations).
     ///
     /// # Errors
     /// As [`Listener::new`], and for a batch handler as [`Listener::new_batch`].

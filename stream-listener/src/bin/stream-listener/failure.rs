@@ -1,16 +1,9 @@
 //! How the tool fails: one line on standard error and an exit code (1 operation failed, 2 usage
-//! error, 3 Redis unreachable), and connecting to Redis with those failures.
+//! error, 3 Redis unreachable). Connecting, with those failures, is in [`crate::connect`].
 
 use stream_listener::core::internals::acl;
 use stream_listener::core::internals::admin::AdminError;
-use stream_listener::core::internals::connection::RedisFailure;
-use stream_listener::core::internals::connection::{
-    DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, SentinelTarget, TlsOptions, redact_url,
-    tls_advice,
-};
 use stream_listener::core::internals::report::Chain;
-
-use crate::Cli;
 
 /// A failure and its exit code.
 pub(crate) enum Failure {
@@ -87,117 +80,4 @@ impl From<AdminError> for Failure {
 
 pub(crate) fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// The TLS flags (`--tls-ca-file`, `--tls-cert-file`, `--tls-key-file`, `--tls-insecure`), checked
-/// as the `[redis] tls_*` keys are: a certificate needs its key, `--tls-insecure` excludes
-/// `--tls-ca-file`, and any of them needs `rediss://` URLs.
-fn tls_options(cli: &Cli, urls: &[&str]) -> Result<TlsOptions, Failure> {
-    let mut tls = TlsOptions::default();
-    tls.ca_file = cli.tls_ca_file.clone();
-    tls.cert_file = cli.tls_cert_file.clone();
-    tls.key_file = cli.tls_key_file.clone();
-    tls.insecure = cli.tls_insecure;
-    if tls.cert_file.is_some() != tls.key_file.is_some() {
-        return Err(Failure::Usage(
-            "mutual TLS needs both --tls-cert-file and --tls-key-file".into(),
-        ));
-    }
-    if tls.insecure && tls.ca_file.is_some() {
-        return Err(Failure::Usage(
-            "--tls-insecure skips verifying the server, so --tls-ca-file would not be used: give one of them".into(),
-        ));
-    }
-    let any = tls.ca_file.is_some() || tls.cert_file.is_some() || tls.insecure;
-    if let Some(plain) = urls.iter().find(|u| !u.starts_with("rediss://"))
-        && any
-    {
-        return Err(Failure::Usage(format!(
-            "the --tls-* flags need rediss:// URLs, but {} is plain redis://; write it as rediss://host:port",
-            redact_url(plain)
-        )));
-    }
-    if tls.insecure {
-        eprintln!(
-            "warning: --tls-insecure: the server's TLS certificate is not verified (tests only)"
-        );
-    }
-    Ok(tls)
-}
-
-/// Connects to the standalone server, cluster or Sentinel master the command line names.
-pub(crate) async fn connect(cli: &Cli) -> Result<RedisConnection, Failure> {
-    let sentinel = !cli.sentinels.is_empty() || cli.sentinel_master.is_some();
-    let (target, shown) = if sentinel {
-        let (Some(master), false) = (&cli.sentinel_master, cli.sentinels.is_empty()) else {
-            return Err(Failure::Usage(
-                "--sentinel and --sentinel-master (or REDIS_SENTINELS and REDIS_SENTINEL_MASTER) go together: the sentinels to ask and the master name they monitor".into(),
-            ));
-        };
-        if !cli.cluster_nodes.is_empty() {
-            return Err(Failure::Usage(
-                "give either --sentinel (a master found through Redis Sentinel) or --cluster-node (a Redis Cluster), not both".into(),
-            ));
-        }
-        let mut target = SentinelTarget::new(cli.sentinels.clone(), master.clone());
-        // The default --redis-url is no master setting: without one, the master speaks TLS
-        // when the sentinels do (as run() without `[redis] url`).
-        target.master_auth = (cli.redis_url != stream_listener::core::config::DEFAULT_REDIS_URL)
-            .then(|| cli.redis_url.clone());
-        let shown: Vec<String> = cli.sentinels.iter().map(|n| redact_url(n)).collect();
-        (
-            RedisTarget::sentinel(target),
-            format!("sentinel master {master} via {}", shown.join(", ")),
-        )
-    } else if cli.cluster_nodes.is_empty() {
-        (
-            RedisTarget::standalone(cli.redis_url.clone()),
-            redact_url(&cli.redis_url),
-        )
-    } else {
-        let shown: Vec<String> = cli.cluster_nodes.iter().map(|n| redact_url(n)).collect();
-        (
-            RedisTarget::cluster(cli.cluster_nodes.clone()),
-            format!("cluster {}", shown.join(", ")),
-        )
-    };
-    let urls: Vec<&str> = if sentinel {
-        cli.sentinels.iter().map(String::as_str).collect()
-    } else if cli.cluster_nodes.is_empty() {
-        vec![cli.redis_url.as_str()]
-    } else {
-        cli.cluster_nodes.iter().map(String::as_str).collect()
-    };
-    let target = target.with_tls(tls_options(cli, &urls)?);
-    RedisConnection::connect(&target, DEFAULT_RESPONSE_TIMEOUT)
-        .await
-        .map_err(|err| {
-            let text = one_line(&err.to_string());
-            if let Some(advice) = tls_advice(&err) {
-                Failure::Operation(format!(
-                    "TLS with Redis at {shown} failed ({text}): {advice}"
-                ))
-            } else if err.kind() == redis::ErrorKind::InvalidClientConfig
-                && text.contains("tls_")
-            {
-                // A TLS file named by its `[redis]` key: give the flag's name too.
-                Failure::Usage(format!(
-                    "invalid TLS file: {text}; give --tls-ca-file, --tls-cert-file and --tls-key-file readable PEM files"
-                ))
-            } else if sentinel && err.kind() == redis::ErrorKind::InvalidClientConfig {
-                Failure::Usage(format!(
-                    "cannot use {shown}: {text}; check --sentinel (REDIS_SENTINELS) and --sentinel-master (REDIS_SENTINEL_MASTER)"
-                ))
-            } else if err.kind() == redis::ErrorKind::InvalidClientConfig {
-                Failure::Usage(format!(
-                    "invalid Redis address {shown}: {text}; write it as redis://[user:password@]host:port[/db]"
-                ))
-            } else if RedisFailure::of(&err).is_unreachable() {
-                Failure::Unreachable(format!(
-                    "cannot reach Redis at {shown}: {text}; check that Redis is running and that --redis-url (or REDIS_URL, or --cluster-node, or --sentinel) points at it"
-                ))
-            } else {
-                Failure::Operation(format!("cannot connect to Redis at {shown}: {text}"))
-            }
-        })
 }

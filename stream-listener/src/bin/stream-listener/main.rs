@@ -5,6 +5,7 @@
 //! corrupt metadata...); 2 usage error (bad arguments, invalid URL); 3 Redis unreachable. Errors
 //! are one line on standard error saying what went wrong and what to do.
 
+mod connect;
 mod dlq;
 mod failure;
 mod resets;
@@ -21,7 +22,8 @@ use serde::Serialize;
 use stream_listener::core::internals::admin;
 use stream_listener::core::internals::coordinator::CoordinatorConfig;
 
-use failure::{Failure, connect};
+use connect::connect;
+use failure::Failure;
 use text::cleanup_text;
 use text::{
     created_text, deleted_text, group_text, groups_text, retire_text, scale_text, stream_text,
@@ -39,15 +41,9 @@ use text::{
 #[command(name = "stream-listener", version, propagate_version = true)]
 struct Cli {
     /// Redis URL of a standalone server: redis://[user:password@]host:port[/db], or rediss://
-    /// for TLS.
-    #[arg(
-        long,
-        global = true,
-        env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379",
-        value_name = "URL"
-    )]
-    redis_url: String,
+    /// for TLS [default: redis://127.0.0.1:6379].
+    #[arg(long, global = true, env = "REDIS_URL", value_name = "URL")]
+    redis_url: Option<String>,
 
     /// Seed node of a Redis Cluster (a redis:// URL); repeat for more nodes. When given, the
     /// tool talks to the cluster and --redis-url is ignored.
@@ -71,10 +67,10 @@ struct Cli {
     /// impersonate the server).
     #[arg(long, global = true, env = "REDIS_TLS_INSECURE")]
     tls_insecure: bool,
-    /// A Redis Sentinel (redis://[user:password@]host:26379); repeat for more. With
-    /// --sentinel-master the tool asks them for the master and talks to it; --redis-url then only
-    /// gives the master's user, password and database (its host is ignored); without it the
-    /// master speaks TLS when every sentinel URL is rediss://.
+    /// A Redis Sentinel (redis://[user:password@]host:26379, rediss:// for TLS); repeat for more.
+    /// With --sentinel-master the tool asks them for the master and talks to it; --redis-url then
+    /// only gives the master's user, password, database and scheme (its host is ignored; without
+    /// it the master speaks TLS when every sentinel URL is rediss://).
     #[arg(
         long = "sentinel",
         global = true,
@@ -107,7 +103,7 @@ impl std::fmt::Debug for Cli {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use stream_listener::core::internals::connection::redact_url;
         f.debug_struct("Cli")
-            .field("redis_url", &redact_url(&self.redis_url))
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field(
                 "cluster_nodes",
                 &self
@@ -116,6 +112,19 @@ impl std::fmt::Debug for Cli {
                     .map(|n| redact_url(n))
                     .collect::<Vec<_>>(),
             )
+            .field(
+                "sentinels",
+                &self
+                    .sentinels
+                    .iter()
+                    .map(|n| redact_url(n))
+                    .collect::<Vec<_>>(),
+            )
+            .field("sentinel_master", &self.sentinel_master)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("tls_insecure", &self.tls_insecure)
             .field("json", &self.json)
             .field("command", &self.command)
             .finish()
@@ -521,6 +530,7 @@ async fn run(cli: Cli) -> Result<String, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stream_listener::core::internals::connection::Topology;
 
     #[test]
     fn the_command_line_parses() {
@@ -535,13 +545,56 @@ mod tests {
             "redis://u:s3cret-pw@127.0.0.1:6379",
             "--cluster-node",
             "redis://u:s3cret-pw@127.0.0.1:7000",
+            "--sentinel",
+            "redis://:s3cret-pw@127.0.0.1:26379",
             "stream",
             "list",
         ]);
         let shown = format!("{cli:?}");
+        assert!(shown.contains("redis://:***@127.0.0.1:26379"), "{shown}");
         assert!(!shown.contains("s3cret-pw"), "{shown}");
         assert!(shown.contains("redis://u:***@127.0.0.1:6379"), "{shown}");
         assert!(shown.contains("redis://u:***@127.0.0.1:7000"), "{shown}");
+    }
+
+    #[test]
+    fn a_sentinel_master_without_redis_url_speaks_tls_like_its_sentinels() {
+        let cli = Cli::parse_from([
+            "stream-listener",
+            "--sentinel",
+            "rediss://127.0.0.1:26379",
+            "--sentinel-master",
+            "mymaster",
+            "stream",
+            "list",
+        ]);
+        let Ok((target, _, _)) = connect::target_of(&cli) else {
+            panic!("no target");
+        };
+        let Topology::Sentinel(sentinel) = target.topology() else {
+            panic!("not a Sentinel target: {target:?}");
+        };
+        // No --redis-url: the master's scheme follows the sentinels' (as [redis] without url),
+        // not the plain default URL.
+        assert_eq!(sentinel.master_auth, None);
+        let cli = Cli::parse_from([
+            "stream-listener",
+            "--redis-url",
+            "rediss://u:pw@_/2",
+            "--sentinel",
+            "rediss://127.0.0.1:26379",
+            "--sentinel-master",
+            "mymaster",
+            "stream",
+            "list",
+        ]);
+        let Ok((target, _, _)) = connect::target_of(&cli) else {
+            panic!("no target");
+        };
+        let Topology::Sentinel(sentinel) = target.topology() else {
+            panic!("not a Sentinel target: {target:?}");
+        };
+        assert_eq!(sentinel.master_auth.as_deref(), Some("rediss://u:pw@_/2"));
     }
 
     impl Cli {
