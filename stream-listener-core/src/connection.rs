@@ -164,12 +164,7 @@ impl RedisTarget {
     /// The target for logs and errors, passwords replaced by `***`: the URL, `cluster [a, b]`
     /// or `sentinel master <name> via [a, b]`.
     pub fn describe(&self) -> String {
-        let list = |urls: &[String]| {
-            urls.iter()
-                .map(|n| redact_url(n))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let list = |urls: &[String]| redact_urls(urls).join(", ");
         match &self.topology {
             Topology::Standalone(url) => redact_url(url),
             Topology::Cluster(nodes) => format!("cluster [{}]", list(nodes)),
@@ -199,10 +194,9 @@ impl std::fmt::Debug for Topology {
             Topology::Standalone(url) => {
                 f.debug_tuple("Standalone").field(&redact_url(url)).finish()
             }
-            Topology::Cluster(nodes) => f
-                .debug_tuple("Cluster")
-                .field(&nodes.iter().map(|n| redact_url(n)).collect::<Vec<_>>())
-                .finish(),
+            Topology::Cluster(nodes) => {
+                f.debug_tuple("Cluster").field(&redact_urls(nodes)).finish()
+            }
             Topology::Sentinel(s) => f.debug_tuple("Sentinel").field(s).finish(),
         }
     }
@@ -211,18 +205,16 @@ impl std::fmt::Debug for Topology {
 impl std::fmt::Debug for SentinelTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SentinelTarget")
-            .field(
-                "sentinels",
-                &self
-                    .sentinels
-                    .iter()
-                    .map(|n| redact_url(n))
-                    .collect::<Vec<_>>(),
-            )
+            .field("sentinels", &redact_urls(&self.sentinels))
             .field("master_name", &self.master_name)
             .field("master_auth", &self.master_auth.as_deref().map(redact_url))
             .finish()
     }
+}
+
+/// Each of `urls` as [`redact_url`] shows it, for logs and `Debug` of URL lists.
+pub fn redact_urls(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|url| redact_url(url)).collect()
 }
 
 /// `url` with the password of `user:password@host` and of a `pass=` query parameter replaced by

@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use super::DEFAULT_REDIS_URL;
 use super::validate::redact_url;
+use crate::connection::redact_urls;
 use crate::connection::{RedisTarget, SentinelTarget, TlsOptions, Topology};
 use crate::coordinator::CoordinatorConfig;
 use crate::dataplane::FencingMode;
@@ -75,22 +76,8 @@ impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisConfig")
             .field("url", &self.url.as_deref().map(redact_url))
-            .field(
-                "cluster_nodes",
-                &self
-                    .cluster_nodes
-                    .iter()
-                    .map(|n| redact_url(n))
-                    .collect::<Vec<_>>(),
-            )
-            .field(
-                "sentinels",
-                &self
-                    .sentinels
-                    .iter()
-                    .map(|n| redact_url(n))
-                    .collect::<Vec<_>>(),
-            )
+            .field("cluster_nodes", &redact_urls(&self.cluster_nodes))
+            .field("sentinels", &redact_urls(&self.sentinels))
             .field("sentinel_master", &self.sentinel_master)
             .field("tls_ca_file", &self.tls_ca_file)
             .field("tls_cert_file", &self.tls_cert_file)

@@ -28,7 +28,7 @@ use redis::{
     RedisFuture, RedisResult, Value,
 };
 
-use super::{DEFAULT_CONNECT_TIMEOUT, RedisFailure, SentinelTarget, TlsOptions, redact_url};
+use super::{DEFAULT_CONNECT_TIMEOUT, RedisFailure, SentinelTarget, TlsOptions, redact_urls};
 
 /// First pause between two failed re-resolutions; doubled up to [`MAX_RETRY_DELAY`].
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(100);
@@ -112,12 +112,7 @@ impl SentinelConnection {
         let resolver = Resolver {
             master_name: target.master_name.clone(),
             sentinel_clients,
-            sentinels: target
-                .sentinels
-                .iter()
-                .map(|s| redact_url(s))
-                .collect::<Vec<_>>()
-                .join(", "),
+            sentinels: redact_urls(&target.sentinels).join(", "),
             master,
             config,
             resolve_timeout: DEFAULT_CONNECT_TIMEOUT + response_timeout,

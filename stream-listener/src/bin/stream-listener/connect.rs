@@ -4,7 +4,7 @@
 use stream_listener::core::internals::connection::RedisFailure;
 use stream_listener::core::internals::connection::{
     DEFAULT_RESPONSE_TIMEOUT, RedisConnection, RedisTarget, SentinelTarget, TlsOptions, Topology,
-    redact_url, tls_advice,
+    redact_url, redact_urls, tls_advice,
 };
 
 use crate::Cli;
@@ -73,7 +73,7 @@ pub(crate) fn target_of(cli: &Cli) -> Result<(RedisTarget, String, Vec<&str>), F
         // Without --redis-url the master speaks TLS when every sentinel does (as `[redis]`
         // without `url`); the plain default URL would make it plain.
         target.master_auth = cli.redis_url.clone();
-        let shown: Vec<String> = cli.sentinels.iter().map(|n| redact_url(n)).collect();
+        let shown = redact_urls(&cli.sentinels);
         (
             RedisTarget::sentinel(target),
             format!("sentinel master {master} via {}", shown.join(", ")),
@@ -84,7 +84,7 @@ pub(crate) fn target_of(cli: &Cli) -> Result<(RedisTarget, String, Vec<&str>), F
             redact_url(redis_url),
         )
     } else {
-        let shown: Vec<String> = cli.cluster_nodes.iter().map(|n| redact_url(n)).collect();
+        let shown = redact_urls(&cli.cluster_nodes);
         (
             RedisTarget::cluster(cli.cluster_nodes.clone()),
             format!("cluster {}", shown.join(", ")),

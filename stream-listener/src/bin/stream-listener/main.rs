@@ -101,25 +101,11 @@ struct Cli {
 // By hand: the URLs may hold a password, and Debug must not print it.
 impl std::fmt::Debug for Cli {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use stream_listener::core::internals::connection::redact_url;
+        use stream_listener::core::internals::connection::{redact_url, redact_urls};
         f.debug_struct("Cli")
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
-            .field(
-                "cluster_nodes",
-                &self
-                    .cluster_nodes
-                    .iter()
-                    .map(|n| redact_url(n))
-                    .collect::<Vec<_>>(),
-            )
-            .field(
-                "sentinels",
-                &self
-                    .sentinels
-                    .iter()
-                    .map(|n| redact_url(n))
-                    .collect::<Vec<_>>(),
-            )
+            .field("cluster_nodes", &redact_urls(&self.cluster_nodes))
+            .field("sentinels", &redact_urls(&self.sentinels))
             .field("sentinel_master", &self.sentinel_master)
             .field("tls_ca_file", &self.tls_ca_file)
             .field("tls_cert_file", &self.tls_cert_file)
