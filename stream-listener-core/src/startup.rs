@@ -29,9 +29,10 @@ pub enum StartupError {
         #[source]
         last_error: Option<redis::RedisError>,
     },
-    /// Redis answered but refused the connection or a command (authentication, ACL, an invalid
-    /// URL): retrying cannot fix it.
-    #[error("Redis refused the connection or `INFO server`")]
+    /// Redis refused the connection or a command (authentication, ACL), or the settings cannot
+    /// be used (an invalid URL, an unreadable TLS file, a master name no sentinel monitors):
+    /// retrying cannot fix it; the source says which.
+    #[error("cannot use Redis as configured (retrying cannot fix it)")]
     Refused(#[source] redis::RedisError),
     /// A node runs a Redis older than [`MINIMUM_REDIS_VERSION`].
     #[error(
