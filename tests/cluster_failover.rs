@@ -133,36 +133,13 @@ fn cluster_consumer(
     timings: Timings,
     extra: &[&str],
 ) -> Workload {
-    let mut args = strings(&[
-        "consume",
-        "--stream",
-        STREAM,
-        "--group",
-        GROUP,
-        "--heartbeat-ms",
-        &timings.heartbeat_ms.to_string(),
-        "--lease-ms",
-        &timings.lease_ms.to_string(),
-        "--rebalance-ms",
-        &timings.rebalance_ms.to_string(),
-        "--concurrency",
-        "2",
-        "--batch-size",
-        "16",
-        "--block-ms",
-        "500",
-        "--backoff-ms",
-        "20",
-        "--handler-timeout-ms",
-        "2000",
-        "--shutdown-timeout-ms",
-        "3000",
-        "--shards",
-        &SHARDS.to_string(),
-        "--exit-on-stdin-close",
-        "--handler-ms",
-        "2",
-    ]);
+    let mut args = support::faults::consumer_args(
+        2,
+        timings.heartbeat_ms,
+        timings.lease_ms,
+        timings.rebalance_ms,
+    );
+    args.extend(strings(&["--handler-ms", "2"]));
     args.extend(cluster_args(cluster));
     args.extend(strings(extra));
     Workload::spawn(workload_binary(), name, &cluster.urls()[0], &args)

@@ -55,18 +55,32 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
 
 /// A `workload consume` process with the suite's timings (`extra` is appended).
 pub fn consumer(name: &str, url: &str, concurrency: u32, extra: &[&str]) -> Workload {
-    let mut args = strings(&[
+    let mut args = consumer_args(concurrency, HEARTBEAT_MS, LEASE_MS, REBALANCE_MS);
+    args.extend(strings(extra));
+    Workload::spawn(workload_binary(), name, url, &args)
+}
+
+/// The arguments of a `workload consume` of the suite's stream and group with `concurrency`
+/// members and these protocol timings (milliseconds), and the suite's batch, block, backoff,
+/// handler and shutdown settings.
+pub fn consumer_args(
+    concurrency: u32,
+    heartbeat_ms: u64,
+    lease_ms: u64,
+    rebalance_ms: u64,
+) -> Vec<String> {
+    strings(&[
         "consume",
         "--stream",
         STREAM,
         "--group",
         GROUP,
         "--heartbeat-ms",
-        &HEARTBEAT_MS.to_string(),
+        &heartbeat_ms.to_string(),
         "--lease-ms",
-        &LEASE_MS.to_string(),
+        &lease_ms.to_string(),
         "--rebalance-ms",
-        &REBALANCE_MS.to_string(),
+        &rebalance_ms.to_string(),
         "--concurrency",
         &concurrency.to_string(),
         "--batch-size",
@@ -82,9 +96,7 @@ pub fn consumer(name: &str, url: &str, concurrency: u32, extra: &[&str]) -> Work
         "--shards",
         &SHARDS.to_string(),
         "--exit-on-stdin-close",
-    ]);
-    args.extend(strings(extra));
-    Workload::spawn(workload_binary(), name, url, &args)
+    ])
 }
 
 /// A `workload produce` process.
