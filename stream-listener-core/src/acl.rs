@@ -264,6 +264,15 @@ fn listener_checks(
             &shards,
         ),
         Check::on("read a shard's fence", &["HGET", g], &fence, &shards),
+        // A strict read is a transaction fenced by WATCH and a check script, which trips the
+        // transaction with PTTL/PEXPIRE/PERSIST on a fence (docs/design.md §8.2).
+        Check::on("fence a read", &["WATCH"], &fence, &shards),
+        Check::new("fence a read", &["MULTI"]),
+        Check::new("fence a read", &["EXEC"]),
+        Check::new("fence a read", &["EVAL", "return 1", "0"]),
+        Check::on("fence a read", &["PTTL"], &fence, &shards),
+        Check::on("fence a read", &["PEXPIRE", "1"], &fence, &shards),
+        Check::on("fence a read", &["PERSIST"], &fence, &shards),
         Check::on("register the group on a shard", &["HKEYS"], &fence, &shards),
         Check::on(
             "count handler attempts",

@@ -199,37 +199,62 @@ return {'OK', acked}
     &SCRIPT
 }
 
-/// Acknowledges entries on several shards in one call, each fenced with its own token: the acks
-/// of a read round (standalone servers only: the keys are in different hash slots). Breaks the
-/// two-key convention above: `KEYS[2i-1]`, `KEYS[2i]` are shard i's stream and fence;
-/// `ARGV[1]` the group; then per shard its encoded token, incarnation, member epoch, the number
-/// of ids n, and the n ids. Returns one reply per shard, in order, each as [`ack`]'s.
-pub(crate) fn ack_shards() -> &'static Script {
-    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        with_prelude(
+/// The fence check of a transactional read (docs/design.md §8.2, `dataplane::round`): sent with
+/// `EVAL`, never `EVALSHA`, between `WATCH <fences>` and `MULTI`, on the same connection. A
+/// server that lost its scripts answers `EVALSHA` with `NOSCRIPT`, the check would not run, and
+/// the `EXEC` after it would read unfenced; `EVAL` always runs the body.
+///
+/// `KEYS[s]` is shard s's fence hash; `ARGV[1]` the group (the fence field); then per shard its
+/// encoded token, incarnation and member epoch. Returns `{status, verdicts}`: one verdict per
+/// shard, `{'EQUAL'}`, `{'LOWER'}`, `{'LOWER', stored}` or `{'HIGHER', stored}` (as the other
+/// scripts' refusals; a fence key of the wrong type is `{'HIGHER', ''}`: fail closed). The status
+/// is `OK` when every verdict is `EQUAL`. Otherwise the script *trips* the transaction: it changes
+/// a watched key so that this client's `EXEC` aborts, with `PEXPIRE` and `PERSIST`, which Redis
+/// does not refuse under `maxmemory` (they are not deny-oom, unlike `SET` or `HSET`) and which
+/// leave the key's value and time to live as they were. Status `TRIPPED`: the `EXEC` aborts.
+/// Status `UNFENCED`: no watched key exists (every fence was lost), nothing could be tripped, and
+/// the `EXEC` runs: the entries it delivers to a refused shard must not be handled (they stay in
+/// this consumer's PEL; the shard's owner, refused `LOWER` too, raises again and claims them).
+pub(crate) fn check_fences() -> &'static str {
+    static SOURCE: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{PRELUDE}{}",
             r"
-local out, a = {}, 2
-for s = 1, #KEYS / 2 do
-  local n = tonumber(ARGV[a + 3])
-  local first, last = a + 4, a + 3 + n
-  local refused = refusal_of(KEYS[2 * s], ARGV[1], ARGV[a], ARGV[a + 1], ARGV[a + 2])
-  if refused then
-    out[s] = refused
+local verdicts, refused = {}, false
+for s = 1, #KEYS do
+  local a = 2 + 3 * (s - 1)
+  local stored = redis.pcall('HGET', KEYS[s], ARGV[1])
+  local v
+  if type(stored) == 'table' then
+    v = {'HIGHER', ''}
+  elseif stored == ARGV[a] then
+    v = {'EQUAL'}
+  elseif not stored then
+    v = {'LOWER'}
   else
-    local acked = 0
-    -- In chunks: unpack has a stack limit.
-    for i = first, last, 500 do
-      acked = acked + redis.call('XACK', KEYS[2 * s - 1], ARGV[1], unpack(ARGV, i, math.min(i + 499, last)))
-    end
-    out[s] = {'OK', acked}
+    local c = order(stored, ARGV[a + 1], ARGV[a + 2])
+    if c == nil or c >= 0 then v = {'HIGHER', stored} else v = {'LOWER', stored} end
   end
-  a = last + 1
+  if v[1] ~= 'EQUAL' then refused = true end
+  verdicts[s] = v
 end
-return out
-",
+if not refused then return {'OK', verdicts} end
+for s = 1, #KEYS do
+  local ttl = redis.call('PTTL', KEYS[s])
+  if ttl == -1 then
+    redis.call('PEXPIRE', KEYS[s], 2147483647)
+    redis.call('PERSIST', KEYS[s])
+    return {'TRIPPED', verdicts}
+  elseif ttl > 0 then
+    redis.call('PEXPIRE', KEYS[s], ttl)
+    return {'TRIPPED', verdicts}
+  end
+end
+return {'UNFENCED', verdicts}
+"
         )
     });
-    &SCRIPT
+    &SOURCE
 }
 
 /// Claims other consumers' pending entries without inflating delivery counts (takeover,

@@ -36,7 +36,7 @@ use tracing::Instrument;
 
 use crate::batch::AnyHandler;
 use crate::connection::{RedisConnection, RedisTarget};
-use crate::dataplane::{FencingMode, ShardClient, Waiter};
+use crate::dataplane::{ShardClient, Waiter};
 use crate::fence::FenceToken;
 use crate::hooks::HookKind;
 use crate::keys::StreamKeys;
@@ -96,7 +96,7 @@ impl ShardTaskContext {
         let ack_waits = options
             .replica_wait()
             .map(crate::replication::AckWaits::new);
-        let rounds = (options.fencing == FencingMode::Acks && !conn.is_cluster()).then(|| {
+        let rounds = (!conn.is_cluster()).then(|| {
             ReadRounds::new(
                 conn.clone(),
                 group.clone(),

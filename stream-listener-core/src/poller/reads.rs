@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use super::rounds::{ReadRounds, Request, RoundResult};
 use super::{Phase, ShardTask, holds};
-use crate::dataplane::round::{PartRead, RoundPart};
-use crate::dataplane::{DataPlaneError, Fenced, FencingMode, ReadOutcome, Waiter};
+use crate::dataplane::{DataPlaneError, ReadOutcome, Waiter};
 use crate::fence::FenceToken;
 use crate::model::ShardIndex;
 
 impl ShardTask {
     /// Acks the previous batch and reads the next one in the same round trip (one pipeline, the
-    /// ack first). A refused or failed ack wins over what the read returned: those entries stay
-    /// in this consumer's pending list.
+    /// plain ack first; in strict mode the read is fenced by a transaction). A failed ack fails
+    /// the whole round trip: the ids are held again and the shard re-reads its own pending
+    /// entries.
     pub(super) async fn read_new(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
@@ -38,13 +38,9 @@ impl ShardTask {
                 return other.map(|_| ());
             }
         };
-        match acked {
-            Ok(_) => self.count_handled(ids.len()),
-            Err(fenced) => {
-                self.conflict("ack", fenced, token).await;
-                return Ok(());
-            }
-        }
+        // Counted once acked (whatever `acked` says: an id acked before counts 0 there).
+        let _ = acked;
+        self.count_handled(ids.len());
         match read {
             ReadOutcome::Entries(entries) => {
                 // A batch listener may wait for a fuller batch (`batch_max_wait`).
@@ -82,16 +78,13 @@ impl ShardTask {
         rounds: &Arc<ReadRounds>,
         token: &FenceToken,
         ids: &[String],
-    ) -> Result<Option<(Result<usize, Fenced>, ReadOutcome)>, DataPlaneError> {
+    ) -> Result<Option<(usize, ReadOutcome)>, DataPlaneError> {
         let batch = self.ctx.options.batch_size;
-        let ack = (!ids.is_empty()).then(|| self.client.ack_part(self.shard, token, ids));
+        let mode = self.ctx.options.fencing;
         let request = Request {
             shard: self.shard,
             token: token.clone(),
-            part: RoundPart {
-                key: self.shard_key.to_string(),
-                ack,
-            },
+            part: self.client.round_part(self.shard, token, ids, mode),
         };
         let shared = &self.ctx.shared;
         let still_held = |shard: ShardIndex, token: &FenceToken| holds(shared, shard, token);
@@ -106,36 +99,13 @@ impl ShardTask {
                 });
             }
         };
-        // Held while this task does not wait: a script missing on the server makes this shard
-        // ack on its own, and that round trip gives the turn up.
+        // Held while this task does not wait: a round trip of the shard's own (an empty read's
+        // last id, a read alone after an aborted transaction) gives the turn up.
         self.turn.hold(turn);
-        let acked = match reply.ack {
-            Some(ack) => self.client.ack_reply(self.shard, token, ids, ack).await?,
-            None => Ok(0),
-        };
-        let read = match reply.read {
-            PartRead::Entries(read) => {
-                self.client
-                    .read_new_reply(self.shard, token, batch, Ok(read))
-                    .await?
-            }
-            // The multi-stream read failed as a whole and delivered nothing (another shard's
-            // group missing?): read this shard on its own, which reports its own error if any.
-            PartRead::ReadAlone => {
-                self.client
-                    .read_new(self.shard, token, batch, FencingMode::Acks)
-                    .await?
-            }
-            // Entries may have been delivered: back to this consumer's pending entries.
-            PartRead::Unexpected(what) => {
-                return Err(DataPlaneError::unexpected(
-                    "read_round",
-                    Some(self.shard),
-                    what,
-                ));
-            }
-        };
-        Ok(Some((acked, read)))
+        self.client
+            .round_reply(self.shard, token, batch, mode, reply)
+            .await
+            .map(Some)
     }
 
     /// Blocks until a new entry arrives, the block time or the lease runs out, or the shard is

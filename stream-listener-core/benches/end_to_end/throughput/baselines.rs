@@ -114,10 +114,10 @@ return 1
     }
 }
 
-/// Diagnostic (a) with fenced acks: per round one pipeline of one `ack_shards` call (each shard
-/// fenced with the task's token) and the multi-stream `XREADGROUP`
-/// (`ShardClient::read_round`, the acks-mode listener's read round).
-pub(crate) async fn raw_strong_fenced_ack(
+/// Diagnostic (a) through the listener's strict read round (`ShardClient::read_round`): per round
+/// one pipeline of the plain `XACK`s and the multi-stream `XREADGROUP` fenced by a transaction
+/// (`WATCH` the fences, `EVAL` the check, `MULTI`, the read, `EXEC`).
+pub(crate) async fn raw_strong_fenced_round(
     mut client: ShardClient,
     shards: Vec<u32>,
     keys: Vec<String>,
@@ -133,28 +133,19 @@ pub(crate) async fn raw_strong_fenced_ack(
             .map(|(&shard, ids)| (shard, &token, ids.as_slice()))
             .collect();
         let replies = client
-            .read_round(&parts, batch)
+            .read_round(&parts, batch, FencingMode::Strict)
             .await
             .expect("fenced round");
         let mut next = vec![Vec::new(); shards.len()];
         let mut got = 0;
         for (i, (ack, read)) in replies.into_iter().enumerate() {
-            match ack {
-                // The script was not loaded yet (the first round loads it): ack them next round.
-                Some(Err(e)) if e.code() == Some("NOSCRIPT") => next[i] = acks[i].clone(),
-                Some(ack) => {
-                    let ack = ack.expect("fenced ack");
-                    let ok = |v: Option<&Value>| match v {
-                        Some(Value::SimpleString(s)) => s == "OK",
-                        Some(Value::BulkString(b)) => b == b"OK",
-                        _ => false,
-                    };
-                    assert!(
-                        matches!(&ack, Value::Array(reply) if ok(reply.first())),
-                        "fenced ack refused: {ack:?}"
-                    );
-                }
-                None => {}
+            if let Some(ack) = ack {
+                let ack = ack.expect("ack");
+                assert_eq!(
+                    ack,
+                    Value::Int(acks[i].len() as i64),
+                    "every handled id acked"
+                );
             }
             let mut ids = vec![Vec::new()];
             got += parse_read(read, &keys[i..=i], &mut ids, |_| {});

@@ -28,9 +28,9 @@ pub(crate) fn task_shards(t: u32) -> Vec<u32> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Case {
     RawStrong,
-    /// Diagnostic: (a) with its acks fenced as the acks-mode listener's read rounds fence them
-    /// (one `ack_shards` script call per round, each shard with its own token): the listener's
-    /// Redis commands without the listener.
+    /// Diagnostic: (a) through the strict listener's read round (plain `XACK`s, the read fenced
+    /// by `WATCH`, the check script, `MULTI`, `EXEC`): the listener's Redis commands without the
+    /// listener.
     RawStrongFencedAck,
     /// Diagnostic: (a) with its acks fenced through `WATCH` instead of Lua: one pipeline of
     /// `WATCH` (the fences and a tripwire key), a script without ids that checks each fence and
@@ -65,7 +65,9 @@ impl Case {
     fn name(self) -> &'static str {
         match self {
             Case::RawStrong => "raw multi-stream XREADGROUP + pipelined XACK (a)",
-            Case::RawStrongFencedAck => "diagnostic: (a) with the rounds' fenced ack (ack_shards)",
+            Case::RawStrongFencedAck => {
+                "diagnostic: (a) through the strict read round (transaction)"
+            }
             Case::RawStrongWatchAck => "diagnostic: (a) with acks fenced by WATCH/MULTI/EXEC",
             Case::RawPerShard => "raw per-shard XREADGROUP + pipelined XACK (b)",
             Case::FencedScripts => "raw per-shard fenced scripts, strict read_new + ack (c)",
@@ -202,7 +204,7 @@ pub(crate) async fn run_case(
                         Case::RawStrongFencedAck => {
                             let client =
                                 ShardClient::new(conn, stream, &group, &consumer).expect("client");
-                            raw_strong_fenced_ack(client, shards, keys, token, batch).await
+                            raw_strong_fenced_round(client, shards, keys, token, batch).await
                         }
                         Case::RawStrongWatchAck => {
                             let mut conn = conn;

@@ -1,5 +1,6 @@
-//! Acknowledging entries (docs/design.md §8.5, §8.7): one shard's fenced ack, its part of a
-//! read round's multi-shard ack, and the reply of an ack sent elsewhere.
+//! Acknowledging entries (docs/design.md §8.2, §8.5): one shard's fenced ack, sent on its own
+//! (before a claim, a pending read, a raise or the end of a task), and the reply of the plain
+//! `XACK` that travels with a read ([`crate::dataplane::round`]).
 
 use redis::Value;
 
@@ -7,7 +8,7 @@ use super::reply::int;
 use super::{Reply, ScriptCall, ShardClient};
 use crate::connection::RedisFailure;
 use crate::dataplane::error::DataPlaneError;
-use crate::dataplane::round::{AckPart, into_result};
+use crate::dataplane::round::into_result;
 use crate::dataplane::{Fenced, scripts};
 use crate::fence::FenceToken;
 use crate::model::ShardIndex;
@@ -69,51 +70,27 @@ impl ShardClient {
         ack_outcome(shard, reply)
     }
 
-    /// The fenced ack of `ids` on `shard` as one shard's part of a read round's multi-shard ack
-    /// ([`crate::dataplane::round`]): its fence key and its arguments. Read the part's reply with
-    /// [`ShardClient::ack_reply`].
-    pub(crate) fn ack_part(
-        &mut self,
-        shard: ShardIndex,
-        token: &FenceToken,
-        ids: &[String],
-    ) -> AckPart {
-        let mut args = redis::Cmd::new();
-        args.arg(self.encoded(token))
-            .arg(token.incarnation)
-            .arg(token.member_epoch)
-            .arg(ids.len());
-        for id in ids {
-            args.arg(id);
-        }
-        AckPart {
-            fence: self.keys.fence(shard),
-            args,
-        }
-    }
-
-    /// The listener's acks-mode read round as one raw call, for the benchmarks' diagnostic
-    /// loops (`testing` feature): one pipeline with one `ack_shards` script call acking each
-    /// `(shard, token, ids)` part fenced with its own token, and one multi-stream `XREADGROUP`
-    /// of up to `count` new entries per shard, as this client's consumer. Standalone servers
-    /// only. Returns, per part in order, its ack reply (`None` without ids) and its read reply
-    /// shaped as a one-stream `XREADGROUP` reply (`[[key, entries]]`, nil when nothing was new).
+    /// The listener's read round as one raw call, for the benchmarks' diagnostic loops
+    /// (`testing` feature): one pipeline with a plain `XACK` of each part's ids and one
+    /// multi-stream read of up to `count` new entries per shard, as this client's consumer,
+    /// fenced by a transaction in [`crate::dataplane::FencingMode::Strict`] (each part checked against its own
+    /// token; [`crate::dataplane::round`]). Standalone servers only. Returns, per part in order,
+    /// its ack reply (`None` without ids) and its read reply shaped as a one-stream `XREADGROUP`
+    /// reply (`[[key, entries]]`, nil when nothing was new).
     ///
     /// # Errors
-    /// The pipeline's [`redis::RedisError`] (connection lost, timeout), or a read reply of an
-    /// unexpected shape.
+    /// The pipeline's [`redis::RedisError`] (connection lost, timeout), or a read that was
+    /// refused, aborted or of an unexpected shape.
     #[cfg(feature = "testing")]
     pub async fn read_round(
         &mut self,
         parts: &[(ShardIndex, &FenceToken, &[String])],
         count: usize,
+        mode: crate::dataplane::FencingMode,
     ) -> redis::RedisResult<Vec<(Option<redis::RedisResult<Value>>, Value)>> {
         let round: Vec<crate::dataplane::round::RoundPart> = parts
             .iter()
-            .map(|&(shard, token, ids)| crate::dataplane::round::RoundPart {
-                key: self.keys.shard(shard),
-                ack: (!ids.is_empty()).then(|| self.ack_part(shard, token, ids)),
-            })
+            .map(|&(shard, token, ids)| self.round_part(shard, token, ids, mode))
             .collect();
         let mut conn = self.conn.clone();
         let replies = crate::dataplane::round::read_round(
@@ -136,27 +113,6 @@ impl ShardClient {
                 ))),
             })
             .collect()
-    }
-
-    /// What an [`ShardClient::ack_cmd`] sent elsewhere returned, as [`ShardClient::ack`] reports
-    /// it. A script missing on the server (restarted, failed over) did not run: the ack is sent
-    /// again on its own, which loads it.
-    ///
-    /// # Errors
-    /// As [`ShardClient::ack`].
-    pub(crate) async fn ack_reply(
-        &mut self,
-        shard: ShardIndex,
-        token: &FenceToken,
-        ids: &[String],
-        reply: redis::RedisResult<Value>,
-    ) -> Result<Result<usize, Fenced>, DataPlaneError> {
-        match reply {
-            Err(error) if RedisFailure::of(&error) == RedisFailure::NoScript => {
-                self.ack(shard, token, ids).await
-            }
-            reply => ack_outcome(shard, self.classify(ACK, shard, reply)?),
-        }
     }
 
     pub(super) fn ack_call(
@@ -186,5 +142,21 @@ pub(super) fn ack_outcome(
             .map(Ok)
             .ok_or_else(|| DataPlaneError::unexpected(ACK, Some(shard), "acked count")),
         Err(fenced) => Ok(Err(fenced)),
+    }
+}
+
+/// The reply of a plain `XACK` sent in a read round: how many of the ids were pending.
+pub(super) fn ack_count(
+    shard: ShardIndex,
+    reply: redis::RedisResult<Value>,
+) -> Result<usize, DataPlaneError> {
+    match reply.map_err(DataPlaneError::redis(ACK, Some(shard)))? {
+        Value::Int(n) => usize::try_from(n)
+            .map_err(|_| DataPlaneError::unexpected(ACK, Some(shard), "negative acked count")),
+        other => Err(DataPlaneError::unexpected(
+            ACK,
+            Some(shard),
+            format!("XACK reply {other:?}"),
+        )),
     }
 }

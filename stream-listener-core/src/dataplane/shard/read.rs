@@ -3,12 +3,13 @@
 
 use redis::Value;
 
+use super::ack::ack_count;
 use super::reply::{parse_entries, single_stream_entries, text, withhold_if_larger};
 use super::{Reply, ScriptCall, ShardClient, fenced_flag, unexpected_status};
 use crate::connection::RedisFailure;
 use crate::dataplane::error::DataPlaneError;
-use crate::dataplane::round::into_result;
-use crate::dataplane::{Fenced, FencingMode, ReadOutcome, ShardEntry, scripts};
+use crate::dataplane::round::{self, FencePart, PartRead, PartReply, RoundPart};
+use crate::dataplane::{FencingMode, ReadOutcome, ShardEntry, scripts};
 use crate::fence::FenceToken;
 use crate::model::ShardIndex;
 
@@ -45,7 +46,7 @@ impl ShardClient {
                     .plain_read_cmd(shard, count)
                     .query_async(&mut self.conn)
                     .await;
-                self.read_new_reply(shard, token, count, reply).await
+                self.read_new_reply(shard, token, count, mode, reply).await
             }
             FencingMode::Strict => {
                 let call = self.read_script_call(shard, token, count, mode);
@@ -54,10 +55,11 @@ impl ShardClient {
         }
     }
 
-    /// What a plain `XREADGROUP ... STREAMS <shard> >` (acks mode) returned, as
-    /// [`ShardClient::read_new`] reports it; when nothing was new, the read script runs for the
-    /// last id to wait from (atomically with an empty read). For a read sent in a pipeline or a
-    /// read round ([`crate::dataplane::round`]).
+    /// What a plain `XREADGROUP ... STREAMS <shard> >` returned, as [`ShardClient::read_new`]
+    /// reports it; when nothing was new, the read script runs for the last id to wait from
+    /// (atomically with an empty read, and fenced in strict mode: it may still return entries,
+    /// or a refusal). For a read sent in a pipeline or a read round ([`crate::dataplane::round`]),
+    /// in strict mode only once the round's fence check vouched for it.
     ///
     /// # Errors
     /// As [`ShardClient::read_new`].
@@ -66,11 +68,12 @@ impl ShardClient {
         shard: ShardIndex,
         token: &FenceToken,
         count: usize,
+        mode: FencingMode,
         reply: redis::RedisResult<Value>,
     ) -> Result<ReadOutcome, DataPlaneError> {
         let entries = self.plain_read_reply(shard, reply)?;
         if entries.is_empty() {
-            let call = self.read_script_call(shard, token, count, FencingMode::Acks);
+            let call = self.read_script_call(shard, token, count, mode);
             self.read_new_script(shard, call).await
         } else {
             Ok(ReadOutcome::Entries(entries))
@@ -89,15 +92,16 @@ impl ShardClient {
         read_new_outcome(shard, reply)
     }
 
-    /// [`ShardClient::ack`] of `ids` and [`ShardClient::read_new`] in one round trip: one
-    /// pipeline, the ack first. Returns both results; when the ack is refused by the fence, what
-    /// the read returned is still returned (in strict mode the same fence refused it too; in
-    /// acks mode those entries are in this consumer's pending list: drop them, the shard's next
-    /// owner claims them). With no ids it is [`ShardClient::read_new`] alone.
+    /// Acks `ids` on `shard` with a plain `XACK` and reads up to `count` new entries, in one
+    /// round trip ([`crate::dataplane::round`]: in strict mode the read is a transaction fenced
+    /// by `WATCH` and a check script, and the entries never pass through Lua). Returns how many
+    /// of `ids` were pending, and what the read returned. The ack is not fenced: a member acks
+    /// only what it handled, and `XACK` is idempotent (docs/design.md §8.2). With no ids only
+    /// the read is sent.
     ///
     /// # Errors
-    /// As [`ShardClient::ack`] and [`ShardClient::read_new`]; an error of either fails the
-    /// whole call (acking again and reading own pending entries from `"0"` recovers).
+    /// As [`ShardClient::read_new`]; an error of the ack fails the whole call (acking again and
+    /// reading own pending entries from `"0"` recovers).
     pub async fn ack_and_read_new(
         &mut self,
         shard: ShardIndex,
@@ -105,52 +109,77 @@ impl ShardClient {
         ids: &[String],
         count: usize,
         mode: FencingMode,
-    ) -> Result<(Result<usize, Fenced>, ReadOutcome), DataPlaneError> {
-        if ids.is_empty() {
-            return Ok((Ok(0), self.read_new(shard, token, count, mode).await?));
-        }
-        let ack = self.ack_call(shard, token, ids).cmd;
-        let read = match mode {
-            FencingMode::Acks => self.plain_read_cmd(shard, count),
-            FencingMode::Strict => self.read_script_call(shard, token, count, mode).cmd,
-        };
-        let mut pipe = redis::pipe();
-        pipe.add_command(ack).add_command(read).ignore_errors();
-        // The ack's WAIT last: the read is not held up by it (both replies come back together).
-        let turn = self
-            .replica_wait
-            .as_ref()
-            .and_then(crate::replication::AckWaits::begin);
-        if let Some(turn) = &turn {
-            pipe.add_command(turn.cmd());
-        }
-        let mut replies: Vec<Value> = pipe
-            .query_async(&mut self.conn)
-            .await
-            .map_err(DataPlaneError::redis("ack_and_read_new", Some(shard)))?;
-        if let Some(turn) = turn {
-            turn.finish(replies.pop().as_ref(), ids.len());
-        }
-        let Ok([ack_reply, read_reply]) = <[Value; 2]>::try_from(replies) else {
-            return Err(DataPlaneError::unexpected(
-                "ack_and_read_new",
-                Some(shard),
-                "not two replies",
-            ));
-        };
-        let acked = self
-            .ack_reply(shard, token, ids, into_result(ack_reply))
-            .await?;
-        let read = match (mode, into_result(read_reply)) {
-            (FencingMode::Acks, reply) => self.read_new_reply(shard, token, count, reply).await?,
-            (FencingMode::Strict, Err(error))
-                if RedisFailure::of(&error) == RedisFailure::NoScript =>
-            {
-                let call = self.read_script_call(shard, token, count, mode);
-                self.read_new_script(shard, call).await?
+    ) -> Result<(usize, ReadOutcome), DataPlaneError> {
+        let part = self.round_part(shard, token, ids, mode);
+        let mut conn = self.conn.clone();
+        let reply = round::read_round(
+            &mut conn,
+            &self.group,
+            &self.consumer,
+            count,
+            vec![part],
+            self.replica_wait.as_ref(),
+        )
+        .await
+        .map_err(DataPlaneError::redis("ack_and_read_new", Some(shard)))?
+        .pop()
+        .ok_or_else(|| DataPlaneError::unexpected("ack_and_read_new", Some(shard), "no reply"))?;
+        self.round_reply(shard, token, count, mode, reply).await
+    }
+
+    /// This shard's part of a read round ([`crate::dataplane::round`]): the plain ack of `ids`,
+    /// and in strict mode the check of the fence against `token`.
+    pub(crate) fn round_part(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        ids: &[String],
+        mode: FencingMode,
+    ) -> RoundPart {
+        let fence = match mode {
+            FencingMode::Strict => {
+                let encoded = self.encoded(token).to_owned();
+                Some(FencePart::new(self.keys.fence(shard), token, encoded))
             }
-            (FencingMode::Strict, reply) => {
-                read_new_outcome(shard, self.classify(READ_NEW, shard, reply)?)?
+            FencingMode::Acks => None,
+        };
+        RoundPart {
+            key: self.keys.shard(shard),
+            ack: ids.to_vec(),
+            fence,
+        }
+    }
+
+    /// What a read round returned for this shard, as [`ShardClient::ack_and_read_new`] reports
+    /// it: the number of ids acked, and the read. A round that delivered nothing for the shard
+    /// (an aborted transaction, a failed multi-stream read) is followed by the shard's own read
+    /// script, fenced in strict mode, which also reports the shard's own error.
+    ///
+    /// # Errors
+    /// As [`ShardClient::ack_and_read_new`]; [`DataPlaneError::Unexpected`] when entries may
+    /// have been delivered that the fence check did not vouch for (re-read own pending
+    /// entries: they are there).
+    pub(crate) async fn round_reply(
+        &mut self,
+        shard: ShardIndex,
+        token: &FenceToken,
+        count: usize,
+        mode: FencingMode,
+        reply: PartReply,
+    ) -> Result<(usize, ReadOutcome), DataPlaneError> {
+        let acked = match reply.ack {
+            Some(ack) => ack_count(shard, ack)?,
+            None => 0,
+        };
+        let read = match reply.read {
+            PartRead::Entries(read) => {
+                self.read_new_reply(shard, token, count, mode, Ok(read))
+                    .await?
+            }
+            PartRead::Fenced(fenced) => ReadOutcome::Fenced(fenced),
+            PartRead::ReadAlone => self.read_new(shard, token, count, mode).await?,
+            PartRead::Unexpected(what) => {
+                return Err(DataPlaneError::unexpected(READ_NEW, Some(shard), what));
             }
         };
         Ok((acked, read))
