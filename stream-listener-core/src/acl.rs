@@ -270,6 +270,9 @@ fn listener_checks(
         Check::new("fence a read", &["MULTI"]),
         Check::new("fence a read", &["EXEC"]),
         Check::new("fence a read", &["EVAL", "return 1", "0"]),
+        // With +eval, redis-rs runs this very check with EVAL when the server lacks its script,
+        // so the refusal of SCRIPT LOAD would only show later, at the first fenced script.
+        Check::new("load its scripts", &["SCRIPT", "LOAD", "return 1"]),
         Check::on("fence a read", &["PTTL"], &fence, &shards),
         Check::on("fence a read", &["PEXPIRE", "1"], &fence, &shards),
         Check::on("fence a read", &["PERSIST"], &fence, &shards),
