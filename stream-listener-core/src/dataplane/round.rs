@@ -113,7 +113,8 @@ impl PartReply {
 
 /// Sends the plain acks of `parts` and one read of up to `count` new entries per shard, for
 /// consumer `consumer` of group `group`, as one pipeline (the module docs give its commands);
-/// fenced by a transaction when the parts carry a [`FencePart`] (all of them or none). More than
+/// fenced by a transaction when the parts carry a [`FencePart`] (all of them, as one member's
+/// parts do). More than
 /// one part: standalone servers only (one command spans all the keys). Never blocks. Returns one
 /// [`PartReply`] per part, in order.
 ///
@@ -129,7 +130,8 @@ pub(crate) async fn read_round(
     parts: Vec<RoundPart>,
     wait: Option<&crate::replication::AckWaits>,
 ) -> redis::RedisResult<Vec<PartReply>> {
-    let fenced = parts.iter().all(|p| p.fence.is_some()) && !parts.is_empty();
+    // A part without a fence in a fenced round gets no verdict: its share is then unexpected.
+    let fenced = parts.iter().any(|p| p.fence.is_some());
     let acked = parts.iter().filter(|p| !p.ack.is_empty()).count();
     let mut pipe = redis::pipe();
     for part in &parts {

@@ -13,9 +13,9 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Helpers shared by every script: exact integer comparison, the fence order and check, the
-/// classification of errors caught with `redis.pcall`, and entry bodies.
-const PRELUDE: &str = r"
+/// Exact integer comparison and the order of fencing tokens: the part of [`PRELUDE`] that the
+/// check of a transactional read ([`check_fences`]) needs, which is sent whole every time.
+const TOKEN_ORDER: &str = r"
 -- Compares two decimal integers given as strings: -1, 0 or 1, exact beyond 2^53.
 local function cmp_int(a, b)
   local na, nb = string.sub(a, 1, 1) == '-', string.sub(b, 1, 1) == '-'
@@ -38,6 +38,11 @@ local function order(stored, inc, ep)
   return c
 end
 
+";
+
+/// Helpers shared by every script after [`TOKEN_ORDER`]: the fence check, the classification of
+/// errors caught with `redis.pcall`, and entry bodies.
+const PRELUDE: &str = r"
 -- nil when field `group` of fence hash `fence` holds exactly our token; otherwise the reply
 -- refusing the operation: LOWER (absent or below ours: a raise was lost) or HIGHER (at or
 -- above ours, another token, or not a token at all: fail closed).
@@ -86,7 +91,7 @@ end
 ";
 
 fn with_prelude(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}{body}"))
+    Script::new(&format!("{TOKEN_ORDER}{PRELUDE}{body}"))
 }
 
 /// A read script that checks the fence first when `ARGV[5]` is `'1'` (strict mode); in acks
@@ -218,7 +223,7 @@ return {'OK', acked}
 pub(crate) fn check_fences() -> &'static str {
     static SOURCE: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "{PRELUDE}{}",
+            "{TOKEN_ORDER}{}",
             r"
 local verdicts, refused = {}, false
 for s = 1, #KEYS do

@@ -56,6 +56,10 @@ pub(crate) enum Case {
     /// Diagnostic: (c) with plain `XREADGROUP` reads and the fenced ack script (what acks mode
     /// could cost: only acks and claims need the fence).
     PlainReadFencedAck,
+    /// The listener with the shipped defaults (`ListenerOptions::default()`: strict fencing,
+    /// the default `batch_size` whatever `E2E_BATCH` says), 4 members: what a user gets, against
+    /// the peer.
+    ListenerDefaults,
     /// sea-streamer-redis (LoadBalanced, Rolling commit), as a separate process on the same
     /// server (its own copy of the entries, keys `ss:<i>`, field `msg`).
     SeaStreamer,
@@ -80,6 +84,7 @@ impl Case {
             }
             Case::ListenerAcksWorkers2 => "diagnostic: Listener, acks, runtime_max_concurrency = 2",
             Case::PlainReadFencedAck => "diagnostic: (c) with plain XREADGROUP reads, fenced acks",
+            Case::ListenerDefaults => "Listener, shipped defaults (strict, default batch_size)",
             Case::SeaStreamer => {
                 "sea-streamer-redis 1.0.0-rc.5, LoadBalanced, Rolling, 4 consumers: all received"
             }
@@ -100,6 +105,7 @@ impl Case {
             Case::ListenerStrictWorkers2 => "lstrictw2",
             Case::ListenerAcksWorkers2 => "lacksw2",
             Case::PlainReadFencedAck => "plainreadfack",
+            Case::ListenerDefaults => "ldefault",
             Case::SeaStreamer => "seastreamer",
         }
     }
@@ -124,6 +130,13 @@ pub(crate) async fn run_case(
     let mut conn = setup.conn.clone();
     match case {
         Case::SeaStreamer => run_sea_streamer(setup, round).await,
+        Case::ListenerDefaults => {
+            let default_batch = ListenerOptions::default().batch_size;
+            run_listener_case_with(setup, &group, false, 1, |options| {
+                options.batch_size = default_batch;
+            })
+            .await
+        }
         Case::ListenerAcks
         | Case::ListenerStrict
         | Case::ListenerStrictWorkers2
@@ -372,6 +385,7 @@ pub(crate) async fn throughput(target: RedisTarget, label: &str) -> BTreeMap<Cas
     if cluster {
         cases.retain(|c| *c != Case::RawStrong);
     } else if std::env::var("E2E_SEA_STREAMER_BIN").is_ok() {
+        cases.push(Case::ListenerDefaults);
         cases.push(Case::SeaStreamer);
     }
     if let Ok(only) = std::env::var("E2E_CASES") {
@@ -388,6 +402,7 @@ pub(crate) async fn throughput(target: RedisTarget, label: &str) -> BTreeMap<Cas
             Case::ListenerStrictWorkers2,
             Case::ListenerAcksWorkers2,
             Case::PlainReadFencedAck,
+            Case::ListenerDefaults,
             Case::SeaStreamer,
         ]
         .into_iter()
