@@ -165,6 +165,10 @@ pub(crate) struct ShardTask {
     acks: AckBuffer,
     /// Whether the last read of new entries returned a full batch (more are likely waiting).
     behind: bool,
+    /// Whether the last wait for new entries ended without any (its block time passed): the next
+    /// read, with nothing to ack, is the shard's own fenced read script, which also returns the
+    /// last id to wait from again — one round trip instead of a transaction and then that script.
+    quiet: bool,
     waiter: Option<Waiter>,
     raised: Option<FenceToken>,
     phase: Phase,
@@ -230,6 +234,7 @@ impl ShardTask {
             client,
             acks: AckBuffer::default(),
             behind: false,
+            quiet: false,
             waiter: None,
             raised: None,
             phase: Phase::Claim,

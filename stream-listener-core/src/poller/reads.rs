@@ -20,7 +20,13 @@ impl ShardTask {
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
         let ids = self.take_acks_for(token).await;
+        let quiet = std::mem::take(&mut self.quiet);
         let result = match self.ctx.rounds.clone() {
+            _ if quiet && ids.is_empty() => self
+                .client
+                .read_new(self.shard, token, batch, mode)
+                .await
+                .map(|read| Some((0, read))),
             Some(rounds) => self.round(&rounds, token, ids.as_slice()).await,
             None => self
                 .client
@@ -127,7 +133,7 @@ impl ShardTask {
             return Ok(());
         };
         tokio::select! {
-            result = waiter.wait(&shards, block) => { result?; }
+            result = waiter.wait(&shards, block) => { self.quiet = result?.is_empty(); }
             _ = self.revoke.cancelled() => {}
             _ = self.stop.cancelled() => {}
         }
