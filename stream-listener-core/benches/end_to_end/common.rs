@@ -210,41 +210,86 @@ pub(crate) struct CaseCost {
 
 /// Started right before a case's clock, finished right after it.
 pub(crate) struct CostProbe {
-    pub(crate) standalone: bool,
+    /// A connection to each server whose CPU counts: the standalone server, or each master of
+    /// the cluster (their CPU and commands are summed).
+    nodes: Vec<RedisConnection>,
     pub(crate) redis_cpu: f64,
     pub(crate) client_cpu: f64,
 }
 
+/// Connections to every master of the cluster behind `conn` (from `CLUSTER SLOTS`), or `conn`
+/// itself on a standalone server.
+async fn cost_nodes(conn: &mut RedisConnection) -> Vec<RedisConnection> {
+    if !conn.is_cluster() {
+        return vec![conn.clone()];
+    }
+    let slots: Vec<Vec<redis::Value>> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut masters = std::collections::BTreeSet::new();
+    for range in slots {
+        if let Some(redis::Value::Array(master)) = range.get(2) {
+            let host: String = redis::from_redis_value(master[0].clone()).unwrap();
+            let port: u16 = redis::from_redis_value(master[1].clone()).unwrap();
+            masters.insert(format!("redis://{host}:{port}"));
+        }
+    }
+    let mut nodes = Vec::new();
+    for url in masters {
+        let target = stream_listener_core::internals::connection::RedisTarget::standalone(url);
+        nodes.push(
+            RedisConnection::connect(&target, std::time::Duration::from_secs(5))
+                .await
+                .unwrap(),
+        );
+    }
+    nodes
+}
+
+/// [`redis_stats`] summed over `nodes`.
+async fn nodes_stats(nodes: &mut [RedisConnection]) -> (f64, BTreeMap<String, (u64, u64)>) {
+    let mut cpu = 0.0;
+    let mut commands: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for node in nodes {
+        let (node_cpu, node_commands) = redis_stats(node).await;
+        cpu += node_cpu;
+        for (name, (calls, usec)) in node_commands {
+            let entry = commands.entry(name).or_default();
+            entry.0 += calls;
+            entry.1 += usec;
+        }
+    }
+    (cpu, commands)
+}
+
 impl CostProbe {
     pub(crate) async fn start(conn: &mut RedisConnection) -> CostProbe {
-        let standalone = !conn.is_cluster();
-        let mut redis_cpu = 0.0;
-        if standalone {
+        let mut nodes = cost_nodes(conn).await;
+        for node in &mut nodes {
             let () = redis::cmd("CONFIG")
                 .arg("RESETSTAT")
-                .query_async(conn)
+                .query_async(node)
                 .await
                 .unwrap();
-            redis_cpu = redis_stats(conn).await.0;
         }
+        let redis_cpu = nodes_stats(&mut nodes).await.0;
         CostProbe {
-            standalone,
+            nodes,
             redis_cpu,
             client_cpu: process_cpu(),
         }
     }
 
     pub(crate) async fn finish(
-        self,
-        conn: &mut RedisConnection,
+        mut self,
+        _conn: &mut RedisConnection,
         n: u64,
         secs: f64,
     ) -> Option<CaseCost> {
         let client = process_cpu() - self.client_cpu;
-        if !self.standalone {
-            return None;
-        }
-        let (cpu1, commands) = redis_stats(conn).await;
+        let (cpu1, commands) = nodes_stats(&mut self.nodes).await;
         let n = n.max(1) as f64;
         let mut commands: Vec<(String, u64, f64, f64)> = commands
             .into_iter()

@@ -502,7 +502,7 @@ pub(crate) async fn throughput(target: RedisTarget, label: &str) -> BTreeMap<Cas
             "\n[{label}] where the time goes (means over rounds; CPU from INFO and /proc/self/stat)"
         );
         println!(
-            "| case | Redis µs CPU per entry | Redis busy (share of a core) | client µs CPU per entry | client busy (share of the 2 cores' time, in cores) | Redis commands: µs per entry (µs per call) |"
+            "| case | Redis µs CPU per entry (all masters) | Redis busy (share of a core, summed over masters) | client µs CPU per entry | client busy (share of the 2 cores' time, in cores) | Redis commands: µs per entry (µs per call) |"
         );
         println!("| --- | --- | --- | --- | --- | --- |");
         for case in &cases {
