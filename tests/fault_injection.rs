@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 
 use stream_listener::testing::RedisServer;
 use stream_listener::testing::workload::{
-    self as checker, CONT_GRACE_US, Expected, LogLine, Stop, Workload, first_read_since, now_us,
+    self as checker, Expected, LogLine, Stop, Workload, first_read_since, now_us,
     poll_until as wait_until,
 };
 use support::faults::{
     HEARTBEAT_MS, LEASE_MS, SHARDS, consumer, create_stream, diagnose_missing, entry_history,
     handled_ok, missing_messages, owned_now, pending_entries, pending_per_shard, producer,
-    save_logs, serial, wait_settled,
+    save_logs, serial, wait_settled, zombie_log,
 };
 
 const KEYS: u64 = 40;
@@ -432,58 +432,21 @@ fn sigstop_of_a_member_process_past_its_lease_leaves_a_zombie_that_does_not_read
     let report = checker::check(&logs(&consumers), EXPECTED, &[stop]);
 
     // Zombie checks on the continued process's own log, per (member, shard) it owned at the stop.
-    let zombie = consumers[0].lines();
-    let mut violations = Vec::new();
-    let mut fence_rejections = 0;
-    let mut spanning = 0;
-    for (&shard, member) in &victim_owned {
-        let reassigned = zombie
-            .iter()
-            .filter_map(|l| match l {
-                LogLine::Assigned(o)
-                    if o.shard == shard && &o.member == member && o.ts_us >= continued_us =>
-                {
-                    Some(o.ts_us)
-                }
-                _ => None,
-            })
-            .min()
-            .unwrap_or(u64::MAX);
-        for line in &zombie {
-            match line {
-                LogLine::Read(r)
-                    if r.shard == shard
-                        && &r.member == member
-                        && r.ts_us > continued_us + CONT_GRACE_US
-                        && r.ts_us < reassigned =>
-                {
-                    violations.push(format!("zombie read after SIGCONT: {r:?}"));
-                }
-                LogLine::Handled(h)
-                    if h.call.shard == shard
-                        && &h.call.member == member
-                        && h.start_us >= continued_us
-                        && h.start_us < reassigned =>
-                {
-                    violations.push(format!("zombie started a handler after SIGCONT: {h:?}"));
-                }
-                LogLine::Handled(h)
-                    if h.call.shard == shard
-                        && h.start_us < stopped_us
-                        && h.end_us >= continued_us =>
-                {
-                    spanning += 1;
-                }
-                LogLine::FenceRejected(f) if f.ts_us >= continued_us => fence_rejections += 1,
-                _ => {}
-            }
-        }
-    }
+    let zombie = zombie_log(
+        &consumers[0].lines(),
+        &victim_owned,
+        stopped_us,
+        continued_us,
+    );
+    let spanning = zombie.spanning;
     eprintln!(
-        "SIGSTOP member: {}; the stopped process owned {victim_owned:?}; handler calls spanning the stop: {spanning}; fence rejections after SIGCONT: {fence_rejections}",
-        report.summary()
+        "SIGSTOP member: {}; the stopped process owned {victim_owned:?}; handler calls spanning the stop: {spanning}; fence rejections after SIGCONT: {} {:?}",
+        report.summary(),
+        zombie.rejections(),
+        zombie.fence_rejections
     );
     assert_clean(&report, "sigstop-member", &consumers);
+    let violations = zombie.violations();
     if !violations.is_empty() {
         let saved = save_logs("zombie", &consumers.iter().collect::<Vec<_>>());
         panic!("the continued process kept working (logs in {saved}): {violations:#?}");

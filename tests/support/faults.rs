@@ -3,11 +3,15 @@
 //! and diagnostics for a failing run. The process, its log and the checker are in
 //! `stream_listener::testing::workload`, shared with the fault benchmarks.
 
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use stream_listener::core::internals::connection::RedisTarget;
+use stream_listener::testing::RedisCluster;
 use stream_listener::testing::workload::{
-    Expected, LogLine, Workload, build_example, handled_messages, now_us, owned_before, poll_until,
+    CONT_GRACE_US, Expected, Handled, LogLine, Read, Workload, build_example, handled_messages,
+    now_us, owned_before, poll_until,
 };
 
 use super::{GROUP, STREAM};
@@ -99,9 +103,61 @@ pub fn consumer_args(
     ])
 }
 
+/// A `workload consume` process on the Redis Cluster `cluster` (`--cluster-node` for every node),
+/// otherwise as [`consumer`] starts one on a server.
+pub fn cluster_consumer(
+    cluster: &RedisCluster,
+    name: &str,
+    concurrency: u32,
+    extra: &[&str],
+) -> Workload {
+    let args = cluster_consumer_args(cluster, concurrency, extra);
+    Workload::spawn(workload_binary(), name, &cluster.urls()[0], &args)
+}
+
+/// The arguments of [`cluster_consumer`]'s process.
+pub fn cluster_consumer_args(
+    cluster: &RedisCluster,
+    concurrency: u32,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut args = consumer_args(concurrency, HEARTBEAT_MS, LEASE_MS, REBALANCE_MS);
+    args.extend(cluster_args(cluster));
+    args.extend(strings(extra));
+    args
+}
+
+/// `--cluster-node <url>` for every node of `cluster` (the workload's global option: it talks to
+/// the cluster instead of `--redis-url`).
+pub fn cluster_args(cluster: &RedisCluster) -> Vec<String> {
+    cluster
+        .urls()
+        .into_iter()
+        .flat_map(|url| ["--cluster-node".to_owned(), url])
+        .collect()
+}
+
 /// A `workload produce` process.
 pub fn producer(url: &str, keys: u64, count: u64, rate: u64) -> Workload {
-    let args = strings(&[
+    Workload::spawn(
+        workload_binary(),
+        "producer",
+        url,
+        &producer_args(keys, count, rate),
+    )
+}
+
+/// A `workload produce` process on the Redis Cluster `cluster`, otherwise as [`producer`].
+pub fn cluster_producer(cluster: &RedisCluster, keys: u64, count: u64, rate: u64) -> Workload {
+    let mut args = producer_args(keys, count, rate);
+    args.extend(cluster_args(cluster));
+    Workload::spawn(workload_binary(), "producer", &cluster.urls()[0], &args)
+}
+
+/// The arguments of a `workload produce` of `count` messages over `keys` keys at `rate` per
+/// second to the suite's stream, in batches of 32.
+fn producer_args(keys: u64, count: u64, rate: u64) -> Vec<String> {
+    strings(&[
         "produce",
         "--stream",
         STREAM,
@@ -115,8 +171,7 @@ pub fn producer(url: &str, keys: u64, count: u64, rate: u64) -> Workload {
         &SHARDS.to_string(),
         "--batch",
         "32",
-    ]);
-    Workload::spawn(workload_binary(), "producer", url, &args)
+    ])
 }
 
 /// Owned copies of command-line words.
@@ -170,15 +225,17 @@ pub fn handled_ok(procs: &[&Workload]) -> usize {
 
 /// Creates the suite's stream (`SHARDS` shards) on the server at `url`.
 pub fn create_stream(url: &str) {
+    create_stream_on(&RedisTarget::standalone(url.to_owned()));
+}
+
+/// Creates the suite's stream (`SHARDS` shards) on `target` (a server or a cluster).
+pub fn create_stream_on(target: &RedisTarget) {
     use stream_listener::core::internals::admin;
-    use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+    use stream_listener::core::internals::connection::RedisConnection;
     block_on(async {
-        let mut conn = RedisConnection::connect(
-            &RedisTarget::standalone(url.to_owned()),
-            Duration::from_secs(5),
-        )
-        .await
-        .expect("connect to Redis");
+        let mut conn = RedisConnection::connect(target, Duration::from_secs(5))
+            .await
+            .expect("connect to Redis");
         admin::create_stream(&mut conn, STREAM, SHARDS)
             .await
             .expect("create the stream");
@@ -353,4 +410,121 @@ pub fn entry_history(procs: &[&Workload], shard: u32, id: &str) -> Vec<String> {
     let mut kept: Vec<String> = out.into_iter().filter(|l| !l.contains("Read(")).collect();
     kept.extend(reads.into_iter().rev().take(2));
     kept
+}
+
+/// When `member` was first assigned `shard` at or after `since_us` according to `lines` (µs),
+/// `None` when it was not.
+pub fn assigned_again(lines: &[LogLine], member: &str, shard: u32, since_us: u64) -> Option<u64> {
+    lines
+        .iter()
+        .filter_map(|line| match line {
+            LogLine::Assigned(o)
+                if o.shard == shard && o.member == member && o.ts_us >= since_us =>
+            {
+                Some(o.ts_us)
+            }
+            _ => None,
+        })
+        .min()
+}
+
+/// What the log of a member process frozen with `SIGSTOP` and continued with `SIGCONT` says about
+/// it after the `SIGCONT` ([`zombie_log`]).
+#[derive(Debug, Default)]
+pub struct ZombieLog {
+    /// Reads logged after the checker's grace past the `SIGCONT` ([`CONT_GRACE_US`]: a reply
+    /// that arrived during the stop is logged only then) by a member on a shard it owned at the
+    /// stop, before it was assigned that shard again: the zombie read.
+    pub reads: Vec<Read>,
+    /// Handler calls started after the `SIGCONT` by a member on a shard it owned at the stop,
+    /// before it was assigned that shard again: the zombie worked on.
+    pub handler_starts: Vec<Handled>,
+    /// Handler calls on those shards that started before the stop and ended after the
+    /// `SIGCONT` (at most one per shard: the call the stop froze).
+    pub spanning: usize,
+    /// Fence rejections the process logged after the `SIGCONT`, by operation (`read`, `ack`,
+    /// `claim`): each is one operation of a member the fence refused.
+    pub fence_rejections: BTreeMap<String, usize>,
+    /// The same, by shard.
+    pub fence_rejections_by_shard: BTreeMap<u32, usize>,
+    /// Of those, the rejections of an operation of a member on a shard it owned at the stop,
+    /// before it was assigned that shard again: the fence stopping the zombie (the others are
+    /// rebalances after it joined again).
+    pub zombie_rejections: usize,
+}
+
+impl ZombieLog {
+    /// The zombie's reads and handler starts, one sentence each.
+    pub fn violations(&self) -> Vec<String> {
+        let reads = self
+            .reads
+            .iter()
+            .map(|r| format!("zombie read after SIGCONT: {r:?}"));
+        let starts = self
+            .handler_starts
+            .iter()
+            .map(|h| format!("zombie started a handler after SIGCONT: {h:?}"));
+        reads.chain(starts).collect()
+    }
+
+    /// Fence rejections after the `SIGCONT`, all operations.
+    pub fn rejections(&self) -> usize {
+        self.fence_rejections.values().sum()
+    }
+}
+
+/// Judges `lines`, the log of a process stopped at `stopped_us` and continued at `continued_us`
+/// that owned `owned` (shard → member) at the stop: see [`ZombieLog`].
+pub fn zombie_log(
+    lines: &[LogLine],
+    owned: &BTreeMap<u32, String>,
+    stopped_us: u64,
+    continued_us: u64,
+) -> ZombieLog {
+    let mut log = ZombieLog::default();
+    for (&shard, member) in owned {
+        let reassigned = assigned_again(lines, member, shard, continued_us).unwrap_or(u64::MAX);
+        for line in lines {
+            match line {
+                LogLine::Read(r)
+                    if r.shard == shard
+                        && &r.member == member
+                        && r.ts_us > continued_us + CONT_GRACE_US
+                        && r.ts_us < reassigned =>
+                {
+                    log.reads.push(r.clone());
+                }
+                LogLine::Handled(h)
+                    if h.call.shard == shard
+                        && &h.call.member == member
+                        && h.start_us >= continued_us
+                        && h.start_us < reassigned =>
+                {
+                    log.handler_starts.push(h.clone());
+                }
+                LogLine::Handled(h)
+                    if h.call.shard == shard
+                        && h.start_us < stopped_us
+                        && h.end_us >= continued_us =>
+                {
+                    log.spanning += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    for line in lines {
+        if let LogLine::FenceRejected(f) = line
+            && f.ts_us >= continued_us
+        {
+            *log.fence_rejections.entry(f.op.clone()).or_default() += 1;
+            *log.fence_rejections_by_shard.entry(f.shard).or_default() += 1;
+            let owned_at_stop = owned.get(&f.shard) == Some(&f.member);
+            let reassigned = assigned_again(lines, &f.member, f.shard, continued_us);
+            if owned_at_stop && reassigned.is_none_or(|at| f.ts_us < at) {
+                log.zombie_rejections += 1;
+            }
+        }
+    }
+    log
 }
