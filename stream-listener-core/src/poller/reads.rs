@@ -21,7 +21,12 @@ impl ShardTask {
         let mode = self.ctx.options.fencing;
         let ids = self.take_acks_for(token).await;
         let quiet = std::mem::take(&mut self.quiet);
+        // Checked again just before sending: since the task's own check it may have waited for
+        // Redis (a separate ack, retention, metrics), and a process stopped meanwhile must not
+        // send a read once its lease has passed (in acks mode nothing else would stop it).
+        let still_held = holds(&self.ctx.shared, self.shard, token);
         let result = match self.ctx.rounds.clone() {
+            _ if !still_held => Ok(None),
             _ if quiet && ids.is_empty() => self
                 .client
                 .read_new(self.shard, token, batch, mode)
