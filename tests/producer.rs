@@ -759,6 +759,55 @@ async fn concurrent_callers_get_their_own_errors() {
     assert!(!exists(&mut conn, "{orders:3}").await);
 }
 
+/// Lets the other tasks of this single-threaded runtime run until they wait (no timing).
+async fn let_others_run() {
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A caller that drops its publish (its task is aborted) while it waits behind a pipeline in
+/// flight does not disturb the others: theirs land exactly once and the publisher keeps working;
+/// the cancelled entry is not sent.
+#[tokio::test]
+async fn a_cancelled_caller_does_not_disturb_the_others() {
+    let (server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 4).await;
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    let publish = |key: &'static str| {
+        let publisher = publisher.clone();
+        tokio::spawn(async move { publisher.publish(key, &key).await })
+    };
+    server.pause().unwrap(); // the first pipeline stays in flight
+    let first = publish("first");
+    let_others_run().await;
+    let before_cancelled = publish("before-cancelled");
+    let cancelled = publish("cancelled");
+    let after_cancelled = publish("after-cancelled");
+    let_others_run().await;
+    cancelled.abort();
+    let_others_run().await; // the aborted task is dropped
+    server.resume().unwrap();
+
+    for task in [first, before_cancelled, after_cancelled] {
+        task.await.unwrap().unwrap();
+    }
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    publisher.publish("later", &"later").await.unwrap();
+    let mut keys: Vec<String> = all_entries(&mut conn, "orders", 4)
+        .await
+        .into_iter()
+        .map(|(_, _, key, _)| key)
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        ["after-cancelled", "before-cancelled", "first", "later"]
+    );
+}
+
 /// With `min_replica_acks` and no replica, each of several concurrent callers gets its own
 /// `NotReplicated` carrying its own entry only (the `WAIT` goes after each pipeline).
 #[tokio::test]
