@@ -384,8 +384,14 @@ impl Publisher {
 
     /// `XADD <shard_key> NOMKSTREAM [MAXLEN ~ n] * key <partition_key> <fields...>`.
     fn xadd(&self, shard_key: &str, partition_key: &str, fields: &[(&str, &[u8])]) -> Cmd {
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(shard_key).arg("NOMKSTREAM");
+        // Sized up front: growing the buffers argument by argument reallocates them several
+        // times per entry (malloc and realloc were prominent in a profile of the producer bench).
+        let field_bytes: usize = fields.iter().map(|(n, v)| n.len() + v.len()).sum();
+        let mut cmd = Cmd::with_capacity(
+            9 + 2 * fields.len(),
+            48 + shard_key.len() + partition_key.len() + field_bytes,
+        );
+        cmd.arg("XADD").arg(shard_key).arg("NOMKSTREAM");
         if let Some(maxlen) = self.inner.options.maxlen {
             cmd.arg("MAXLEN").arg("~").arg(maxlen);
         }
