@@ -435,7 +435,7 @@ impl Publisher {
             let (id, acked) = self
                 .inner
                 .coalescer
-                .send(stream_key, xadd)
+                .send(shard, xadd)
                 .await
                 .map_err(|error| self.refused(error, stream_key))?;
             match id {

@@ -35,7 +35,7 @@ fn coalescer(publisher: &Publisher) -> &Coalescer {
 
 /// Entries waiting in the (standalone) queue; `None` when it is idle.
 fn queued(publisher: &Publisher) -> Option<usize> {
-    coalescer(publisher).lock().get("").map(Vec::len)
+    coalescer(publisher).lock().get(&None).map(Vec::len)
 }
 
 /// Lets other tasks run until `done`; panics after many scheduler turns.
