@@ -1,7 +1,8 @@
 //! The coalescer's queues against a real standalone server, observed from inside: publishes
 //! that arrive while a pipeline is in flight wait in the queue and go out together, in the order
 //! they joined; a cancelled one is left out; a sender task that is dropped fails its callers
-//! instead of leaving them waiting; and nothing outlives the last handle once the queue is empty.
+//! instead of leaving them waiting; nothing outlives the last handle once the queue is empty; and
+//! a publish outside a runtime leaves no queue behind.
 //! The server is paused (`SIGSTOP`) to hold a pipeline in flight; waits are counted in
 //! scheduler turns, never in time.
 
@@ -150,4 +151,23 @@ async fn nothing_outlives_the_last_handle_once_the_queue_is_empty() {
         task.await.unwrap().unwrap();
     }
     turn_until("dropped", || weak.upgrade().is_none()).await;
+}
+
+/// A publish polled outside a Tokio runtime panics where it would start the sender task
+/// (`tokio::spawn`), and leaves no queue behind that no task would ever send: later publishes
+/// are sent.
+#[tokio::test]
+async fn a_publish_outside_a_runtime_leaves_no_busy_queue() {
+    let (_server, mut conn, publisher) = setup().await;
+    let outside = publisher.clone();
+    let polled = std::thread::spawn(move || {
+        let mut publish = std::pin::pin!(outside.publish("outside", &1));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let _ = publish.as_mut().poll(&mut cx);
+    })
+    .join();
+    assert!(polled.is_err(), "tokio::spawn panics outside a runtime");
+    assert_eq!(queued(&publisher), None);
+    publisher.publish("inside", &2).await.unwrap();
+    assert_eq!(stored_keys(&mut conn).await, ["inside"]);
 }
