@@ -1,7 +1,8 @@
 //! The producer on a real standalone Redis (docs/design.md §9): entries land where the
 //! routing says, resharding moves only the keys it must, a stale publisher refreshes after a
-//! scale-in, bad input is refused before any `XADD`, and publishing fails closed past the routing
-//! lease.
+//! scale-in, bad input is refused before any `XADD`, publishing fails closed past the routing
+//! lease, and concurrent publishes land exactly once, in each caller's order, each with its own
+//! outcome.
 
 mod support;
 
@@ -607,4 +608,241 @@ async fn a_publisher_of_a_declared_stream_not_yet_created_creates_it_with_the_de
     create_stream(&mut conn, "refunds", 2).await;
     let publisher = config.publisher("refunds").await.unwrap();
     assert_eq!(publisher.routing_snapshot().shard_count, 2);
+}
+
+/// Every entry of `prefix`'s shards `0..shards`: (shard, entry id, partition key, payload).
+async fn all_entries(
+    conn: &mut RedisConnection,
+    prefix: &str,
+    shards: u32,
+) -> Vec<(u32, String, String, String)> {
+    let keys = StreamKeys::new(prefix).unwrap();
+    let mut all = Vec::new();
+    for shard in 0..shards {
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(keys.shard(shard))
+            .arg("-")
+            .arg("+")
+            .query_async(conn)
+            .await
+            .unwrap();
+        for (id, fields) in entries {
+            let field = |name: &str| {
+                let (_, value) = fields.iter().find(|(n, _)| n == name).unwrap();
+                value.clone()
+            };
+            all.push((shard, id, field("key"), field("payload")));
+        }
+    }
+    all
+}
+
+/// Concurrent single publishes on clones of one publisher (docs/design.md §9: while a pipeline
+/// is in flight, arriving publishes queue and go out together as the next one): every entry
+/// lands exactly once, under the id its caller got, and each caller's entries of a shard are
+/// appended in its call order. The original publisher is dropped while its clones publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishes_land_exactly_once_in_each_callers_order() {
+    const CALLERS: usize = 64;
+    const EACH: usize = 40;
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 8).await;
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let publisher = publisher.clone();
+            tokio::spawn(async move {
+                let mut published = Vec::new();
+                for i in 0..EACH {
+                    // Keys shared by all callers (one shard's entries interleave) and own keys.
+                    let key = if i % 2 == 0 {
+                        format!("shared-{}", i % 10)
+                    } else {
+                        format!("caller-{caller}-{i}")
+                    };
+                    let p = publisher.publish(&key, &(caller, i)).await.unwrap();
+                    assert_eq!(p.shard, shard_for_key(&key, 8), "{key}");
+                    published.push(p);
+                }
+                published
+            })
+        })
+        .collect();
+    drop(publisher);
+    let mut returned: HashMap<(String, String), (usize, usize)> = HashMap::new();
+    for (caller, task) in tasks.into_iter().enumerate() {
+        for (i, p) in task.await.unwrap().into_iter().enumerate() {
+            let previous = returned.insert((p.stream_key, p.entry_id), (caller, i));
+            assert_eq!(previous, None, "one id returned twice");
+        }
+    }
+
+    let stored = all_entries(&mut conn, "orders", 8).await;
+    assert_eq!(stored.len(), CALLERS * EACH, "every entry exactly once");
+    let mut last: HashMap<(u32, usize), usize> = HashMap::new();
+    for (shard, id, _, payload) in stored {
+        let (caller, i): (usize, usize) = serde_json::from_str(&payload).unwrap();
+        let stream_key = format!("{{orders:{shard}}}");
+        assert_eq!(returned.get(&(stream_key, id)), Some(&(caller, i)));
+        if let Some(before) = last.insert((shard, caller), i) {
+            assert!(
+                before < i,
+                "caller {caller}: #{i} before #{before} on shard {shard}"
+            );
+        }
+    }
+}
+
+/// Callers whose publishes go out in one pipeline get their own outcome: a retired shard's nil
+/// reply makes only its caller refresh and retry, a shard stream deleted under an ACTIVE shard
+/// fails only its caller with `ShardMissing`, a per-entry error reply (`WRONGTYPE`) reaches only
+/// its caller, and the others' entries land.
+#[tokio::test]
+async fn concurrent_callers_get_their_own_errors() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 4).await;
+    let stale = Publisher::new(conn.clone(), "orders", never_refresh())
+        .await
+        .unwrap();
+    scale_in_and_retire(&mut conn, "orders", 3).await; // shard 3 retired and deleted
+    let _: i64 = conn.del("{orders:2}").await.unwrap(); // shard 2 ACTIVE, its stream gone
+    let _: i64 = conn.del("{orders:1}").await.unwrap();
+    let _: () = conn.set("{orders:1}", "not a stream").await.unwrap(); // XADD: WRONGTYPE
+
+    // Keys routed (4 shards, stale) to shard 0, 1, 2 and 3; the last one to shard 0 under 3.
+    let on = |shard: u32, under_three: Option<u32>| -> Vec<String> {
+        (0..)
+            .map(|i| format!("key-{i}"))
+            .filter(|k| {
+                shard_for_key(k, 4) == shard && under_three.is_none_or(|s| shard_for_key(k, 3) == s)
+            })
+            .take(4)
+            .collect()
+    };
+    let cases: Vec<(u32, String)> = [
+        (0, on(0, None)),
+        (1, on(1, None)),
+        (2, on(2, None)),
+        (3, on(3, Some(0))),
+    ]
+    .into_iter()
+    .flat_map(|(shard, keys)| keys.into_iter().map(move |k| (shard, k)))
+    .collect();
+    // Spawned together on this single-threaded runtime: they queue before the first pipeline
+    // goes out, so they share it.
+    let tasks: Vec<_> = cases
+        .iter()
+        .map(|(_, key)| {
+            let (publisher, key) = (stale.clone(), key.clone());
+            tokio::spawn(async move { publisher.publish(&key, &key).await })
+        })
+        .collect();
+    let mut landed = 0;
+    for ((shard, key), task) in cases.iter().zip(tasks) {
+        match (shard, task.await.unwrap()) {
+            (0 | 3, Ok(p)) => {
+                assert_eq!(p.shard, 0, "{key}");
+                landed += 1;
+            }
+            (1, Err(PublishError::Redis(e))) => {
+                assert_eq!(e.code(), Some("WRONGTYPE"), "{key}: {e}");
+            }
+            (2, Err(PublishError::ShardMissing { shard: 2, .. })) => {}
+            (shard, other) => panic!("{key} (shard {shard} of 4): {other:?}"),
+        }
+    }
+    assert_eq!(landed, 8);
+    assert_eq!(xlen(&mut conn, "{orders:0}").await, 8);
+    assert!(!exists(&mut conn, "{orders:2}").await);
+    assert!(!exists(&mut conn, "{orders:3}").await);
+}
+
+/// Lets the other tasks of this single-threaded runtime run until they wait (no timing).
+async fn let_others_run() {
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A caller that drops its publish (its task is aborted) while it waits behind a pipeline in
+/// flight does not disturb the others: theirs land exactly once and the publisher keeps working;
+/// the cancelled entry is not sent.
+#[tokio::test]
+async fn a_cancelled_caller_does_not_disturb_the_others() {
+    let (server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 4).await;
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    let publish = |key: &'static str| {
+        let publisher = publisher.clone();
+        tokio::spawn(async move { publisher.publish(key, &key).await })
+    };
+    server.pause().unwrap(); // the first pipeline stays in flight
+    let first = publish("first");
+    let_others_run().await;
+    let before_cancelled = publish("before-cancelled");
+    let cancelled = publish("cancelled");
+    let after_cancelled = publish("after-cancelled");
+    let_others_run().await;
+    cancelled.abort();
+    let_others_run().await; // the aborted task is dropped
+    server.resume().unwrap();
+
+    for task in [first, before_cancelled, after_cancelled] {
+        task.await.unwrap().unwrap();
+    }
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    publisher.publish("later", &"later").await.unwrap();
+    let mut keys: Vec<String> = all_entries(&mut conn, "orders", 4)
+        .await
+        .into_iter()
+        .map(|(_, _, key, _)| key)
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        ["after-cancelled", "before-cancelled", "first", "later"]
+    );
+}
+
+/// With `min_replica_acks` and no replica, each of several concurrent callers gets its own
+/// `NotReplicated` carrying its own entry only (the `WAIT` goes after each pipeline).
+#[tokio::test]
+async fn concurrent_callers_each_get_their_own_not_replicated() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 4).await;
+    let options = PublisherOptions {
+        min_replica_acks: 1,
+        replica_ack_timeout: Duration::from_millis(20),
+        ..PublisherOptions::default()
+    };
+    let publisher = Publisher::new(conn.clone(), "orders", options)
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (publisher, key) = (publisher.clone(), key.clone());
+            tokio::spawn(async move { publisher.publish(&key, &1).await })
+        })
+        .collect();
+    for (key, task) in keys.iter().zip(tasks) {
+        match task.await.unwrap() {
+            Err(PublishError::NotReplicated {
+                published,
+                acked: 0,
+                wanted: 1,
+                ..
+            }) => {
+                assert_eq!(published.len(), 1, "{key}");
+                assert_eq!(published[0].shard, shard_for_key(key, 4), "{key}");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+    assert_eq!(total_len(&mut conn, "orders", 4).await, 8);
 }

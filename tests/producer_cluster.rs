@@ -1,6 +1,7 @@
 //! The producer on a real 3-master Redis Cluster (docs/design.md §9): batches fan out as one
 //! pipeline per shard (a redis-rs cluster pipeline must stay in one slot), entries land where the
-//! routing says, and a stale publisher refreshes after a scale-in.
+//! routing says, a stale publisher refreshes after a scale-in, and concurrent publishes land
+//! exactly once, each with its own outcome.
 
 mod support;
 
@@ -11,7 +12,7 @@ use redis::AsyncCommands;
 use stream_listener::core::internals::admin::{self};
 use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::testing::RedisCluster;
-use stream_listener::{Publisher, PublisherOptions, shard_for_key};
+use stream_listener::{PublishError, Publisher, PublisherOptions, shard_for_key};
 use support::{scale_in_and_retire, total_len};
 
 async fn connect(cluster: &RedisCluster) -> RedisConnection {
@@ -118,4 +119,81 @@ async fn a_stale_publisher_on_the_cluster_refreshes_after_scale_in() {
         let key = format!("{{orders:{shard}}}");
         assert!(!exists(&mut conn, &key).await, "{key} was re-created");
     }
+}
+
+/// Concurrent single publishes on the cluster (docs/design.md §9: coalesced per shard, each
+/// shard's pipeline on its own node): every entry lands exactly once under the id its caller got,
+/// each caller's entries of a shard in its call order, and an error reply of one shard
+/// (`WRONGTYPE`) fails only the publishes to that shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishes_land_exactly_once_per_caller_and_errors_stay_with_their_shard() {
+    const CALLERS: usize = 64;
+    const EACH: usize = 30;
+    let cluster = RedisCluster::start().unwrap();
+    let mut conn = connect(&cluster).await;
+    create_stream(&mut conn, "orders", 16).await;
+    let _: i64 = conn.del("{orders:5}").await.unwrap();
+    let _: () = conn.set("{orders:5}", "not a stream").await.unwrap();
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let publisher = publisher.clone();
+            tokio::spawn(async move {
+                let mut outcomes = Vec::new();
+                for i in 0..EACH {
+                    let key = format!("caller-{caller}-{}", i % 7);
+                    let outcome = publisher.publish(&key, &(caller, i)).await;
+                    outcomes.push((key, outcome));
+                }
+                outcomes
+            })
+        })
+        .collect();
+    let mut returned: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
+    let mut refused = 0;
+    for (caller, task) in tasks.into_iter().enumerate() {
+        for (i, (key, outcome)) in task.await.unwrap().into_iter().enumerate() {
+            match outcome {
+                Ok(p) => {
+                    assert_eq!(p.shard, shard_for_key(&key, 16), "{key}");
+                    assert_ne!(p.shard, 5, "{key}");
+                    returned.insert((p.stream_key, p.entry_id), (caller, i));
+                }
+                Err(PublishError::Redis(e)) if shard_for_key(&key, 16) == 5 => {
+                    assert_eq!(e.code(), Some("WRONGTYPE"), "{key}: {e}");
+                    refused += 1;
+                }
+                Err(e) => panic!("{key}: {e}"),
+            }
+        }
+    }
+    assert!(refused > 0, "some keys route to shard 5");
+    assert_eq!(returned.len() + refused, CALLERS * EACH);
+
+    let mut stored = 0;
+    for shard in (0..16).filter(|&s| s != 5) {
+        let stream_key = format!("{{orders:{shard}}}");
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(&stream_key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut last: BTreeMap<usize, usize> = BTreeMap::new();
+        for (id, fields) in entries {
+            let (caller, i): (usize, usize) = serde_json::from_str(&fields[1].1).unwrap();
+            assert_eq!(returned.get(&(stream_key.clone(), id)), Some(&(caller, i)));
+            if let Some(before) = last.insert(caller, i) {
+                assert!(
+                    before < i,
+                    "caller {caller}: #{i} after #{before} on {stream_key}"
+                );
+            }
+            stored += 1;
+        }
+    }
+    assert_eq!(stored, returned.len(), "every entry exactly once");
 }

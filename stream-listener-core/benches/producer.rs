@@ -11,6 +11,14 @@
 //!   drift and noise; between rounds, outside the clock, every shard stream is emptied
 //!   (`XTRIM MAXLEN 0`) so both sides append to streams of the same size.
 //!
+//! Concurrent callers (goal: at least 0.7 of `raw`, BENCHMARKS.md "Producer"): [`CALLERS`]
+//! tokio tasks share one `Publisher` (clones), each calling `Publisher::publish` for one entry at
+//! a time over its contiguous share of the round's messages, against `raw` in the same
+//! alternating rounds; for reference, the same tasks sending one raw `XADD` per call. On the
+//! local cluster the yardstick is the raw per-shard pipelines (below). Each table also gives
+//! Redis's CPU per entry: `used_cpu_sys + used_cpu_user` of `INFO cpu`, summed over the servers,
+//! read before and after each timed slice.
+//!
 //! Also measured (information, no goal): on the standalone server, a raw loop that sends one
 //! pipeline per shard concurrently (what a cluster needs) instead of one per batch, and
 //! `Publisher::publish` against a raw `XADD`, one message per round trip; on a local 3-master
@@ -30,11 +38,14 @@
 //! Environment: `PRODUCER_BENCH_MESSAGES` (default 200000, per side), `PRODUCER_BENCH_ROUNDS`
 //! (default 10), `PRODUCER_BENCH_CLUSTER=0` skips the cluster part, `PRODUCER_BENCH_ONLY=replica`
 //! runs only the replica part (a short run: `PRODUCER_BENCH_MESSAGES=20000
-//! PRODUCER_BENCH_ROUNDS=6`). Goal: `publish_batch` at
-//! least 0.8 of `raw` (BENCHMARKS.md, "Producer").
+//! PRODUCER_BENCH_ROUNDS=6`), `PRODUCER_BENCH_ONLY=concurrent` only the concurrent callers
+//! (standalone and cluster). Goals: `publish_batch` at least 0.8 of `raw`, `publish` from
+//! [`CALLERS`] tasks at least 0.7 of `raw` (BENCHMARKS.md, "Producer").
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
@@ -49,6 +60,8 @@ const PREFIX: &str = "bench";
 const SHARDS: u32 = 16;
 const BATCH: usize = 64;
 const DISTINCT_KEYS: usize = 50_000;
+/// Concurrent tasks of the concurrent-caller cases.
+const CALLERS: usize = 64;
 
 /// A small JSON payload (about 90 bytes serialized).
 #[derive(Debug, Clone, Serialize)]
@@ -135,7 +148,7 @@ async fn trim(conn: &mut RedisConnection) {
 }
 
 /// Raw: one pipeline of `BATCH` XADDs per batch.
-async fn raw_one_pipeline(conn: &RedisConnection, w: &Workload, range: std::ops::Range<usize>) {
+async fn raw_one_pipeline(conn: &RedisConnection, w: &Workload, range: Range<usize>) {
     let mut conn = conn.clone();
     let indices: Vec<usize> = range.collect();
     for batch in indices.chunks(BATCH) {
@@ -149,7 +162,7 @@ async fn raw_one_pipeline(conn: &RedisConnection, w: &Workload, range: std::ops:
 }
 
 /// Raw: per batch, one pipeline per shard, all in flight at once.
-async fn raw_per_shard(conn: &RedisConnection, w: &Workload, range: std::ops::Range<usize>) {
+async fn raw_per_shard(conn: &RedisConnection, w: &Workload, range: Range<usize>) {
     let indices: Vec<usize> = range.collect();
     for batch in indices.chunks(BATCH) {
         let mut by_shard: BTreeMap<u32, redis::Pipeline> = BTreeMap::new();
@@ -167,7 +180,7 @@ async fn raw_per_shard(conn: &RedisConnection, w: &Workload, range: std::ops::Ra
 }
 
 /// Raw: one `XADD` per round trip.
-async fn raw_single(conn: &RedisConnection, w: &Workload, range: std::ops::Range<usize>) {
+async fn raw_single(conn: &RedisConnection, w: &Workload, range: Range<usize>) {
     let mut conn = conn.clone();
     for i in range {
         let id: Option<String> = redis::cmd("XADD")
@@ -186,7 +199,7 @@ async fn raw_single(conn: &RedisConnection, w: &Workload, range: std::ops::Range
 }
 
 /// `publish_batch`, `BATCH` messages at a time.
-async fn publisher_batches(publisher: &Publisher, w: &Workload, range: std::ops::Range<usize>) {
+async fn publisher_batches(publisher: &Publisher, w: &Workload, range: Range<usize>) {
     let indices: Vec<usize> = range.collect();
     let mut batch: Vec<(&str, &Order)> = Vec::with_capacity(BATCH);
     for chunk in indices.chunks(BATCH) {
@@ -197,9 +210,44 @@ async fn publisher_batches(publisher: &Publisher, w: &Workload, range: std::ops:
 }
 
 /// `publish`, one message at a time.
-async fn publisher_single(publisher: &Publisher, w: &Workload, range: std::ops::Range<usize>) {
+async fn publisher_single(publisher: &Publisher, w: &Workload, range: Range<usize>) {
     for i in range {
         black_box(publisher.publish(&w.keys[i], &w.orders[i]).await.unwrap());
+    }
+}
+
+/// `range` cut into [`CALLERS`] contiguous shares (the last ones may be shorter or empty).
+fn shares(range: Range<usize>) -> impl Iterator<Item = Range<usize>> {
+    let per = range.len().div_ceil(CALLERS);
+    (0..CALLERS).map(move |t| {
+        let start = (range.start + t * per).min(range.end);
+        start..(start + per).min(range.end)
+    })
+}
+
+/// Raw: [`CALLERS`] tasks, each sending one `XADD` per call over its share.
+async fn raw_concurrent(conn: &RedisConnection, w: &Arc<Workload>, range: Range<usize>) {
+    let tasks: Vec<_> = shares(range)
+        .map(|share| {
+            let (conn, w) = (conn.clone(), Arc::clone(w));
+            tokio::spawn(async move { raw_single(&conn, &w, share).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// [`CALLERS`] tasks on clones of one publisher, each calling `publish` over its share.
+async fn publisher_concurrent(publisher: &Publisher, w: &Arc<Workload>, range: Range<usize>) {
+    let tasks: Vec<_> = shares(range)
+        .map(|share| {
+            let (publisher, w) = (publisher.clone(), Arc::clone(w));
+            tokio::spawn(async move { publisher_single(&publisher, &w, share).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
     }
 }
 
@@ -212,6 +260,8 @@ enum Case {
     PublishSingle,
     PublishBatchWaiting,
     PublishSingleWaiting,
+    PublishConcurrent,
+    RawConcurrent,
 }
 
 impl Case {
@@ -226,6 +276,10 @@ impl Case {
                 "Publisher::publish_batch (batch 64), min_replica_acks = 1"
             }
             Case::PublishSingleWaiting => "Publisher::publish, min_replica_acks = 1",
+            Case::PublishConcurrent => {
+                "Publisher::publish from 64 concurrent tasks, one entry per call"
+            }
+            Case::RawConcurrent => "raw XADD from 64 concurrent tasks, one per call",
         }
     }
 }
@@ -235,12 +289,15 @@ struct Tally {
     messages: usize,
     elapsed: Duration,
     round_rates: Vec<f64>,
+    /// Redis CPU (user + sys, every server) spent during the timed slices.
+    redis_cpu: Duration,
 }
 
 impl Tally {
-    fn add(&mut self, messages: usize, elapsed: Duration) {
+    fn add(&mut self, messages: usize, elapsed: Duration, redis_cpu: Duration) {
         self.messages += messages;
         self.elapsed += elapsed;
+        self.redis_cpu += redis_cpu;
         self.round_rates
             .push(messages as f64 / elapsed.as_secs_f64());
     }
@@ -251,6 +308,11 @@ impl Tally {
 
     fn median(&self) -> f64 {
         median(&self.round_rates)
+    }
+
+    /// Redis CPU per entry, in microseconds.
+    fn cpu_per_entry_us(&self) -> f64 {
+        self.redis_cpu.as_secs_f64() * 1e6 / self.messages as f64
     }
 }
 
@@ -265,23 +327,49 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
-async fn run_case(
-    case: Case,
-    conn: &RedisConnection,
-    publisher: &Publisher,
-    waiting: &Publisher,
-    w: &Workload,
-    range: std::ops::Range<usize>,
-) -> Duration {
+/// What one part of the bench runs against.
+struct Target<'a> {
+    conn: &'a RedisConnection,
+    publisher: &'a Publisher,
+    /// The publisher of the `*Waiting` cases (`min_replica_acks = 1`).
+    waiting: &'a Publisher,
+    /// One plain connection per Redis server (every cluster node), for `INFO cpu`.
+    servers: &'a [RedisConnection],
+}
+
+/// `used_cpu_sys + used_cpu_user` summed over `servers` (`INFO cpu`).
+async fn redis_cpu(servers: &[RedisConnection]) -> Duration {
+    let mut total = 0.0;
+    for server in servers {
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut server.clone())
+            .await
+            .unwrap();
+        total += info
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.trim().split_once(':')?;
+                matches!(name, "used_cpu_sys" | "used_cpu_user").then(|| value.parse::<f64>())
+            })
+            .map(Result::unwrap)
+            .sum::<f64>();
+    }
+    Duration::from_secs_f64(total)
+}
+
+async fn run_case(case: Case, t: &Target<'_>, w: &Arc<Workload>, range: Range<usize>) -> Duration {
     let start = Instant::now();
     match case {
-        Case::Raw => raw_one_pipeline(conn, w, range).await,
-        Case::PublishBatch => publisher_batches(publisher, w, range).await,
-        Case::RawPerShard => raw_per_shard(conn, w, range).await,
-        Case::RawSingle => raw_single(conn, w, range).await,
-        Case::PublishSingle => publisher_single(publisher, w, range).await,
-        Case::PublishBatchWaiting => publisher_batches(waiting, w, range).await,
-        Case::PublishSingleWaiting => publisher_single(waiting, w, range).await,
+        Case::Raw => raw_one_pipeline(t.conn, w, range).await,
+        Case::PublishBatch => publisher_batches(t.publisher, w, range).await,
+        Case::RawPerShard => raw_per_shard(t.conn, w, range).await,
+        Case::RawSingle => raw_single(t.conn, w, range).await,
+        Case::PublishSingle => publisher_single(t.publisher, w, range).await,
+        Case::PublishBatchWaiting => publisher_batches(t.waiting, w, range).await,
+        Case::PublishSingleWaiting => publisher_single(t.waiting, w, range).await,
+        Case::PublishConcurrent => publisher_concurrent(t.publisher, w, range).await,
+        Case::RawConcurrent => raw_concurrent(t.conn, w, range).await,
     }
     start.elapsed()
 }
@@ -290,20 +378,18 @@ async fn run_case(
 /// `rounds` slices); returns the tallies. `single_share` divides the slices of
 /// [`Case::RawSingle`] and [`Case::PublishSingle`] (they are slow).
 async fn measure(
-    conn: &RedisConnection,
-    publisher: &Publisher,
-    waiting: &Publisher,
-    w: &Workload,
+    t: &Target<'_>,
+    w: &Arc<Workload>,
     rounds: usize,
     cases: &[Case],
     single_share: usize,
 ) -> BTreeMap<Case, Tally> {
     let mut tallies: BTreeMap<Case, Tally> = BTreeMap::new();
     let per_round = w.len() / rounds;
-    let mut trim_conn = conn.clone();
+    let mut trim_conn = t.conn.clone();
     // Warm-up: one slice of each, not counted.
     for &case in cases {
-        run_case(case, conn, publisher, waiting, w, 0..per_round.min(5_000)).await;
+        run_case(case, t, w, 0..per_round.min(5_000)).await;
     }
     trim(&mut trim_conn).await;
     for round in 0..rounds {
@@ -322,8 +408,10 @@ async fn measure(
                 range.clone()
             };
             let messages = range.len();
-            let elapsed = run_case(case, conn, publisher, waiting, w, range).await;
-            tallies.entry(case).or_default().add(messages, elapsed);
+            let cpu_before = redis_cpu(t.servers).await;
+            let elapsed = run_case(case, t, w, range).await;
+            let cpu = redis_cpu(t.servers).await.saturating_sub(cpu_before);
+            tallies.entry(case).or_default().add(messages, elapsed, cpu);
             trim(&mut trim_conn).await;
         }
     }
@@ -334,9 +422,9 @@ fn report(title: &str, tallies: &BTreeMap<Case, Tally>, yardstick: Case) {
     let base = &tallies[&yardstick];
     println!("\n{title}");
     println!(
-        "| case | messages | msgs/s (total) | msgs/s (median round) | ratio to yardstick (total) | ratio (median of rounds) |"
+        "| case | messages | msgs/s (total) | msgs/s (median round) | ratio to yardstick (total) | ratio (median of rounds) | Redis CPU µs/entry |"
     );
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
     for (case, tally) in tallies {
         let paired: Vec<f64> = tally
             .round_rates
@@ -345,15 +433,25 @@ fn report(title: &str, tallies: &BTreeMap<Case, Tally>, yardstick: Case) {
             .map(|(a, b)| a / b)
             .collect();
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.3} | {:.3} |",
+            "| {} | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.2} |",
             case.name(),
             tally.messages,
             tally.rate(),
             tally.median(),
             tally.rate() / base.rate(),
             median(&paired),
+            tally.cpu_per_entry_us(),
         );
     }
+}
+
+/// Prints whether `case` reached `goal` times `yardstick`'s rate (`what` names the goal).
+fn goal(tallies: &BTreeMap<Case, Tally>, what: &str, case: Case, yardstick: Case, goal: f64) {
+    let ratio = tallies[&case].rate() / tallies[&yardstick].rate();
+    println!(
+        "goal ({what} >= {goal:.2}): {ratio:.3} -> {}",
+        if ratio >= goal { "met" } else { "NOT met" }
+    );
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -363,75 +461,97 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+async fn connect(url: String) -> RedisConnection {
+    RedisConnection::connect(&RedisTarget::standalone(url), Duration::from_secs(10))
+        .await
+        .unwrap()
+}
+
 async fn bench() {
     let messages = env_usize("PRODUCER_BENCH_MESSAGES", 200_000);
     let rounds = env_usize("PRODUCER_BENCH_ROUNDS", 10).max(1);
     let cluster = std::env::var("PRODUCER_BENCH_CLUSTER").map_or(true, |v| v != "0");
-    let w = Workload::new(messages);
+    let only = std::env::var("PRODUCER_BENCH_ONLY").unwrap_or_default();
+    let w = Arc::new(Workload::new(messages));
     let payload_bytes: usize = w.json.iter().map(Vec::len).sum::<usize>() / w.len();
     println!(
-        "producer bench: {messages} messages per case, {rounds} alternating rounds, batch {BATCH}, {SHARDS} shards, {DISTINCT_KEYS} distinct keys, mean JSON payload {payload_bytes} bytes"
+        "producer bench: {messages} messages per case, {rounds} alternating rounds, batch {BATCH}, {SHARDS} shards, {DISTINCT_KEYS} distinct keys, mean JSON payload {payload_bytes} bytes, {CALLERS} concurrent callers"
     );
 
-    if std::env::var("PRODUCER_BENCH_ONLY").as_deref() == Ok("replica") {
+    if only == "replica" {
         replica_part(&w, rounds).await;
         return;
     }
+    let all = only != "concurrent";
 
     // Standalone.
     let server = RedisServer::start().unwrap();
-    let conn = RedisConnection::connect(
-        &RedisTarget::standalone(server.url()),
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
+    let conn = connect(server.url()).await;
     let mut setup = conn.clone();
     create_stream(&mut setup).await;
     let publisher = Publisher::new(conn.clone(), PREFIX, PublisherOptions::default())
         .await
         .unwrap();
+    let servers = [conn.clone()];
+    let t = Target {
+        conn: &conn,
+        publisher: &publisher,
+        waiting: &publisher,
+        servers: &servers,
+    };
     let tallies = measure(
-        &conn,
-        &publisher,
-        &publisher,
+        &t,
         &w,
         rounds,
-        &[Case::Raw, Case::PublishBatch],
+        &[Case::Raw, Case::PublishConcurrent, Case::RawConcurrent],
         1,
     )
     .await;
     report(
-        "Standalone, goal: publish_batch >= 0.8 of raw",
+        "Standalone, goal: publish from 64 concurrent tasks >= 0.7 of raw",
         &tallies,
         Case::Raw,
     );
-    let ratio = tallies[&Case::PublishBatch].rate() / tallies[&Case::Raw].rate();
-    println!(
-        "goal (publish_batch / raw >= 0.80): {:.3} -> {}",
-        ratio,
-        if ratio >= 0.8 { "met" } else { "NOT met" }
-    );
-    let extra = measure(
-        &conn,
-        &publisher,
-        &publisher,
-        &w,
-        rounds,
-        &[
-            Case::Raw,
-            Case::RawPerShard,
-            Case::RawSingle,
-            Case::PublishSingle,
-        ],
-        20,
-    )
-    .await;
-    report(
-        "Standalone, information: pipeline shapes and unpipelined publish",
-        &extra,
+    goal(
+        &tallies,
+        "publish from 64 tasks / raw",
+        Case::PublishConcurrent,
         Case::Raw,
+        0.7,
     );
+    if all {
+        let tallies = measure(&t, &w, rounds, &[Case::Raw, Case::PublishBatch], 1).await;
+        report(
+            "Standalone, goal: publish_batch >= 0.8 of raw",
+            &tallies,
+            Case::Raw,
+        );
+        goal(
+            &tallies,
+            "publish_batch / raw",
+            Case::PublishBatch,
+            Case::Raw,
+            0.8,
+        );
+        let extra = measure(
+            &t,
+            &w,
+            rounds,
+            &[
+                Case::Raw,
+                Case::RawPerShard,
+                Case::RawSingle,
+                Case::PublishSingle,
+            ],
+            20,
+        )
+        .await;
+        report(
+            "Standalone, information: pipeline shapes and unpipelined publish",
+            &extra,
+            Case::Raw,
+        );
+    }
     drop(server);
 
     if cluster {
@@ -447,24 +567,60 @@ async fn bench() {
         let publisher = Publisher::new(conn.clone(), PREFIX, PublisherOptions::default())
             .await
             .unwrap();
-        let half = Workload::new(messages / 2);
+        let mut servers = Vec::new();
+        for node in cluster.nodes() {
+            servers.push(connect(node.url()).await);
+        }
+        let t = Target {
+            conn: &conn,
+            publisher: &publisher,
+            waiting: &publisher,
+            servers: &servers,
+        };
+        let half = Arc::new(Workload::new(messages / 2));
         let tallies = measure(
-            &conn,
-            &publisher,
-            &publisher,
+            &t,
             &half,
             rounds,
-            &[Case::RawPerShard, Case::PublishBatch],
+            &[
+                Case::RawPerShard,
+                Case::PublishConcurrent,
+                Case::RawConcurrent,
+            ],
             1,
         )
         .await;
         report(
-            "3-master cluster, information: publish_batch against raw per-shard pipelines",
+            "3-master cluster: publish from 64 concurrent tasks against raw per-shard pipelines",
             &tallies,
             Case::RawPerShard,
         );
+        goal(
+            &tallies,
+            "publish from 64 tasks / raw per-shard pipelines",
+            Case::PublishConcurrent,
+            Case::RawPerShard,
+            0.7,
+        );
+        if all {
+            let tallies = measure(
+                &t,
+                &half,
+                rounds,
+                &[Case::RawPerShard, Case::PublishBatch],
+                1,
+            )
+            .await;
+            report(
+                "3-master cluster, information: publish_batch against raw per-shard pipelines",
+                &tallies,
+                Case::RawPerShard,
+            );
+        }
     }
-    replica_part(&w, rounds).await;
+    if all {
+        replica_part(&w, rounds).await;
+    }
 }
 
 /// A master and one replica of it on loopback (`replicaof`), the replica online.
@@ -474,12 +630,7 @@ async fn master_and_replica() -> (RedisServer, RedisServer, RedisConnection) {
         .config("replicaof", format!("127.0.0.1 {}", master.port()))
         .start()
         .unwrap();
-    let conn = RedisConnection::connect(
-        &RedisTarget::standalone(master.url()),
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
+    let conn = connect(master.url()).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let info: String = redis::cmd("INFO")
@@ -497,8 +648,8 @@ async fn master_and_replica() -> (RedisServer, RedisServer, RedisConnection) {
 }
 
 /// `min_replica_acks = 0` against `1`, batch and single, against a master with one replica.
-async fn replica_part(w: &Workload, rounds: usize) {
-    let (_master, _replica, conn) = master_and_replica().await;
+async fn replica_part(w: &Arc<Workload>, rounds: usize) {
+    let (master, replica, conn) = master_and_replica().await;
     let mut setup = conn.clone();
     create_stream(&mut setup).await;
     let plain = Publisher::new(conn.clone(), PREFIX, PublisherOptions::default())
@@ -512,10 +663,15 @@ async fn replica_part(w: &Workload, rounds: usize) {
     let waiting = Publisher::new(conn.clone(), PREFIX, waiting_options)
         .await
         .unwrap();
+    let servers = [connect(master.url()).await, connect(replica.url()).await];
+    let t = Target {
+        conn: &conn,
+        publisher: &plain,
+        waiting: &waiting,
+        servers: &servers,
+    };
     let tallies = measure(
-        &conn,
-        &plain,
-        &waiting,
+        &t,
         w,
         rounds,
         &[Case::PublishBatch, Case::PublishBatchWaiting],
@@ -528,9 +684,7 @@ async fn replica_part(w: &Workload, rounds: usize) {
         Case::PublishBatch,
     );
     let tallies = measure(
-        &conn,
-        &plain,
-        &waiting,
+        &t,
         w,
         rounds,
         &[Case::PublishSingle, Case::PublishSingleWaiting],
