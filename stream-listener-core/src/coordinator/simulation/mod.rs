@@ -32,13 +32,19 @@
 //! `SIM_FAULTS` (e.g. `all`, or `survived,-stale_views`).
 
 mod admin;
+mod entries;
+mod entry_checks;
+mod fence_key;
 mod heartbeats;
 mod members;
+mod pipeline;
 mod process;
 mod scheduler;
+mod shard_task;
 mod store;
 #[cfg(test)]
 mod tests;
+mod transaction;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -149,6 +155,32 @@ impl Faults {
             "group_loss",
             "stale_views",
         ])
+    }
+}
+
+flags! {
+    /// Known-wrong rules of the data plane's reads (docs/design.md §8.2, the optimistic
+    /// transaction), re-introduced one at a time to show the simulation catches each hazard the
+    /// design closes.
+    pub(crate) struct ReadVariant {
+        /// The check is sent with `EVALSHA`: a server that lost its scripts answers `NOSCRIPT`,
+        /// the check never runs, and the `EXEC` runs unfenced.
+        evalsha_check,
+        /// The check trips with a denyoom write (`HSET`), which `maxmemory` refuses: the script
+        /// fails and the `EXEC` runs unfenced.
+        denyoom_tripwire,
+        /// The member hands the entries of an `UNFENCED` transaction to its handler.
+        handle_unfenced,
+        /// After `LOWER`, the member raises and reads new entries again, without claiming other
+        /// consumers' pending entries or reading its own from `0`.
+        lower_retries_without_takeover,
+        /// After an error of a read of new entries (a lost reply, a dropped connection, a
+        /// timeout), the member reads new entries again instead of its own pending entries from
+        /// `0` (docs/design.md §8.10).
+        error_reads_on,
+        /// The member acks entries as they are read (as `NOACK` would), before its handler has
+        /// them: invariant (a) must see an ack remove an unhandled entry.
+        ack_on_read,
     }
 }
 
