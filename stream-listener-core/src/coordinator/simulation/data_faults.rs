@@ -1,7 +1,7 @@
 //! The data plane's faults (docs/design.md §8.2, §8.10): lost replies, dropped and stalled
 //! connections, members paused right after they decided a read (the zombies fences exist for),
-//! a fence key lost, `maxmemory` periods, the script cache emptied, and other groups' raises in
-//! the shared fence hashes.
+//! a fence key lost, `maxmemory` periods, the script cache emptied, other clients' scripts
+//! running too long (`BUSY`), and other groups' raises in the shared fence hashes.
 
 use rand::Rng;
 
@@ -13,6 +13,9 @@ impl World {
     /// At most one fault of the data plane per step of the faulty phase.
     pub(super) fn data_fault(&mut self) {
         let faults = self.faults;
+        if self.data.server.busy && self.rng.random_bool(0.7) {
+            self.set_busy(false);
+        }
         match self.rng.random_range(0..100u32) {
             0..=5 if faults.connection_faults => self.connection_fault(),
             6 if faults.fence_loss => self.lose_fence(),
@@ -22,6 +25,7 @@ impl World {
             }
             9 if faults.script_flush => self.flush_scripts(),
             10..=11 if self.data.other_groups => self.other_group_raise(),
+            12 if faults.busy_scripts => self.set_busy(true),
             _ => {}
         }
     }
@@ -67,6 +71,9 @@ impl World {
         if self.faults.oom && self.rng.random_bool(0.5) {
             self.data.oom_at = Some(until);
         }
+        if self.faults.busy_scripts && self.rng.random_bool(0.5) {
+            self.data.busy_at = Some(until);
+        }
     }
 
     /// The faults scheduled for a time that has come.
@@ -80,6 +87,22 @@ impl World {
             if !self.data.server.oom {
                 self.toggle_oom();
             }
+        }
+        if self.data.busy_at.is_some_and(|at| at <= self.now) {
+            self.data.busy_at = None;
+            self.set_busy(true);
+        }
+    }
+
+    /// Another client's script runs past `busy-reply-threshold` (`busy`), or ends.
+    fn set_busy(&mut self, busy: bool) {
+        if self.data.server.busy != busy {
+            self.data.server.busy = busy;
+            let state = if busy { "runs long: BUSY" } else { "ended" };
+            self.log.push(format!(
+                "t={} another client's script {state}",
+                self.now / MS
+            ));
         }
     }
 

@@ -34,9 +34,10 @@ pub(super) struct DataPlane {
     pub(super) producing: bool,
     /// The id of the last command sent.
     pub(super) last_op: u64,
-    /// A script flush, and the start of a `maxmemory` period, scheduled for then.
+    /// A script flush, and the start of a `maxmemory` or a busy period, scheduled for then.
     pub(super) flush_at: Option<Micros>,
     pub(super) oom_at: Option<Micros>,
+    pub(super) busy_at: Option<Micros>,
     pub(super) ledger: Ledger,
 }
 
@@ -49,14 +50,27 @@ impl DataPlane {
             server: Server {
                 scripts_loaded: true,
                 oom: false,
+                busy: false,
             },
             other_groups: false,
             producing: true,
             last_op: 0,
             flush_at: None,
             oom_at: None,
+            busy_at: None,
             ledger: Ledger::default(),
         }
+    }
+}
+
+impl DataPlane {
+    /// The fault-free phase: no `maxmemory`, no long script, nothing scheduled.
+    pub(super) fn calm_down(&mut self) {
+        self.server.oom = false;
+        self.server.busy = false;
+        self.flush_at = None;
+        self.oom_at = None;
+        self.busy_at = None;
     }
 }
 

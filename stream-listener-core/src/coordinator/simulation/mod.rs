@@ -166,6 +166,12 @@ flags! {
         /// (a transaction between its `WATCH` and its `EXEC`) or stalled, and processes paused
         /// right after they sent a command.
         connection_faults,
+        /// Another client's script runs past `busy-reply-threshold` for a while: Redis answers
+        /// `BUSY` to the check and every other script or command but `WATCH` and `MULTI`, and
+        /// the period can end between a transaction's check and its `EXEC`. Not in
+        /// [`Faults::with_data_plane`]: it breaks per-shard order
+        /// (`finds_a_busy_check_lets_a_zombie_strand_entries_handled_out_of_order`).
+        busy_scripts,
         /// The whole faulty phase is calm (with the data plane): heartbeats go through on the
         /// members' schedules, so members hold their shards and read, and every other fault
         /// (pauses above all) hits members at work. Without it the faulty phase has calm
@@ -212,7 +218,7 @@ impl Faults {
 flags! {
     /// Known-wrong rules of the data plane's reads (docs/design.md §8.2, the optimistic
     /// transaction), re-introduced one at a time to show the simulation catches each hazard the
-    /// design closes.
+    /// design closes; and one proposed change, `exec_after_check`.
     pub(crate) struct ReadVariant {
         /// The check is sent with `EVALSHA`: a server that lost its scripts answers `NOSCRIPT`,
         /// the check never runs, and the `EXEC` runs unfenced.
@@ -232,6 +238,10 @@ flags! {
         /// The member acks entries as they are read (as `NOACK` would), before its handler has
         /// them: invariant (a) must see an ack remove an unhandled entry.
         ack_on_read,
+        /// Not a wrong rule but the change proposed for the `BUSY` defect: `MULTI`,
+        /// `XREADGROUP` and `EXEC` go only once the check has answered `OK` (a second round
+        /// trip; the `WATCH` still covers the gap), so a check that did not run reads nothing.
+        exec_after_check,
     }
 }
 

@@ -55,6 +55,17 @@ impl World {
         let Some((id, op)) = self.procs[i].pipeline.pop_front() else {
             return;
         };
+        if self.data.server.busy {
+            // Refused with `BUSY`: a script, an `XACK`, or the `XREADGROUP` queued in a
+            // transaction (whose `EXEC` then reads nothing).
+            self.log.push(format!(
+                "t={} {process} BUSY for {}",
+                self.now / MS,
+                op.describe()
+            ));
+            self.fail_op(i, id, op);
+            return;
+        }
         let lost = std::mem::take(&mut self.procs[i].lose_next_reply);
         self.log.push(format!(
             "t={} {process} runs {}{}",
@@ -118,6 +129,22 @@ impl World {
             self.now / MS,
             self.procs[i].process_id,
         ));
+        let passed = matches!(&check, Check::Ran { verdicts, .. }
+            if verdicts.iter().all(|v| *v == FenceVerdict::Equal));
+        if self.data.variant.exec_after_check && !passed {
+            // The member saw the check's answer and sends no `EXEC` (after `NOSCRIPT` it loads
+            // the script for the next time).
+            if check == Check::Failed("NOSCRIPT") {
+                self.data.server.scripts_loaded = true;
+            }
+            if let Some((id, Op::Read(tx))) = self.procs[i].pipeline.pop_front() {
+                for (index, (shard, token)) in tx.shards.iter().enumerate() {
+                    let reply = ReadReply::NotHanded(check.verdict(index));
+                    self.reply_to_read(i, id, *shard, token, reply);
+                }
+            }
+            return true;
+        }
         if let Some((_, Op::Read(tx))) = self.procs[i].pipeline.front_mut() {
             tx.stage = TxStage::Watched { versions, check };
         }

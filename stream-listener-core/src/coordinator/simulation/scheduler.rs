@@ -265,7 +265,7 @@ impl World {
             p.next_due = self.now;
             p.punctual = false;
         }
-        self.data.server.oom = false;
+        self.data.calm_down();
         self.log.push(format!("t={} SETTLE", self.now / MS));
         let ticks = (4 * MAX_LEASE + 4 * MAX_REBALANCE + 12 * MAX_HEARTBEAT) / TICK;
         // Settled means STABLE with no time-based work still ahead: a deadline that passes (a

@@ -225,6 +225,51 @@ fn catches_new_reads_after_a_lost_reply() {
     assert_read_rule_caught("error_reads_on", 40, &STRANDED);
 }
 
+/// Open defect of the transaction fence (docs/design.md §8.16, §12.1), found by this simulation:
+/// a check refused with `BUSY` (another client's script ran too long) trips nothing, and when the
+/// long script ends before the `MULTI`, the `EXEC` reads unfenced. When the reader is a zombie
+/// whose shard has moved on, its entries enter its PEL after the new owner's claims; the owner
+/// reads past them, and the next takeover hands them out after later entries: per-shard (and
+/// per-key) order breaks, where §12.1 says only that they wait. Seed 8 (250 steps, calm, every
+/// fault of the data plane and busy scripts): m3(p4) pauses right after it decided a read of
+/// shard 0; m1(p2) takes the shard over (epoch 16); p4 resumes into a `BUSY` period, its check
+/// is refused, the script ends, its `EXEC` puts entries 46–48 into m3's PEL; p2 handles 49–55;
+/// m3 takes shard 0 back and handles 46 after 55. Closing it needs the `MULTI … EXEC` sent only
+/// once the check answered `OK` (a second round trip; the `WATCH` still covers the gap).
+#[test]
+fn finds_a_busy_check_lets_a_zombie_strand_entries_handled_out_of_order() {
+    let faults = Faults {
+        busy_scripts: true,
+        ..data_plane_faults()
+    };
+    let report = (0..40).find_map(|seed| {
+        run_history_with(
+            seed,
+            250,
+            Variant::default(),
+            ReadVariant::default(),
+            faults,
+        )
+        .err()
+    });
+    assert_caught_as(report, "busy check", &STRANDED);
+}
+
+/// The proposed change closes it: with the `EXEC` sent only after the check answered `OK`, the
+/// histories above that found the defect keep every entry in order.
+#[test]
+fn an_exec_sent_after_the_checks_answer_closes_the_busy_defect() {
+    let faults = Faults {
+        busy_scripts: true,
+        ..data_plane_faults()
+    };
+    let fix = ReadVariant::with(&["exec_after_check"]);
+    for seed in 0..12 {
+        let outcome = run_history_with(seed, 250, Variant::default(), fix, faults);
+        assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
+    }
+}
+
 /// Invariant (a) is live: acks sent for entries read, before a handler had them, lose the ones
 /// a member drops unhandled (revoked, fenced, its lease passed).
 #[test]

@@ -44,9 +44,10 @@ pub(super) enum Check {
         verdicts: Vec<FenceVerdict>,
         unfenced: bool,
     },
-    /// The script did not run, or failed before its tripwire took: `NOSCRIPT` (`EVALSHA` on a
-    /// server that lost its scripts) or `OOM` (a denyoom tripwire under `maxmemory`). Nothing was
-    /// tripped, so the `EXEC` runs unfenced.
+    /// The script did not run, or failed before its tripwire took: `BUSY` (another client's
+    /// script ran too long), `NOSCRIPT` (`EVALSHA` on a server that lost its scripts) or `OOM` (a
+    /// denyoom tripwire under `maxmemory`). Nothing was tripped, so an `EXEC` that runs reads
+    /// unfenced.
     Failed(&'static str),
 }
 
@@ -57,6 +58,9 @@ pub(super) struct Server {
     pub(super) scripts_loaded: bool,
     /// `maxmemory` reached with `noeviction`: denyoom commands are refused.
     pub(super) oom: bool,
+    /// Another client's script has run past `busy-reply-threshold`: Redis answers `BUSY` to
+    /// every script and command but a few (`WATCH` and `MULTI` among them) until it ends.
+    pub(super) busy: bool,
 }
 
 impl Check {
@@ -102,6 +106,9 @@ pub(super) fn check(
     server: Server,
     variant: ReadVariant,
 ) -> Check {
+    if server.busy {
+        return Check::Failed("BUSY");
+    }
     if variant.evalsha_check && !server.scripts_loaded {
         return Check::Failed("NOSCRIPT");
     }
@@ -170,6 +177,7 @@ mod tests {
     const LOADED: Server = Server {
         scripts_loaded: true,
         oom: false,
+        busy: false,
     };
 
     fn run(
@@ -207,8 +215,8 @@ mod tests {
         assert!(aborts);
         // Under maxmemory too: PEXPIRE and PERSIST are never refused.
         let oom = Server {
-            scripts_loaded: false,
             oom: true,
+            ..LOADED
         };
         let (_, aborts) = run(Some(token(1, 6, "b")), false, oom, design);
         assert!(aborts);
@@ -235,7 +243,7 @@ mod tests {
         let stale = Some(token(1, 6, "b"));
         let flushed = Server {
             scripts_loaded: false,
-            oom: false,
+            ..LOADED
         };
         let evalsha = ReadVariant::with(&["evalsha_check"]);
         assert_eq!(
@@ -243,8 +251,8 @@ mod tests {
             (Check::Failed("NOSCRIPT"), false)
         );
         let oom = Server {
-            scripts_loaded: true,
             oom: true,
+            ..LOADED
         };
         let denyoom = ReadVariant::with(&["denyoom_tripwire"]);
         assert_eq!(
@@ -254,5 +262,16 @@ mod tests {
         // Without maxmemory the denyoom tripwire even trips a lost key.
         let (_, aborts) = run(None, false, LOADED, denyoom);
         assert!(aborts);
+    }
+
+    #[test]
+    fn a_busy_server_runs_no_check_so_nothing_is_tripped() {
+        let busy = Server {
+            busy: true,
+            ..LOADED
+        };
+        let design = ReadVariant::default();
+        let (check, aborts) = run(Some(token(1, 6, "b")), false, busy, design);
+        assert_eq!((check, aborts), (Check::Failed("BUSY"), false));
     }
 }
