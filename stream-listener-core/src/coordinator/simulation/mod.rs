@@ -35,7 +35,8 @@
 //!
 //! Replay a failing seed with `SIM_SEED=<seed> cargo test -p stream-listener-core simulation`;
 //! `SIM_SEEDS=<n>` runs more seeds; `SIM_STEPS=<n>` sets the steps of a history; `SIM_LOG=<n>`
-//! how many lines of its log a failure shows (40); the ignored tests `replay` and
+//! how many lines of its log a failure shows (40), and shows them for a passing history too; the
+//! ignored tests `replay` and
 //! `long_random_histories_keep_every_invariant` take their faults from `SIM_FAULTS` (e.g. `all`,
 //! `survived,-stale_views`, or `data_plane,calm`) and a known-wrong read rule from
 //! `SIM_READ_VARIANT` (e.g. `evalsha_check`).
@@ -499,15 +500,18 @@ pub(crate) fn run_history_with(
     world.stats.zombie_reads = world.data.ledger.zombie_reads;
     world.stats.zombie_claims = world.data.ledger.zombie_claims;
     let steps_run = world.stats.steps;
-    outcome.map(|()| world.stats).map_err(|reason| {
-        let lines = std::env::var("SIM_LOG")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(40);
-        let tail = world.log.len().saturating_sub(lines);
-        format!(
+    let log_lines = std::env::var("SIM_LOG").ok().and_then(|n| n.parse().ok());
+    let tail = |lines: usize| world.log[world.log.len().saturating_sub(lines)..].join("\n");
+    match outcome {
+        Ok(()) => {
+            if let Some(lines) = log_lines {
+                eprintln!("seed {seed} ok\n{}", tail(lines));
+            }
+            Ok(world.stats)
+        }
+        Err(reason) => Err(format!(
             "seed {seed}: {reason}\n  (after {steps_run} steps)\n{}",
-            world.log[tail..].join("\n")
-        )
-    })
+            tail(log_lines.unwrap_or(40))
+        )),
+    }
 }
