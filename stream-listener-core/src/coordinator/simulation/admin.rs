@@ -9,6 +9,17 @@ use crate::model::{ShardIndex, ShardState};
 
 impl World {
     pub(super) fn admin_operation(&mut self) {
+        // With the data plane modelled, retirement checks that the group read and acked
+        // everything first (docs/design.md §10.2); the shards that pass, and the ones deleted.
+        let entries = self.faults.entries;
+        let drained: BTreeSet<ShardIndex> = self
+            .stream
+            .shards
+            .keys()
+            .copied()
+            .filter(|s| !entries || self.shard_drained(*s))
+            .collect();
+        let mut deleted = Vec::new();
         let stream = &mut self.stream;
         let roll = self.rng.random_range(0..5u32);
         let done = match roll {
@@ -44,16 +55,24 @@ impl World {
                     .filter(|(_, s)| **s == ShardState::Draining)
                     .map(|(i, _)| *i)
                     .collect();
+                let ready: Vec<ShardIndex> = draining
+                    .iter()
+                    .copied()
+                    .filter(|s| drained.contains(s))
+                    .collect();
                 if draining.is_empty() {
-                    for state in stream.shards.values_mut() {
+                    for (shard, state) in stream.shards.iter_mut() {
                         if *state == ShardState::Retiring {
                             *state = ShardState::Retired;
+                            deleted.push(*shard);
                         }
                     }
                     stream.migration = None;
                     "retire: RETIRED"
+                } else if ready.is_empty() {
+                    return;
                 } else {
-                    for shard in draining {
+                    for shard in ready {
                         stream.shards.insert(shard, ShardState::Retiring);
                     }
                     "retire: RETIRING"
@@ -74,7 +93,11 @@ impl World {
                 }
                 "cancel scale"
             }
-            4 => "register another group",
+            4 => {
+                // Its members raise their own fields in the shards' fence hashes.
+                self.data.other_groups = entries;
+                "register another group"
+            }
             _ => return,
         };
         stream.metadata_version += 1;
@@ -87,5 +110,8 @@ impl World {
             view.shard_count,
             view.readable
         ));
+        for shard in deleted {
+            self.delete_shard(shard);
+        }
     }
 }

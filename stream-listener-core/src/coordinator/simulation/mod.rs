@@ -26,19 +26,39 @@
 //! member heartbeats on the schedule its responses give it: none may expire, the group must reach
 //! STABLE with every shard read by one member, and further heartbeats must change no epoch.
 //!
+//! With [`Faults::entries`] the data plane is modelled too (docs/design.md §8, as it is changing
+//! to): each shard's stream, consumer group and PEL; shard tasks that take over (raise, claim,
+//! own pending entries from `0`) and read new entries by optimistic transaction (`WATCH`, check,
+//! `MULTI`, `XREADGROUP`, `EXEC`); handlers, and plain `XACK`s that a zombie may send late. Its
+//! invariants (no loss, no zombie reads or claims, first handlings in id order, and everything
+//! handled after the fault-free phase) are checked after every step (`entry_checks.rs`).
+//!
 //! Replay a failing seed with `SIM_SEED=<seed> cargo test -p stream-listener-core simulation`;
-//! `SIM_SEEDS=<n>` runs more seeds; `SIM_STEPS=<n>` sets the steps of a history; the ignored
-//! tests `replay` and `long_random_histories_keep_every_invariant` take their faults from
-//! `SIM_FAULTS` (e.g. `all`, or `survived,-stale_views`).
+//! `SIM_SEEDS=<n>` runs more seeds; `SIM_STEPS=<n>` sets the steps of a history; `SIM_LOG=<n>`
+//! how many lines of its log a failure shows (40), and shows them for a passing history too; the
+//! ignored tests `replay` and
+//! `long_random_histories_keep_every_invariant` take their faults from `SIM_FAULTS` (e.g. `all`,
+//! `survived,-stale_views`, or `data_plane,calm`) and a known-wrong read rule from
+//! `SIM_READ_VARIANT` (e.g. `evalsha_check`).
 
 mod admin;
+mod data_faults;
+mod data_settle;
+mod dataplane;
+mod entries;
+mod entry_checks;
+mod fence_key;
 mod heartbeats;
 mod members;
+mod pipeline;
 mod process;
+mod redis_side;
 mod scheduler;
+mod shard_task;
 mod store;
 #[cfg(test)]
 mod tests;
+mod transaction;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -49,6 +69,7 @@ use rand_chacha::ChaCha8Rng;
 use super::{CoordinatorConfig, StreamView, Variant};
 use crate::fence::FenceToken;
 use crate::model::{Epoch, HeartbeatRequest, HeartbeatResponse, Micros, ShardIndex, ShardState};
+use dataplane::DataPlane;
 use process::Proc;
 use store::{Store, StoreFailure};
 
@@ -128,18 +149,49 @@ flags! {
         /// then show through what it breaks (two readers, a punctual member expired, no
         /// convergence, a settled group off the fast path).
         effects_only,
+        /// Model the data plane (docs/design.md §8): entries, PELs, shard tasks, reads by
+        /// optimistic transaction, handlers and plain acks, with its invariants. Off, a history
+        /// is the control plane's alone, exactly as before the data plane was modelled (the
+        /// pinned seeds of `tests.rs` replay those histories).
+        entries,
+        /// A shard's fence key lost (a failover that lost it, an eviction, a `DEL` by hand): the
+        /// whole hash, or only this group's field.
+        fence_loss,
+        /// `maxmemory` reached (`noeviction`) for a while: denyoom writes (`XADD`, `HSET`) are
+        /// refused.
+        oom,
+        /// The server's script cache emptied (a restart, a failover, `SCRIPT FLUSH`): an
+        /// `EVALSHA` answers `NOSCRIPT`.
+        script_flush,
+        /// Replies lost after their command ran, connections dropped with commands not yet run
+        /// (a transaction between its `WATCH` and its `EXEC`) or stalled, and processes paused
+        /// right after they sent a command.
+        connection_faults,
+        /// Another client's script runs past `busy-reply-threshold` for a while: Redis answers
+        /// `BUSY` to the check and every other script or command but `WATCH` and `MULTI`, and
+        /// the period can end between a transaction's check and its `EXEC`. Not in
+        /// [`Faults::with_data_plane`]: it breaks per-shard order
+        /// (`finds_a_busy_check_lets_a_zombie_strand_entries_handled_out_of_order`).
+        busy_scripts,
+        /// The whole faulty phase is calm (with the data plane): heartbeats go through on the
+        /// members' schedules, so members hold their shards and read, and every other fault
+        /// (pauses above all) hits members at work. Without it the faulty phase has calm
+        /// stretches only.
+        calm,
     }
 }
 
 impl Faults {
-    /// Every fault that today's protocol survives: all of them since stale views no longer take
-    /// a group's `metadataVersion` back (docs/design.md §5.4). Kept apart from [`Faults::all`] so a
-    /// fault found failing again can be left out here, with a `finds_*` test pinning it.
+    /// Every fault of the control plane that today's protocol survives: all of them since stale
+    /// views no longer take a group's `metadataVersion` back (docs/design.md §5.4). Kept apart
+    /// from [`Faults::all`] so a fault found failing again can be left out here, with a `finds_*`
+    /// test pinning it.
     pub(crate) fn survived() -> Self {
         Faults::all()
     }
 
-    /// Every fault (`effects_only` is a way of checking, not a fault).
+    /// Every fault of the control plane (`effects_only` is a way of checking, not a fault). The
+    /// data plane's are added by [`Faults::with_data_plane`].
     pub(crate) fn all() -> Self {
         Faults::with(&[
             "lost_writes",
@@ -149,6 +201,48 @@ impl Faults {
             "group_loss",
             "stale_views",
         ])
+    }
+
+    /// These faults, with the data plane modelled and every fault of it.
+    pub(crate) fn with_data_plane(self) -> Self {
+        Faults {
+            entries: true,
+            fence_loss: true,
+            oom: true,
+            script_flush: true,
+            connection_faults: true,
+            ..self
+        }
+    }
+}
+
+flags! {
+    /// Known-wrong rules of the data plane's reads (docs/design.md §8.2, the optimistic
+    /// transaction), re-introduced one at a time to show the simulation catches each hazard the
+    /// design closes; and one proposed change, `exec_after_check`.
+    pub(crate) struct ReadVariant {
+        /// The check is sent with `EVALSHA`: a server that lost its scripts answers `NOSCRIPT`,
+        /// the check never runs, and the `EXEC` runs unfenced.
+        evalsha_check,
+        /// The check trips with a denyoom write (`HSET`), which `maxmemory` refuses: the script
+        /// fails and the `EXEC` runs unfenced.
+        denyoom_tripwire,
+        /// The member hands the entries of an `UNFENCED` transaction to its handler.
+        handle_unfenced,
+        /// After `LOWER`, the member raises and reads new entries again, without claiming other
+        /// consumers' pending entries or reading its own from `0`.
+        lower_retries_without_takeover,
+        /// After an error of a read of new entries (a lost reply, a dropped connection, a
+        /// timeout), the member reads new entries again instead of its own pending entries from
+        /// `0` (docs/design.md §8.10).
+        error_reads_on,
+        /// The member acks entries as they are read (as `NOACK` would), before its handler has
+        /// them: invariant (a) must see an ack remove an unhandled entry.
+        ack_on_read,
+        /// Not a wrong rule but the change proposed for the `BUSY` defect: `MULTI`,
+        /// `XREADGROUP` and `EXEC` go only once the check has answered `OK` (a second round
+        /// trip; the `WATCH` still covers the gap), so a check that did not run reads nothing.
+        exec_after_check,
     }
 }
 
@@ -187,6 +281,17 @@ pub(crate) struct Stats {
     full_transitions: u64,
     admin_ops: u64,
     group_losses: u64,
+    /// Entries appended, and handled at least once.
+    appended: u64,
+    handled: u64,
+    /// Read transactions whose `EXEC` ran, aborted, and checks that answered `UNFENCED`.
+    execs: u64,
+    aborted_execs: u64,
+    unfenced: u64,
+    /// Invariant (b)'s counts: entries handed to a handler from a delivery made while the fence
+    /// held another token, and claims made so; both must stay 0.
+    zombie_reads: u64,
+    zombie_claims: u64,
 }
 
 impl Stats {
@@ -197,6 +302,13 @@ impl Stats {
         self.full_transitions += other.full_transitions;
         self.admin_ops += other.admin_ops;
         self.group_losses += other.group_losses;
+        self.appended += other.appended;
+        self.handled += other.handled;
+        self.execs += other.execs;
+        self.aborted_execs += other.aborted_execs;
+        self.unfenced += other.unfenced;
+        self.zombie_reads += other.zombie_reads;
+        self.zombie_claims += other.zombie_claims;
     }
 }
 
@@ -229,12 +341,16 @@ struct World {
     log: Vec<String>,
     /// Sim time [`START`] as a monotonic instant, for the members' reconcilers.
     base: Instant,
+    /// The data plane (with [`Faults::entries`]).
+    data: DataPlane,
+    /// Steps left of a calm stretch of the faulty phase (with [`Faults::entries`]).
+    calm_ticks: u32,
 }
 
 const MAX_MEMBERS: usize = 6;
 
 impl World {
-    fn new(seed: u64, variant: Variant, faults: Faults) -> Self {
+    fn new(seed: u64, variant: Variant, read_variant: ReadVariant, faults: Faults) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let shards = rng.random_range(1..=6u32);
         let mut stream = SimStream {
@@ -273,6 +389,8 @@ impl World {
             stats: Stats::default(),
             log: Vec::new(),
             base: Instant::now(),
+            data: DataPlane::new(read_variant),
+            calm_ticks: 0,
         }
     }
 
@@ -349,7 +467,22 @@ pub(crate) fn run_history(
     variant: Variant,
     faults: Faults,
 ) -> Result<Stats, String> {
-    let mut world = World::new(seed, variant, faults);
+    run_history_with(seed, steps, variant, ReadVariant::default(), faults)
+}
+
+/// [`run_history`] with the data plane's reads following `read_variant`.
+pub(crate) fn run_history_with(
+    seed: u64,
+    steps: usize,
+    variant: Variant,
+    read_variant: ReadVariant,
+    faults: Faults,
+) -> Result<Stats, String> {
+    let mut world = World::new(seed, variant, read_variant, faults);
+    if faults.entries {
+        // Another consumer group of the stream, whose raises write to the same fence hashes.
+        world.data.other_groups = world.rng.random_bool(0.5);
+    }
     let initial = world.rng.random_range(1..=4);
     for _ in 0..initial {
         world.spawn_member();
@@ -364,12 +497,21 @@ pub(crate) fn run_history(
     if outcome.is_ok() {
         outcome = world.settle();
     }
+    world.stats.zombie_reads = world.data.ledger.zombie_reads;
+    world.stats.zombie_claims = world.data.ledger.zombie_claims;
     let steps_run = world.stats.steps;
-    outcome.map(|()| world.stats).map_err(|reason| {
-        let tail = world.log.len().saturating_sub(40);
-        format!(
+    let log_lines = std::env::var("SIM_LOG").ok().and_then(|n| n.parse().ok());
+    let tail = |lines: usize| world.log[world.log.len().saturating_sub(lines)..].join("\n");
+    match outcome {
+        Ok(()) => {
+            if let Some(lines) = log_lines {
+                eprintln!("seed {seed} ok\n{}", tail(lines));
+            }
+            Ok(world.stats)
+        }
+        Err(reason) => Err(format!(
             "seed {seed}: {reason}\n  (after {steps_run} steps)\n{}",
-            world.log[tail..].join("\n")
-        )
-    })
+            tail(log_lines.unwrap_or(40))
+        )),
+    }
 }

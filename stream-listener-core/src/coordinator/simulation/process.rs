@@ -1,9 +1,13 @@
-//! A simulated member process: the runtime's reconciler, its in-flight heartbeat, and what it
-//! knows of each shard's fence (docs/design.md §6, §8).
+//! A simulated member process: the runtime's reconciler, its in-flight heartbeat, what it
+//! knows of each shard's fence, and its data plane: shard tasks, handled ids waiting for their
+//! ack, and the commands in flight on its connection (docs/design.md §6, §8).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use super::entries::EntryId;
+use super::pipeline::Op;
+use super::shard_task::ShardTask;
 use super::{MS, START, us};
 use crate::coordinator::{CoordinatorConfig, StreamView};
 use crate::fence::{FenceToken, FenceVerdict};
@@ -51,6 +55,19 @@ pub(super) struct Proc {
     pub(super) punctual: bool,
     /// Sim time 0 as a monotonic instant (the reconciler works with `Instant`s).
     pub(super) base: Instant,
+    /// The data plane's shard tasks, one per owned shard (`Faults::entries`).
+    pub(super) tasks: BTreeMap<ShardIndex, ShardTask>,
+    /// Handled ids waiting for their ack, per shard. Kept across revocations and fencing: a
+    /// zombie may send them long after it lost the shard.
+    pub(super) held_acks: BTreeMap<ShardIndex, BTreeSet<EntryId>>,
+    /// Commands sent on the data-plane connection that Redis has not run yet, in order, with
+    /// their ids.
+    pub(super) pipeline: VecDeque<(u64, Op)>,
+    /// The data-plane connection is stalled until then (a network delay, a frozen socket): what
+    /// is in the pipeline reaches Redis only after, while heartbeats go on.
+    pub(super) stalled_until: Micros,
+    /// The reply of the next command Redis completes is lost (the command ran).
+    pub(super) lose_next_reply: bool,
 }
 
 impl Proc {
@@ -87,6 +104,11 @@ impl Proc {
             slow_revoker: false,
             punctual: false,
             base,
+            tasks: BTreeMap::new(),
+            held_acks: BTreeMap::new(),
+            pipeline: VecDeque::new(),
+            stalled_until: 0,
+            lose_next_reply: false,
         }
     }
 
@@ -161,7 +183,10 @@ impl Proc {
             self.alive = false;
         }
         if changes.stop_all {
+            // Reads stop and in-flight handlers are cancelled: entries in hand stay pending for
+            // the next owner. Handled ids stay held (an ack needs no fence).
             self.fences.clear();
+            self.tasks.clear();
             self.punctual = false;
         }
     }

@@ -5,10 +5,24 @@ use rand::Rng;
 use super::{MAX_HEARTBEAT, MAX_LEASE, MAX_MEMBERS, MAX_REBALANCE, MS, PROFILES, TICK, World, us};
 use crate::model::{Epoch, GroupState, MemberState, Micros};
 
+/// Steps of the data plane after each step of the control plane (`Faults::entries`).
+const DATA_STEPS: usize = 6;
+/// The rolls of [`World::step`] that a calm step may take: the data plane, drains, joins,
+/// crashes, pauses, restarts, leaves, admin operations, lost writes, rollouts, group losses.
+const CALM_EVENTS: std::ops::Range<u32> = 63..95;
+
 impl World {
     pub(super) fn step(&mut self) -> Result<(), String> {
         self.stats.steps += 1;
-        let roll = self.rng.random_range(0..100u32);
+        let roll = if self.faults.entries && self.calm_tick()? {
+            // A calm step: heartbeats went through; now and then one of the other events.
+            if !self.rng.random_bool(0.3) {
+                return self.after_step();
+            }
+            self.rng.random_range(CALM_EVENTS)
+        } else {
+            self.rng.random_range(0..100u32)
+        };
         let n = self.procs.len();
         match roll {
             0..=14 => self.now += self.rng.random_range(1..=MAX_HEARTBEAT / 4),
@@ -52,6 +66,7 @@ impl World {
                     self.deliver_to_member(reply)?;
                 }
             }
+            63..=74 if self.faults.entries => self.data_step(),
             63..=74 if n > 0 => {
                 let i = self.rng.random_range(0..n);
                 let shards = self.procs[i].owned_shards();
@@ -122,7 +137,63 @@ impl World {
             94 if self.faults.group_loss && self.rng.random_bool(0.05) => self.lose_group(),
             _ => self.now += self.rng.random_range(1..=MAX_HEARTBEAT / 8),
         }
-        self.check_readers()
+        self.after_step()
+    }
+
+    /// The data plane moves between any two steps of the control plane; then the checks.
+    fn after_step(&mut self) -> Result<(), String> {
+        if self.faults.entries {
+            self.scheduled_faults();
+            for _ in 0..DATA_STEPS {
+                self.data_step();
+            }
+            self.data_fault();
+        }
+        self.check_readers()?;
+        self.check_entries()
+    }
+
+    /// With the data plane modelled, the faulty phase has calm stretches (or is calm throughout,
+    /// [`Faults::calm`]): a tick in which heartbeats and their replies go through at once on the
+    /// members' schedules, so leases hold and members read, while the other events (joins,
+    /// crashes, pauses, leaves, admin operations, lost writes) and the data plane's faults go
+    /// on. Without them a member's lease has mostly passed by the time its reply arrives.
+    /// Whether this step was calm.
+    fn calm_tick(&mut self) -> Result<bool, String> {
+        if self.calm_ticks == 0 {
+            if !self.faults.calm && !self.rng.random_bool(0.02) {
+                return Ok(false);
+            }
+            self.calm_ticks = self.rng.random_range(16..=64);
+            self.log.push(format!(
+                "t={} calm for {} ticks",
+                self.now / MS,
+                self.calm_ticks
+            ));
+        }
+        self.calm_ticks -= 1;
+        self.now += TICK;
+        for i in 0..self.procs.len() {
+            let p = &mut self.procs[i];
+            if !p.can_act(self.now) || p.leaving || p.in_flight.is_some() {
+                continue;
+            }
+            if !p.slow_revoker {
+                for shard in p.draining_shards() {
+                    p.reconciler.drained(shard);
+                }
+            }
+            if self.now < p.next_due {
+                continue;
+            }
+            self.send_heartbeat(i);
+            let message = self.to_coordinator.pop().ok_or("no message")?;
+            self.deliver_to_coordinator(message)?;
+            if let Some(reply) = self.to_members.pop() {
+                self.deliver_to_member(reply)?;
+            }
+        }
+        Ok(true)
     }
 
     /// One tick of the fault-free phase: every live member whose heartbeat is due by its own
@@ -157,11 +228,16 @@ impl World {
                 // Revoked: it drains at once, and the release wakes the next heartbeat.
                 self.procs[i].next_due = self.now + TICK;
             }
-            for shard in self.procs[i].owned_shards() {
-                self.read(i, shard);
-                self.read(i, shard);
+            if !self.faults.entries {
+                for shard in self.procs[i].owned_shards() {
+                    self.read(i, shard);
+                    self.read(i, shard);
+                }
             }
             self.check_readers()?;
+        }
+        if self.faults.entries {
+            self.settle_data()?;
         }
         Ok(())
     }
@@ -184,10 +260,12 @@ impl World {
         self.to_members.clear();
         for p in &mut self.procs {
             p.paused_until = 0;
+            p.stalled_until = 0;
             p.in_flight = None;
             p.next_due = self.now;
             p.punctual = false;
         }
+        self.data.calm_down();
         self.log.push(format!("t={} SETTLE", self.now / MS));
         let ticks = (4 * MAX_LEASE + 4 * MAX_REBALANCE + 12 * MAX_HEARTBEAT) / TICK;
         // Settled means STABLE with no time-based work still ahead: a deadline that passes (a
@@ -229,6 +307,9 @@ impl World {
                 "a settled group ran {full} full transitions for steady heartbeats (steady {:?})",
                 self.store.steady
             ));
+        }
+        if self.faults.entries {
+            self.drain_entries()?;
         }
         Ok(())
     }

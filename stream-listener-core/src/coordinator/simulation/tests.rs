@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::{Faults, Stats, run_history};
+use super::{Faults, ReadVariant, Stats, run_history, run_history_with};
 use crate::coordinator::Variant;
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -50,6 +50,35 @@ fn random_histories_with_lost_writes_keep_fences_exclusive() {
     run_all(Faults::survived(), 150, steps(400));
 }
 
+/// The data plane's histories (docs/design.md §8): calm throughout, so that members hold their
+/// shards and read, and paused members' late transactions meet the fences, with every fault of
+/// the data plane. No entry is lost, handed over by a zombie, or first handled out of order,
+/// and every one is handled by the end.
+fn data_plane_faults() -> Faults {
+    Faults {
+        calm: true,
+        ..Faults::default().with_data_plane()
+    }
+}
+
+#[test]
+fn random_histories_keep_every_entry() {
+    run_all(data_plane_faults(), 12, steps(250));
+}
+
+/// The data plane with the control plane's faults too, lost writes included (two members then
+/// read by lease, and only the fences keep the PELs right). Mixed timings stay out: with a lost
+/// group they bring two readers by lease alone, the known limit that
+/// `finds_a_hand_out_hold_shorter_than_an_old_members_lease` pins (docs/design.md §12.1).
+#[test]
+fn random_histories_with_every_fault_keep_every_entry() {
+    let faults = Faults {
+        mixed_timings: false,
+        ..Faults::survived()
+    };
+    run_all(faults.with_data_plane(), 10, steps(400));
+}
+
 /// The long run (docs/design.md §4.4): `SIM_SEEDS` histories of `SIM_STEPS` steps with every fault
 /// today's protocol survives, or those of `SIM_FAULTS` (defaults: 500 × 2,000 = 10⁶ steps). It
 /// runs every seed and lists
@@ -62,8 +91,9 @@ fn long_random_histories_keep_every_invariant() {
     let mut total = Stats::default();
     let mut failures = Vec::new();
     for seed in seeds(500) {
-        let faults = faults_from_env(Faults::survived());
-        match run_history(seed, steps(2_000), Variant::default(), faults) {
+        let faults = faults_from_env(Faults::survived().with_data_plane());
+        let read_variant = read_variant_from_env();
+        match run_history_with(seed, steps(2_000), Variant::default(), read_variant, faults) {
             Ok(stats) => total.add(stats),
             Err(report) => {
                 let first = report.lines().take(2).collect::<Vec<_>>().join(" / ");
@@ -140,6 +170,106 @@ fn catches_only_the_last_replaced_process_remembered() {
 /// The first failing history of `seeds` seeds of `steps` steps, with its seed.
 fn first_failure(variant: Variant, faults: Faults, seeds: u64, steps: usize) -> Option<String> {
     (0..seeds).find_map(|seed| run_history(seed, steps, variant, faults).err())
+}
+
+/// The data plane's known-wrong read `rule` (a [`ReadVariant`] field) is caught within `seeds`
+/// calm histories of 250 steps, for one of the `expected` reasons. Each hazard shows as what it
+/// breaks: entries handed over unfenced (a zombie read), or entries stranded in a PEL that no
+/// takeover claims any more, then first handled after later ones (order) or never (the end of
+/// the fault-free phase).
+fn assert_read_rule_caught(rule: &str, seeds: u64, expected: &[&str]) {
+    let variant = ReadVariant::with(&[rule]);
+    let faults = data_plane_faults();
+    let report = (0..seeds)
+        .find_map(|seed| run_history_with(seed, 250, Variant::default(), variant, faults).err());
+    assert_caught_as(report, rule, expected);
+}
+
+/// What an entry stranded in a PEL shows as.
+const STRANDED: [&str; 2] = ["order:", "after the fault-free phase"];
+
+/// docs/design.md §8.2: with `EVALSHA`, a server that lost its scripts answers `NOSCRIPT`, the
+/// check never runs and the `EXEC` runs unfenced. A member paused after it decided a read
+/// resumes after its shard moved on, meets an emptied script cache, and its `EXEC` puts entries
+/// into its PEL after the new owner's claims: even a member that hands nothing over without a
+/// passed check strands them, and whoever takes the shard over next handles them after later
+/// entries. The design sends the script body (`EVAL`).
+#[test]
+fn catches_a_check_sent_with_evalsha() {
+    assert_read_rule_caught("evalsha_check", 40, &STRANDED);
+}
+
+/// docs/design.md §8.2: a tripwire written with a denyoom command (`HSET`) is refused under
+/// `maxmemory`, the check fails and the `EXEC` runs: the same stranding as `NOSCRIPT`, when a
+/// zombie's late read meets a full server with a backlog left to read. The design trips with
+/// `PEXPIRE` + `PERSIST` of an existing key, which Redis never refuses.
+#[test]
+fn catches_a_denyoom_tripwire() {
+    assert_read_rule_caught("denyoom_tripwire", 40, &STRANDED);
+}
+
+/// docs/design.md §8.2: when the refused shard's fence key and every other watched key are
+/// gone, nothing can be tripped and the check answers `UNFENCED`. A member that hands those
+/// entries to its handler reads without the fence (here the rightful owner, whose fence was
+/// lost: the zombie-read count catches it as it happens).
+#[test]
+fn catches_the_entries_of_an_unfenced_transaction_handed_over() {
+    assert_read_rule_caught("handle_unfenced", 40, &["zombie read"]);
+}
+
+/// docs/design.md §8.10: a read of new entries whose reply was lost (or whose connection
+/// dropped after the `EXEC`) put its entries into the member's PEL unseen. A member that reads
+/// new entries again, instead of its own pending entries from `0`, leaves them there.
+#[test]
+fn catches_new_reads_after_a_lost_reply() {
+    assert_read_rule_caught("error_reads_on", 40, &STRANDED);
+}
+
+/// Open defect of the transaction fence (docs/design.md §8.16, §12.1), found by this simulation:
+/// a check refused with `BUSY` (another client's script ran too long) trips nothing, and when the
+/// long script ends before the `MULTI`, the `EXEC` reads unfenced. When the reader is a zombie
+/// whose shard has moved on, its entries enter its PEL after the new owner's claims; the owner
+/// reads past them, and the next takeover hands them out after later entries: per-shard (and
+/// per-key) order breaks, where §12.1 says only that they wait. Seed 8 (250 steps, calm, every
+/// fault of the data plane and busy scripts): m3(p4) pauses right after it decided a read of
+/// shard 0; m1(p2) takes the shard over (epoch 16); p4 resumes into a `BUSY` period, its check
+/// is refused, the script ends, its `EXEC` puts entries 46–48 into m3's PEL; p2 handles 49–55;
+/// m3 takes shard 0 back and handles 46 after 55.
+///
+/// The change that closes it, [`ReadVariant::exec_after_check`] (`MULTI … EXEC` sent only once
+/// the check answered `OK`, a second round trip; the `WATCH` still covers the gap), keeps the
+/// same history in order.
+#[test]
+fn finds_a_busy_check_lets_a_zombie_strand_entries_handled_out_of_order() {
+    let faults = Faults {
+        busy_scripts: true,
+        ..data_plane_faults()
+    };
+    let design = ReadVariant::default();
+    let found = (0..40).find_map(|seed| {
+        let report = run_history_with(seed, 250, Variant::default(), design, faults).err()?;
+        Some((seed, report))
+    });
+    let seed = found.as_ref().map(|(seed, _)| *seed);
+    assert_caught_as(found.map(|(_, report)| report), "busy check", &STRANDED);
+    let fix = ReadVariant::with(&["exec_after_check"]);
+    let fixed = run_history_with(seed.unwrap_or(0), 250, Variant::default(), fix, faults);
+    assert!(fixed.is_ok(), "the fix fails: {}", fixed.unwrap_err());
+}
+
+/// Invariant (a) is live: acks sent for entries read, before a handler had them, lose the ones
+/// a member drops unhandled (revoked, fenced, its lease passed).
+#[test]
+fn catches_acks_of_entries_read_but_not_handled() {
+    assert_read_rule_caught("ack_on_read", 40, &["loss:"]);
+}
+
+/// docs/design.md §8.2–§8.3: after `LOWER` (a raise lost), a member that only raises again and
+/// reads on leaves the entries that `UNFENCED` transactions put into PELs meanwhile (its own
+/// included) where no one reads them.
+#[test]
+fn catches_a_raise_after_lower_without_a_takeover() {
+    assert_read_rule_caught("lower_retries_without_takeover", 40, &STRANDED);
 }
 
 /// The known-wrong `rule` (a [`Variant`] field) is caught within `seeds` histories of 400 steps
@@ -293,6 +423,7 @@ fn faults_from_env(default: Faults) -> Faults {
         match field {
             "all" => faults = Faults::all(),
             "survived" => faults = Faults::survived(),
+            "data_plane" => faults = faults.with_data_plane(),
             // An unknown name is passed over, as before.
             field => _ = faults.set(field, on),
         }
@@ -300,14 +431,30 @@ fn faults_from_env(default: Faults) -> Faults {
     faults
 }
 
+/// The data plane's known-wrong rules named in `SIM_READ_VARIANT` (comma-separated field names
+/// of [`ReadVariant`]), none without it.
+fn read_variant_from_env() -> ReadVariant {
+    let Ok(names) = std::env::var("SIM_READ_VARIANT") else {
+        return ReadVariant::default();
+    };
+    let names: Vec<&str> = names
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    ReadVariant::with(&names)
+}
+
 /// Replays one history: `SIM_SEED=3 SIM_FAULTS=all cargo test -p stream-listener-core --lib
-/// coordinator::simulation::replay -- --ignored`.
+/// coordinator::simulation::replay -- --ignored` (`SIM_FAULTS=survived,data_plane` with the data
+/// plane, `SIM_READ_VARIANT=evalsha_check` with one of its known-wrong rules).
 #[test]
 #[ignore = "replays SIM_SEED by hand"]
 fn replay() {
     let faults = faults_from_env(Faults::default());
     let seed = env_u64("SIM_SEED").unwrap_or(0);
-    match run_history(seed, steps(400), Variant::default(), faults) {
+    let read_variant = read_variant_from_env();
+    match run_history_with(seed, steps(400), Variant::default(), read_variant, faults) {
         Ok(stats) => eprintln!("seed {seed} ok: {stats:?}"),
         Err(report) => panic!("{report}"),
     }

@@ -1,0 +1,180 @@
+//! A member's shard task as the poller runs it (docs/design.md §8.3–§8.5, §8.10): the takeover
+//! (raise the fence → claim other consumers' pending entries → the member's own pending entries
+//! from `0`) and then reads of new entries, one command at a time; the entries read and not yet
+//! handled; and the member's rules for every reply. A new token (a new assignment, a correction
+//! round) starts a new task, with a new takeover.
+
+use std::collections::VecDeque;
+
+use super::ReadVariant;
+use super::entries::EntryId;
+use super::pipeline::{ReadReply, ScriptReply};
+use crate::fence::{FenceToken, FenceVerdict};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Raise the fence with the task's token: first, and after every `LOWER` (a lost raise).
+    Raise { after_lower: bool },
+    /// Claim other consumers' pending entries, a batch at a time, until none is left: after
+    /// every raise, since the fence was not this token's while others could read.
+    Claim,
+    /// Read the member's own pending entries from `0`, a batch at a time (`after`: the last id
+    /// read): after the takeover's claims, and after any error of a read of new entries (its
+    /// entries may sit unseen in the member's PEL).
+    Pending { after: EntryId },
+    /// Read new entries (`>`) by optimistic transaction.
+    New,
+    /// The fence holds a higher token, or the stream is gone: read nothing more with this token.
+    Parked,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct ShardTask {
+    pub(super) token: FenceToken,
+    pub(super) phase: Phase,
+    /// Entries read while the fence held the token, not yet handled, in id order.
+    pub(super) in_hand: VecDeque<EntryId>,
+    /// The command of this task whose reply it waits for (a command it gave up on, after a
+    /// response timeout, may still run: its reply is ignored).
+    pub(super) waiting: Option<u64>,
+}
+
+impl ShardTask {
+    pub(super) fn new(token: FenceToken) -> Self {
+        ShardTask {
+            token,
+            phase: Phase::Raise { after_lower: false },
+            in_hand: VecDeque::new(),
+            waiting: None,
+        }
+    }
+
+    /// Ready to send its next command: nothing in flight and its batch handled.
+    pub(super) fn ready(&self) -> bool {
+        self.waiting.is_none() && self.in_hand.is_empty() && self.phase != Phase::Parked
+    }
+
+    /// A refusal of the fence: `LOWER` raises again (and takes over again), `HIGHER` parks.
+    fn refused(&mut self, verdict: FenceVerdict) {
+        self.phase = match verdict {
+            FenceVerdict::Lower => Phase::Raise { after_lower: true },
+            FenceVerdict::Higher => Phase::Parked,
+            FenceVerdict::Equal => self.phase,
+        };
+    }
+
+    /// The raise script's reply. After a `LOWER`, the takeover starts again with the claims,
+    /// unless the member follows [`ReadVariant::lower_retries_without_takeover`].
+    pub(super) fn on_raise(&mut self, reply: &ScriptReply, variant: ReadVariant) {
+        let Phase::Raise { after_lower } = self.phase else {
+            return;
+        };
+        match reply {
+            ScriptReply::Passed(_) if after_lower && variant.lower_retries_without_takeover => {
+                self.phase = Phase::New;
+            }
+            ScriptReply::Passed(_) => self.phase = Phase::Claim,
+            ScriptReply::Refused(verdict) => self.refused(*verdict),
+            ScriptReply::Gone => self.phase = Phase::Parked,
+            ScriptReply::Error => {}
+        }
+    }
+
+    /// The claim script's reply: the next batch, or on to the member's own pending entries.
+    pub(super) fn on_claim(&mut self, reply: &ScriptReply) {
+        if self.phase != Phase::Claim {
+            return;
+        }
+        match reply {
+            ScriptReply::Passed(ids) if ids.is_empty() => self.phase = Phase::Pending { after: 0 },
+            ScriptReply::Passed(_) | ScriptReply::Error => {}
+            ScriptReply::Refused(verdict) => self.refused(*verdict),
+            ScriptReply::Gone => self.phase = Phase::Parked,
+        }
+    }
+
+    /// The pending-read script's reply: the entries go to the handler; an empty page ends the
+    /// takeover. An error repeats the page.
+    pub(super) fn on_pending(&mut self, reply: &ScriptReply) {
+        if !matches!(self.phase, Phase::Pending { .. }) {
+            return;
+        }
+        match reply {
+            ScriptReply::Passed(ids) => match ids.last() {
+                Some(last) => {
+                    self.phase = Phase::Pending { after: *last };
+                    self.in_hand.extend(ids);
+                }
+                None => self.phase = Phase::New,
+            },
+            ScriptReply::Refused(verdict) => self.refused(*verdict),
+            ScriptReply::Gone => self.phase = Phase::Parked,
+            ScriptReply::Error => {}
+        }
+    }
+
+    /// This shard's part of a read transaction's reply. Entries go to the handler only when the
+    /// check passed for the shard; an aborted `EXEC` of a passed shard is only a retry; any
+    /// error, or a check that did not run, sends the task back to its own pending entries from
+    /// `0` (the `EXEC` may have run).
+    pub(super) fn on_read(&mut self, reply: &ReadReply, variant: ReadVariant) {
+        if self.phase != Phase::New {
+            return;
+        }
+        match reply {
+            ReadReply::Handed(ids) => self.in_hand.extend(ids),
+            ReadReply::NotHanded(Some(FenceVerdict::Equal)) => {}
+            ReadReply::NotHanded(Some(verdict)) => self.refused(*verdict),
+            ReadReply::Error if variant.error_reads_on => {}
+            ReadReply::NotHanded(None) | ReadReply::Error => {
+                self.phase = Phase::Pending { after: 0 };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::fixtures::fence_token as token;
+
+    #[test]
+    fn a_takeover_raises_claims_reads_its_own_pending_entries_then_new_ones() {
+        let design = ReadVariant::default();
+        let mut task = ShardTask::new(token(1, 5, "a"));
+        task.on_raise(&ScriptReply::Passed(vec![]), design);
+        assert_eq!(task.phase, Phase::Claim);
+        task.on_claim(&ScriptReply::Passed(vec![3, 4]));
+        task.on_claim(&ScriptReply::Passed(vec![]));
+        assert_eq!(task.phase, Phase::Pending { after: 0 });
+        task.on_pending(&ScriptReply::Passed(vec![3, 4]));
+        assert_eq!(task.phase, Phase::Pending { after: 4 });
+        assert_eq!(task.in_hand, [3, 4]);
+        task.in_hand.clear();
+        task.on_pending(&ScriptReply::Passed(vec![]));
+        assert_eq!(task.phase, Phase::New);
+        // A lost raise: raise again, and take over again.
+        task.on_read(&ReadReply::NotHanded(Some(FenceVerdict::Lower)), design);
+        assert_eq!(task.phase, Phase::Raise { after_lower: true });
+        task.on_raise(&ScriptReply::Passed(vec![]), design);
+        assert_eq!(task.phase, Phase::Claim);
+    }
+
+    #[test]
+    fn an_unseen_exec_sends_the_task_back_to_its_own_pending_entries() {
+        let design = ReadVariant::default();
+        let mut task = ShardTask::new(token(1, 5, "a"));
+        task.phase = Phase::New;
+        task.on_read(&ReadReply::NotHanded(Some(FenceVerdict::Equal)), design);
+        assert_eq!(task.phase, Phase::New);
+        task.on_read(&ReadReply::Error, design);
+        assert_eq!(task.phase, Phase::Pending { after: 0 });
+        task.phase = Phase::New;
+        task.on_read(&ReadReply::NotHanded(None), design);
+        assert_eq!(task.phase, Phase::Pending { after: 0 });
+        task.phase = Phase::New;
+        task.on_read(&ReadReply::NotHanded(Some(FenceVerdict::Higher)), design);
+        assert_eq!(task.phase, Phase::Parked);
+        assert!(!task.ready());
+    }
+}
