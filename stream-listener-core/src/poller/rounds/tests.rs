@@ -420,6 +420,18 @@ async fn a_fenced_round_with_any_refusal_reads_nothing_and_each_shard_gets_its_v
     }
 }
 
+/// Sends one strict round for shard 0 with `token` and nothing to ack, up to 10 entries.
+async fn strict_round(
+    conn: &mut RedisConnection,
+    client: &mut crate::dataplane::ShardClient,
+    token: &FenceToken,
+) -> Vec<crate::dataplane::round::PartReply> {
+    let part = client.round_part(0, token, &[], crate::dataplane::FencingMode::Strict);
+    crate::dataplane::round::read_round(conn, GROUP, CONSUMER, 10, vec![part], None)
+        .await
+        .unwrap()
+}
+
 /// A server that lost its scripts (restarted, `SCRIPT FLUSH`) still checks the fence: the check
 /// goes as `EVAL`, so it cannot miss with `NOSCRIPT` and let the `EXEC` read unfenced.
 #[tokio::test]
@@ -435,11 +447,7 @@ async fn a_server_without_scripts_still_fences_the_round() {
         member_epoch: 0,
         ..token()
     };
-    let part = client.round_part(0, &stale, &[], crate::dataplane::FencingMode::Strict);
-    let replies =
-        crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, vec![part], None)
-            .await
-            .unwrap();
+    let replies = strict_round(&mut conn, &mut client, &stale).await;
     assert!(
         matches!(
             replies[0].read,
@@ -449,11 +457,7 @@ async fn a_server_without_scripts_still_fences_the_round() {
         replies[0].read
     );
     assert_eq!(pending(&mut conn, 0).await, 0, "nothing read");
-    let part = client.round_part(0, &token(), &[], crate::dataplane::FencingMode::Strict);
-    let replies =
-        crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, vec![part], None)
-            .await
-            .unwrap();
+    let replies = strict_round(&mut conn, &mut client, &token()).await;
     assert!(replies[0].has_entries(), "the token holds: read");
     assert_eq!(pending(&mut conn, 0).await, 4);
 }
@@ -490,11 +494,7 @@ async fn out_of_memory_a_refused_round_still_reads_nothing() {
         Some("OOM"),
         "the server is out of memory"
     );
-    let part = client.round_part(0, &token(), &[], crate::dataplane::FencingMode::Strict);
-    let replies =
-        crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, vec![part], None)
-            .await
-            .unwrap();
+    let replies = strict_round(&mut conn, &mut client, &token()).await;
     assert!(
         matches!(
             replies[0].read,
@@ -532,11 +532,7 @@ async fn with_every_fence_lost_the_entries_read_are_not_handed_out() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let part = client.round_part(0, &token(), &[], crate::dataplane::FencingMode::Strict);
-    let replies =
-        crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, vec![part], None)
-            .await
-            .unwrap();
+    let replies = strict_round(&mut conn, &mut client, &token()).await;
     assert!(
         matches!(
             replies[0].read,
