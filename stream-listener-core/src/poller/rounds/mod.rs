@@ -1,7 +1,8 @@
-//! Read rounds: in `fencing = "acks"` mode on a standalone server, the shard tasks of one member
-//! that read new entries share one round trip — the fenced acks of their previous batches and
-//! one multi-stream `XREADGROUP` ([`crate::dataplane::round`]) — instead of one round trip per
-//! shard (BENCHMARKS.md compares the two).
+//! Read rounds: on a standalone server, in both fencing modes, the shard tasks of one member
+//! that read new entries share one round trip — the plain acks of their previous batches and
+//! one multi-stream `XREADGROUP`, in strict mode inside a transaction fenced by `WATCH` and a
+//! check script ([`crate::dataplane::round`], docs/design.md §8.16) — instead of one round trip
+//! per shard (BENCHMARKS.md compares the two).
 //!
 //! When a round is sent: no round of the member is in flight, and every shard that got entries
 //! from the last round has either asked for the next one or stopped holding it up. A shard

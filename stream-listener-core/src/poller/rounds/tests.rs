@@ -73,7 +73,7 @@ pub(super) fn rounds_of(conn: &RedisConnection, count: usize) -> Arc<ReadRounds>
     ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), count, None)
 }
 
-/// The member's client for the shards `{s:<i>}` (to build fenced acks).
+/// The member's client for the shards `{s:<i>}` (to raise fences and build round parts).
 fn shard_client(conn: &RedisConnection) -> crate::dataplane::ShardClient {
     let keys = crate::keys::StreamKeys::new("s").unwrap();
     crate::dataplane::ShardClient::new(conn.clone(), keys, GROUP, CONSUMER).unwrap()
