@@ -1,6 +1,6 @@
 //! Protocol values and Redis setup that unit tests, integration tests and benchmarks share: a
-//! heartbeat request, coordinator timings in milliseconds, a fence token, an all-active stream,
-//! and `CLIENT PAUSE WRITE`.
+//! heartbeat request, coordinator timings in milliseconds, a fence token, an all-active stream, a
+//! stream provisioned as the admin tool does, and `CLIENT PAUSE WRITE`.
 //!
 //! The pure constructors are also compiled for the crate's own unit tests without the `testing`
 //! feature; the ones that talk to Redis need it. Fixtures panic on failure: they are setup, and a
@@ -75,7 +75,7 @@ pub fn fence_token(incarnation: Micros, epoch: Epoch, member: &str) -> FenceToke
 }
 
 #[cfg(feature = "testing")]
-pub use redis_setup::{create_active_stream, pause_writes};
+pub use redis_setup::{create_active_stream, create_stream, pause_writes};
 
 #[cfg(feature = "testing")]
 mod redis_setup {
@@ -108,6 +108,16 @@ mod redis_setup {
             .await
             .expect("write stream metadata");
         assert_eq!(written, StreamCas::Written, "stream {prefix} exists");
+    }
+
+    /// Creates stream `prefix` with `shards` shard streams, as `stream-listener stream create`
+    /// does ([`crate::admin::create_stream`]), for the unit tests of layers below `admin` (the
+    /// layering check, `tests/module_layering.rs`, lets them reach it only through this
+    /// harness). Panics on a Redis error or if the stream exists.
+    pub async fn create_stream(conn: &mut RedisConnection, prefix: &str, shards: u32) {
+        crate::admin::create_stream(conn, prefix, shards)
+            .await
+            .expect("create the stream");
     }
 
     /// `CLIENT PAUSE <ms> WRITE`: commands that write (`XREADGROUP` and the ack script among

@@ -21,9 +21,7 @@ async fn setup() -> (RedisServer, RedisConnection, Publisher) {
     let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
         .await
         .unwrap();
-    crate::admin::create_stream(&mut conn, "orders", 1)
-        .await
-        .unwrap();
+    crate::testing::fixtures::create_stream(&mut conn, "orders", 1).await;
     let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
         .await
         .unwrap();
