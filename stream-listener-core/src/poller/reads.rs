@@ -39,7 +39,8 @@ impl ShardTask {
                 .await
                 .map(Some),
         };
-        let (acked, read) = match result {
+        // The acked count is not what is counted: an id acked before counts 0 there.
+        let (_, read) = match result {
             Ok(Some(replies)) => replies,
             // Not sent (lease or assignment changed while queued), or failed (nothing is known
             // of what ran): the handled ids are held again, and acked (again: harmless) before
@@ -49,8 +50,6 @@ impl ShardTask {
                 return other.map(|_| ());
             }
         };
-        // Counted once acked (whatever `acked` says: an id acked before counts 0 there).
-        let _ = acked;
         self.count_handled(ids.len());
         match read {
             ReadOutcome::Entries(entries) => {

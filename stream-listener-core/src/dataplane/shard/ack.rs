@@ -150,13 +150,10 @@ pub(super) fn ack_count(
     shard: ShardIndex,
     reply: redis::RedisResult<Value>,
 ) -> Result<usize, DataPlaneError> {
-    match reply.map_err(DataPlaneError::redis(ACK, Some(shard)))? {
-        Value::Int(n) => usize::try_from(n)
-            .map_err(|_| DataPlaneError::unexpected(ACK, Some(shard), "negative acked count")),
-        other => Err(DataPlaneError::unexpected(
-            ACK,
-            Some(shard),
-            format!("XACK reply {other:?}"),
-        )),
-    }
+    let reply = reply.map_err(DataPlaneError::redis(ACK, Some(shard)))?;
+    int(&reply)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| {
+            DataPlaneError::unexpected(ACK, Some(shard), format!("XACK reply {reply:?}"))
+        })
 }
