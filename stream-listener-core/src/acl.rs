@@ -29,7 +29,7 @@ struct Check {
 impl Check {
     fn new(operation: &'static str, argv: &[&str]) -> Self {
         let name_words = match argv[0] {
-            "XINFO" | "XGROUP" | "SCRIPT" | "CLUSTER" => 2,
+            "XINFO" | "XGROUP" | "SCRIPT" | "CLUSTER" | "CLIENT" => 2,
             _ => 1,
         };
         Check {
@@ -206,6 +206,10 @@ fn listener_checks(
             &shards,
         )
         .key_last(),
+        // One blocking XREAD per member over its caught-up shards, interrupted with CLIENT
+        // UNBLOCK when a shard joins or leaves it (docs/design.md §8.4).
+        Check::new("wait for new entries", &["CLIENT", "ID"]),
+        Check::new("wait for new entries", &["CLIENT", "UNBLOCK", "0"]),
         Check::on("ack entries", &["XACK", g, "0-1"], &shard, &shards),
         Check::on(
             "take over a shard's pending entries",

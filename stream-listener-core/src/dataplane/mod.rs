@@ -11,8 +11,9 @@
 //! [`FenceToken::check`].
 //!
 //! Reads never block (`BLOCK` is refused in scripts): when a `>` read finds nothing, the script
-//! returns the stream's last entry id, and the caller waits with [`Waiter::wait`] (a plain
-//! `XREAD BLOCK`, no group, on a dedicated connection) from that id.
+//! returns the stream's last entry id, and the caller waits from that id with a plain
+//! `XREAD BLOCK` (no group): [`shared_wait`] for all of a member's shards on a standalone server,
+//! [`Waiter::wait`] on a dedicated connection per shard on a cluster.
 //!
 //! Takeover of a shard, in order (docs/design.md §8): [`ShardClient::raise_fence`];
 //! [`ShardClient::claim_others`] until its report is [`ClaimReport::complete`];
@@ -27,6 +28,7 @@ mod error;
 pub(crate) mod round;
 pub(crate) mod scripts;
 mod shard;
+pub(crate) mod shared_wait;
 mod slot;
 mod waiter;
 

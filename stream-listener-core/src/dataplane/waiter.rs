@@ -15,9 +15,9 @@ use crate::connection::{RedisConnection, RedisTarget};
 /// The connection reconnects by itself and is kept for the waiter's life (no connection per wait).
 ///
 /// One wait at a time per waiter (`&mut self`): a blocked command holds the connection. On a
-/// standalone server one call may cover all of a member's idle shards; on a cluster one call
-/// covers keys of one hash slot only ([`super::key_slot`]), so each idle shard needs its own
-/// waiter or a bounded poll.
+/// standalone server one call may cover all of a member's idle shards (what
+/// [`super::shared_wait`] does); on a cluster one call covers keys of one hash slot only
+/// ([`super::key_slot`]), so each idle shard needs its own waiter.
 #[derive(Debug)]
 pub struct Waiter {
     conn: RedisConnection,
@@ -45,6 +45,20 @@ impl Waiter {
     /// `2 × max_block + 1 s` (a block may take longer than asked when the server is busy).
     pub fn response_timeout_for(max_block: Duration) -> Duration {
         max_block.saturating_mul(2) + Duration::from_secs(1)
+    }
+
+    /// This waiter's client id on the server (`CLIENT ID`): what `CLIENT UNBLOCK` names to end a
+    /// wait early. Valid until the connection fails (a reconnected waiter has a new one).
+    ///
+    /// # Errors
+    /// [`DataPlaneError::Redis`] (`op` = `client_id`) when Redis fails or refuses (`NOPERM`
+    /// without `+client|id`).
+    pub async fn client_id(&mut self) -> Result<i64, DataPlaneError> {
+        redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis("client_id", None))
     }
 
     /// The longest block this waiter accepts.

@@ -267,7 +267,7 @@ impl ShardTask {
             if left < Duration::from_millis(1) {
                 break;
             }
-            self.wait_for_entries(&last_id, left).await?;
+            self.wait_for_entries(&last_id, left).await;
             match self
                 .client
                 .read_new(self.shard, token, batch - entries.len(), mode)

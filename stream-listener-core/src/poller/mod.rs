@@ -5,8 +5,10 @@
 //!
 //! A shard task takes the shard over (raise the fence, claim other consumers' pending entries,
 //! handle its own pending entries from `0`: [`takeover`]), then reads new entries with `>`
-//! ([`reads`]). When a read finds nothing it waits with a plain `XREAD BLOCK` on a dedicated
-//! connection, for at most the block time and the remaining lease. Every read (in strict mode),
+//! ([`reads`]). When a read finds nothing it waits with a plain `XREAD BLOCK`, for at most the
+//! block time and the remaining lease: on a standalone server in the member's one shared wait over
+//! all its caught-up shards ([`crate::dataplane::shared_wait`]), on a cluster on a connection of
+//! its own. A wait that times out is followed by another wait, not by a read. Every read (in strict mode),
 //! ack and claim is fenced in Redis. No read or ack happens without a valid lease and assignment.
 //! Entries are handled in [`entries`] (the policy of [`attempt`], the handler run of
 //! [`handler_run`]; a batch listener's in [`batch`]); what finished waits in the [`acks`] buffer for the next round trip.
@@ -36,6 +38,7 @@ use tracing::Instrument;
 
 use crate::batch::AnyHandler;
 use crate::connection::{RedisConnection, RedisTarget};
+use crate::dataplane::shared_wait::{SharedWait, WaitSlot};
 use crate::dataplane::{ShardClient, Waiter};
 use crate::fence::FenceToken;
 use crate::hooks::HookKind;
@@ -66,10 +69,13 @@ pub(crate) struct ShardTaskContext {
     member_id: Arc<str>,
     /// The member's `runtime_max_concurrency` workers, FIFO, shared by its shard tasks.
     workers: Semaphore,
-    /// The member's read rounds: with `fencing = "acks"` on a standalone server (one command
-    /// may span all the member's shard keys there); `None` otherwise (strict reads are fenced
-    /// scripts, one shard each; cluster keys of different slots cannot share a command).
+    /// The member's read rounds on a standalone server (one command may span all the member's
+    /// shard keys there); `None` on a cluster (keys of different slots cannot share a command).
     rounds: Option<Arc<ReadRounds>>,
+    /// The member's one blocking `XREAD` over its caught-up shards, on a standalone server
+    /// (docs/design.md §8.4); `None` on a cluster, where each shard task waits on a connection
+    /// of its own.
+    shared_wait: Option<SharedWait>,
     /// The member's replica waits after acks (`min_replica_acks`), shared by its shards: one
     /// `WAIT` in flight at a time (docs/design.md §15.4).
     ack_waits: Option<crate::replication::AckWaits>,
@@ -106,7 +112,17 @@ impl ShardTaskContext {
             )
         });
         let metrics = MemberMetrics::new(stream.prefix(), &group, &options.name, &member_id);
+        let shared_wait = (!conn.is_cluster()).then(|| {
+            let span = tracing::info_span!(
+                "shared_wait",
+                stream = stream.prefix(),
+                group = %group,
+                member_id = %member_id
+            );
+            SharedWait::new(target.clone(), conn.clone(), options.block, span)
+        });
         ShardTaskContext {
+            shared_wait,
             metrics,
             workers: Semaphore::new(options.runtime_max_concurrency as usize),
             member_id: member_id.into(),
@@ -165,10 +181,13 @@ pub(crate) struct ShardTask {
     acks: AckBuffer,
     /// Whether the last read of new entries returned a full batch (more are likely waiting).
     behind: bool,
-    /// Whether the last wait for new entries ended without any (its block time passed): the next
-    /// read, with nothing to ack, is the shard's own fenced read script, which also returns the
-    /// last id to wait from again — one round trip instead of a transaction and then that script.
-    quiet: bool,
+    /// The last entry id of the shard when its last wait for new entries ended without any (its
+    /// block time passed): nothing is new after it, so with nothing to ack the task waits again
+    /// from it without a read. Cleared by a raise and by an error.
+    idle_from: Option<String>,
+    /// The shard's place in the member's shared wait (standalone), made with the task.
+    wait_slot: Option<WaitSlot>,
+    /// The shard's own blocking connection (cluster), made at its first wait.
     waiter: Option<Waiter>,
     raised: Option<FenceToken>,
     phase: Phase,
@@ -218,7 +237,11 @@ impl ShardTask {
         )?
         .with_max_entry_bytes(ctx.options.max_entry_bytes)
         .with_replica_wait(ctx.ack_waits.clone());
-        let shard_key = ctx.stream.shard(shard).into();
+        let shard_key: Arc<str> = ctx.stream.shard(shard).into();
+        let wait_slot = ctx
+            .shared_wait
+            .as_ref()
+            .map(|wait| wait.register(shard_key.to_string()));
         let maintenance = maintenance::Schedule::new(ctx.options.retention_interval);
         let metrics = ShardMetrics::new(
             ctx.stream.prefix(),
@@ -234,7 +257,8 @@ impl ShardTask {
             client,
             acks: AckBuffer::default(),
             behind: false,
-            quiet: false,
+            idle_from: None,
+            wait_slot,
             waiter: None,
             raised: None,
             phase: Phase::Claim,
@@ -418,6 +442,7 @@ impl ShardTask {
                 Phase::New => self.read_new(&token).await,
             };
             if let Err(error) = step {
+                self.idle_from = None;
                 self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "shard operation failed; retrying");
                 if error.is_no_group() {

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::rounds::{ReadRounds, Request, RoundResult};
-use super::{Phase, ShardTask, holds};
+use super::{ERROR_PAUSE, Phase, ShardTask, holds};
+use crate::dataplane::shared_wait::WaitEnd;
 use crate::dataplane::{DataPlaneError, ReadOutcome, Waiter};
 use crate::fence::FenceToken;
 use crate::model::ShardIndex;
@@ -17,21 +18,28 @@ impl ShardTask {
     /// the whole round trip: the ids are held again and the shard re-reads its own pending
     /// entries.
     pub(super) async fn read_new(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {
+        // Caught up, and the last wait ended without an entry: nothing is new after its id, and
+        // (caught up) the acks went out on their own. Wait again from it, without a read: an
+        // idle member sends one shared `XREAD` per block time, not a read per shard.
+        if let Some(last_id) = self.idle_from.take()
+            && self.acks.is_empty()
+        {
+            // In acks mode a due sweep comes first (claim, own pending, then a read).
+            self.sweep_if_due();
+            if self.phase == Phase::New {
+                self.wait_idle(last_id).await;
+            }
+            return Ok(());
+        }
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
         let ids = self.take_acks_for(token).await;
-        let quiet = std::mem::take(&mut self.quiet);
         // Checked again just before sending: since the task's own check it may have waited for
         // Redis (a separate ack, retention, metrics), and a process stopped meanwhile must not
         // send a read once its lease has passed (in acks mode nothing else would stop it).
         let still_held = holds(&self.ctx.shared, self.shard, token);
         let result = match self.ctx.rounds.clone() {
             _ if !still_held => Ok(None),
-            _ if quiet && ids.is_empty() => self
-                .client
-                .read_new(self.shard, token, batch, mode)
-                .await
-                .map(|read| Some((0, read))),
             Some(rounds) => self.round(&rounds, token, ids.as_slice()).await,
             None => self
                 .client
@@ -68,8 +76,7 @@ impl ShardTask {
                 self.behind = false;
                 self.sweep_if_due();
                 if self.phase == Phase::New {
-                    self.wait_for_entries(&last_id, self.ctx.options.block)
-                        .await?;
+                    self.wait_idle(last_id).await;
                 }
                 Ok(())
             }
@@ -118,29 +125,62 @@ impl ShardTask {
             .map(Some)
     }
 
-    /// Blocks until a new entry arrives, the block time or the lease runs out, or the shard is
-    /// revoked (`XREAD BLOCK` without a group, on a dedicated connection); at most `most`.
-    pub(super) async fn wait_for_entries(
-        &mut self,
-        last_id: &str,
-        most: Duration,
-    ) -> Result<(), DataPlaneError> {
+    /// Waits for an entry after `last_id` for up to the block time; when none came, the next
+    /// [`Self::read_new`] waits again from `last_id` instead of reading.
+    async fn wait_idle(&mut self, last_id: String) {
+        if !self
+            .wait_for_entries(&last_id, self.ctx.options.block)
+            .await
+        {
+            self.idle_from = Some(last_id);
+        }
+    }
+
+    /// Blocks until a new entry arrives after `last_id`, the block time or the lease runs out,
+    /// or the shard is revoked; at most `most`. Returns `false` only when the block time passed
+    /// without an entry (then nothing is new after `last_id`); `true` when the shard should
+    /// read (woken, a failed wait: a wake may have been lost, a lease too short to wait, a
+    /// revoke or a stop). On a standalone server the wait is the member's shared `XREAD`
+    /// ([`crate::dataplane::shared_wait`]); on a cluster the shard's own, on a connection of
+    /// its own. A failed wait is logged and counted here and pauses the task (no hot loop).
+    pub(super) async fn wait_for_entries(&mut self, last_id: &str, most: Duration) -> bool {
         let block = self.ctx.options.block.min(most).min(self.lease_remaining());
         if block < Duration::from_millis(1) {
-            return Ok(());
+            return true;
         }
+        let ended = match &self.wait_slot {
+            Some(slot) => tokio::select! {
+                end = slot.wait(last_id, block) => Ok(end == WaitEnd::Woken),
+                _ = self.revoke.cancelled() => Ok(true),
+                _ = self.stop.cancelled() => Ok(true),
+            },
+            None => self.wait_alone(last_id, block).await,
+        };
+        match ended {
+            Ok(woken) => woken,
+            Err(error) => {
+                self.ctx.metrics.redis_error(&error);
+                tracing::warn!(error = %crate::report::Chain(&error), "waiting for new entries failed; reading again after a pause");
+                self.pause(ERROR_PAUSE).await;
+                true
+            }
+        }
+    }
+
+    /// The shard's own `XREAD BLOCK` (no group), on a connection of its own made at the first
+    /// wait: `Ok(false)` when `block` passed without an entry.
+    async fn wait_alone(&mut self, last_id: &str, block: Duration) -> Result<bool, DataPlaneError> {
         if self.waiter.is_none() {
             self.waiter = Some(Waiter::connect(&self.ctx.target, self.ctx.options.block).await?);
         }
         let shards = [(self.ctx.stream.shard(self.shard), last_id.to_owned())];
         let Some(waiter) = self.waiter.as_mut() else {
-            return Ok(());
+            return Ok(true);
         };
         tokio::select! {
-            result = waiter.wait(&shards, block) => { self.quiet = result?.is_empty(); }
-            _ = self.revoke.cancelled() => {}
-            _ = self.stop.cancelled() => {}
+            result = waiter.wait(&shards, block) => result.map(|woken| !woken.is_empty()),
+            _ = self.revoke.cancelled() => Ok(true),
+            _ = self.stop.cancelled() => Ok(true),
         }
-        Ok(())
     }
 }

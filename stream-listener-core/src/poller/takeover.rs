@@ -21,6 +21,7 @@ impl ShardTask {
             Ok(Ok(())) => {
                 self.raised = Some(token.clone());
                 self.phase = Phase::Claim;
+                self.idle_from = None;
                 self.clean_after_claim = true;
             }
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,

@@ -1,0 +1,475 @@
+//! [`SharedWait`]: one blocking `XREAD` per member over all of its caught-up shards
+//! (docs/design.md §8.4).
+//!
+//! A shard task whose read of new entries found none waits for the next entry. With a blocking
+//! command per shard, a member owning 512 shards would hold 512 connections. Here every shard
+//! task of a member registers its shard key and last id with the member's shared wait (a
+//! [`WaitSlot`]), and one driver task blocks in `XREAD BLOCK <block> STREAMS <all keys> <ids>`
+//! on one connection of its own ([`super::Waiter`]); when Redis answers, the woken shards' tasks
+//! read.
+//!
+//! - **Adding a shard to a wait in flight.** A shard that registers (or registers a new id) while
+//!   the `XREAD` blocks is not covered by it. The driver then interrupts the `XREAD` with
+//!   `CLIENT UNBLOCK <id>` sent on the member's control connection (the blocked command answers
+//!   as if it timed out) and blocks again over the new set. `CLIENT UNBLOCK` answers 0 when the
+//!   `XREAD` has not reached the server yet (the two connections are not ordered): the driver
+//!   asks again, backing off, until it answers 1 or the `XREAD` returns. Ids make this free of
+//!   races: an entry that arrives between two `XREAD`s is after the id the next one waits from,
+//!   so that one answers at once.
+//! - **A wait that times out** ends only the shard task's own wait (its block, its lease): the
+//!   key stays in the shared `XREAD` with the same id, and the task registers again without a
+//!   read and without interrupting anything. An idle member sends one `XREAD` per block time.
+//! - **A shard that leaves** (revoked, stopped: its [`WaitSlot`] is dropped) leaves the `XREAD`
+//!   at once: the driver interrupts it and blocks again without the key.
+//! - **An error** (the connection failed, a paused server past the response timeout) wakes every
+//!   shard of the failed `XREAD` (a wake may have been lost: each reads once), and the driver
+//!   pauses before it connects again.
+//!
+//! Only on a standalone server (or a Sentinel master): on Redis Cluster one `XREAD` covers the
+//! keys of one hash slot only, and each shard is its own slot (docs/design.md §2, §8.4).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::error::DataPlaneError;
+use super::waiter::Waiter;
+use crate::connection::{RedisConnection, RedisTarget};
+
+/// Pause of the driver after a failed wait or connect (no hot loop while Redis is down).
+const ERROR_PAUSE: Duration = Duration::from_millis(500);
+
+/// First and longest pause between two `CLIENT UNBLOCK`s that found the `XREAD` not blocked yet.
+const UNBLOCK_RETRY_FIRST: Duration = Duration::from_millis(1);
+const UNBLOCK_RETRY_MOST: Duration = Duration::from_millis(64);
+
+/// How a [`WaitSlot::wait`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitEnd {
+    /// The shard may have new entries after the id waited from: read. Also after a failed wait
+    /// (a wake may have been lost) and when the member's wait is shutting down.
+    Woken,
+    /// The block time passed without an entry: nothing new after the id, wait again from it.
+    TimedOut,
+}
+
+/// A member's shared wait for new entries: its driver task (started on the first wait) and the
+/// shards registered with it. Dropping it stops the driver.
+pub(crate) struct SharedWait {
+    inner: Arc<Inner>,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for SharedWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWait").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    /// Where the driver's own blocking connection goes.
+    target: RedisTarget,
+    /// The member's control connection: `CLIENT UNBLOCK` goes here (never the blocked one).
+    control: RedisConnection,
+    /// The longest block (the listener's `block`).
+    max_block: Duration,
+    state: Mutex<State>,
+    /// Wakes the driver: a shard registered, left, or asked for an earlier deadline.
+    changed: Notify,
+    stop: CancellationToken,
+    /// The span the driver logs in.
+    span: tracing::Span,
+}
+
+#[derive(Default)]
+struct State {
+    next_slot: u64,
+    /// Per registered shard task.
+    watches: HashMap<u64, Watch>,
+    driver_started: bool,
+    /// The keys of the `XREAD` in flight (empty between two).
+    blocked: Vec<String>,
+}
+
+/// One shard task's registration.
+struct Watch {
+    key: String,
+    /// The last entry id the task has seen: the `XREAD` waits for entries after it. `None`
+    /// until the task's first wait.
+    last_id: Option<String>,
+    /// An `XREAD` answered for the key since `last_id` was set: out of the next `XREAD` until
+    /// the task registers a new id (it reads first).
+    woken: bool,
+    /// The task blocked in [`WaitSlot::wait`] now, if any.
+    waiter: Option<Pending>,
+}
+
+struct Pending {
+    deadline: Instant,
+    done: oneshot::Sender<WaitEnd>,
+}
+
+impl SharedWait {
+    /// A shared wait whose driver blocks on a connection of its own to `target`, for up to
+    /// `max_block` per `XREAD` (the listener's `block`), and interrupts it with `CLIENT UNBLOCK`
+    /// on `control`. Nothing is connected or spawned before the first [`WaitSlot::wait`]; the
+    /// driver logs in `span` (the member's stream, group and member id).
+    pub(crate) fn new(
+        target: RedisTarget,
+        control: RedisConnection,
+        max_block: Duration,
+        span: tracing::Span,
+    ) -> Self {
+        let stop = CancellationToken::new();
+        let inner = Arc::new(Inner {
+            target,
+            control,
+            max_block: max_block.max(Duration::from_millis(1)),
+            state: Mutex::default(),
+            changed: Notify::new(),
+            stop: stop.clone(),
+            span,
+        });
+        SharedWait { inner, stop }
+    }
+
+    /// Registers the shard stream `key` (one registration per shard task; dropping it leaves
+    /// the wait).
+    pub(crate) fn register(&self, key: String) -> WaitSlot {
+        let mut state = self.inner.lock();
+        let slot = state.next_slot;
+        state.next_slot += 1;
+        state.watches.insert(
+            slot,
+            Watch {
+                key,
+                last_id: None,
+                woken: false,
+                waiter: None,
+            },
+        );
+        WaitSlot {
+            inner: self.inner.clone(),
+            slot,
+        }
+    }
+}
+
+#[cfg(test)]
+impl SharedWait {
+    /// The keys of the `XREAD` in flight, sorted.
+    fn blocked(&self) -> Vec<String> {
+        self.inner.lock().blocked.clone()
+    }
+}
+
+impl Drop for SharedWait {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// One shard task's place in its member's [`SharedWait`].
+pub(crate) struct WaitSlot {
+    inner: Arc<Inner>,
+    slot: u64,
+}
+
+impl std::fmt::Debug for WaitSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WaitSlot")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WaitSlot {
+    /// Waits until the shard may have an entry after `last_id` ([`WaitEnd::Woken`]) or `block`
+    /// passes ([`WaitEnd::TimedOut`]). Cancel-safe: dropping the future ends this task's wait,
+    /// and the key stays in the shared `XREAD` until the next wait or the slot's drop. Never an
+    /// error: a failed shared wait answers [`WaitEnd::Woken`] (the read that follows reports
+    /// what is wrong).
+    pub(crate) async fn wait(&self, last_id: &str, block: Duration) -> WaitEnd {
+        let (done, ended) = oneshot::channel();
+        {
+            let mut state = self.inner.lock();
+            let Some(watch) = state.watches.get_mut(&self.slot) else {
+                return WaitEnd::Woken;
+            };
+            let same_id = watch.last_id.as_deref() == Some(last_id);
+            if same_id && watch.woken {
+                // Woken while the task was not waiting: read now.
+                watch.woken = false;
+                return WaitEnd::Woken;
+            }
+            if !same_id {
+                watch.last_id = Some(last_id.to_owned());
+                watch.woken = false;
+            }
+            watch.waiter = Some(Pending {
+                deadline: Instant::now() + block,
+                done,
+            });
+            if !state.driver_started {
+                state.driver_started = true;
+                let inner = self.inner.clone();
+                let span = inner.span.clone();
+                tokio::spawn(drive(inner).instrument(span));
+            }
+        }
+        self.inner.changed.notify_one();
+        // A dropped sender (the driver stopped): read, as after any failure.
+        ended.await.unwrap_or(WaitEnd::Woken)
+    }
+}
+
+impl Drop for WaitSlot {
+    fn drop(&mut self) {
+        self.inner.lock().watches.remove(&self.slot);
+        self.inner.changed.notify_one();
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The keys the next `XREAD` covers, each with the id to wait from (a key registered twice,
+    /// by a task ending and its successor, waits from the lower id).
+    fn wanted(&self) -> BTreeMap<String, String> {
+        let state = self.lock();
+        let mut wanted: BTreeMap<String, String> = BTreeMap::new();
+        for watch in state.watches.values().filter(|w| !w.woken) {
+            let Some(id) = &watch.last_id else { continue };
+            wanted
+                .entry(watch.key.clone())
+                .and_modify(|known| {
+                    if compare_ids(id, known) == Ordering::Less {
+                        known.clone_from(id);
+                    }
+                })
+                .or_insert_with(|| id.clone());
+        }
+        wanted
+    }
+
+    /// The earliest deadline of a waiting task.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.lock()
+            .watches
+            .values()
+            .filter_map(|w| w.waiter.as_ref().map(|p| p.deadline))
+            .min()
+    }
+
+    /// Ends the waits whose deadline has passed; their keys stay in the `XREAD`.
+    fn time_out_due(&self) {
+        let now = Instant::now();
+        for watch in self.lock().watches.values_mut() {
+            if watch.waiter.as_ref().is_some_and(|p| p.deadline <= now) {
+                finish(watch, WaitEnd::TimedOut);
+            }
+        }
+    }
+
+    /// Marks `keys` woken (out of the `XREAD` until their tasks register a new id) and wakes
+    /// their waiting tasks.
+    fn wake(&self, keys: &[String]) {
+        for watch in self.lock().watches.values_mut() {
+            if keys.contains(&watch.key) {
+                watch.woken = true;
+                finish(watch, WaitEnd::Woken);
+            }
+        }
+    }
+}
+
+fn finish(watch: &mut Watch, end: WaitEnd) {
+    if let Some(pending) = watch.waiter.take() {
+        // A task that stopped waiting dropped its receiver: nothing to tell.
+        let _ = pending.done.send(end);
+    }
+}
+
+/// Orders two stream entry ids (`<ms>-<seq>`) numerically; ids that do not parse compare as
+/// strings.
+fn compare_ids(a: &str, b: &str) -> Ordering {
+    let parse = |id: &str| {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        Some((ms.parse::<u64>().ok()?, seq.parse::<u64>().ok()?))
+    };
+    match (parse(a), parse(b)) {
+        (Some(a), Some(b)) => a.cmp(&b),
+        _ => a.cmp(b),
+    }
+}
+
+/// The driver: blocks over the wanted keys, interrupts and blocks again when they change, times
+/// waits out, wakes the shards Redis names.
+async fn drive(inner: Arc<Inner>) {
+    let mut blocking: Option<(Waiter, i64)> = None;
+    loop {
+        let wanted = inner.wanted();
+        if wanted.is_empty() {
+            if !idle(&inner).await {
+                return;
+            }
+            continue;
+        }
+        if blocking.is_none() {
+            match connect(&inner).await {
+                Ok(connected) => blocking = Some(connected),
+                Err(error) => {
+                    let keys: Vec<String> = wanted.into_keys().collect();
+                    if !fail(&inner, &keys, &error).await {
+                        return;
+                    }
+                    continue;
+                }
+            }
+        }
+        let Some((waiter, client_id)) = blocking.as_mut() else {
+            continue;
+        };
+        let shards: Vec<(String, String)> = wanted.into_iter().collect();
+        let Some(result) = block_once(&inner, waiter, *client_id, &shards).await else {
+            return;
+        };
+        match result {
+            Ok(woken) => inner.wake(&woken),
+            Err(error) => {
+                blocking = None;
+                let keys: Vec<String> = shards.into_iter().map(|(key, _)| key).collect();
+                if !fail(&inner, &keys, &error).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Nothing to wait on: times waits out until something changes. `false` when stopped.
+async fn idle(inner: &Inner) -> bool {
+    let deadline = inner.next_deadline();
+    tokio::select! {
+        () = inner.changed.notified() => true,
+        () = sleep_until(deadline) => { inner.time_out_due(); true }
+        () = inner.stop.cancelled() => false,
+    }
+}
+
+/// Opens the driver's blocking connection and learns its client id (for `CLIENT UNBLOCK`).
+async fn connect(inner: &Inner) -> Result<(Waiter, i64), DataPlaneError> {
+    let mut waiter = Waiter::connect(&inner.target, inner.max_block).await?;
+    let client_id = waiter.client_id().await?;
+    Ok((waiter, client_id))
+}
+
+/// A failed connect or wait: every shard of it reads once, and the driver pauses. `false` when
+/// stopped.
+async fn fail(inner: &Inner, keys: &[String], error: &DataPlaneError) -> bool {
+    tracing::warn!(error = %crate::report::Chain(error), shards = keys.len(), "the shared wait for new entries failed; its shards read once, and it waits again after a pause");
+    inner.wake(keys);
+    tokio::select! {
+        () = tokio::time::sleep(ERROR_PAUSE) => true,
+        () = inner.stop.cancelled() => false,
+    }
+}
+
+/// One `XREAD BLOCK` over `shards`, interrupted when the wanted keys change, timing waits out
+/// meanwhile. `None` when stopped.
+async fn block_once(
+    inner: &Inner,
+    waiter: &mut Waiter,
+    client_id: i64,
+    shards: &[(String, String)],
+) -> Option<Result<Vec<String>, DataPlaneError>> {
+    let blocked: BTreeMap<String, String> = shards.iter().cloned().collect();
+    inner.lock().blocked = blocked.keys().cloned().collect();
+    let result = block_interruptibly(inner, waiter, client_id, shards, &blocked).await;
+    inner.lock().blocked.clear();
+    result
+}
+
+/// [`block_once`]'s `XREAD`, its interrupt and the waits' deadlines.
+async fn block_interruptibly(
+    inner: &Inner,
+    waiter: &mut Waiter,
+    client_id: i64,
+    shards: &[(String, String)],
+    blocked: &BTreeMap<String, String>,
+) -> Option<Result<Vec<String>, DataPlaneError>> {
+    let wait = waiter.wait(shards, inner.max_block);
+    tokio::pin!(wait);
+    let mut interrupted = false;
+    let mut unblocking: Option<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = None;
+    loop {
+        let deadline = inner.next_deadline();
+        tokio::select! {
+            result = &mut wait => return Some(result),
+            () = inner.stop.cancelled() => return None,
+            () = inner.changed.notified(), if !interrupted => {
+                if inner.wanted() != *blocked {
+                    interrupted = true;
+                    unblocking = Some(Box::pin(unblock(&inner.control, client_id)));
+                }
+            }
+            () = sleep_until(deadline) => inner.time_out_due(),
+            // Sent, or given up: the `XREAD` then ends by itself at the end of its block.
+            () = run(unblocking.as_mut()), if unblocking.is_some() => unblocking = None,
+        }
+    }
+}
+
+/// Awaits the `CLIENT UNBLOCK` in progress, if any.
+async fn run<'a>(future: Option<&mut Pin<Box<dyn Future<Output = ()> + Send + 'a>>>) {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `CLIENT UNBLOCK <client_id>` until Redis unblocks it (answers 1), backing off while the
+/// blocked command has not reached the server (answers 0). Gives up after a second: the
+/// `XREAD` then ends by itself within its block time.
+async fn unblock(control: &RedisConnection, client_id: i64) {
+    let mut pause = UNBLOCK_RETRY_FIRST;
+    let give_up = Instant::now() + Duration::from_secs(1);
+    let mut conn = control.clone();
+    while Instant::now() < give_up {
+        let reply: redis::RedisResult<i64> = redis::cmd("CLIENT")
+            .arg("UNBLOCK")
+            .arg(client_id)
+            .query_async(&mut conn)
+            .await;
+        match reply {
+            Ok(1) => return,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(error = %error, "CLIENT UNBLOCK failed: a shard that just started waiting is covered from the next block on");
+                return;
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(UNBLOCK_RETRY_MOST);
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests;

@@ -1,0 +1,228 @@
+//! Shared waits (docs/design.md §8.4): a member waits for new entries on all its caught-up
+//! shards with one blocking `XREAD` on one connection, so its connections do not grow with its
+//! shards. On a standalone server:
+//!
+//! - 4 members on 512 shards hold at most 4 × (1 node + 2) = 12 connections, and an entry on any
+//!   shard wakes its member at once;
+//! - a revoked shard leaves its member's wait at once;
+//! - a member owning 1,000 shards runs within 256 file descriptors.
+//!
+//! The block is 20 s in these tests: a shard missing from its member's wait would be read only
+//! when the block ends, far past the bounds asserted (5 s).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use stream_listener::core::internals::connection::RedisConnection;
+use support::*;
+
+/// Far below the tests' 20 s block, far above a round trip and a handler call.
+const PROMPT: Duration = Duration::from_secs(5);
+const BLOCK: Duration = Duration::from_secs(20);
+
+/// Waits (bounded) until the server has `n` blocked clients: every member idle in its one
+/// `XREAD`.
+async fn until_blocked(conn: &mut RedisConnection, n: u64, deadline: Duration) {
+    let end = Instant::now() + deadline;
+    loop {
+        let blocked = info_number(conn, "clients", "blocked_clients").await;
+        if blocked == n {
+            return;
+        }
+        assert!(Instant::now() < end, "{blocked} blocked clients, not {n}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Publishes one entry to each of `shards` in turn and waits until it is handled; returns the
+/// longest time from publish to handler call.
+async fn each_wakes_its_member(
+    server: &stream_listener::testing::RedisServer,
+    recorder: &std::sync::Arc<Recorder>,
+    shards: &[u32],
+) -> Duration {
+    let mut sync = server.client().get_connection().unwrap();
+    let mut longest = Duration::ZERO;
+    for (n, &shard) in shards.iter().enumerate() {
+        let published = xadd_sync(&mut sync, shard, n as u64);
+        let sent = Instant::now();
+        let handled = wait_until(PROMPT, || {
+            recorder.handled().contains(&(shard, published.id.clone()))
+        })
+        .await;
+        assert!(
+            handled,
+            "the entry on shard {shard} was not handled within {PROMPT:?}"
+        );
+        longest = longest.max(sent.elapsed());
+    }
+    longest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_members_on_512_shards_hold_twelve_connections_at_most_and_wake_on_any_shard() {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(512).await.parts();
+    let mut opts = options(4);
+    opts.block = BLOCK;
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    settle(&mut conn, 4, Duration::from_secs(60)).await;
+    until_blocked(&mut conn, 4, Duration::from_secs(30)).await;
+
+    // This test's own connection is one of them.
+    let connections = info_number(&mut conn, "clients", "connected_clients").await - 1;
+    eprintln!("4 members on 512 shards: {connections} connections");
+    assert!(
+        connections <= 12,
+        "{connections} connections (at most 4 × (1 + 2))"
+    );
+
+    let shards = [0, 37, 128, 255, 256, 300, 411, 511];
+    let longest = each_wakes_its_member(&server, &recorder, &shards).await;
+    eprintln!("longest publish-to-handler time: {longest:?}");
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_shard_leaves_its_members_wait_at_once() {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(8).await.parts();
+    let mut opts = options(1);
+    opts.block = BLOCK;
+    let first = start_recording(&target, &recorder, opts.clone(), Duration::ZERO).await;
+    let group = settle(&mut conn, 1, Duration::from_secs(20)).await;
+    let first_id = group.members[0].member_id.clone();
+    until_blocked(&mut conn, 1, PROMPT).await;
+
+    let second = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    let group = settle(&mut conn, 2, Duration::from_secs(20)).await;
+    let kept: Vec<u32> = target_shards(&group, &first_id);
+    assert_eq!(kept.len(), 4, "{group:#?}");
+    until_blocked(&mut conn, 2, PROMPT).await;
+
+    // Log every command with its arguments: the XREAD an entry on a kept shard ends names the
+    // shards the first member waits on now.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    each_wakes_its_member(&server, &recorder, &kept[..1]).await;
+    let waited_on = last_xread_keys(&mut conn).await;
+    let kept_keys: Vec<String> = kept.iter().map(|s| format!("{{{STREAM}:{s}}}")).collect();
+    let mut sorted = waited_on.clone();
+    sorted.sort();
+    let mut expected = kept_keys.clone();
+    expected.sort();
+    assert_eq!(
+        sorted, expected,
+        "the first member's XREAD covered {waited_on:?}"
+    );
+    second.shutdown_and_wait().await.expect("clean shutdown");
+    first.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// The keys of the most recent `XREAD` the server finished (`SLOWLOG`, every command logged).
+async fn last_xread_keys(conn: &mut RedisConnection) -> Vec<String> {
+    let log: redis::Value = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let redis::Value::Array(entries) = log else {
+        panic!("{log:?}")
+    };
+    for entry in entries {
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let Some(redis::Value::Array(args)) = fields.get(3) else {
+            continue;
+        };
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| redis::from_redis_value(a.clone()).unwrap())
+            .collect();
+        if args
+            .first()
+            .is_some_and(|c| c.eq_ignore_ascii_case("xread"))
+        {
+            let streams = args.iter().position(|a| a == "STREAMS").unwrap();
+            let keys = &args[streams + 1..];
+            return keys[..keys.len() / 2].to_vec();
+        }
+    }
+    panic!("no XREAD in the slow log");
+}
+
+/// The soft limit on open files of this test process is lowered to 256 (`prlimit`) while one
+/// member takes over and waits on 1,000 shards, then restored. The server counts the
+/// connections: with a connection per idle shard the member could not open them (and would
+/// fall back to polling), here it needs a handful.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_owning_1000_shards_runs_within_256_file_descriptors() {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(1000).await.parts();
+    let limit = FileLimit::lower_to(256);
+    let mut opts = options(1);
+    opts.block = BLOCK;
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    settle(&mut conn, 1, Duration::from_secs(60)).await;
+    until_blocked(&mut conn, 1, Duration::from_secs(30)).await;
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let connections = info_number(&mut conn, "clients", "connected_clients").await - 1;
+    eprintln!("1 member on 1000 shards: {connections} connections, {open} open files");
+    assert!(
+        connections <= 3,
+        "{connections} connections (at most 1 × (1 + 2))"
+    );
+    each_wakes_its_member(&server, &recorder, &[1, 499, 999]).await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+    drop(limit);
+}
+
+/// This process's soft `RLIMIT_NOFILE`, lowered with `prlimit(1)` and restored when dropped.
+struct FileLimit {
+    soft: String,
+}
+
+impl FileLimit {
+    fn lower_to(soft: u32) -> FileLimit {
+        let before = std::process::Command::new("prlimit")
+            .args([
+                "--pid",
+                &std::process::id().to_string(),
+                "--nofile",
+                "--raw",
+                "--noheadings",
+                "--output=SOFT",
+            ])
+            .output()
+            .expect("prlimit(1) runs");
+        assert!(before.status.success(), "{before:?}");
+        let limit = FileLimit {
+            soft: String::from_utf8(before.stdout).unwrap().trim().to_owned(),
+        };
+        limit.set(&soft.to_string());
+        limit
+    }
+
+    fn set(&self, soft: &str) {
+        let status = std::process::Command::new("prlimit")
+            .args([
+                "--pid",
+                &std::process::id().to_string(),
+                &format!("--nofile={soft}:"),
+            ])
+            .status()
+            .expect("prlimit(1) runs");
+        assert!(status.success());
+    }
+}
+
+impl Drop for FileLimit {
+    fn drop(&mut self) {
+        self.set(&self.soft);
+    }
+}
