@@ -185,6 +185,9 @@ pub(crate) struct ShardTask {
     /// block time passed): nothing is new after it, so with nothing to ack the task waits again
     /// from it without a read. Cleared by a raise and by an error.
     idle_from: Option<String>,
+    /// Whether the gauges were sampled since the shard went idle (`idle_from` set): then it is not
+    /// sampled again until it reads.
+    sampled_while_idle: bool,
     /// The shard's place in the member's shared wait (standalone), made with the task.
     wait_slot: Option<WaitSlot>,
     /// The shard's own blocking connection (cluster), made at its first wait.
@@ -258,6 +261,7 @@ impl ShardTask {
             acks: AckBuffer::default(),
             behind: false,
             idle_from: None,
+            sampled_while_idle: false,
             wait_slot,
             waiter: None,
             raised: None,
@@ -465,7 +469,16 @@ impl ShardTask {
     async fn sample_metrics(&mut self) {
         let (shared, shard) = (&self.ctx.shared, self.shard);
         let lowest_owned = || shared.lock().owned().keys().next() == Some(&shard);
-        self.metrics
+        // An idle shard's own gauges cannot change until an entry wakes it: only its owner reads
+        // it, and it is caught up with its acks sent. One sample per idle stretch is enough, so
+        // an idle member costs no command per shard. The member's lowest shard keeps sampling:
+        // it also sums the group's lag over every shard (§13.1).
+        let idle = self.idle_from.is_some();
+        if idle && self.sampled_while_idle && !lowest_owned() {
+            return;
+        }
+        let sampled = self
+            .metrics
             .sample(
                 &self.ctx.conn,
                 &self.ctx.stream,
@@ -475,6 +488,7 @@ impl ShardTask {
                 &self.ctx.metrics,
             )
             .await;
+        self.sampled_while_idle = idle && (sampled || self.sampled_while_idle);
     }
 
     /// Lease passed or shard not (yet) usable: wait for the next assignment change.

@@ -95,6 +95,7 @@ impl ShardMetrics {
         _shard: ShardIndex,
         _lowest_owned: impl FnOnce() -> bool,
         _member: &MemberMetrics,
-    ) {
+    ) -> bool {
+        false
     }
 }

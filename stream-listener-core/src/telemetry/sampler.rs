@@ -90,8 +90,9 @@ pub(crate) async fn read_shard(
 
 impl ShardMetrics {
     /// Samples the shard when due (and its group's lag when `lowest_owned()` says this is the
-    /// member's lowest owned shard and it is the stream's lowest readable one). Errors are
-    /// counted and logged; the gauges then keep their last value until the next sample.
+    /// member's lowest owned shard and it is the stream's lowest readable one); returns whether
+    /// it was due (a sample was tried). Errors are counted and logged; the gauges then keep their
+    /// last value until the next sample.
     pub(crate) async fn sample(
         &mut self,
         conn: &RedisConnection,
@@ -100,10 +101,10 @@ impl ShardMetrics {
         shard: ShardIndex,
         lowest_owned: impl FnOnce() -> bool,
         member: &MemberMetrics,
-    ) {
+    ) -> bool {
         let now = Instant::now();
         if now < self.next_sample {
-            return;
+            return false;
         }
         self.next_sample = crate::clock::later_by(now, self.interval);
         let mut conn = conn.clone();
@@ -122,13 +123,14 @@ impl ShardMetrics {
             Err(error) => {
                 member.redis_error(&error);
                 tracing::debug!(error = %crate::report::Chain(&error), "sampling the shard's lag failed");
-                return;
+                return true;
             }
         };
         if lowest_owned() {
             self.sample_group(&mut conn, keys, group, (shard, own_lag), member)
                 .await;
         }
+        true
     }
 
     /// The group's lag, when `shard` is the stream's lowest readable shard: the sum over every
