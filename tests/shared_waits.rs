@@ -7,6 +7,10 @@
 //! - a revoked shard leaves its member's wait at once;
 //! - a member owning 1,000 shards runs within 256 file descriptors.
 //!
+//! On a 3-master cluster, with `notify-keyspace-events Kt`, members wait with keyspace
+//! notifications: 4 members on 512 shards hold at most 4 × (3 + 2) = 20 connections, an entry
+//! on any shard wakes its member, and a master paused mid-wait does not stop the others.
+//!
 //! The block is 20 s in these tests: a shard missing from its member's wait would be read only
 //! when the block ends, far past the bounds asserted (5 s).
 
@@ -14,7 +18,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use stream_listener::core::internals::connection::RedisConnection;
+use stream_listener::core::internals::admin;
+use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
+use stream_listener::testing::RedisCluster;
 use support::*;
 
 /// Far below the tests' 20 s block, far above a round trip and a handler call.
@@ -225,4 +231,109 @@ impl Drop for FileLimit {
     fn drop(&mut self) {
         self.set(&self.soft);
     }
+}
+
+/// The clients connected to each node of `cluster`, summed.
+fn cluster_clients(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let mut sync = node.client().get_connection().unwrap();
+            let info: String = redis::cmd("INFO").arg("clients").query(&mut sync).unwrap();
+            let count: u64 = info
+                .lines()
+                .find_map(|l| l.strip_prefix("connected_clients:"))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            // This connection.
+            count - 1
+        })
+        .sum()
+}
+
+/// Publishes one entry to each of `shards` through the cluster and waits until it is handled.
+async fn each_wakes_its_member_on(
+    conn: &mut RedisConnection,
+    recorder: &std::sync::Arc<Recorder>,
+    shards: &[u32],
+) {
+    for &shard in shards {
+        let id = xadd_fields(conn, shard, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+        let handled =
+            wait_until(PROMPT, || recorder.handled().contains(&(shard, id.clone()))).await;
+        assert!(
+            handled,
+            "the entry on shard {shard} was not handled within {PROMPT:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_four_members_on_512_shards_wait_with_keyspace_notifications() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start().unwrap();
+    for node in cluster.nodes() {
+        let mut sync = node.client().get_connection().unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kt")
+            .query(&mut sync)
+            .unwrap();
+    }
+    let target = RedisTarget::cluster(cluster.urls());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 512).await.unwrap();
+    let before = cluster_clients(&cluster);
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let mut opts = options(4);
+    opts.block = BLOCK;
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    settle(&mut conn, 4, Duration::from_secs(90)).await;
+    // Every shard read once more under the new subscriptions and dropped its own connection.
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut connections = cluster_clients(&cluster) - before;
+    while connections > 20 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        connections = cluster_clients(&cluster) - before;
+    }
+    eprintln!("4 members on 512 shards of a 3-master cluster: {connections} connections");
+    assert!(
+        connections <= 20,
+        "{connections} connections (at most 4 × (3 + 2))"
+    );
+
+    each_wakes_its_member_on(&mut conn, &recorder, &[0, 37, 128, 255, 300, 511]).await;
+
+    // A master paused mid-wait (shorter than the cluster's node timeout: no failover): the
+    // shards of the other masters still wake at once, and its own once it is back.
+    // The paused master holds neither the stream's metadata nor the group's keys, so heartbeats
+    // go on.
+    let coordination = [
+        cluster
+            .master_of_key(&format!("sl:{{{STREAM}}}:stream"))
+            .unwrap(),
+        cluster
+            .master_of_key(&format!("sl:{{{STREAM}:{GROUP}}}:group"))
+            .unwrap(),
+    ];
+    let masters: Vec<usize> = (0..512)
+        .map(|s| cluster.master_of_key(&format!("{{{STREAM}:{s}}}")).unwrap())
+        .collect();
+    let paused = *masters
+        .iter()
+        .find(|m| !coordination.contains(m))
+        .expect("a master without coordination keys");
+    let shard_on =
+        |pick: &dyn Fn(usize) -> bool| (0..512u32).find(|s| pick(masters[*s as usize])).unwrap();
+    let on_paused = shard_on(&|m| m == paused);
+    let elsewhere = shard_on(&|m| m != paused);
+    cluster.pause_node(paused).unwrap();
+    each_wakes_its_member_on(&mut conn, &recorder, &[elsewhere]).await;
+    cluster.resume_node(paused).unwrap();
+    each_wakes_its_member_on(&mut conn, &recorder, &[on_paused]).await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
 }

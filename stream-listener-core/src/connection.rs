@@ -161,6 +161,49 @@ impl RedisTarget {
         matches!(self.topology, Topology::Cluster(_))
     }
 
+    /// A client of one cluster node at `host:port`, with the user, password and TLS of the
+    /// cluster's first seed URL (a cluster's nodes share them): for what redis-rs's cluster
+    /// client does not give, a connection to a chosen node (keyspace notifications,
+    /// docs/design.md §8.4).
+    ///
+    /// # Errors
+    /// `InvalidClientConfig` when this is not a cluster target; the seed URL's own errors.
+    pub(crate) fn cluster_node_client(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> redis::RedisResult<redis::Client> {
+        use redis::{ConnectionAddr, IntoConnectionInfo};
+        let Topology::Cluster(nodes) = &self.topology else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "a node client needs a cluster target",
+            )));
+        };
+        let Some(seed) = nodes.first() else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "a cluster target without nodes",
+            )));
+        };
+        let seed = seed.as_str().into_connection_info()?;
+        let addr = match seed.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        };
+        let info = seed.clone().set_addr(addr);
+        tls::client_of(info, &self.tls)
+    }
+
     /// The target for logs and errors, passwords replaced by `***`: the URL, `cluster [a, b]`
     /// or `sentinel master <name> via [a, b]`.
     pub fn describe(&self) -> String {

@@ -38,7 +38,7 @@ use tracing::Instrument;
 
 use crate::batch::AnyHandler;
 use crate::connection::{RedisConnection, RedisTarget};
-use crate::dataplane::shared_wait::{SharedWait, WaitSlot};
+use crate::dataplane::shared_wait::{SharedWait, WaitSlot, WakeSource};
 use crate::dataplane::{ShardClient, Waiter};
 use crate::fence::FenceToken;
 use crate::hooks::HookKind;
@@ -72,10 +72,10 @@ pub(crate) struct ShardTaskContext {
     /// The member's read rounds on a standalone server (one command may span all the member's
     /// shard keys there); `None` on a cluster (keys of different slots cannot share a command).
     rounds: Option<Arc<ReadRounds>>,
-    /// The member's one blocking `XREAD` over its caught-up shards, on a standalone server
-    /// (docs/design.md §8.4); `None` on a cluster, where each shard task waits on a connection
-    /// of its own.
-    shared_wait: Option<SharedWait>,
+    /// The member's one wait over its caught-up shards (docs/design.md §8.4): a blocking `XREAD`
+    /// on a standalone server, keyspace notifications on a cluster (when they are off, each
+    /// shard task waits on a connection of its own).
+    shared_wait: SharedWait,
     /// The member's replica waits after acks (`min_replica_acks`), shared by its shards: one
     /// `WAIT` in flight at a time (docs/design.md §15.4).
     ack_waits: Option<crate::replication::AckWaits>,
@@ -112,15 +112,21 @@ impl ShardTaskContext {
             )
         });
         let metrics = MemberMetrics::new(stream.prefix(), &group, &options.name, &member_id);
-        let shared_wait = (!conn.is_cluster()).then(|| {
-            let span = tracing::info_span!(
-                "shared_wait",
-                stream = stream.prefix(),
-                group = %group,
-                member_id = %member_id
-            );
-            SharedWait::new(target.clone(), conn.clone(), options.block, span)
-        });
+        let span = tracing::info_span!(
+            "shared_wait",
+            stream = stream.prefix(),
+            group = %group,
+            member_id = %member_id
+        );
+        let source = if conn.is_cluster() {
+            WakeSource::Keyspace {
+                prefix: stream.prefix().to_owned(),
+            }
+        } else {
+            WakeSource::Xread
+        };
+        let shared_wait =
+            SharedWait::new(source, target.clone(), conn.clone(), options.block, span);
         ShardTaskContext {
             shared_wait,
             metrics,
@@ -188,9 +194,10 @@ pub(crate) struct ShardTask {
     /// Whether the gauges were sampled since the shard went idle (`idle_from` set): then it is not
     /// sampled again until it reads.
     sampled_while_idle: bool,
-    /// The shard's place in the member's shared wait (standalone), made with the task.
-    wait_slot: Option<WaitSlot>,
-    /// The shard's own blocking connection (cluster), made at its first wait.
+    /// The shard's place in the member's shared wait, made with the task.
+    wait_slot: WaitSlot,
+    /// The shard's own blocking connection, made at its first wait when the shared wait is
+    /// unavailable (a cluster without keyspace notifications).
     waiter: Option<Waiter>,
     raised: Option<FenceToken>,
     phase: Phase,
@@ -241,10 +248,7 @@ impl ShardTask {
         .with_max_entry_bytes(ctx.options.max_entry_bytes)
         .with_replica_wait(ctx.ack_waits.clone());
         let shard_key: Arc<str> = ctx.stream.shard(shard).into();
-        let wait_slot = ctx
-            .shared_wait
-            .as_ref()
-            .map(|wait| wait.register(shard_key.to_string()));
+        let wait_slot = ctx.shared_wait.register(shard_key.to_string());
         let maintenance = maintenance::Schedule::new(ctx.options.retention_interval);
         let metrics = ShardMetrics::new(
             ctx.stream.prefix(),

@@ -140,21 +140,28 @@ impl ShardTask {
     /// or the shard is revoked; at most `most`. Returns `false` only when the block time passed
     /// without an entry (then nothing is new after `last_id`); `true` when the shard should
     /// read (woken, a failed wait: a wake may have been lost, a lease too short to wait, a
-    /// revoke or a stop). On a standalone server the wait is the member's shared `XREAD`
-    /// ([`crate::dataplane::shared_wait`]); on a cluster the shard's own, on a connection of
-    /// its own. A failed wait is logged and counted here and pauses the task (no hot loop).
+    /// revoke or a stop). The wait is the member's shared one ([`crate::dataplane::shared_wait`]:
+    /// one `XREAD` on a standalone server, keyspace notifications on a cluster), or, when that
+    /// is unavailable, the shard's own `XREAD` on a connection of its own. A failed wait is
+    /// logged and counted here and pauses the task (no hot loop).
     pub(super) async fn wait_for_entries(&mut self, last_id: &str, most: Duration) -> bool {
         let block = self.ctx.options.block.min(most).min(self.lease_remaining());
         if block < Duration::from_millis(1) {
             return true;
         }
-        let ended = match &self.wait_slot {
-            Some(slot) => tokio::select! {
-                end = slot.wait(last_id, block) => Ok(end == WaitEnd::Woken),
-                _ = self.revoke.cancelled() => Ok(true),
-                _ = self.stop.cancelled() => Ok(true),
-            },
-            None => self.wait_alone(last_id, block).await,
+        let shared = tokio::select! {
+            end = self.wait_slot.wait(last_id, block) => end,
+            _ = self.revoke.cancelled() => WaitEnd::Woken,
+            _ = self.stop.cancelled() => WaitEnd::Woken,
+        };
+        if shared != WaitEnd::Unavailable {
+            // The shared wait works (again): the shard's own connection is not needed.
+            self.waiter = None;
+        }
+        let ended = match shared {
+            WaitEnd::Woken => Ok(true),
+            WaitEnd::TimedOut => Ok(false),
+            WaitEnd::Unavailable => self.wait_alone(last_id, block).await,
         };
         match ended {
             Ok(woken) => woken,

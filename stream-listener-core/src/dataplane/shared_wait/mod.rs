@@ -25,8 +25,12 @@
 //!   shard of the failed `XREAD` (a wake may have been lost: each reads once), and the driver
 //!   pauses before it connects again.
 //!
-//! Only on a standalone server (or a Sentinel master): on Redis Cluster one `XREAD` covers the
-//! keys of one hash slot only, and each shard is its own slot (docs/design.md §2, §8.4).
+//! On Redis Cluster one `XREAD` covers the keys of one hash slot only, and each shard is its own
+//! slot (docs/design.md §2, §8.4). There the driver listens to keyspace notifications instead
+//! ([`keyspace`]): one subscription per master, an `xadd` event wakes its shard. When the
+//! servers do not publish them (`notify-keyspace-events` without `K` and `t`, or no permission),
+//! or while a subscription is down, [`WaitSlot::wait`] answers [`WaitEnd::Unavailable`] and the
+//! shard task waits on a connection of its own.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
@@ -59,6 +63,22 @@ pub(crate) enum WaitEnd {
     Woken,
     /// The block time passed without an entry: nothing new after the id, wait again from it.
     TimedOut,
+    /// Cluster only: the keyspace notifications are not available now; wait another way (the
+    /// shard's own `XREAD BLOCK`).
+    Unavailable,
+}
+
+/// How the driver learns of new entries.
+#[derive(Debug, Clone)]
+pub(crate) enum WakeSource {
+    /// One `XREAD BLOCK` over every waiting shard (standalone server, Sentinel master).
+    Xread,
+    /// Keyspace notifications of the shard streams `{<prefix>:<i>}` from every master of a
+    /// cluster ([`keyspace`]).
+    Keyspace {
+        /// The stream prefix.
+        prefix: String,
+    },
 }
 
 /// A member's shared wait for new entries: its driver task (started on the first wait) and the
@@ -75,7 +95,8 @@ impl std::fmt::Debug for SharedWait {
 }
 
 struct Inner {
-    /// Where the driver's own blocking connection goes.
+    source: WakeSource,
+    /// Where the driver's own connections go.
     target: RedisTarget,
     /// The member's control connection: `CLIENT UNBLOCK` goes here (never the blocked one).
     control: RedisConnection,
@@ -97,6 +118,14 @@ struct State {
     driver_started: bool,
     /// The keys of the `XREAD` in flight (empty between two).
     blocked: Vec<String>,
+    /// Keyspace notifications: whether every master's subscription is up, and how many times
+    /// they came up. A watch first seen under a generation reads once (its last read may have
+    /// come before the subscription, so an entry since may have gone unnoticed).
+    available: bool,
+    generation: u64,
+    /// Keyspace notifications: the driver has tried to subscribe at least once (before that a
+    /// task waits for the first attempt instead of waiting another way).
+    tried: bool,
 }
 
 /// One shard task's registration.
@@ -110,6 +139,8 @@ struct Watch {
     woken: bool,
     /// The task blocked in [`WaitSlot::wait`] now, if any.
     waiter: Option<Pending>,
+    /// The subscription generation this watch has read under (keyspace notifications).
+    generation: u64,
 }
 
 struct Pending {
@@ -118,11 +149,14 @@ struct Pending {
 }
 
 impl SharedWait {
-    /// A shared wait whose driver blocks on a connection of its own to `target`, for up to
-    /// `max_block` per `XREAD` (the listener's `block`), and interrupts it with `CLIENT UNBLOCK`
-    /// on `control`. Nothing is connected or spawned before the first [`WaitSlot::wait`]; the
-    /// driver logs in `span` (the member's stream, group and member id).
+    /// A shared wait woken by `source`. With [`WakeSource::Xread`] its driver blocks on a
+    /// connection of its own to `target`, for up to `max_block` per `XREAD` (the listener's
+    /// `block`), and interrupts it with `CLIENT UNBLOCK` on `control`; with
+    /// [`WakeSource::Keyspace`] it subscribes on every master `control` names. Nothing is
+    /// connected or spawned before the first [`WaitSlot::wait`]; the driver logs in `span` (the
+    /// member's stream, group and member id).
     pub(crate) fn new(
+        source: WakeSource,
         target: RedisTarget,
         control: RedisConnection,
         max_block: Duration,
@@ -130,6 +164,7 @@ impl SharedWait {
     ) -> Self {
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
+            source,
             target,
             control,
             max_block: max_block.max(Duration::from_millis(1)),
@@ -154,6 +189,7 @@ impl SharedWait {
                 last_id: None,
                 woken: false,
                 waiter: None,
+                generation: 0,
             },
         );
         WaitSlot {
@@ -199,20 +235,33 @@ impl WaitSlot {
     /// what is wrong).
     pub(crate) async fn wait(&self, last_id: &str, block: Duration) -> WaitEnd {
         let (done, ended) = oneshot::channel();
+        let keyspace = matches!(self.inner.source, WakeSource::Keyspace { .. });
         {
             let mut state = self.inner.lock();
+            let (available, generation, tried) = (state.available, state.generation, state.tried);
             let Some(watch) = state.watches.get_mut(&self.slot) else {
                 return WaitEnd::Woken;
             };
             let same_id = watch.last_id.as_deref() == Some(last_id);
-            if same_id && watch.woken {
+            if keyspace {
+                if !available && tried {
+                    return WaitEnd::Unavailable;
+                }
+                // An `xadd` event since the task last waited (it may have come after the task's
+                // read: a new id does not clear it), or the first wait under this subscription.
+                if watch.woken || watch.generation != generation {
+                    watch.woken = false;
+                    watch.generation = generation;
+                    return WaitEnd::Woken;
+                }
+            } else if same_id && watch.woken {
                 // Woken while the task was not waiting: read now.
                 watch.woken = false;
                 return WaitEnd::Woken;
             }
             if !same_id {
                 watch.last_id = Some(last_id.to_owned());
-                watch.woken = false;
+                watch.woken = keyspace && watch.woken;
             }
             watch.waiter = Some(Pending {
                 deadline: Instant::now() + block,
@@ -293,6 +342,29 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Keyspace notifications came up (`true`: a new generation, every waiting task reads once)
+    /// or are down (`false`: every waiting task waits another way, from its last id, which
+    /// covers an event lost meanwhile).
+    fn set_available(&self, available: bool) {
+        let mut state = self.lock();
+        state.tried = true;
+        let changed = state.available != available;
+        state.available = available;
+        if available && changed {
+            state.generation += 1;
+        }
+        let end = if available {
+            WaitEnd::Woken
+        } else {
+            WaitEnd::Unavailable
+        };
+        for watch in state.watches.values_mut() {
+            finish(watch, end);
+        }
+    }
+}
+
 fn finish(watch: &mut Watch, end: WaitEnd) {
     if let Some(pending) = watch.waiter.take() {
         // A task that stopped waiting dropped its receiver: nothing to tell.
@@ -313,9 +385,17 @@ fn compare_ids(a: &str, b: &str) -> Ordering {
     }
 }
 
-/// The driver: blocks over the wanted keys, interrupts and blocks again when they change, times
-/// waits out, wakes the shards Redis names.
+/// The driver of [`Inner::source`].
 async fn drive(inner: Arc<Inner>) {
+    match inner.source.clone() {
+        WakeSource::Xread => drive_xread(inner).await,
+        WakeSource::Keyspace { prefix } => keyspace::drive(inner, prefix).await,
+    }
+}
+
+/// The `XREAD` driver: blocks over the wanted keys, interrupts and blocks again when they change,
+/// times waits out, wakes the shards Redis names.
+async fn drive_xread(inner: Arc<Inner>) {
     let mut blocking: Option<(Waiter, i64)> = None;
     loop {
         let wanted = inner.wanted();
@@ -470,6 +550,8 @@ async fn sleep_until(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+mod keyspace;
 
 #[cfg(all(test, feature = "testing"))]
 mod tests;

@@ -28,7 +28,13 @@ async fn setup(max_block: Duration) -> (RedisServer, RedisConnection, Arc<Shared
     let conn = RedisConnection::connect(&target, Duration::from_secs(5))
         .await
         .unwrap();
-    let wait = SharedWait::new(target, conn.clone(), max_block, tracing::Span::none());
+    let wait = SharedWait::new(
+        super::WakeSource::Xread,
+        target,
+        conn.clone(),
+        max_block,
+        tracing::Span::none(),
+    );
     (server, conn, Arc::new(wait))
 }
 

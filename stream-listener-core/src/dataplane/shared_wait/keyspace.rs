@@ -1,0 +1,270 @@
+//! The shared wait's driver on Redis Cluster: keyspace notifications (docs/design.md §8.4).
+//!
+//! One `XREAD` covers one hash slot, and every shard is its own slot, so a blocking read cannot
+//! cover a member's shards there. Instead the driver subscribes on every master with
+//! `PSUBSCRIBE __keyspace@0__:{<prefix>:*}`: Redis publishes an `xadd` event on the channel of
+//! the key an entry was added to, on the node that holds it, when the server's
+//! `notify-keyspace-events` has `K` (keyspace channels) and `t` (stream commands) or `A`. The
+//! event wakes the shard's task, which reads.
+//!
+//! - **Nothing missed at the start.** Every watch reads once under each new subscription
+//!   ([`super::Inner::set_available`]): its last read may have come before the subscription.
+//!   After that, an entry added after a task's read is published after it, so the task sees
+//!   either the entry in its read or the event.
+//! - **Down or off: wait another way.** Before every master is subscribed, after a subscription
+//!   fails or ends (a node restarted, a failover), and when a server does not publish the events
+//!   (or the user may not read its configuration or subscribe), the wait is unavailable: the
+//!   tasks waiting are woken (an event may have been lost) and then wait on connections of their
+//!   own. The driver tries again after a pause, and checks the set of masters every
+//!   [`TOPOLOGY_CHECK`]: a new master (a failover, a new node) means subscribing again.
+//! - **Cost.** One connection per master per member; nothing per idle shard.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::Value;
+
+use super::{ERROR_PAUSE, Inner, sleep_until};
+
+/// How often the driver compares the cluster's masters with those it subscribed on.
+const TOPOLOGY_CHECK: Duration = Duration::from_secs(5);
+
+/// How long the driver waits before checking again when the events are off on the servers.
+const OFF_PAUSE: Duration = Duration::from_secs(30);
+
+/// Why the notifications cannot be used now.
+#[derive(Debug, thiserror::Error)]
+enum Unavailable {
+    /// Redis failed or refused (a node down, no permission to subscribe or to read the config).
+    #[error("{0}")]
+    Redis(#[from] redis::RedisError),
+    /// A master's `notify-keyspace-events` lacks `K` or `t`.
+    #[error(
+        "master {node} has notify-keyspace-events {flags:?}, without K and t: set `notify-keyspace-events Kt` (or add K and t to what is there) to let a member wait on all its shards with one connection per master"
+    )]
+    Off {
+        /// `host:port`.
+        node: String,
+        /// The flags it has.
+        flags: String,
+    },
+    /// The masters changed or a subscription ended.
+    #[error("the cluster's masters changed or a subscription ended")]
+    Changed,
+}
+
+/// The driver: subscribes on every master, wakes the shards the events name, subscribes again
+/// after a failure or a change of masters. Returns when the shared wait is dropped.
+pub(super) async fn drive(inner: Arc<Inner>, prefix: String) {
+    let pattern = format!("__keyspace@0__:{{{prefix}:*}}");
+    // One warning per stretch without notifications, not one per attempt.
+    let mut warned = false;
+    loop {
+        let outcome = match subscribe_all(&inner, &pattern).await {
+            Ok((masters, events)) => {
+                if warned {
+                    tracing::info!(
+                        "keyspace notifications are back: idle shards share the member's wait again"
+                    );
+                }
+                warned = false;
+                inner.set_available(true);
+                tracing::debug!(masters = masters.len(), "waiting on keyspace notifications");
+                let outcome = listen(&inner, &masters, events).await;
+                inner.set_available(false);
+                outcome
+            }
+            Err(error) => {
+                inner.set_available(false);
+                Some(error)
+            }
+        };
+        let Some(error) = outcome else { return };
+        let pause = match &error {
+            Unavailable::Changed => Duration::ZERO,
+            Unavailable::Off { .. } => OFF_PAUSE,
+            Unavailable::Redis(error) if is_refusal(error) => OFF_PAUSE,
+            Unavailable::Redis(_) => ERROR_PAUSE,
+        };
+        if !warned && !matches!(error, Unavailable::Changed) {
+            tracing::warn!(error = %error, "keyspace notifications are unavailable: each idle shard waits on a connection of its own until they are back");
+            warned = true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = inner.stop.cancelled() => return,
+        }
+    }
+}
+
+type Events = futures_util::stream::SelectAll<redis::aio::PubSubStream>;
+
+/// Checks every master's `notify-keyspace-events` and subscribes on each; returns the masters
+/// and their merged events.
+async fn subscribe_all(
+    inner: &Inner,
+    pattern: &str,
+) -> Result<(BTreeSet<(String, u16)>, Events), Unavailable> {
+    let masters = masters(inner).await?;
+    let mut streams = Vec::with_capacity(masters.len());
+    for (host, port) in &masters {
+        let client = inner.target.cluster_node_client(host, *port)?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let (_, flags): (String, String) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("notify-keyspace-events")
+            .query_async(&mut conn)
+            .await?;
+        if !publishes_stream_keyspace_events(&flags) {
+            return Err(Unavailable::Off {
+                node: format!("{host}:{port}"),
+                flags,
+            });
+        }
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.psubscribe(pattern).await?;
+        streams.push(pubsub.into_on_message());
+    }
+    Ok((masters, futures_util::stream::select_all(streams)))
+}
+
+/// Whether Redis refused for good (no permission to read the configuration or to subscribe):
+/// asking again soon would only fill the ACL log.
+fn is_refusal(error: &redis::RedisError) -> bool {
+    matches!(
+        crate::connection::RedisFailure::of(error),
+        crate::connection::RedisFailure::NoPermission
+    )
+}
+
+/// Whether `notify-keyspace-events` flags publish `xadd` on keyspace channels: `K`, and `t` or
+/// the `A` alias.
+fn publishes_stream_keyspace_events(flags: &str) -> bool {
+    flags.contains('K') && (flags.contains('t') || flags.contains('A'))
+}
+
+/// The cluster's masters (`CLUSTER SLOTS`), as `(host, port)`.
+async fn masters(inner: &Inner) -> Result<BTreeSet<(String, u16)>, Unavailable> {
+    let mut conn = inner.control.clone();
+    let slots: Value = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut conn)
+        .await?;
+    Ok(masters_of(&slots))
+}
+
+/// The masters of a `CLUSTER SLOTS` reply: each range's third element is its master
+/// `[host, port, id, …]`.
+fn masters_of(slots: &Value) -> BTreeSet<(String, u16)> {
+    let Value::Array(ranges) = slots else {
+        return BTreeSet::new();
+    };
+    ranges
+        .iter()
+        .filter_map(|range| match range {
+            Value::Array(fields) => match fields.get(2) {
+                Some(Value::Array(master)) => {
+                    let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
+                    let port: u16 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
+                    Some((host, port))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Wakes the shards the events name, times waits out, and checks the masters; returns why it
+/// stopped listening (`None`: the shared wait was dropped).
+async fn listen(
+    inner: &Inner,
+    masters: &BTreeSet<(String, u16)>,
+    mut events: Events,
+) -> Option<Unavailable> {
+    let mut check = tokio::time::interval(TOPOLOGY_CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    check.tick().await;
+    loop {
+        let deadline = inner.next_deadline();
+        tokio::select! {
+            event = events.next() => match event {
+                Some(message) => {
+                    if let Some(key) = added_to(&message) {
+                        inner.wake(&[key]);
+                    }
+                }
+                // Every subscription ended.
+                None => return Some(Unavailable::Changed),
+            },
+            _ = check.tick() => match self::masters(inner).await {
+                Ok(now) if now == *masters => {}
+                Ok(_) => return Some(Unavailable::Changed),
+                // The cluster answers nothing: the subscriptions may still be fine; ask again.
+                Err(error) => tracing::debug!(%error, "checking the cluster's masters failed"),
+            },
+            () = inner.changed.notified() => {}
+            () = sleep_until(deadline) => inner.time_out_due(),
+            () = inner.stop.cancelled() => return None,
+        }
+    }
+}
+
+/// The shard key of an `xadd` event (`__keyspace@0__:<key>` / `xadd`); `None` for other events.
+fn added_to(message: &redis::Msg) -> Option<String> {
+    let event: String = message.get_payload().ok()?;
+    if event != "xadd" {
+        return None;
+    }
+    let channel = message.get_channel_name();
+    channel.split_once("__:").map(|(_, key)| key.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_events_need_keyspace_channels_and_the_stream_class() {
+        assert!(publishes_stream_keyspace_events("Kt"));
+        assert!(publishes_stream_keyspace_events("AK"));
+        assert!(publishes_stream_keyspace_events("KEA"));
+        assert!(!publishes_stream_keyspace_events(""));
+        assert!(!publishes_stream_keyspace_events("Et"));
+        assert!(!publishes_stream_keyspace_events("Kh"));
+    }
+
+    #[test]
+    fn masters_come_from_each_slot_ranges_first_node() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let slots = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("127.0.0.1", 7000),
+                node("127.0.0.1", 7003),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(16383),
+                node("127.0.0.1", 7001),
+            ]),
+        ]);
+        let masters = masters_of(&slots);
+        assert_eq!(
+            masters.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("127.0.0.1".to_owned(), 7000),
+                ("127.0.0.1".to_owned(), 7001)
+            ]
+        );
+    }
+}
