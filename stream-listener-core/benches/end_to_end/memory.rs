@@ -18,9 +18,17 @@ use stream_listener_core::testing::RedisServer;
 pub(crate) const MEM_PREFIX: &str = "mem";
 pub(crate) const MEM_SHARDS: u32 = 64;
 
-/// The child: `memory-child <url> <bare|listener> <group> <batch>`. Prints `RSS_BARE <kB>` or
-/// `RSS_IDLE <kB>`, then (listener) waits until every shard has a batch of `batch` entries in
-/// flight and prints `RSS_INFLIGHT <kB> <entries>`, then waits to be killed.
+/// The streams of the many-listeners case: `mem-l0` … `mem-l9`, 64 shards each.
+const LISTENER_STREAMS: u32 = 10;
+
+fn listener_stream(i: u32) -> String {
+    format!("{MEM_PREFIX}-l{i}")
+}
+
+/// The child: `memory-child <url> <bare|listener|listeners> <group> <batch or count>`. Prints
+/// `RSS_BARE <kB>` or `RSS_IDLE <kB>`, then (listener) waits until every shard has a batch of
+/// `batch` entries in flight and prints `RSS_INFLIGHT <kB> <entries>`, then waits to be killed.
+/// `listeners`: `count` listeners of `concurrency = 4`, one per stream `mem-l<i>`, idle.
 pub(crate) fn memory_child(args: &[String]) {
     let url = args[0].clone();
     let mode = args[1].clone();
@@ -34,6 +42,43 @@ pub(crate) fn memory_child(args: &[String]) {
         if mode == "bare" {
             tokio::time::sleep(Duration::from_secs(2)).await;
             println!("RSS_BARE {}", rss_kb());
+            std::io::stdout().flush().unwrap();
+            std::future::pending::<()>().await;
+        }
+        if mode == "listeners" {
+            let count = u32::try_from(batch).unwrap();
+            let mut handles = Vec::new();
+            for i in 0..count {
+                let mut options = ListenerOptions::default();
+                options.concurrency = 4;
+                options.coordination = coordination();
+                let handler = |_d: Delivery| async { Ok::<(), HandlerError>(()) };
+                let handle = Listener::new(
+                    target.clone(),
+                    &listener_stream(i),
+                    &group,
+                    handler,
+                    options,
+                )
+                .unwrap()
+                .start()
+                .await
+                .unwrap();
+                handles.push(handle);
+            }
+            for i in 0..count {
+                wait_converged(
+                    &mut conn,
+                    &listener_stream(i),
+                    &group,
+                    4,
+                    Duration::from_secs(60),
+                )
+                .await
+                .expect("converged");
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            println!("RSS_IDLE {}", rss_kb());
             std::io::stdout().flush().unwrap();
             std::future::pending::<()>().await;
         }
@@ -211,4 +256,59 @@ pub(crate) async fn memory() {
     println!(
         "\n[memory] per entry in flight (slope between the two batch sizes): {slope:.0} bytes; entries are {entry_bytes}"
     );
+    many_listeners(&server, &mut conn).await;
+}
+
+/// 10 listeners of 64 shards in one process against one listener of 64 shards (same run):
+/// resident memory and the connections the server counts, both idle.
+async fn many_listeners(
+    server: &RedisServer,
+    conn: &mut stream_listener_core::internals::connection::RedisConnection,
+) {
+    for i in 0..LISTENER_STREAMS {
+        admin::create_stream(conn, &listener_stream(i), MEM_SHARDS)
+            .await
+            .unwrap();
+    }
+    let mut rows = Vec::new();
+    for count in [1, LISTENER_STREAMS] {
+        let before = connected_clients(conn).await;
+        let group = format!("many{count}");
+        let (child, mut lines) = spawn_child(&server.url(), "listeners", &group, count as usize);
+        let idle_line = tokio::task::spawn_blocking(move || lines.next().unwrap())
+            .await
+            .unwrap();
+        let connections = connected_clients(conn).await - before;
+        rows.push((count, field(&idle_line, 1), connections));
+        drop(child);
+    }
+    let (_, one_rss, one_conns) = rows[0];
+    println!(
+        "\n[memory] listeners of 4 members × 64 shards in one process, idle (load {})",
+        load_average()
+    );
+    println!("| listeners | VmRSS | ratio | connections | ratio |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (count, rss, conns) in rows {
+        println!(
+            "| {count} | {rss} kB | {:.2} | {conns} | {:.2} |",
+            rss as f64 / one_rss as f64,
+            conns as f64 / one_conns as f64
+        );
+    }
+}
+
+/// The server's `connected_clients`.
+async fn connected_clients(
+    conn: &mut stream_listener_core::internals::connection::RedisConnection,
+) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
 }

@@ -56,6 +56,60 @@ return {0, -1, 0, '', now[1], now[2]}
     &SCRIPT
 }
 
+/// Lua: the summed lag of group `ARGV[1]` over the shards `KEYS`: the sum, or -1 when any
+/// shard's lag is unknown (no stream, no group, or Redis cannot tell). Read-only. One call for
+/// all shards on a standalone server, where the keys may share a script.
+fn group_lag_script() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local total = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 0 then return -1 end
+  local lag = nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+    local info = {}
+    for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+    if info['name'] == ARGV[1] then lag = info['lag'] end
+  end
+  if not lag then return -1 end
+  total = total + lag
+end
+return total
+",
+        )
+    });
+    &SCRIPT
+}
+
+/// Keys per [`group_lag_script`] call: bounds how long one call holds Redis.
+const GROUP_LAG_KEYS_PER_CALL: usize = 256;
+
+/// The summed lag of `group` over `keys` on a standalone server, in calls of
+/// [`GROUP_LAG_KEYS_PER_CALL`] keys: `None` when any shard's lag is unknown.
+///
+/// # Errors
+/// The Redis error of a call.
+pub(crate) async fn read_group_lag(
+    conn: &mut RedisConnection,
+    keys: &[String],
+    group: &str,
+) -> redis::RedisResult<Option<u64>> {
+    let mut total = 0u64;
+    for chunk in keys.chunks(GROUP_LAG_KEYS_PER_CALL) {
+        let mut call = group_lag_script().prepare_invoke();
+        for key in chunk {
+            call.key(key);
+        }
+        let lag: i64 = call.arg(group).invoke_async(conn).await?;
+        let Ok(lag) = u64::try_from(lag) else {
+            return Ok(None);
+        };
+        total += lag;
+    }
+    Ok(Some(total))
+}
+
 /// Reads `key`'s sample for `group`: one script call. `None` without the stream or the group.
 ///
 /// # Errors
@@ -159,7 +213,18 @@ impl ShardMetrics {
         let Some(mut total) = own_lag else {
             return;
         };
-        for index in readable.into_iter().filter(|index| *index != shard) {
+        let others: Vec<ShardIndex> = readable.into_iter().filter(|i| *i != shard).collect();
+        if !conn.is_cluster() {
+            // One script call for all the other shards (a few with thousands of shards).
+            let others: Vec<String> = others.iter().map(|i| keys.shard(*i)).collect();
+            match read_group_lag(conn, &others, group).await {
+                Ok(Some(lag)) => self.group_lag.set((total + lag) as f64),
+                Ok(None) => {}
+                Err(error) => member.redis_error(&error),
+            }
+            return;
+        }
+        for index in others {
             match read_shard(conn, &keys.shard(index), group).await {
                 Ok(Some(ShardSample { lag: Some(lag), .. })) => total += lag,
                 // A shard without its consumer group yet has delivered nothing: its lag is
@@ -253,5 +318,78 @@ mod tests {
             .unwrap();
         let deleted = read_shard(&mut conn, key, "g").await.unwrap().unwrap();
         assert_eq!((deleted.lag, deleted.pending), (None, 3));
+    }
+
+    #[tokio::test]
+    async fn the_group_lag_sums_every_shard_in_one_call_and_is_unknown_when_one_is() {
+        let server = RedisServer::start().unwrap();
+        let target = RedisTarget::standalone(server.url());
+        let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
+            .await
+            .unwrap();
+        // 300 shards (two calls of at most 256 keys): shard i holds i % 3 unread entries.
+        let keys: Vec<String> = (0..300).map(|i| format!("{{s:{i}}}")).collect();
+        let mut want = 0;
+        for (i, key) in keys.iter().enumerate() {
+            let _: () = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(key)
+                .arg("g")
+                .arg("$")
+                .arg("MKSTREAM")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            for _ in 0..i % 3 {
+                let _: String = redis::cmd("XADD")
+                    .arg(key)
+                    .arg("*")
+                    .arg("f")
+                    .arg("v")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                want += 1;
+            }
+        }
+        let commands = |info: String| -> u64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse().unwrap())
+        };
+        // Loads the script (a first EVALSHA answers NOSCRIPT).
+        read_group_lag(&mut conn, &keys[..1], "g").await.unwrap();
+        let before = commands(
+            redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(
+            read_group_lag(&mut conn, &keys, "g").await.unwrap(),
+            Some(want)
+        );
+        let after = commands(
+            redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+                .unwrap(),
+        );
+        // Two script calls: 256 keys and 44.
+        assert_eq!(after - before, 2);
+        // A shard without the group: unknown.
+        assert_eq!(
+            read_group_lag(&mut conn, &keys, "other").await.unwrap(),
+            None
+        );
+        let mut with_missing = keys.clone();
+        with_missing.push("{s:none}".into());
+        assert_eq!(
+            read_group_lag(&mut conn, &with_missing, "g").await.unwrap(),
+            None
+        );
     }
 }
