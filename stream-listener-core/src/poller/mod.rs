@@ -475,10 +475,12 @@ impl ShardTask {
         let lowest_owned = || shared.lock().owned().keys().next() == Some(&shard);
         // An idle shard's own gauges cannot change until an entry wakes it: only its owner reads
         // it, and it is caught up with its acks sent. One sample per idle stretch is enough, so
-        // an idle member costs no command per shard. The member's lowest shard keeps sampling:
+        // an idle member costs no command per shard; the gauges are set again to the same
+        // values, or the exporter would forget them. The member's lowest shard keeps sampling:
         // it also sums the group's lag over every shard (§13.1).
         let idle = self.idle_from.is_some();
         if idle && self.sampled_while_idle && !lowest_owned() {
+            self.metrics.keep_alive();
             return;
         }
         let sampled = self

@@ -87,6 +87,8 @@ impl ShardMetrics {
     ) {
     }
     #[inline(always)]
+    pub(crate) fn keep_alive(&mut self) {}
+    #[inline(always)]
     pub(crate) async fn sample(
         &mut self,
         _conn: &RedisConnection,

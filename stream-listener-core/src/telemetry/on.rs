@@ -22,11 +22,17 @@ use crate::model::{Epoch, HeartbeatStatus, ShardIndex};
 pub(crate) struct LiveGauge {
     name: &'static str,
     labels: Vec<Label>,
+    /// The last value set (`f64` bits), for [`LiveGauge::set_again`]; `u64::MAX` before any.
+    last: std::sync::atomic::AtomicU64,
 }
 
 impl LiveGauge {
     fn new(name: &'static str, labels: Vec<Label>) -> Self {
-        let gauge = LiveGauge { name, labels };
+        let gauge = LiveGauge {
+            name,
+            labels,
+            last: std::sync::atomic::AtomicU64::new(u64::MAX),
+        };
         // Registered at once, as a resolved handle would be (exported from the start).
         drop(metrics::gauge!(gauge.name, gauge.labels.clone()));
         gauge
@@ -34,7 +40,18 @@ impl LiveGauge {
 
     /// Sets the series to `value`, registering it again if the recorder forgot it.
     pub(crate) fn set(&self, value: f64) {
+        self.last
+            .store(value.to_bits(), std::sync::atomic::Ordering::Relaxed);
         metrics::gauge!(self.name, self.labels.clone()).set(value);
+    }
+
+    /// Sets the series to its last value again (nothing before a first [`LiveGauge::set`]), so
+    /// the exporter does not forget a series whose value has not changed.
+    pub(crate) fn set_again(&self) {
+        let bits = self.last.load(std::sync::atomic::Ordering::Relaxed);
+        if bits != u64::MAX {
+            metrics::gauge!(self.name, self.labels.clone()).set(f64::from_bits(bits));
+        }
     }
 }
 
@@ -279,6 +296,20 @@ impl ShardMetrics {
             interval,
             next_sample: Instant::now(),
         }
+    }
+
+    /// When a sample is due, sets the shard's gauges to their last values again instead of
+    /// reading Redis: an idle shard's values cannot have changed (docs/design.md §13.1), and a
+    /// series not set for a while is forgotten by the exporter.
+    pub(crate) fn keep_alive(&mut self) {
+        let now = Instant::now();
+        if now < self.next_sample {
+            return;
+        }
+        self.next_sample = crate::clock::later_by(now, self.interval);
+        self.lag.set_again();
+        self.pending.set_again();
+        self.oldest_pending_age.set_again();
     }
 
     /// Retention trimmed `deleted` entries of the shard; a `force` trim removed `lost` entries
