@@ -47,6 +47,9 @@
 //!   `describe_group` says `STABLE` with every member converged. At the end: every published
 //!   entry was handled (at least once).
 //!
+//! - `idle` (only when named): connections and commands of an idle listener of 4 members with
+//!   default timings on 512 shards against the same on 8 shards (shared waits, docs/design.md
+//!   §8.4), standalone and cluster (with `notify-keyspace-events Kt`), see `idle.rs`.
 //! - `retention` (only when named): the retention soak of docs/design.md §10.9, see
 //!   `retention.rs` (its knobs are `E2E_RETENTION_*`).
 //! - `metrics_overhead` (only when named; needs `--features testing,metrics`): the listener's
@@ -64,6 +67,7 @@
 //! connection, `E2E_PROFILE=1` prints a line when a clock starts (to attach `perf`).
 
 mod common;
+mod idle;
 mod latency;
 mod memory;
 #[cfg(feature = "metrics")]
@@ -132,6 +136,27 @@ fn main() {
                     }
                 }
                 "memory" => memory().await,
+                "idle" => {
+                    {
+                        let server = RedisServer::start().expect("redis-server");
+                        let target = RedisTarget::standalone(server.url());
+                        let servers = idle::Servers {
+                            nodes: vec![target.clone()],
+                        };
+                        idle::idle(target, servers, "standalone").await;
+                    }
+                    if cluster {
+                        let c = RedisCluster::start().expect("cluster");
+                        let servers = idle::Servers {
+                            nodes: c
+                                .urls()
+                                .into_iter()
+                                .map(RedisTarget::standalone)
+                                .collect(),
+                        };
+                        idle::idle(RedisTarget::cluster(c.urls()), servers, "cluster").await;
+                    }
+                }
                 "rebalance" => {
                     {
                         let server = RedisServer::start().expect("redis-server");
@@ -161,7 +186,7 @@ fn main() {
                     eprintln!("metrics_overhead needs the metrics feature: --features testing,metrics")
                 }
                 other => eprintln!(
-                    "unknown part {other}: throughput, latency, memory, rebalance, retention, metrics_overhead, ordering"
+                    "unknown part {other}: throughput, latency, memory, rebalance, idle, retention, metrics_overhead, ordering"
                 ),
             }
         }
