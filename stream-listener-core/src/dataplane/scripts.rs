@@ -402,10 +402,13 @@ return 0
 /// 0**, checked in this same script, so no PEL is ever dropped (watermill-redisstream#24 lost
 /// messages by deleting consumers with pending entries). ARGV[2] `'1'`: dry run, nothing
 /// deleted. Not fenced: it deletes only consumers without pending entries, which holds whoever
-/// runs it (docs/design.md §8.15). Breaks the convention above: one key, no token.
+/// runs it (docs/design.md §8.15). Breaks the convention above: the shard and the gate, no token.
 /// Returns `{'OK', deleted, pending, kept}`: the names deleted (or that would be); `{name,
 /// pending}` of the consumers not in the keep-list kept for their pending entries; `{name,
-/// pending}` of those in the keep-list; or `{'NOGROUP', message}`.
+/// pending}` of those in the keep-list; or `{'NOGROUP', message}`. `KEYS[2]`, when given, is
+/// the group's read gate on the shard (docs/design.md §8.16): deleted (but in a dry run), so the
+/// consumers that strict reads leave in its group go with it (a new empty gate is created by the
+/// next check that passes; a gate damaged by hand is repaired the same way).
 pub(crate) fn delete_idle_consumers() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         with_prelude(
@@ -414,6 +417,7 @@ local keep = {}
 for i = 3, #ARGV do keep[ARGV[i]] = true end
 local consumers = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
 if consumers.err then return failed(consumers) end
+if KEYS[2] and ARGV[2] ~= '1' then redis.call('DEL', KEYS[2]) end
 local deleted, busy, kept = {}, {}, {}
 for _, c in ipairs(consumers) do
   local name, pending = nil, 0
