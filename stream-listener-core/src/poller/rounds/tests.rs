@@ -11,9 +11,12 @@ use crate::dataplane::round::PartRead;
 use crate::testing::RedisServer;
 use crate::testing::fixtures::pause_writes;
 
+/// The consumer group of every shard.
 pub(super) const GROUP: &str = "g";
+/// The member whose rounds the tests send.
 pub(super) const CONSUMER: &str = "m-m0";
 
+/// [`CONSUMER`]'s token.
 pub(super) fn token() -> FenceToken {
     FenceToken {
         incarnation: 1,
@@ -23,6 +26,7 @@ pub(super) fn token() -> FenceToken {
     }
 }
 
+/// The stream of shard `shard` of the stream `s`.
 pub(super) fn key(shard: ShardIndex) -> String {
     format!("{{s:{shard}}}")
 }
