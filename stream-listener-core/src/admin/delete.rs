@@ -36,10 +36,11 @@ pub struct DeletedStream {
 
 /// Deletes the sharded stream `prefix` and every key it owns (docs/design.md §2): for every
 /// shard listed in the metadata (RETIRED ones included) the shard stream, its fence, its
-/// attempts hash and the registered groups' read gates; for every registered group its hash, leases, history and dead-letter stream
-/// `<prefix>:dlq:<group>`; the dead-letter streams of groups no longer registered (kept by
-/// `group delete --keep-dead-letters`: found by `SCAN MATCH <prefix>:dlq:*` on every master,
-/// the rest of the name a valid group name); the stream metadata; its entry in `sl:streams`.
+/// attempts hash and the registered groups' read gates; for every registered group its hash,
+/// leases, history and dead-letter stream `<prefix>:dlq:<group>`; the dead-letter streams of
+/// groups no longer registered (kept by `group delete --keep-dead-letters`: found by `SCAN MATCH
+/// <prefix>:dlq:*` on every master, the rest of the name a valid group name); the stream
+/// metadata; its entry in `sl:streams`.
 ///
 /// Refused while any registered group has a live member (as `delete_group`, §10.5). Without
 /// `force` also refused while any consumer group on a shard has pending entries or entries after

@@ -151,9 +151,9 @@ flags! {
         /// convergence, a settled group off the fast path).
         effects_only,
         /// Model the data plane (docs/design.md §8): entries, PELs, shard tasks, reads by
-        /// transaction with a read gate, handlers and plain acks, with its invariants. Off, a history
-        /// is the control plane's alone, exactly as before the data plane was modelled (the
-        /// pinned seeds of `tests.rs` replay those histories).
+        /// transaction with a read gate, handlers and plain acks, with its invariants. Off, a
+        /// history is the control plane's alone, exactly as before the data plane was modelled
+        /// (the pinned seeds of `tests.rs` replay those histories).
         entries,
         /// A shard's fence key lost (a failover that lost it, an eviction, a `DEL` by hand): the
         /// whole hash, or only this group's field.

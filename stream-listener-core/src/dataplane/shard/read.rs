@@ -95,10 +95,9 @@ impl ShardClient {
     /// Acks `ids` on `shard` with a plain `XACK` and reads up to `count` new entries, in one
     /// round trip ([`crate::dataplane::round`]: in strict mode the read is a transaction with the
     /// fence check and the shard's read gate inside it, and the entries never pass through Lua).
-    /// Returns how many
-    /// of `ids` were pending, and what the read returned. The ack is not fenced: a member acks
-    /// only what it handled, and `XACK` is idempotent (docs/design.md §8.2). With no ids only
-    /// the read is sent.
+    /// Returns how many of `ids` were pending, and what the read returned. The ack is not
+    /// fenced: a member acks only what it handled, and `XACK` is idempotent (docs/design.md
+    /// §8.2). With no ids only the read is sent.
     ///
     /// # Errors
     /// As [`ShardClient::read_new`]; an error of the ack fails the whole call (acking again and
