@@ -454,6 +454,9 @@ async fn group_delete_leaves_no_key_of_the_group(cluster: bool) {
     for i in 0..4 {
         support::plant_fence(conn, &format!("{}:fence", shard(i)), "billing").await;
         support::plant_fence(conn, &format!("{}:fence", shard(i)), "audit").await;
+        for group in ["billing", "audit"] {
+            support::plant_gate(conn, &format!("{}:gate:{group}", shard(i)), group).await;
+        }
         let _: () = conn
             .hset_multiple(
                 format!("{}:attempts", shard(i)),
@@ -480,10 +483,17 @@ async fn group_delete_leaves_no_key_of_the_group(cluster: bool) {
     assert_eq!(deleted.destroyed_on, vec![0, 1, 2, 3]);
     assert_eq!(deleted.dead_letters, 1);
     assert_eq!(billing_traces(&mut redis, 4).await, Vec::<String>::new());
-    // audit keeps everything.
+    // audit keeps everything, its read gates included (billing's went: billing_traces).
     let keys = redis.all_keys().await;
-    for key in ["orders:dlq:audit", "sl:{orders:audit}:group"] {
-        assert!(keys.contains(&key.to_owned()), "{key}: {keys:?}");
+    let gates = (0..4).map(|i| format!("{}:gate:audit", shard(i)));
+    for key in [
+        "orders:dlq:audit".to_owned(),
+        "sl:{orders:audit}:group".to_owned(),
+    ]
+    .into_iter()
+    .chain(gates)
+    {
+        assert!(keys.contains(&key), "{key}: {keys:?}");
     }
     for i in 0..4 {
         let names: Vec<String> = groups_of(&mut redis.conn, &shard(i))
@@ -501,14 +511,17 @@ tests_of!(group_delete_leaves_no_key_of_the_group {
 });
 
 /// `orders` (4 shards, 3 DRAINING after a scale-in to 3) with groups `billing` (read all, 2
-/// pending per shard) and `audit` (read nothing), fences, attempts and dead letters of both;
-/// `payments`, which must survive, next to it.
+/// pending per shard) and `audit` (read nothing), fences, attempts, read gates and dead letters
+/// of both; `payments`, which must survive, next to it, with a read gate of its own.
 async fn two_streams(conn: &mut RedisConnection) {
     setup(conn, 4).await;
     admin::register_group(conn, "orders", "audit", StartFrom::Earliest)
         .await
         .unwrap();
     for i in 0..4 {
+        for group in ["billing", "audit"] {
+            support::plant_gate(conn, &format!("{}:gate:{group}", shard(i)), group).await;
+        }
         support::plant_fence(conn, &format!("{}:fence", shard(i)), "billing").await;
         let _: () = conn
             .hset_multiple(
@@ -534,6 +547,7 @@ async fn two_streams(conn: &mut RedisConnection) {
     admin::register_group(conn, "payments", "billing", StartFrom::Earliest)
         .await
         .unwrap();
+    support::plant_gate(conn, "{payments:0}:gate:billing", "billing").await;
 }
 
 /// The dead-letter stream of group `g` of stream `orders:dlq:x`: not a key of `orders`.
@@ -552,8 +566,8 @@ async fn stream_delete_leaves_no_key_of_the_stream(cluster: bool) {
     let before = redis.all_keys().await;
     assert_eq!(
         of_orders(&before).len(),
-        4 * 3 + 1 + 2 * 2 + 1,
-        "4 shards with fence and attempts, the metadata, 2 groups with hash and dead letters, a kept dead-letter stream: {before:?}"
+        4 * 5 + 1 + 2 * 2 + 1,
+        "4 shards with fence, attempts and 2 read gates, the metadata, 2 groups with hash and dead letters, a kept dead-letter stream: {before:?}"
     );
 
     // Data left and no --force: refused, naming group and shard, nothing deleted.

@@ -170,6 +170,18 @@ async fn a_consumer_with_pending_entries_is_never_deleted_and_an_idle_one_is() {
     let keys = StreamKeys::new(STREAM).unwrap();
     let before = consumers(&mut conn, 0).await;
     let keep = names(&["listed", "not-a-consumer"]);
+    // The shard's read gate (docs/design.md §8.16), with the consumer a strict read leaves there.
+    let gate = keys.gate(0, &keys.group(GROUP).unwrap());
+    for args in [
+        vec!["CREATE", gate.as_str(), GROUP, "$", "MKSTREAM"],
+        vec!["CREATECONSUMER", gate.as_str(), GROUP, "gone-idle"],
+    ] {
+        let _: redis::Value = redis::cmd("XGROUP")
+            .arg(&args)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
 
     // Dry run: the same answer, nothing deleted.
     let dry = delete_idle_consumers(&mut conn, &keys, 0, GROUP, &keep, true)
@@ -183,11 +195,19 @@ async fn a_consumer_with_pending_entries_is_never_deleted_and_an_idle_one_is() {
     // XINFO CONSUMERS lists consumers by name.
     assert_eq!(dry, expected);
     assert_eq!(consumers(&mut conn, 0).await, before);
+    assert!(
+        conn.exists::<_, bool>(&gate).await.unwrap(),
+        "a dry run keeps the gate"
+    );
 
     let done = delete_idle_consumers(&mut conn, &keys, 0, GROUP, &keep, false)
         .await
         .unwrap();
     assert_eq!(done, expected);
+    assert!(
+        !conn.exists::<_, bool>(&gate).await.unwrap(),
+        "the gate goes with its consumers; the next passing check creates it again"
+    );
     let after = consumers(&mut conn, 0).await;
     assert_eq!(
         after,

@@ -18,14 +18,17 @@
 //! until consumer hygiene deletes it). So until a zombie member is assigned a lost shard again, its
 //! consumer there must not appear, must not be seen later than before the `SIGCONT`, and its
 //! pending list must not grow: **0 zombie reads and 0 zombie claims, as Redis ran them**. A refused
-//! strict read is an `EXEC` that aborted: its queued `XREADGROUP` never ran, so it does not count.
+//! strict read does not count: its check deleted the read gate, and its `XREADGROUP` failed with
+//! `NOGROUP` on the gate before it looked up any consumer (Redis checks every stream's group
+//! first), or its `EXEC` aborted and the read never ran.
 //! That the looks can see reads at all is checked on the new owners' consumers, whose last-seen
 //! time moves on every shard.
 //!
 //! Printed (`--nocapture`): the checker's summary, how long the stop lasted and when each shard was
 //! read by another member, the fence rejections the zombie logged after the `SIGCONT` (by op, by
 //! shard, and those that refused the zombie itself), and the strict reads Redis saw refused after
-//! the `SIGCONT` (the check script's `PEXPIRE` calls in `INFO commandstats`, every member).
+//! the `SIGCONT` (failed `XREADGROUP` calls in `INFO commandstats`, every member: the `NOGROUP` of
+//! a read whose check closed the gate).
 //!
 //! The stopped process's clocks run on while it is stopped (`SIGSTOP` does not stop
 //! `CLOCK_MONOTONIC`), so when it continues its own lease check already fails: mostly the lease
@@ -371,9 +374,11 @@ fn reset_stats(cluster: &RedisCluster) {
     }
 }
 
-/// `PEXPIRE` calls on every node since [`reset_stats`] (`INFO commandstats`): the fence check of
-/// a strict read trips a refused read with one `PEXPIRE` per refused shard (docs/design.md
-/// §8.16), and nothing else of the runtime sends `PEXPIRE`.
+/// Failed `XREADGROUP` calls on every node since [`reset_stats`] (`INFO commandstats`,
+/// `failed_calls`): a strict read whose fence check refused deleted its read gate, and its
+/// `XREADGROUP` then failed with `NOGROUP` (docs/design.md §8.16). Nothing else of the runtime
+/// fails an `XREADGROUP` while every shard has its consumer group (a read refused while queued,
+/// for `BUSY` or `OOM`, counts as rejected, not failed).
 fn refused_strict_reads(cluster: &RedisCluster) -> u64 {
     cluster
         .nodes()
@@ -385,8 +390,12 @@ fn refused_strict_reads(cluster: &RedisCluster) -> u64 {
                 .query(&mut conn)
                 .expect("INFO commandstats");
             info.lines()
-                .find_map(|line| line.strip_prefix("cmdstat_pexpire:calls="))
-                .and_then(|rest| rest.split(',').next())
+                .find_map(|line| line.strip_prefix("cmdstat_xreadgroup:"))
+                .and_then(|stats| {
+                    stats
+                        .split(',')
+                        .find_map(|field| field.strip_prefix("failed_calls="))
+                })
                 .and_then(|calls| calls.parse::<u64>().ok())
                 .unwrap_or(0)
         })

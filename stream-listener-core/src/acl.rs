@@ -155,6 +155,7 @@ fn listener_checks(
     let g = group.group();
     let shard = keys.shard(0);
     let fence = keys.fence(0);
+    let gate = keys.gate(0, group);
     let attempts = keys.attempts(0);
     let meta = keys.metadata();
     let (group_key, leases, history) = (group.metadata(), group.leases(), group.history());
@@ -268,18 +269,30 @@ fn listener_checks(
             &shards,
         ),
         Check::on("read a shard's fence", &["HGET", g], &fence, &shards),
-        // A strict read is a transaction fenced by WATCH and a check script, which trips the
-        // transaction with PTTL/PEXPIRE/PERSIST on a fence (docs/design.md §8.2).
-        Check::on("fence a read", &["WATCH"], &fence, &shards),
+        // A strict read is a transaction with the fence check inside it and a read gate: the
+        // check opens the gate (EXISTS, XGROUP CREATE ... MKSTREAM) or, on a refusal, deletes it
+        // (DEL), and the read names it (docs/design.md §8.16).
         Check::new("fence a read", &["MULTI"]),
         Check::new("fence a read", &["EXEC"]),
         Check::new("fence a read", &["EVAL", "return 1", "0"]),
         // With +eval, redis-rs runs this very check with EVAL when the server lacks its script,
         // so the refusal of SCRIPT LOAD would only show later, at the first fenced script.
         Check::new("load its scripts", &["SCRIPT", "LOAD", "return 1"]),
-        Check::on("fence a read", &["PTTL"], &fence, &shards),
-        Check::on("fence a read", &["PEXPIRE", "1"], &fence, &shards),
-        Check::on("fence a read", &["PERSIST"], &fence, &shards),
+        Check::on("fence a read", &["EXISTS"], &gate, &shards),
+        Check::on(
+            "fence a read",
+            &["XGROUP", "CREATE", g, "$", "MKSTREAM"],
+            &gate,
+            &shards,
+        ),
+        Check::on("fence a read", &["DEL"], &gate, &shards),
+        Check::on(
+            "fence a read",
+            &["XREADGROUP", "GROUP", g, "probe", "COUNT", "1", "STREAMS"],
+            &gate,
+            &shards,
+        )
+        .key_last(),
         Check::on("register the group on a shard", &["HKEYS"], &fence, &shards),
         Check::on(
             "count handler attempts",
@@ -367,7 +380,8 @@ fn listener_checks(
 }
 
 /// The key patterns of the README's listener rule for `group` of stream `prefix` (docs/design.md
-/// §2): the shard streams with their fences and attempts, the stream metadata, the group's three
+/// §2): the shard streams with their fences, attempts and read gates, the stream metadata, the
+/// group's three
 /// keys, its dead letters, and the `sl:streams` index (only to create the stream).
 pub fn listener_key_patterns(prefix: &str, group: &str) -> Vec<String> {
     vec![

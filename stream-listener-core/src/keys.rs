@@ -1,8 +1,9 @@
 //! The key layout in Redis (docs/design.md §2) and the names that build it.
 //!
 //! Every multi-key command or script touches keys of one hash slot only: a shard stream
-//! `{<prefix>:<i>}` and its fence share the slot of their whole name; the stream metadata has the
-//! slot of `{<prefix>}`; a group's hash, leases and history share the slot of `{<prefix>:<group>}`.
+//! `{<prefix>:<i>}` and its fence, attempts hash and read gates share the slot of their whole
+//! name; the stream metadata has the slot of `{<prefix>}`; a group's hash, leases and history
+//! share the slot of `{<prefix>:<group>}`.
 //! So a prefix may not contain `{` or `}` (it would move keys to other slots), and a group name
 //! may not contain `:`, `{` or `}` (`orders` + `a:b` and `orders:a` + `b` would share keys).
 
@@ -159,6 +160,17 @@ impl StreamKeys {
         format!("{{{}:{shard}}}:attempts", self.prefix)
     }
 
+    /// The read gate `{<prefix>:<i>}:gate:<group>` of shard `i` for one consumer group: an empty
+    /// stream with that consumer group, which a strict read names in its `XREADGROUP` and which
+    /// the read's fence check deletes when it refuses, so that the read fails as a whole
+    /// (docs/design.md §8.16). Never written to; a missing gate is created by the next check that
+    /// passes. In the shard's slot, and matched by the listener's shard key pattern
+    /// `{<prefix>:[0-9]*`; not by the producer's (`{<prefix>:[0-9]*}`), and never taken for a
+    /// shard: shards are named in the stream metadata, not found by pattern.
+    pub fn gate(&self, shard: ShardIndex, group: &GroupKeys) -> String {
+        format!("{{{}:{shard}}}:gate:{}", self.prefix, group.group)
+    }
+
     /// The stream metadata hash `sl:{<prefix>}:stream`.
     pub fn metadata(&self) -> String {
         format!("sl:{{{}}}:stream", self.prefix)
@@ -227,6 +239,7 @@ mod tests {
         let group = stream.group("billing").unwrap();
         assert_eq!(stream.shard(3), "{orders:3}");
         assert_eq!(stream.fence(3), "{orders:3}:fence");
+        assert_eq!(stream.gate(3, &group), "{orders:3}:gate:billing");
         assert_eq!(stream.metadata(), "sl:{orders}:stream");
         assert_eq!(stream.dead_letters(&group), "orders:dlq:billing");
         assert_eq!(group.metadata(), "sl:{orders:billing}:group");

@@ -208,6 +208,21 @@ pub async fn plant_fence(conn: &mut RedisConnection, fence_key: &str, group: &st
     let _: u64 = conn.hset(fence_key, group, "token").await.unwrap();
 }
 
+/// Creates the read gate `gate_key` of `group` (an empty stream with the consumer group: what a
+/// strict read's passing check leaves, docs/design.md §8.16), for admin operations that must
+/// delete gates with their shards or groups.
+pub async fn plant_gate(conn: &mut RedisConnection, gate_key: &str, group: &str) {
+    let () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(gate_key)
+        .arg(group)
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 /// Entries over shards `0..shards` of `prefix`.
 pub async fn total_len(conn: &mut RedisConnection, prefix: &str, shards: u32) -> u64 {
     let keys = StreamKeys::new(prefix).unwrap();

@@ -25,7 +25,8 @@ pub struct DeletedStream {
     /// `group delete --keep-dead-letters`), found by `SCAN` on every node and deleted.
     #[serde(default)]
     pub orphan_dead_letters: Vec<String>,
-    /// Shards whose stream existed and was deleted (with its fence and attempts hash), ascending.
+    /// Shards whose stream existed and was deleted (with its fence, attempts hash and read
+    /// gates), ascending.
     pub shards_deleted: Vec<ShardIndex>,
     /// Keys deleted in all (0 when a previous run had deleted everything but the index entry).
     pub keys_deleted: u64,
@@ -34,11 +35,12 @@ pub struct DeletedStream {
 }
 
 /// Deletes the sharded stream `prefix` and every key it owns (docs/design.md §2): for every
-/// shard listed in the metadata (RETIRED ones included) the shard stream, its fence and its
-/// attempts hash; for every registered group its hash, leases, history and dead-letter stream
-/// `<prefix>:dlq:<group>`; the dead-letter streams of groups no longer registered (kept by
-/// `group delete --keep-dead-letters`: found by `SCAN MATCH <prefix>:dlq:*` on every master,
-/// the rest of the name a valid group name); the stream metadata; its entry in `sl:streams`.
+/// shard listed in the metadata (RETIRED ones included) the shard stream, its fence, its
+/// attempts hash and the registered groups' read gates; for every registered group its hash,
+/// leases, history and dead-letter stream `<prefix>:dlq:<group>`; the dead-letter streams of
+/// groups no longer registered (kept by `group delete --keep-dead-letters`: found by `SCAN MATCH
+/// <prefix>:dlq:*` on every master, the rest of the name a valid group name); the stream
+/// metadata; its entry in `sl:streams`.
 ///
 /// Refused while any registered group has a live member (as `delete_group`, §10.5). Without
 /// `force` also refused while any consumer group on a shard has pending entries or entries after
@@ -99,7 +101,8 @@ pub async fn delete_stream(
     }
     let mut shards_deleted = Vec::new();
     for shard in meta.shards.iter().map(|s| s.shard_index) {
-        let shard_keys = [keys.shard(shard), keys.fence(shard), keys.attempts(shard)];
+        let mut shard_keys = vec![keys.shard(shard), keys.fence(shard), keys.attempts(shard)];
+        shard_keys.extend(scripts::gate_keys(&keys, &meta, shard));
         let existed: bool = conn
             .exists(&shard_keys[0])
             .await
@@ -169,15 +172,16 @@ async fn refuse_data(
         .iter()
         .filter(|s| s.state != ShardState::Retired)
     {
-        let (group, detail) = match scripts::retire_shard(conn, keys, shard.shard_index, false)
-            .await?
-        {
-            RetireCheck::Pending { group, count } => (group, format!("{count} pending entries")),
-            RetireCheck::Unread { group, next_id } => {
-                (group, format!("unread entries from {next_id}"))
-            }
-            RetireCheck::Gone | RetireCheck::Clear | RetireCheck::Deleted => continue,
-        };
+        let (group, detail) =
+            match scripts::retire_shard(conn, keys, meta, shard.shard_index, false).await? {
+                RetireCheck::Pending { group, count } => {
+                    (group, format!("{count} pending entries"))
+                }
+                RetireCheck::Unread { group, next_id } => {
+                    (group, format!("unread entries from {next_id}"))
+                }
+                RetireCheck::Gone | RetireCheck::Clear | RetireCheck::Deleted => continue,
+            };
         return Err(AdminError::StreamHasData {
             prefix: keys.prefix().to_owned(),
             group,

@@ -10,7 +10,7 @@ use redis::Script;
 
 use crate::connection::RedisConnection;
 use crate::keys::{GroupKeys, StreamKeys};
-use crate::model::{Micros, ShardIndex};
+use crate::model::{Micros, ShardIndex, StreamMetadata};
 use crate::store::StoreError;
 pub(crate) use crate::store::provision::{destroy_group, ensure_shard, stream_time};
 
@@ -22,13 +22,14 @@ pub(crate) use crate::store::provision::{destroy_group, ensure_shard, stream_tim
 /// Returns {'gone'} (no stream; with `delete` the fence is deleted too), {'clear'} (check passed),
 /// {'deleted'} (stream and fence deleted), {'pending', group, count} or {'unread', group, first
 /// unread id}. KEYS[3], the shard's handler-attempt hash (docs/design.md §8.9), is deleted with the
-/// fence: nothing is pending any more, so any count in it is stale.
+/// fence: nothing is pending any more, so any count in it is stale; so are KEYS[4..], the shard's
+/// read gates (docs/design.md §8.16) of the registered groups.
 fn retire_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
             r"
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if ARGV[1] == 'delete' then redis.call('DEL', KEYS[2], KEYS[3]) end
+  if ARGV[1] == 'delete' then redis.call('DEL', unpack(KEYS, 2)) end
   return {'gone'}
 end
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
@@ -45,7 +46,7 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   end
 end
 if ARGV[1] == 'delete' then
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+  redis.call('DEL', unpack(KEYS))
   return {'deleted'}
 end
 return {'clear'}
@@ -134,6 +135,21 @@ return {'deleted', tostring(redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]))}
     &SCRIPT
 }
 
+/// The read gates (docs/design.md §8.16, [`StreamKeys::gate`]) of shard `shard` for every group
+/// `meta` registers: deleted wherever the shard's keys are. A group of another process's making
+/// has none: a gate is created only by a listener of a registered group.
+pub(crate) fn gate_keys(
+    keys: &StreamKeys,
+    meta: &StreamMetadata,
+    shard: ShardIndex,
+) -> Vec<String> {
+    meta.groups
+        .iter()
+        .filter_map(|g| keys.group(&g.consumer_group).ok())
+        .map(|group| keys.gate(shard, &group))
+        .collect()
+}
+
 /// What the retirement script found on a shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RetireCheck {
@@ -149,17 +165,24 @@ pub(crate) enum RetireCheck {
     Unread { group: String, next_id: String },
 }
 
-/// Runs the retirement script on shard `shard`: only the check, or the check and the deletion.
+/// Runs the retirement script on shard `shard`: only the check, or the check and the deletion
+/// (with the read gates of the groups `meta` registers).
 pub(crate) async fn retire_shard(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
+    meta: &StreamMetadata,
     shard: ShardIndex,
     delete: bool,
 ) -> Result<RetireCheck, StoreError> {
-    let reply: Vec<String> = retire_script()
+    let mut invocation = retire_script().prepare_invoke();
+    invocation
         .key(keys.shard(shard))
         .key(keys.fence(shard))
-        .key(keys.attempts(shard))
+        .key(keys.attempts(shard));
+    for gate in gate_keys(keys, meta, shard) {
+        invocation.key(gate);
+    }
+    let reply: Vec<String> = invocation
         .arg(if delete { "delete" } else { "check" })
         .invoke_async(conn)
         .await?;

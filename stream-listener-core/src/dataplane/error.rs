@@ -57,6 +57,27 @@ pub enum DataPlaneError {
         /// What was wrong.
         detail: String,
     },
+    /// A strict read's gate (docs/design.md §8.16, [`crate::keys::StreamKeys::gate`]) was
+    /// missing and its fence check could not create it: Redis refused the write (`OOM` at
+    /// `maxmemory`, the cause is the error's source). Every fence held the member's token, but the
+    /// read failed closed and nothing was read. Back off and retry: reads resume once Redis
+    /// accepts writes again (memory freed, or a `maxmemory` raised).
+    #[error(
+        "shard {shard}: the read gate {gate} could not be created, so the strict read failed closed and read nothing; {}",
+        if crate::connection::RedisFailure::of(source) == crate::connection::RedisFailure::OutOfMemory {
+            "reads resume once Redis is below maxmemory again"
+        } else {
+            crate::connection::RedisFailure::hint(source, "back off and retry")
+        }
+    )]
+    GateUnavailable {
+        /// The shard whose read failed.
+        shard: ShardIndex,
+        /// The gate key.
+        gate: String,
+        /// Redis's refusal of `XGROUP CREATE … MKSTREAM`.
+        source: redis::RedisError,
+    },
     /// [`super::Waiter::wait`] on a cluster was given keys of several hash slots: one blocking
     /// call can only cover one slot there. Group the shards by [`super::key_slot`] and wait on
     /// each group with its own [`super::Waiter`], or poll.

@@ -2,12 +2,14 @@
 //! other consumers' pending entries at takeover, reading own pending and new entries, acking,
 //! dead-lettering, and waiting for new entries without a group.
 //!
-//! Every read (in [`FencingMode::Strict`]), ack and claim is one Lua script that first checks
-//! that the shard's fence field (named after the consumer group) holds exactly the caller's
-//! [`FenceToken`], and does nothing otherwise: a member that lost the shard cannot read, ack or
-//! claim there, whatever its clock says. Each script touches only the shard stream `{<prefix>:<i>}`
-//! and its fence `{<prefix>:<i>}:fence`, which share a hash slot (docs/design.md §2), so everything
-//! runs on Redis Cluster. The comparison rules are those of [`FenceToken::raise`] and
+//! Every read of pending entries (in [`FencingMode::Strict`]), lone ack and claim is one Lua
+//! script that first checks that the shard's fence field (named after the consumer group) holds
+//! exactly the caller's [`FenceToken`], and does nothing otherwise: a member that lost the shard
+//! cannot read or claim there, whatever its clock says. A strict read of new entries is a
+//! transaction with the same check inside it and a read gate (`round.rs`, docs/design.md §8.16).
+//! Each script touches only the shard stream `{<prefix>:<i>}` and keys of its slot (its fence
+//! `{<prefix>:<i>}:fence`, attempts hash, read gates; docs/design.md §2), so everything runs on
+//! Redis Cluster. The comparison rules are those of [`FenceToken::raise`] and
 //! [`FenceToken::check`].
 //!
 //! Reads never block (`BLOCK` is refused in scripts): when a `>` read finds nothing, the script

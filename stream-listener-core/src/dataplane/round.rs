@@ -1,29 +1,33 @@
 //! One round trip that acks each shard's previous batch and reads the next one, for one shard or
 //! for several shards of a member on a standalone server (docs/design.md §8.5–§8.7). One pipeline:
 //!
-//! 1. `XACK <shard> <group> <ids…>` for each shard with handled ids: plain, unfenced. An ack
-//!    names only entries this member handled, and `XACK` is idempotent, so a late ack from a
-//!    member that lost the shard cannot lose an entry (docs/design.md §8.2).
-//! 2. In [`FencingMode::Strict`](super::FencingMode::Strict), the read is an optimistic
-//!    transaction: `WATCH <fences…>`, `EVAL` of [`super::scripts::check_fences`] (compares every
-//!    fence with the member's token and, on a refusal, changes a watched key), `MULTI`, the read,
-//!    `EXEC`. A refusal, or a fence raised by anyone between the `WATCH` and the `EXEC`, aborts
-//!    the `EXEC`: nothing is read. The entries never pass through Lua, so the fence costs Redis
-//!    the same per round whatever the batch size.
-//! 3. The read: `XREADGROUP GROUP <g> <consumer> COUNT <n> STREAMS <k1> … <kN> > … >`.
+//! 1. `XACK <shard> <group> <ids…>` for each shard with handled ids: plain, unfenced, outside any
+//!    transaction. An ack names only entries this member handled, and `XACK` is idempotent, so a
+//!    late ack from a member that lost the shard cannot lose an entry (docs/design.md §8.2).
+//! 2. In [`FencingMode::Strict`](super::FencingMode::Strict), the read is a transaction with the
+//!    fence check inside it (docs/design.md §8.16): `MULTI`, the `EVAL` of
+//!    [`super::scripts::check_fences`] over the round's fences and one **gate** key, the read,
+//!    `EXEC`. Redis runs the check and the read back to back inside the `EXEC`, nothing between
+//!    them. The gate ([`crate::keys::StreamKeys::gate`]) is an empty stream with the consumer
+//!    group, named by the read: when every fence holds the member's token the check makes sure
+//!    it exists; on any refusal it deletes it, and the read then fails as a whole with `NOGROUP`
+//!    before it looks at any stream. A command refused while queued (`BUSY` during another
+//!    client's long script, `NOPERM`, `OOM`) makes the `EXEC` answer `EXECABORT`, and an `EXEC`
+//!    refused for `BUSY` aborts too: whenever the check did not run, the read did not either. The
+//!    entries never pass through Lua, so the fence costs Redis the same per round whatever the
+//!    batch size.
+//! 3. The read: `XREADGROUP GROUP <g> <consumer> COUNT <n> STREAMS <k1> … <kN> [<gate>] > … >`.
 //! 4. `WAIT` last, when acks wait for replicas (`min_replica_acks`).
 //!
-//! On a cluster every round has one shard: its stream and fence share a hash slot, so the whole
-//! pipeline goes to that slot's master (redis-rs routes a pipeline by its keyed commands). The
-//! commands of one pipeline are written to the connection together, so no other command of this
-//! connection runs between the `WATCH` and the `EXEC`; another client's command can, which is
-//! what the `WATCH` catches.
+//! A round spanning several shards (standalone servers only) uses the gate of its first shard. On
+//! a cluster every round has one shard: its stream, fence and gate share a hash slot, so the whole
+//! pipeline goes to that slot's master (redis-rs routes a pipeline by its keyed commands).
 //!
 //! The replies are handed back per shard ([`PartReply`]), for the shard's own
 //! [`super::ShardClient`] to interpret ([`super::ShardClient::round_reply`]). Entries delivered by
-//! an `EXEC` are handed to a shard only when the check said `EQUAL` for it: in every other case
-//! they stay unhandled in this consumer's PEL, where the shard's fenced pending read or its
-//! owner's claim finds them.
+//! an `EXEC` are handed to a shard only when the check said `OK` (every fence `EQUAL`): in every
+//! other case nothing was read, or what was read stays unhandled in this consumer's PEL, where the
+//! shard's fenced pending read finds it.
 
 use redis::Value;
 
@@ -50,6 +54,9 @@ pub(crate) struct RoundPart {
 pub(crate) struct FencePart {
     /// The fence hash `{<prefix>:<i>}:fence`.
     pub(crate) key: String,
+    /// The shard's read gate `{<prefix>:<i>}:gate:<group>` ([`crate::keys::StreamKeys::gate`]):
+    /// a round uses its first shard's.
+    pub(crate) gate: String,
     /// The encoded token ([`FenceToken::encode`]).
     pub(crate) encoded: String,
     /// The token's incarnation, which orders it against a stored one with the member epoch.
@@ -59,10 +66,12 @@ pub(crate) struct FencePart {
 }
 
 impl FencePart {
-    /// The check of `fence` (the fence key) against `token`, encoded as `encoded`.
-    pub(crate) fn new(key: String, token: &FenceToken, encoded: String) -> Self {
+    /// The check of fence key `key` against `token`, encoded as `encoded`, with the shard's read
+    /// gate `gate`.
+    pub(crate) fn new(key: String, gate: String, token: &FenceToken, encoded: String) -> Self {
         FencePart {
             key,
+            gate,
             encoded,
             incarnation: token.incarnation,
             epoch: token.member_epoch,
@@ -83,16 +92,27 @@ pub(crate) struct PartReply {
 #[derive(Debug)]
 pub(crate) enum PartRead {
     /// Shaped as a one-stream `XREADGROUP` reply: `[[key, entries]]`, or nil when nothing was new.
-    /// In strict mode only when the fence check said `EQUAL` for this shard.
+    /// In strict mode only when the fence check said `OK` for the round.
     Entries(Value),
-    /// The fence refused this shard (strict mode): its entries, if the `EXEC` ran anyway
-    /// (`UNFENCED`), stay unhandled in this consumer's PEL.
+    /// The fence refused this shard (strict mode): the check deleted the gate, and the read
+    /// failed with `NOGROUP` before it read anything.
     Fenced(Fenced),
-    /// Nothing was delivered for this shard: the transaction was aborted (another shard's
-    /// refusal, or a fence raised meanwhile), or the read failed with an error reply (Redis
-    /// checks every stream's group before reading any: one shard's missing group fails it for
-    /// all). Read the shard on its own, which reports that shard's own error or refusal.
+    /// Nothing was delivered for this shard: the transaction was aborted (`EXECABORT`: a command
+    /// refused while queued, such as `BUSY`), another shard of the round was refused, or the read
+    /// failed with an error reply (Redis checks every stream's group before reading any: one
+    /// shard's missing group fails it for all). Read the shard on its own, which reports that
+    /// shard's own error or refusal.
     ReadAlone,
+    /// Every fence held the member's token, but the read's gate was missing and the check could
+    /// not create it (`XGROUP CREATE … MKSTREAM` refused, at `maxmemory`: Redis's error in
+    /// `detail`), so the read failed and nothing was read: fail closed until Redis accepts the
+    /// write.
+    GateUnavailable {
+        /// The gate key.
+        gate: String,
+        /// Redis's error.
+        detail: String,
+    },
     /// A reply of an unexpected shape, or entries the fence check did not vouch for: entries may
     /// have been delivered; re-read this consumer's pending entries (a fenced read).
     Unexpected(String),
@@ -114,9 +134,8 @@ impl PartReply {
 /// Sends the plain acks of `parts` and one read of up to `count` new entries per shard, for
 /// consumer `consumer` of group `group`, as one pipeline (the module docs give its commands);
 /// fenced by a transaction when the parts carry a [`FencePart`] (all of them, as one member's
-/// parts do). More than
-/// one part: standalone servers only (one command spans all the keys). Never blocks. Returns one
-/// [`PartReply`] per part, in order.
+/// parts do). More than one part: standalone servers only (one command spans all the keys).
+/// Never blocks. Returns one [`PartReply`] per part, in order.
 ///
 /// # Errors
 /// The [`redis::RedisError`] of the pipeline as a whole (connection lost, response timeout):
@@ -131,7 +150,10 @@ pub(crate) async fn read_round(
     wait: Option<&crate::replication::AckWaits>,
 ) -> redis::RedisResult<Vec<PartReply>> {
     // A part without a fence in a fenced round gets no verdict: its share is then unexpected.
-    let fenced = parts.iter().any(|p| p.fence.is_some());
+    let gate = parts
+        .iter()
+        .find_map(|p| p.fence.as_ref())
+        .map(|f| f.gate.clone());
     let acked = parts.iter().filter(|p| !p.ack.is_empty()).count();
     let mut pipe = redis::pipe();
     for part in &parts {
@@ -139,25 +161,9 @@ pub(crate) async fn read_round(
             pipe.cmd("XACK").arg(&part.key).arg(group).arg(&part.ack);
         }
     }
-    if fenced {
-        add_fence_check(&mut pipe, group, &parts);
-    }
-    let mut read = redis::cmd("XREADGROUP");
-    read.arg("GROUP")
-        .arg(group)
-        .arg(consumer)
-        .arg("COUNT")
-        .arg(count.max(1))
-        .arg("STREAMS");
-    for part in &parts {
-        read.arg(&part.key);
-    }
-    for _ in &parts {
-        read.arg(">");
-    }
-    pipe.add_command(read);
-    if fenced {
-        pipe.cmd("EXEC");
+    match &gate {
+        Some(gate) => add_strict_read(&mut pipe, group, consumer, count, &parts, gate),
+        None => _ = pipe.add_command(read_cmd(group, consumer, count, &parts, None)),
     }
     pipe.ignore_errors();
     // The acks' WAIT last (`min_replica_acks`): it covers the acks before it.
@@ -172,7 +178,7 @@ pub(crate) async fn read_round(
         let ids = parts.iter().map(|p| p.ack.len()).sum();
         turn.finish(replies.pop().as_ref(), ids);
     }
-    let expected = acked + if fenced { 5 } else { 1 };
+    let expected = acked + if gate.is_some() { 4 } else { 1 };
     if replies.len() != expected {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Parse,
@@ -186,27 +192,9 @@ pub(crate) async fn read_round(
         acks.push((!part.ack.is_empty()).then(|| replies.next().map(into_result)));
     }
     let keys: Vec<String> = parts.into_iter().map(|p| p.key).collect();
-    let reads = if fenced {
-        let transaction: Vec<Value> = replies.collect();
-        match <[Value; 5]>::try_from(transaction) {
-            Ok([watch, check, multi, queued, exec]) => {
-                if watch == Value::Okay && multi == Value::Okay {
-                    fenced_shares(Some(check), Some(exec), &keys)
-                } else {
-                    // Without the WATCH nothing protects the read, and without the MULTI the
-                    // read ran on its own: what it delivered is not vouched for.
-                    match queued {
-                        Value::ServerError(_) | Value::Nil => {
-                            keys.iter().map(|_| PartRead::ReadAlone).collect()
-                        }
-                        _ => unexpected(&keys, "the transaction did not start"),
-                    }
-                }
-            }
-            Err(_) => unexpected(&keys, "transaction replies"),
-        }
-    } else {
-        plain_shares(replies.next(), &keys)
+    let reads = match gate {
+        Some(gate) => strict_shares(replies.collect(), &keys, &gate),
+        None => plain_shares(replies.next(), &keys),
     };
     Ok(acks
         .into_iter()
@@ -218,94 +206,189 @@ pub(crate) async fn read_round(
         .collect())
 }
 
-/// `WATCH <fences>`, the `EVAL` of the check over them, `MULTI`.
-fn add_fence_check(pipe: &mut redis::Pipeline, group: &str, parts: &[RoundPart]) {
+/// The strict read (docs/design.md §8.16): `MULTI`, the `EVAL` of the check over the fences of
+/// `parts` and `gate`, the read of every part's shard and of the gate, `EXEC`.
+fn add_strict_read(
+    pipe: &mut redis::Pipeline,
+    group: &str,
+    consumer: &str,
+    count: usize,
+    parts: &[RoundPart],
+    gate: &str,
+) {
     let fences: Vec<&FencePart> = parts.iter().filter_map(|p| p.fence.as_ref()).collect();
-    let watch = pipe.cmd("WATCH");
-    for fence in &fences {
-        watch.arg(&fence.key);
-    }
+    pipe.cmd("MULTI");
     let check = pipe
         .cmd("EVAL")
         .arg(scripts::check_fences())
-        .arg(fences.len());
+        .arg(fences.len() + 1);
     for fence in &fences {
         check.arg(&fence.key);
     }
-    check.arg(group);
+    check.arg(gate).arg(group);
     for fence in &fences {
         check
             .arg(&fence.encoded)
             .arg(fence.incarnation)
             .arg(fence.epoch);
     }
-    pipe.cmd("MULTI");
+    pipe.add_command(read_cmd(group, consumer, count, parts, Some(gate)));
+    pipe.cmd("EXEC");
+}
+
+/// `XREADGROUP GROUP <group> <consumer> COUNT <count> STREAMS <shards…> [<gate>] > … >`.
+fn read_cmd(
+    group: &str,
+    consumer: &str,
+    count: usize,
+    parts: &[RoundPart],
+    gate: Option<&str>,
+) -> redis::Cmd {
+    let mut read = redis::cmd("XREADGROUP");
+    read.arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count.max(1))
+        .arg("STREAMS");
+    for part in parts {
+        read.arg(&part.key);
+    }
+    if let Some(gate) = gate {
+        read.arg(gate);
+    }
+    for _ in 0..parts.len() + usize::from(gate.is_some()) {
+        read.arg(">");
+    }
+    read
+}
+
+/// The commands of the strict read of `parts` through the first part's gate, in the order the
+/// round sends them (no acks, no `WAIT`): for tests that deliver them to Redis in pieces.
+#[cfg(test)]
+pub(crate) fn strict_read_commands(
+    group: &str,
+    consumer: &str,
+    count: usize,
+    parts: &[RoundPart],
+) -> Vec<redis::Cmd> {
+    let gate = parts
+        .iter()
+        .find_map(|p| p.fence.as_ref())
+        .map(|f| f.gate.clone())
+        .unwrap_or_default();
+    let mut pipe = redis::pipe();
+    add_strict_read(&mut pipe, group, consumer, count, parts, &gate);
+    pipe.cmd_iter().cloned().collect()
 }
 
 /// Each shard's share of a plain (acks mode) read's reply.
 fn plain_shares(reply: Option<Value>, keys: &[String]) -> Vec<PartRead> {
     match reply {
         Some(Value::ServerError(_)) => keys.iter().map(|_| PartRead::ReadAlone).collect(),
-        Some(reply) => entries_per_key(reply, keys),
+        Some(reply) => entries_per_key(reply, keys, None),
         None => unexpected(keys, "no read reply"),
     }
 }
 
-/// Each shard's share of a transactional read: the check's verdicts decide which shards may use
-/// what the `EXEC` delivered.
-fn fenced_shares(check: Option<Value>, exec: Option<Value>, keys: &[String]) -> Vec<PartRead> {
-    let verdicts = check.and_then(|check| parse_check(check, keys.len()));
-    let delivered = match exec {
-        // Aborted (a watched fence changed, or the check tripped it): nothing was read.
-        Some(Value::Nil) => None,
-        // EXECABORT: a command was refused while queued; nothing ran.
-        Some(Value::ServerError(_)) => None,
-        Some(Value::Array(mut results)) if results.len() == 1 => match results.remove(0) {
-            // The read failed inside the transaction: nothing was delivered.
-            Value::ServerError(_) => None,
-            read => Some(read),
+/// Each shard's share of a strict read's replies: `MULTI`, the check's and the read's replies
+/// to being queued, `EXEC`.
+fn strict_shares(transaction: Vec<Value>, keys: &[String], gate: &str) -> Vec<PartRead> {
+    let Ok([multi, _check_queued, read_queued, exec]) = <[Value; 4]>::try_from(transaction) else {
+        return unexpected(keys, "transaction replies");
+    };
+    if multi == Value::Okay {
+        return exec_shares(exec, keys, gate);
+    }
+    // No transaction (MULTI refused, as for a user without +multi): the check and the read ran
+    // on their own, and what the read delivered is not vouched for. A refusing check deleted
+    // the gate first, so the read failed.
+    match read_queued {
+        Value::ServerError(_) | Value::Nil => keys.iter().map(|_| PartRead::ReadAlone).collect(),
+        _ => unexpected(keys, "the transaction did not start"),
+    }
+}
+
+/// Each shard's share of what a strict read's `EXEC` answered: the check's verdicts decide which
+/// shards may use what the read delivered.
+pub(crate) fn exec_shares(exec: Value, keys: &[String], gate: &str) -> Vec<PartRead> {
+    let (check, read) = match exec {
+        // EXECABORT (a command refused while queued, or the EXEC refused for BUSY): nothing ran.
+        // Nil is what an EXEC aborted by a WATCH answers (the round watches nothing): nor then.
+        Value::ServerError(_) | Value::Nil => {
+            return keys.iter().map(|_| PartRead::ReadAlone).collect();
+        }
+        Value::Array(results) => match <[Value; 2]>::try_from(results) {
+            Ok([check, read]) => (check, read),
+            Err(results) => return unexpected(keys, &format!("EXEC reply {results:?}")),
         },
         other => return unexpected(keys, &format!("EXEC reply {other:?}")),
     };
-    let Some(verdicts) = verdicts else {
-        // The check did not run as it should (an error reply, such as NOPERM): what the EXEC
-        // delivered, if anything, is not vouched for.
+    let delivered = match read {
+        // The read failed (NOGROUP: the gate closed by a refusal, or a shard's group missing):
+        // nothing was delivered.
+        Value::ServerError(_) => None,
+        read => Some(read),
+    };
+    let Some(check) = parse_check(check, keys.len()) else {
+        // The check did not run as written (an error reply, such as NOPERM after an ACL change
+        // between the queueing and the EXEC): what the read delivered is not vouched for.
         return match delivered {
             None => keys.iter().map(|_| PartRead::ReadAlone).collect(),
             Some(_) => unexpected(keys, "the fence check failed but the read ran"),
         };
     };
-    let shares = match delivered {
-        None => keys.iter().map(|_| PartRead::ReadAlone).collect(),
-        Some(read) => entries_per_key(read, keys),
-    };
-    shares
-        .into_iter()
-        .zip(verdicts)
-        .map(|(share, verdict)| match verdict {
-            Some(fenced) => PartRead::Fenced(fenced),
-            None => share,
-        })
-        .collect()
+    match (check, delivered) {
+        (Checked::Open, Some(read)) => entries_per_key(read, keys, Some(gate)),
+        (Checked::Open, None) => keys.iter().map(|_| PartRead::ReadAlone).collect(),
+        (Checked::NoGate(detail), None) => keys
+            .iter()
+            .map(|_| PartRead::GateUnavailable {
+                gate: gate.to_owned(),
+                detail: detail.clone(),
+            })
+            .collect(),
+        (Checked::Refused(verdicts), delivered) => verdicts
+            .into_iter()
+            .map(|verdict| match (verdict, &delivered) {
+                (Some(fenced), _) => PartRead::Fenced(fenced),
+                (None, None) => PartRead::ReadAlone,
+                (None, Some(_)) => {
+                    PartRead::Unexpected("the fence check refused but the read ran".to_owned())
+                }
+            })
+            .collect(),
+        (Checked::NoGate(_), Some(_)) => unexpected(keys, "the gate was missing but the read ran"),
+    }
 }
 
-/// The check's verdict per shard: `None` for `EQUAL`, the refusal otherwise; `None` as a whole
-/// when the reply is not a well-formed check reply (an error, say).
-fn parse_check(reply: Value, n: usize) -> Option<Vec<Option<Fenced>>> {
-    let Value::Array(mut items) = reply else {
+/// What the check answered, once parsed.
+enum Checked {
+    /// `OK`: every fence holds the member's token and the gate is open.
+    Open,
+    /// `REFUSED`: at least one fence refused (the shard's verdict; `None` for `EQUAL`), and the
+    /// gate was deleted.
+    Refused(Vec<Option<Fenced>>),
+    /// `NOGATE`: every fence holds the token, but the missing gate could not be created (Redis's
+    /// error).
+    NoGate(String),
+}
+
+/// The check's reply (`{status, verdicts[, error]}`, [`scripts::check_fences`]); `None` when it
+/// is not a well-formed check reply (an error, say) or does not have `n` verdicts.
+fn parse_check(reply: Value, n: usize) -> Option<Checked> {
+    let Value::Array(items) = reply else {
         return None;
     };
-    if items.len() != 2 {
-        return None;
-    }
-    let Value::Array(verdicts) = items.pop()? else {
+    let mut items = items.into_iter();
+    let status = text(&items.next()?)?;
+    let Value::Array(verdicts) = items.next()? else {
         return None;
     };
-    let status = text(&items[0])?;
-    if !matches!(status.as_str(), "OK" | "TRIPPED" | "UNFENCED") || verdicts.len() != n {
+    if verdicts.len() != n {
         return None;
     }
-    verdicts
+    let verdicts = verdicts
         .into_iter()
         .map(|verdict| {
             let Value::Array(verdict) = verdict else {
@@ -321,7 +404,14 @@ fn parse_check(reply: Value, n: usize) -> Option<Vec<Option<Fenced>>> {
                 _ => None,
             }
         })
-        .collect()
+        .collect::<Option<Vec<Option<Fenced>>>>()?;
+    let every_equal = verdicts.iter().all(Option::is_none);
+    match status.as_str() {
+        "OK" if every_equal => Some(Checked::Open),
+        "REFUSED" if !every_equal => Some(Checked::Refused(verdicts)),
+        "NOGATE" if every_equal => Some(Checked::NoGate(text(&items.next()?)?)),
+        _ => None,
+    }
 }
 
 fn text(value: &Value) -> Option<String> {
@@ -340,8 +430,9 @@ fn unexpected(keys: &[String], what: &str) -> Vec<PartRead> {
 }
 
 /// Each shard's share of a (multi-stream) `XREADGROUP` reply, shaped as a one-stream reply.
-fn entries_per_key(reply: Value, keys: &[String]) -> Vec<PartRead> {
-    let Some(mut shares) = split_by_stream(reply, keys) else {
+/// `gate`: the read's gate, whose share (always empty: nothing writes to it) is left out.
+fn entries_per_key(reply: Value, keys: &[String], gate: Option<&str>) -> Vec<PartRead> {
+    let Some(mut shares) = split_by_stream(reply, keys, gate) else {
         return unexpected(keys, "read reply");
     };
     keys.iter()
@@ -360,8 +451,13 @@ fn entries_per_key(reply: Value, keys: &[String]) -> Vec<PartRead> {
 
 /// The entry list of each of `keys` in a multi-stream `XREADGROUP` reply (RESP2
 /// `[[key, entries], ...]` or RESP3 `{key: entries}`; streams with nothing new are left out, and
-/// a nil reply means nothing was new anywhere). `None` when the reply has another shape.
-fn split_by_stream(reply: Value, keys: &[String]) -> Option<Vec<Option<Value>>> {
+/// a nil reply means nothing was new anywhere). `None` when the reply has another shape. The
+/// share of `gate` is dropped.
+fn split_by_stream(
+    reply: Value,
+    keys: &[String],
+    gate: Option<&str>,
+) -> Option<Vec<Option<Value>>> {
     let pairs: Vec<(Value, Value)> = match reply {
         Value::Nil => Vec::new(),
         Value::Array(streams) => streams
@@ -379,6 +475,9 @@ fn split_by_stream(reply: Value, keys: &[String]) -> Option<Vec<Option<Value>>> 
         let Value::BulkString(key) = key else {
             return None;
         };
+        if gate.is_some_and(|gate| gate.as_bytes() == key.as_slice()) {
+            continue;
+        }
         let i = keys.iter().position(|k| k.as_bytes() == key.as_slice())?;
         shares[i] = Some(entries);
     }

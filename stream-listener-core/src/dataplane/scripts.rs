@@ -204,29 +204,38 @@ return {'OK', acked}
     &SCRIPT
 }
 
-/// The fence check of a transactional read (docs/design.md §8.2, `dataplane::round`): sent with
-/// `EVAL`, never `EVALSHA`, between `WATCH <fences>` and `MULTI`, on the same connection. A
-/// server that lost its scripts answers `EVALSHA` with `NOSCRIPT`, the check would not run, and
-/// the `EXEC` after it would read unfenced; `EVAL` always runs the body.
+/// The fence check of a strict read (docs/design.md §8.16, `dataplane::round`): sent with
+/// `EVAL`, never `EVALSHA`, inside the read's transaction (`MULTI`, this check, the
+/// `XREADGROUP`, `EXEC`), so that Redis runs it right before the read and nothing in between. A
+/// server that lost its scripts would answer `EVALSHA` with `NOSCRIPT` inside the `EXEC`, the
+/// check would not run and the read after it would; `EVAL` always runs the body.
 ///
-/// `KEYS[s]` is shard s's fence hash; `ARGV[1]` the group (the fence field); then per shard its
-/// encoded token, incarnation and member epoch. Returns `{status, verdicts}`: one verdict per
-/// shard, `{'EQUAL'}`, `{'LOWER'}`, `{'LOWER', stored}` or `{'HIGHER', stored}` (as the other
-/// scripts' refusals; a fence key of the wrong type is `{'HIGHER', ''}`: fail closed). The status
-/// is `OK` when every verdict is `EQUAL`. Otherwise the script *trips* the transaction: it changes
-/// a watched key so that this client's `EXEC` aborts, with `PEXPIRE` and `PERSIST`, which Redis
-/// does not refuse under `maxmemory` (they are not deny-oom, unlike `SET` or `HSET`) and which
-/// leave the key's value and time to live as they were. Status `TRIPPED`: the `EXEC` aborts.
-/// Status `UNFENCED`: no watched key exists (every fence was lost), nothing could be tripped, and
-/// the `EXEC` runs: the entries it delivers to a refused shard must not be handled (they stay in
-/// this consumer's PEL; the shard's owner, refused `LOWER` too, raises again and claims them).
+/// `KEYS[1..n]` are the round's fence hashes, `KEYS[n + 1]` its **gate**
+/// (`{<prefix>:<i>}:gate:<group>` of the round's first shard, [`crate::keys::StreamKeys::gate`]):
+/// an empty stream with consumer group `ARGV[1]`, which the read names with the shards. `ARGV[1]`
+/// is the group (also the fence field); then per shard its encoded token, incarnation and member
+/// epoch. Returns `{status, verdicts}`: one verdict per shard, `{'EQUAL'}`, `{'LOWER'}`,
+/// `{'LOWER', stored}` or `{'HIGHER', stored}` (as the other scripts' refusals; a fence key of the
+/// wrong type is `{'HIGHER', ''}`: fail closed). Status:
+/// - `OK`: every verdict is `EQUAL`, and the gate exists: it was there, or the check created it
+///   (`XGROUP CREATE <gate> <group> $ MKSTREAM`). The read runs.
+/// - `REFUSED`: a verdict is not `EQUAL` (a fence key lost counts as `LOWER`): the check deleted
+///   the gate with `DEL`, which Redis runs under `maxmemory` too (it is not *deny-oom*). The read
+///   fails as a whole with `NOGROUP` on the gate, before it reads any stream: nothing is read.
+/// - `NOGATE`, with Redis's error third: every verdict is `EQUAL`, but the gate was missing and
+///   could not be created (`XGROUP CREATE` is deny-oom: refused at `maxmemory`). The read fails
+///   with `NOGROUP`: nothing is read, fail closed, until Redis accepts the write.
+///
+/// The check writes nothing else: no write comes before the gate's creation, so Redis applies its
+/// `maxmemory` rule to it as to any first write of a script.
 pub(crate) fn check_fences() -> &'static str {
     static SOURCE: LazyLock<String> = LazyLock::new(|| {
         format!(
             "{TOKEN_ORDER}{}",
             r"
+local gate = KEYS[#KEYS]
 local verdicts, refused = {}, false
-for s = 1, #KEYS do
+for s = 1, #KEYS - 1 do
   local a = 2 + 3 * (s - 1)
   local stored = redis.pcall('HGET', KEYS[s], ARGV[1])
   local v
@@ -243,19 +252,15 @@ for s = 1, #KEYS do
   if v[1] ~= 'EQUAL' then refused = true end
   verdicts[s] = v
 end
-if not refused then return {'OK', verdicts} end
-for s = 1, #KEYS do
-  local ttl = redis.call('PTTL', KEYS[s])
-  if ttl == -1 then
-    redis.call('PEXPIRE', KEYS[s], 2147483647)
-    redis.call('PERSIST', KEYS[s])
-    return {'TRIPPED', verdicts}
-  elseif ttl > 0 then
-    redis.call('PEXPIRE', KEYS[s], ttl)
-    return {'TRIPPED', verdicts}
-  end
+if refused then
+  redis.call('DEL', gate)
+  return {'REFUSED', verdicts}
 end
-return {'UNFENCED', verdicts}
+if redis.call('EXISTS', gate) == 0 then
+  local r = redis.pcall('XGROUP', 'CREATE', gate, ARGV[1], '$', 'MKSTREAM')
+  if type(r) == 'table' and r.err then return {'NOGATE', verdicts, r.err} end
+end
+return {'OK', verdicts}
 "
         )
     });
@@ -397,10 +402,13 @@ return 0
 /// 0**, checked in this same script, so no PEL is ever dropped (watermill-redisstream#24 lost
 /// messages by deleting consumers with pending entries). ARGV[2] `'1'`: dry run, nothing
 /// deleted. Not fenced: it deletes only consumers without pending entries, which holds whoever
-/// runs it (docs/design.md §8.15). Breaks the convention above: one key, no token.
+/// runs it (docs/design.md §8.15). Breaks the convention above: the shard and the gate, no token.
 /// Returns `{'OK', deleted, pending, kept}`: the names deleted (or that would be); `{name,
 /// pending}` of the consumers not in the keep-list kept for their pending entries; `{name,
-/// pending}` of those in the keep-list; or `{'NOGROUP', message}`.
+/// pending}` of those in the keep-list; or `{'NOGROUP', message}`. `KEYS[2]`, when given, is
+/// the group's read gate on the shard (docs/design.md §8.16): deleted (but in a dry run), so the
+/// consumers that strict reads leave in its group go with it (a new empty gate is created by the
+/// next check that passes; a gate damaged by hand is repaired the same way).
 pub(crate) fn delete_idle_consumers() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         with_prelude(
@@ -409,6 +417,7 @@ local keep = {}
 for i = 3, #ARGV do keep[ARGV[i]] = true end
 local consumers = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
 if consumers.err then return failed(consumers) end
+if KEYS[2] and ARGV[2] ~= '1' then redis.call('DEL', KEYS[2]) end
 local deleted, busy, kept = {}, {}, {}
 for _, c in ipairs(consumers) do
   local name, pending = nil, 0

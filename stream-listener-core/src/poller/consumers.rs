@@ -1,6 +1,7 @@
 //! Consumer hygiene in the shard task (docs/design.md §8.15): once takeover has claimed the
 //! other consumers' pending entries, the shard's owner deletes the consumers of members that
-//! left, best effort.
+//! left, and the group's read gate on the shard with the consumers strict reads leave in it
+//! (docs/design.md §8.16; the next passing check creates it again), best effort.
 
 use super::ShardTask;
 

@@ -378,14 +378,17 @@ return {1, created}
 /// Removes one consumer group from a shard: `XGROUP DESTROY` when the stream exists, the
 /// group's field of the fence and its handler-attempt counts (docs/design.md §8.9: fields
 /// `<group>|<entry id>`; a group registered again under the name reads the same entry ids and
-/// must not meet the old counts). KEYS[1] shard stream, KEYS[2] fence, KEYS[3] attempt hash.
-/// ARGV[1] group. Returns 1 when a consumer group was destroyed.
+/// must not meet the old counts). KEYS[1] shard stream, KEYS[2] fence, KEYS[3] attempt hash,
+/// KEYS[4] (when given) the group's read gate on the shard, deleted. ARGV[1] group. Returns 1
+/// when a consumer group was destroyed.
 fn destroy_group_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(
             r"
 -- A fence of another type (written by hand) is the shard's, not the group's: left as it is.
 if redis.call('TYPE', KEYS[2]).ok == 'hash' then redis.call('HDEL', KEYS[2], ARGV[1]) end
+-- The group's read gate on this shard (docs/design.md §8.16).
+if KEYS[4] then redis.call('DEL', KEYS[4]) end
 -- The entry id after the last '|' has none: a field of group 'a|b' is not one of group 'a'.
 if redis.call('TYPE', KEYS[3]).ok == 'hash' then
   local prefix = ARGV[1] .. '|'
@@ -441,20 +444,24 @@ pub(crate) async fn ensure_shard(
     Ok(exists == 1)
 }
 
-/// Destroys consumer group `group` on shard `shard` and clears its fence field; returns whether a
-/// consumer group was destroyed.
+/// Destroys consumer group `group` on shard `shard`, clears its fence field and its attempt
+/// counts, and deletes its read gate there (docs/design.md §8.16); returns whether a consumer
+/// group was destroyed.
 pub(crate) async fn destroy_group(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
     shard: ShardIndex,
     group: &str,
 ) -> Result<bool, StoreError> {
-    let destroyed: i64 = destroy_group_script()
+    let mut invocation = destroy_group_script().prepare_invoke();
+    invocation
         .key(keys.shard(shard))
         .key(keys.fence(shard))
-        .key(keys.attempts(shard))
-        .arg(group)
-        .invoke_async(conn)
-        .await?;
+        .key(keys.attempts(shard));
+    // A name the key layout refuses has no gate: no listener could have created one.
+    if let Ok(group_keys) = keys.group(group) {
+        invocation.key(keys.gate(shard, &group_keys));
+    }
+    let destroyed: i64 = invocation.arg(group).invoke_async(conn).await?;
     Ok(destroyed == 1)
 }

@@ -116,7 +116,7 @@ return 1
 
 /// Diagnostic (a) through the listener's strict read round (`ShardClient::read_round`): per round
 /// one pipeline of the plain `XACK`s and the multi-stream `XREADGROUP` fenced by a transaction
-/// (`WATCH` the fences, `EVAL` the check, `MULTI`, the read, `EXEC`).
+/// (`MULTI`, `EVAL` the check with the read gate, the read of the shards and the gate, `EXEC`).
 pub(crate) async fn raw_strong_fenced_round(
     mut client: ShardClient,
     shards: Vec<u32>,

@@ -28,9 +28,9 @@ pub(crate) fn task_shards(t: u32) -> Vec<u32> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Case {
     RawStrong,
-    /// Diagnostic: (a) through the strict listener's read round (plain `XACK`s, the read fenced
-    /// by `WATCH`, the check script, `MULTI`, `EXEC`): the listener's Redis commands without the
-    /// listener.
+    /// Diagnostic: (a) through the strict listener's read round (plain `XACK`s, then `MULTI`, the
+    /// check script with the read gate, the read, `EXEC`): the listener's Redis commands without
+    /// the listener.
     RawStrongFencedAck,
     /// Diagnostic: (a) with its acks fenced through `WATCH` instead of Lua: one pipeline of
     /// `WATCH` (the fences and a tripwire key), a script without ids that checks each fence and

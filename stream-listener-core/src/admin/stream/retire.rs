@@ -191,7 +191,7 @@ pub async fn retire_drained(
                     );
                     continue;
                 }
-                let check = scripts::retire_shard(conn, &keys, shard, false).await?;
+                let check = scripts::retire_shard(conn, &keys, &meta, shard, false).await?;
                 match blocked_reason(check) {
                     Some(reason) => {
                         waiting.insert(shard, reason);
@@ -216,7 +216,7 @@ pub async fn retire_drained(
         let mut deleted = Vec::new();
         let mut reopened = Vec::new();
         for shard in indexes_in(&meta, ShardState::Retiring) {
-            let check = scripts::retire_shard(conn, &keys, shard, true).await?;
+            let check = scripts::retire_shard(conn, &keys, &meta, shard, true).await?;
             match blocked_reason(check) {
                 // Entries landed after the first check (a late producer write, or a member that
                 // read before it saw RETIRING): no member reads a RETIRING shard, so it goes back

@@ -31,7 +31,7 @@ impl World {
     }
 
     /// A reply lost (the command ran), the connection dropped with commands not yet run (a
-    /// transaction between its `WATCH` and its `EXEC` never executes), or the connection stalls.
+    /// transaction whose `EXEC` had not run never executes), or the connection stalls.
     fn connection_fault(&mut self) {
         let alive: Vec<usize> = (0..self.procs.len())
             .filter(|i| self.procs[*i].can_act(self.now))
@@ -69,7 +69,13 @@ impl World {
             self.data.flush_at = Some(until);
         }
         if self.faults.oom && self.rng.random_bool(0.5) {
-            self.data.oom_at = Some(until);
+            // As it resumes, or just after its transaction is queued (its EXEC then runs at
+            // maxmemory, where a check that must write meets the limit).
+            if self.rng.random_bool(0.5) {
+                self.data.oom_at = Some(until);
+            } else {
+                self.data.oom_after_queue = Some(i);
+            }
         }
         if self.faults.busy_scripts && self.rng.random_bool(0.5) {
             self.data.busy_at = Some(until);
@@ -112,7 +118,8 @@ impl World {
             .push(format!("t={} script cache emptied", self.now / MS));
     }
 
-    fn toggle_oom(&mut self) {
+    /// `maxmemory` reached, or left.
+    pub(super) fn toggle_oom(&mut self) {
         let oom = !self.data.server.oom;
         self.data.server.oom = oom;
         let state = if oom { "reached" } else { "left" };
@@ -160,7 +167,8 @@ impl World {
     }
 
     /// A fence key lost: the whole hash (a failover that lost it, an eviction, a `DEL`), or
-    /// only this group's field. Either way a `WATCH` on it sees a write.
+    /// only this group's field. Either way a `WATCH` on it sees a write (the check outside the
+    /// transaction).
     fn lose_fence(&mut self) {
         let shards: Vec<ShardIndex> = self.fences.keys().copied().collect();
         if shards.is_empty() {
@@ -183,7 +191,8 @@ impl World {
     }
 
     /// Another group's member raises its field in a shard's fence hash (`HSET`, refused under
-    /// `maxmemory`): this group's transactions watching it abort, which is only a retry.
+    /// `maxmemory`): with the check outside the transaction, this group's transactions watching
+    /// it abort, which is only a retry; the check inside the transaction does not see it.
     fn other_group_raise(&mut self) {
         if self.data.server.oom {
             return;

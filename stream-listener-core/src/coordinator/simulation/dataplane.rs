@@ -3,7 +3,7 @@
 //! time, by zombies too). Redis's side of each command is in `redis_side.rs`, the data plane's
 //! faults in `data_faults.rs`, the invariants in `entry_checks.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rand::Rng;
 
@@ -27,6 +27,10 @@ pub(super) struct DataPlane {
     pub(super) shards: BTreeMap<ShardIndex, ShardEntries>,
     /// Each shard's fence key, beside this group's field.
     pub(super) fence_keys: BTreeMap<ShardIndex, FenceKey>,
+    /// The shards whose read gate exists (docs/design.md §8.16): opened by a passing check of a
+    /// round that starts with the shard, deleted by a refusing one, by consumer hygiene after a
+    /// takeover's claims, and with a retired shard.
+    pub(super) open_gates: BTreeSet<ShardIndex>,
     pub(super) server: Server,
     /// Another consumer group reads the stream: its raises write to the same fence hashes.
     pub(super) other_groups: bool,
@@ -38,6 +42,9 @@ pub(super) struct DataPlane {
     pub(super) flush_at: Option<Micros>,
     pub(super) oom_at: Option<Micros>,
     pub(super) busy_at: Option<Micros>,
+    /// `maxmemory` reached as soon as this process's next transaction has been queued (its
+    /// `EXEC` then runs at `maxmemory`).
+    pub(super) oom_after_queue: Option<usize>,
     pub(super) ledger: Ledger,
 }
 
@@ -47,6 +54,7 @@ impl DataPlane {
             variant,
             shards: BTreeMap::new(),
             fence_keys: BTreeMap::new(),
+            open_gates: BTreeSet::new(),
             server: Server {
                 scripts_loaded: true,
                 oom: false,
@@ -58,6 +66,7 @@ impl DataPlane {
             flush_at: None,
             oom_at: None,
             busy_at: None,
+            oom_after_queue: None,
             ledger: Ledger::default(),
         }
     }
@@ -71,6 +80,7 @@ impl DataPlane {
         self.flush_at = None;
         self.oom_at = None;
         self.busy_at = None;
+        self.oom_after_queue = None;
     }
 }
 
@@ -207,19 +217,22 @@ impl World {
 
     /// Process `i` sends the next command of one of its shard tasks, if it may use the shard now
     /// (owned, lease not passed): the held ids' `XACK` first, then the phase's command. A read of
-    /// new entries may be a round over several of its shards (one transaction). Whether it sent
-    /// such a read.
+    /// new entries may be a round over several of its shards (one transaction), or the read
+    /// script of one shard that reads alone. Whether it sent such a read.
     pub(super) fn send_next(&mut self, i: usize) -> bool {
         let ready = self.sendable(i);
         if ready.is_empty() {
             return false;
         }
         let shard = ready[self.rng.random_range(0..ready.len())];
-        let phase = self.procs[i].tasks[&shard].phase;
-        let round = if phase == Phase::New {
+        let task = &self.procs[i].tasks[&shard];
+        let phase = task.phase;
+        // A shard that reads alone joins no round.
+        let round = if phase == Phase::New && !task.read_alone {
+            let tasks = &self.procs[i].tasks;
             let mut round: Vec<ShardIndex> = ready
                 .iter()
-                .filter(|s| **s != shard && self.procs[i].tasks[*s].phase == Phase::New)
+                .filter(|s| **s != shard && tasks[*s].phase == Phase::New && !tasks[*s].read_alone)
                 .filter(|_| self.rng.random_bool(0.5))
                 .copied()
                 .collect();
@@ -261,6 +274,11 @@ impl World {
                 shard,
                 token,
                 after,
+                count,
+            },
+            Phase::New if first.read_alone => Op::ReadAlone {
+                shard,
+                token,
                 count,
             },
             Phase::New => Op::Read(ReadTx {
@@ -330,10 +348,12 @@ impl World {
         }
     }
 
-    /// Retirement deletes a shard's stream and its fence (docs/design.md §10.2 step 4).
+    /// Retirement deletes a shard's stream, its fence and its read gate (docs/design.md §10.2
+    /// step 4).
     pub(super) fn delete_shard(&mut self, shard: ShardIndex) {
         self.fences.remove(&shard);
         self.data.fence_keys.entry(shard).or_default().lose();
+        self.data.open_gates.remove(&shard);
         // The stream goes too; retirement checked that its group had read and acked everything,
         // so a scale-out that creates it again starts with nothing to read.
     }

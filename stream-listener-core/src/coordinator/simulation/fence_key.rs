@@ -1,8 +1,9 @@
-//! A shard's fence key as `WATCH` sees it (docs/design.md §8.2): the hash `{<prefix>:<i>}:fence`
-//! holds one field per consumer group. This group's field is the world's `fences` entry; here are
-//! the rest of the key: whether other groups' fields keep it in existence, and a version that
-//! every write to the key bumps, so that a `WATCH` taken before can tell that the key was
-//! touched (Redis's `touchWatchedKey`, also for the client that wrote it).
+//! A shard's fence key as `WATCH` sees it (docs/design.md §8.2; only the check outside the
+//! transaction, `ReadVariant::check_outside_transaction`, watches it): the hash
+//! `{<prefix>:<i>}:fence` holds one field per consumer group. This group's field is the world's
+//! `fences` entry; here are the rest of the key: whether other groups' fields keep it in
+//! existence, and a version that every write to the key bumps, so that a `WATCH` taken before can
+//! tell that the key was touched (Redis's `touchWatchedKey`, also for the client that wrote it).
 
 use crate::fence::FenceToken;
 

@@ -26,10 +26,11 @@
 //! member heartbeats on the schedule its responses give it: none may expire, the group must reach
 //! STABLE with every shard read by one member, and further heartbeats must change no epoch.
 //!
-//! With [`Faults::entries`] the data plane is modelled too (docs/design.md §8, as it is changing
-//! to): each shard's stream, consumer group and PEL; shard tasks that take over (raise, claim,
-//! own pending entries from `0`) and read new entries by optimistic transaction (`WATCH`, check,
-//! `MULTI`, `XREADGROUP`, `EXEC`); handlers, and plain `XACK`s that a zombie may send late. Its
+//! With [`Faults::entries`] the data plane is modelled too (docs/design.md §8): each shard's
+//! stream, consumer group and PEL; shard tasks that take over (raise, claim, own pending entries
+//! from `0`) and read new entries by transaction (`MULTI`, the check with the read gate,
+//! `XREADGROUP`, `EXEC`), or alone with the fenced read script; handlers, and plain `XACK`s that a
+//! zombie may send late. Its
 //! invariants (no loss, no zombie reads or claims, first handlings in id order, and everything
 //! handled after the fault-free phase) are checked after every step (`entry_checks.rs`).
 //!
@@ -150,28 +151,27 @@ flags! {
         /// convergence, a settled group off the fast path).
         effects_only,
         /// Model the data plane (docs/design.md §8): entries, PELs, shard tasks, reads by
-        /// optimistic transaction, handlers and plain acks, with its invariants. Off, a history
-        /// is the control plane's alone, exactly as before the data plane was modelled (the
-        /// pinned seeds of `tests.rs` replay those histories).
+        /// transaction with a read gate, handlers and plain acks, with its invariants. Off, a
+        /// history is the control plane's alone, exactly as before the data plane was modelled
+        /// (the pinned seeds of `tests.rs` replay those histories).
         entries,
         /// A shard's fence key lost (a failover that lost it, an eviction, a `DEL` by hand): the
         /// whole hash, or only this group's field.
         fence_loss,
-        /// `maxmemory` reached (`noeviction`) for a while: denyoom writes (`XADD`, `HSET`) are
-        /// refused.
+        /// `maxmemory` reached (`noeviction`) for a while: denyoom writes (`XADD`, `HSET`,
+        /// `XGROUP CREATE`) are refused, and so is every command queued in a transaction.
         oom,
         /// The server's script cache emptied (a restart, a failover, `SCRIPT FLUSH`): an
         /// `EVALSHA` answers `NOSCRIPT`.
         script_flush,
         /// Replies lost after their command ran, connections dropped with commands not yet run
-        /// (a transaction between its `WATCH` and its `EXEC`) or stalled, and processes paused
-        /// right after they sent a command.
+        /// (a transaction whose `EXEC` had not run) or stalled, and processes paused right after
+        /// they sent a command.
         connection_faults,
         /// Another client's script runs past `busy-reply-threshold` for a while: Redis answers
-        /// `BUSY` to the check and every other script or command but `WATCH` and `MULTI`, and
-        /// the period can end between a transaction's check and its `EXEC`. Not in
-        /// [`Faults::with_data_plane`]: it breaks per-shard order
-        /// (`finds_a_busy_check_lets_a_zombie_strand_entries_handled_out_of_order`).
+        /// `BUSY` to every script and command but `WATCH` and `MULTI` (a transaction with a
+        /// refused command, or whose `EXEC` is refused, aborts), and the period can start or end
+        /// between any two steps of a transaction.
         busy_scripts,
         /// The whole faulty phase is calm (with the data plane): heartbeats go through on the
         /// members' schedules, so members hold their shards and read, and every other fault
@@ -211,24 +211,32 @@ impl Faults {
             oom: true,
             script_flush: true,
             connection_faults: true,
+            busy_scripts: true,
             ..self
         }
     }
 }
 
 flags! {
-    /// Known-wrong rules of the data plane's reads (docs/design.md §8.2, the optimistic
-    /// transaction), re-introduced one at a time to show the simulation catches each hazard the
-    /// design closes; and one proposed change, `exec_after_check`.
+    /// Known-wrong rules of the data plane's reads (docs/design.md §8.16, the transaction with
+    /// the check and the read gate inside it), re-introduced one at a time to show the simulation
+    /// catches each hazard the design closes.
     pub(crate) struct ReadVariant {
-        /// The check is sent with `EVALSHA`: a server that lost its scripts answers `NOSCRIPT`,
-        /// the check never runs, and the `EXEC` runs unfenced.
+        /// The previous pipeline: `WATCH` the fences, the check outside the transaction (a
+        /// refusal trips the `EXEC` with `PEXPIRE` + `PERSIST` of a watched key), then `MULTI`,
+        /// the read, `EXEC`, no gate. A check refused with `BUSY` trips nothing, and when the long
+        /// script ends before the read is queued, the `EXEC` reads unfenced.
+        check_outside_transaction,
+        /// The check is sent with `EVALSHA`: a server that lost its scripts answers `NOSCRIPT`
+        /// inside the `EXEC`, the check never runs, and the read after it does.
         evalsha_check,
-        /// The check trips with a denyoom write (`HSET`), which `maxmemory` refuses: the script
-        /// fails and the `EXEC` runs unfenced.
-        denyoom_tripwire,
-        /// The member hands the entries of an `UNFENCED` transaction to its handler.
-        handle_unfenced,
+        /// A refusing check closes the gate with a deny-oom write instead of `DEL`: at
+        /// `maxmemory` Redis refuses it (the script's first write), the gate stays open and the
+        /// read runs.
+        denyoom_gate,
+        /// The read names no gate: a refusing check only reports, and the read runs anyway (its
+        /// entries are not handed out).
+        no_gate,
         /// After `LOWER`, the member raises and reads new entries again, without claiming other
         /// consumers' pending entries or reading its own from `0`.
         lower_retries_without_takeover,
@@ -239,10 +247,6 @@ flags! {
         /// The member acks entries as they are read (as `NOACK` would), before its handler has
         /// them: invariant (a) must see an ack remove an unhandled entry.
         ack_on_read,
-        /// Not a wrong rule but the change proposed for the `BUSY` defect: `MULTI`,
-        /// `XREADGROUP` and `EXEC` go only once the check has answered `OK` (a second round
-        /// trip; the `WATCH` still covers the gap), so a check that did not run reads nothing.
-        exec_after_check,
     }
 }
 
@@ -284,10 +288,12 @@ pub(crate) struct Stats {
     /// Entries appended, and handled at least once.
     appended: u64,
     handled: u64,
-    /// Read transactions whose `EXEC` ran, aborted, and checks that answered `UNFENCED`.
+    /// Read transactions whose `EXEC` ran or aborted, checks that refused (and closed the gate),
+    /// and reads that failed closed on a gate they could not create.
     execs: u64,
     aborted_execs: u64,
-    unfenced: u64,
+    refused_checks: u64,
+    gate_failures: u64,
     /// Invariant (b)'s counts: entries handed to a handler from a delivery made while the fence
     /// held another token, and claims made so; both must stay 0.
     zombie_reads: u64,
@@ -306,7 +312,8 @@ impl Stats {
         self.handled += other.handled;
         self.execs += other.execs;
         self.aborted_execs += other.aborted_execs;
-        self.unfenced += other.unfenced;
+        self.refused_checks += other.refused_checks;
+        self.gate_failures += other.gate_failures;
         self.zombie_reads += other.zombie_reads;
         self.zombie_claims += other.zombie_claims;
     }

@@ -39,7 +39,15 @@ pub(super) enum Op {
         after: EntryId,
         count: u64,
     },
-    /// The optimistic transaction that reads new entries (`transaction.rs`).
+    /// The read script of new entries (`>`) of one shard: check the fence, then `XREADGROUP`;
+    /// what a shard task sends when its round's transaction read nothing for it (aborted, or
+    /// another shard of the round refused).
+    ReadAlone {
+        shard: ShardIndex,
+        token: FenceToken,
+        count: u64,
+    },
+    /// The transaction that reads new entries of a round (`transaction.rs`).
     Read(ReadTx),
 }
 
@@ -56,6 +64,7 @@ impl Op {
             }
             Op::Claim { shard, .. } => format!("claim {shard}"),
             Op::Pending { shard, after, .. } => format!("pending {shard} after {after}"),
+            Op::ReadAlone { shard, .. } => format!("read alone {shard}"),
             Op::Read(tx) => format!(
                 "EXEC {:?}",
                 tx.shards.iter().map(|(s, _)| s).collect::<Vec<_>>()
@@ -64,7 +73,8 @@ impl Op {
     }
 }
 
-/// The reply of a fenced script (raise, claim, pending read), as the shard task sees it.
+/// The reply of a fenced script (raise, claim, pending read, read alone), as the shard task sees
+/// it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum ScriptReply {
     /// The fence held the token (or the raise was accepted): the ids read or claimed.
@@ -80,11 +90,16 @@ pub(super) enum ScriptReply {
 /// One shard's part of a read transaction's reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum ReadReply {
-    /// The check passed for the shard and the `EXEC` ran: the entries read (maybe none).
+    /// The check passed and the read ran: the entries read (maybe none).
     Handed(Vec<EntryId>),
-    /// The `EXEC` aborted, or ran while the check did not pass for the shard (the entries read
-    /// then stay unseen in the member's PEL): the shard's verdict when the check ran.
+    /// Nothing was read, and the check did not refuse this shard: the `EXEC` aborted, or another
+    /// shard of the round was refused (its read failed on the closed gate). The shard reads on
+    /// its own.
+    Aborted,
+    /// The check refused the shard (its verdict), or did not vouch for what the read delivered
+    /// (`None`: the check failed, and the read ran; its entries stay unseen in the member's PEL).
     NotHanded(Option<FenceVerdict>),
-    /// No usable reply: lost, or the connection dropped before the `EXEC`.
+    /// No usable reply: lost, the connection dropped before the `EXEC`, or the read failed closed
+    /// on a gate that could not be created (a typed error for the poller).
     Error,
 }

@@ -1,7 +1,8 @@
 //! Redis's side of the data plane's commands (docs/design.md §8): each runs atomically when the
-//! scheduler lets Redis reach it (a transaction in two steps: `WATCH` + check, then `EXEC`), and
-//! its reply goes back to the shard task that sent it, unless the reply is lost. Fenced scripts
-//! (raise, claim, pending read) check the fence and act in one step; `XACK` is plain.
+//! scheduler lets Redis reach it (a transaction in three steps: `MULTI` and the queued check, the
+//! queued read, the `EXEC` that runs both), and its reply goes back to the shard task that sent
+//! it, unless the reply is lost. Fenced scripts (raise, claim, pending read, read alone) check the
+//! fence and act in one step; `XACK` is plain.
 
 use rand::Rng;
 
@@ -9,14 +10,14 @@ use super::MS;
 use super::World;
 use super::pipeline::{Op, ReadReply, ScriptReply};
 use super::process::ShardFence;
-use super::shard_task::ShardTask;
+use super::shard_task::{Phase, ShardTask};
 use super::transaction::{self, Check, ReadTx, TxStage};
 use crate::fence::{FenceToken, FenceVerdict};
 use crate::model::{FenceConflict, ShardIndex};
 
 impl World {
     /// Redis reaches the next command of some process's pipeline. A paused process has not sent
-    /// its pipeline yet; a transaction whose `WATCH` ran has its `EXEC` on the wire already.
+    /// its pipeline yet; a transaction Redis has started on has the rest on the wire already.
     pub(super) fn run_some_pipeline(&mut self) {
         let runnable: Vec<usize> = (0..self.procs.len())
             .filter(|i| self.runnable(*i))
@@ -35,29 +36,27 @@ impl World {
         }
         match proc.pipeline.front() {
             None => false,
-            Some((
-                _,
-                Op::Read(ReadTx {
-                    stage: TxStage::Watched { .. },
-                    ..
-                }),
-            )) => true,
+            Some((_, Op::Read(ReadTx { stage, .. }))) if !matches!(stage, TxStage::Sent) => true,
             Some(_) => proc.can_act(self.now),
         }
     }
 
     /// Redis runs the next step of process `i`'s pipeline.
     pub(super) fn run_next(&mut self, i: usize) {
-        if self.run_watch(i) {
+        if self.queue_read_step(i) {
             return;
         }
         let process = self.procs[i].process_id.clone();
         let Some((id, op)) = self.procs[i].pipeline.pop_front() else {
             return;
         };
+        if let Op::Read(tx) = op {
+            let lost = std::mem::take(&mut self.procs[i].lose_next_reply);
+            self.run_exec(i, id, tx, lost);
+            return;
+        }
         if self.data.server.busy {
-            // Refused with `BUSY`: a script, an `XACK`, or the `XREADGROUP` queued in a
-            // transaction (whose `EXEC` then reads nothing).
+            // Refused with `BUSY`: a script or an `XACK`.
             self.log.push(format!(
                 "t={} {process} BUSY for {}",
                 self.now / MS,
@@ -99,56 +98,191 @@ impl World {
                 let reply = if lost { ScriptReply::Error } else { reply };
                 self.reply_to_script(i, id, shard, reply, |t, r, _| t.on_pending(r));
             }
-            Op::Read(tx) => self.run_exec(i, id, tx, lost),
+            Op::ReadAlone {
+                shard,
+                token,
+                count,
+            } => {
+                let reply = self.run_read_alone(i, shard, &token, count);
+                let reply = if lost { ScriptReply::Error } else { reply };
+                self.reply_to_script(i, id, shard, reply, |t, r, v| t.on_read_alone(r, v));
+            }
+            Op::Read(_) => {}
         }
     }
 
-    /// The first step of a read transaction at the front of process `i`'s pipeline, if there is
-    /// one: `WATCH` of the round's fence keys, then the check (and its tripwire). Whether it ran.
-    fn run_watch(&mut self, i: usize) -> bool {
+    /// The steps of a read transaction at the front of process `i`'s pipeline before its
+    /// `EXEC`, if there is one to take: `MULTI` and the check queued (or refused while queued),
+    /// then the read queued; with the check outside the transaction, `WATCH` and the check. Whether
+    /// it took one.
+    fn queue_read_step(&mut self, i: usize) -> bool {
+        let server = self.data.server;
+        // Refused while queued: `BUSY`, or `OOM` (at maxmemory Redis refuses every command
+        // queued in a transaction).
+        let refusal = if server.busy {
+            Some("BUSY")
+        } else if server.oom {
+            Some("OOM")
+        } else {
+            None
+        };
+        let outside = self.data.variant.check_outside_transaction;
         let Some((_, Op::Read(tx))) = self.procs[i].pipeline.front_mut() else {
             return false;
         };
-        if !matches!(tx.stage, TxStage::Sent) {
-            return false;
-        }
-        let versions = transaction::watch(&tx.shards, &self.data.fence_keys);
-        let check = transaction::check(
-            &tx.shards,
-            &self.fences,
-            &mut self.data.fence_keys,
-            self.data.server,
-            self.data.variant,
-        );
-        if matches!(check, Check::Ran { unfenced: true, .. }) {
-            self.stats.unfenced += 1;
-        }
         let shards: Vec<ShardIndex> = tx.shards.iter().map(|(s, _)| *s).collect();
+        let step = match tx.stage {
+            TxStage::Sent if outside => {
+                let versions = transaction::watch(&tx.shards, &self.data.fence_keys);
+                let check = transaction::check_before_transaction(
+                    &tx.shards,
+                    &self.fences,
+                    &mut self.data.fence_keys,
+                    server,
+                );
+                let step = format!("WATCH+check {shards:?} -> {check:?}");
+                tx.stage = TxStage::Watched { versions, check };
+                step
+            }
+            TxStage::Sent => {
+                tx.stage = TxStage::CheckQueued { refused: refusal };
+                format!("MULTI, check queued {shards:?}: {refusal:?}")
+            }
+            TxStage::CheckQueued { refused } => {
+                tx.stage = TxStage::ReadQueued {
+                    refused: refused.or(refusal),
+                };
+                if self.data.oom_after_queue == Some(i) {
+                    self.data.oom_after_queue = None;
+                    if !self.data.server.oom {
+                        self.toggle_oom();
+                    }
+                }
+                format!("read queued {shards:?}: {refusal:?}")
+            }
+            TxStage::ReadQueued { .. } | TxStage::Watched { .. } => return false,
+        };
         self.log.push(format!(
-            "t={} {} WATCH+check {shards:?} -> {check:?}",
+            "t={} {} {step}",
             self.now / MS,
             self.procs[i].process_id,
         ));
-        let passed = matches!(&check, Check::Ran { verdicts, .. }
-            if verdicts.iter().all(|v| *v == FenceVerdict::Equal));
-        if self.data.variant.exec_after_check && !passed {
-            // The member saw the check's answer and sends no `EXEC` (after `NOSCRIPT` it loads
-            // the script for the next time).
-            if check == Check::Failed("NOSCRIPT") {
-                self.data.server.scripts_loaded = true;
-            }
-            if let Some((id, Op::Read(tx))) = self.procs[i].pipeline.pop_front() {
-                for (index, (shard, token)) in tx.shards.iter().enumerate() {
-                    let reply = ReadReply::NotHanded(check.verdict(index));
-                    self.reply_to_read(i, id, *shard, token, reply);
+        true
+    }
+
+    /// The `EXEC` of a read transaction. Aborted (`EXECABORT`) when a command was refused while
+    /// queued or Redis is busy; else the check, then the read of every shard of the round into
+    /// this member's PEL, which fails as a whole when the round's gate is missing (closed by the
+    /// check's refusal, or not creatable at `maxmemory`) or a shard's stream is gone. The member
+    /// hands out the entries only when the check passed. With the check outside the transaction,
+    /// the `EXEC` is the rest of the pipeline (`MULTI`, the read, `EXEC`) and aborts when a watched
+    /// fence key changed since the `WATCH`.
+    fn run_exec(&mut self, i: usize, id: u64, tx: ReadTx, lost: bool) {
+        let server = self.data.server;
+        let variant = self.data.variant;
+        let (check, aborted) = match tx.stage {
+            TxStage::ReadQueued { refused } => {
+                if refused.is_some() || server.busy {
+                    (None, true)
+                } else {
+                    let first = tx.shards[0].0;
+                    let mut gate = self.data.open_gates.contains(&first);
+                    let check = transaction::check_in_exec(
+                        &tx.shards,
+                        &self.fences,
+                        &mut gate,
+                        server,
+                        variant,
+                    );
+                    if gate {
+                        self.data.open_gates.insert(first);
+                    } else {
+                        self.data.open_gates.remove(&first);
+                    }
+                    let read = transaction::read_runs(gate, variant);
+                    (Some(check), !read)
                 }
             }
-            return true;
+            TxStage::Watched { versions, check } => {
+                // MULTI, the read (refused while queued when busy or at maxmemory), EXEC.
+                let aborted = server.busy
+                    || server.oom
+                    || transaction::exec_aborts(&tx.shards, &versions, &self.data.fence_keys);
+                (Some(check), aborted)
+            }
+            TxStage::Sent | TxStage::CheckQueued { .. } => return,
+        };
+        if check == Some(Check::Failed("NOSCRIPT")) {
+            // The client loads the script when it sees the error.
+            self.data.server.scripts_loaded = true;
         }
-        if let Some((_, Op::Read(tx))) = self.procs[i].pipeline.front_mut() {
-            tx.stage = TxStage::Watched { versions, check };
+        match &check {
+            Some(Check::Ran { verdicts, .. })
+                if verdicts.iter().any(|v| *v != FenceVerdict::Equal) =>
+            {
+                self.stats.refused_checks += 1;
+            }
+            Some(Check::NoGate) => self.stats.gate_failures += 1,
+            _ => {}
         }
-        true
+        if aborted {
+            self.stats.aborted_execs += 1;
+        } else {
+            self.stats.execs += 1;
+        }
+        // A shard's missing stream (retired) fails the multi-stream read for every shard.
+        let streams = tx.shards.iter().all(|(s, _)| self.stream_exists(*s));
+        let consumer = self.procs[i].member_id.clone();
+        let mut replies = Vec::new();
+        for (index, (shard, token)) in tx.shards.iter().enumerate() {
+            let verdict = check.as_ref().and_then(|c| c.verdict(index));
+            let reply = match &check {
+                _ if !aborted && !streams => {
+                    if self.stream_exists(*shard) {
+                        ReadReply::Aborted
+                    } else {
+                        ReadReply::Error // NOGROUP: read alone, it reports its own
+                    }
+                }
+                // Nothing read: the EXEC aborted, or the read failed on the missing gate.
+                Some(Check::NoGate) => ReadReply::Error,
+                Some(Check::Ran { .. }) if aborted => match verdict {
+                    Some(FenceVerdict::Equal) | None => ReadReply::Aborted,
+                    refused => ReadReply::NotHanded(refused),
+                },
+                // With the check outside the transaction, a check that did not run and an
+                // aborted EXEC are told apart by nobody: the member re-reads its own pending
+                // entries, as that design did.
+                Some(Check::Failed(_)) if aborted && variant.check_outside_transaction => {
+                    ReadReply::NotHanded(None)
+                }
+                None | Some(Check::Failed(_)) if aborted => ReadReply::Aborted,
+                // The read ran.
+                _ => {
+                    let entries = self.data.shards.entry(*shard).or_default();
+                    let ids = entries.read_new(&consumer, tx.count);
+                    match &check {
+                        Some(check) if check.passed() => ReadReply::Handed(ids),
+                        _ => ReadReply::NotHanded(match verdict {
+                            Some(FenceVerdict::Equal) => None,
+                            other => other,
+                        }),
+                    }
+                }
+            };
+            replies.push((*shard, token.clone(), reply));
+        }
+        self.log.push(format!(
+            "t={} {} EXEC{} {check:?} {:?}",
+            self.now / MS,
+            self.procs[i].process_id,
+            if lost { " (reply lost)" } else { "" },
+            replies.iter().map(|(s, _, r)| (s, r)).collect::<Vec<_>>()
+        ));
+        for (shard, token, reply) in replies {
+            let reply = if lost { ReadReply::Error } else { reply };
+            self.reply_to_read(i, id, shard, &token, reply);
+        }
     }
 
     /// A plain `XACK`: the ids leave whichever PEL holds them. A lost reply keeps them held (the
@@ -242,52 +376,21 @@ impl World {
         ScriptReply::Passed(entries.read_pending(consumer, after, count))
     }
 
-    /// The transaction's `EXEC`: aborted when a watched fence key was written since the `WATCH`,
-    /// else `XREADGROUP … >` of every shard of the round into this member's PEL. The member hands
-    /// a shard's entries to its handler only when the check passed for it.
-    fn run_exec(&mut self, i: usize, id: u64, tx: ReadTx, lost: bool) {
-        let TxStage::Watched { versions, check } = tx.stage else {
-            return;
-        };
-        if check == Check::Failed("NOSCRIPT") {
-            // The client loads the script when it sees the error.
-            self.data.server.scripts_loaded = true;
-        }
-        let aborted = transaction::exec_aborts(&tx.shards, &versions, &self.data.fence_keys);
-        if aborted {
-            self.stats.aborted_execs += 1;
-        } else {
-            self.stats.execs += 1;
+    /// The read script of new entries of one shard, sent alone: check the fence, then
+    /// `XREADGROUP … >` into this member's PEL.
+    fn run_read_alone(
+        &mut self,
+        i: usize,
+        shard: ShardIndex,
+        token: &FenceToken,
+        count: u64,
+    ) -> ScriptReply {
+        if let Err(reply) = self.script_check(shard, token) {
+            return reply;
         }
         let consumer = self.procs[i].member_id.clone();
-        let mut replies = Vec::new();
-        for (index, (shard, token)) in tx.shards.iter().enumerate() {
-            let reply = if aborted {
-                ReadReply::NotHanded(check.verdict(index))
-            } else if !self.stream_exists(*shard) {
-                ReadReply::Error // NOGROUP inside the EXEC
-            } else {
-                let entries = self.data.shards.entry(*shard).or_default();
-                let ids = entries.read_new(&consumer, tx.count);
-                if check.passed(index, self.data.variant) {
-                    ReadReply::Handed(ids)
-                } else {
-                    ReadReply::NotHanded(check.verdict(index))
-                }
-            };
-            replies.push((*shard, token.clone(), reply));
-        }
-        self.log.push(format!(
-            "t={} {} EXEC{} {:?}",
-            self.now / MS,
-            self.procs[i].process_id,
-            if lost { " (reply lost)" } else { "" },
-            replies.iter().map(|(s, _, r)| (s, r)).collect::<Vec<_>>()
-        ));
-        for (shard, token, reply) in replies {
-            let reply = if lost { ReadReply::Error } else { reply };
-            self.reply_to_read(i, id, shard, &token, reply);
-        }
+        let entries = self.data.shards.entry(shard).or_default();
+        ScriptReply::Passed(entries.read_new(&consumer, count))
     }
 
     /// A command whose reply will not come (its connection dropped, or it timed out): errors
@@ -314,6 +417,11 @@ impl World {
             }
             Op::Pending { shard, .. } => {
                 self.reply_to_script(i, id, shard, ScriptReply::Error, |t, r, _| t.on_pending(r));
+            }
+            Op::ReadAlone { shard, .. } => {
+                self.reply_to_script(i, id, shard, ScriptReply::Error, |t, r, v| {
+                    t.on_read_alone(r, v);
+                });
             }
         }
     }
@@ -343,8 +451,14 @@ impl World {
         task.waiting = None;
         let token = task.token.clone();
         let in_hand_before = task.in_hand.len();
+        let claiming = task.phase == Phase::Claim;
         react(task, &reply, variant);
         let handed: Vec<u64> = task.in_hand.iter().skip(in_hand_before).copied().collect();
+        if claiming && task.phase == (Phase::Pending { after: 0 }) {
+            // The claims are done: consumer hygiene deletes the shard's read gate (harmless at
+            // any time: the next passing check creates it again).
+            self.data.open_gates.remove(&shard);
+        }
         match reply {
             ScriptReply::Passed(_) => self.note_verdict(i, shard, &token, FenceVerdict::Equal),
             ScriptReply::Refused(verdict) => self.note_verdict(i, shard, &token, verdict),
@@ -380,7 +494,7 @@ impl World {
                 }
             }
             ReadReply::NotHanded(Some(verdict)) => self.note_verdict(i, shard, token, verdict),
-            ReadReply::NotHanded(None) | ReadReply::Error => {}
+            ReadReply::Aborted | ReadReply::NotHanded(None) | ReadReply::Error => {}
         }
     }
 

@@ -22,7 +22,7 @@ pub(super) enum Phase {
     /// read): after the takeover's claims, and after any error of a read of new entries (its
     /// entries may sit unseen in the member's PEL).
     Pending { after: EntryId },
-    /// Read new entries (`>`) by optimistic transaction.
+    /// Read new entries (`>`) by transaction, in rounds of the member's shards.
     New,
     /// The fence holds a higher token, or the stream is gone: read nothing more with this token.
     Parked,
@@ -37,6 +37,9 @@ pub(super) struct ShardTask {
     /// The command of this task whose reply it waits for (a command it gave up on, after a
     /// response timeout, may still run: its reply is ignored).
     pub(super) waiting: Option<u64>,
+    /// In [`Phase::New`]: the last round read nothing for this shard, which reads on its own next
+    /// (the fenced read script), as `ShardClient::round_reply` does for `PartRead::ReadAlone`.
+    pub(super) read_alone: bool,
 }
 
 impl ShardTask {
@@ -46,6 +49,7 @@ impl ShardTask {
             phase: Phase::Raise { after_lower: false },
             in_hand: VecDeque::new(),
             waiting: None,
+            read_alone: false,
         }
     }
 
@@ -114,21 +118,40 @@ impl ShardTask {
     }
 
     /// This shard's part of a read transaction's reply. Entries go to the handler only when the
-    /// check passed for the shard; an aborted `EXEC` of a passed shard is only a retry; any
-    /// error, or a check that did not run, sends the task back to its own pending entries from
-    /// `0` (the `EXEC` may have run).
+    /// check passed; a round that read nothing for a shard the check did not refuse is followed by
+    /// the shard's read alone; any error, or a check that did not vouch for what was read, sends
+    /// the task back to its own pending entries from `0` (the read may have run).
     pub(super) fn on_read(&mut self, reply: &ReadReply, variant: ReadVariant) {
         if self.phase != Phase::New {
             return;
         }
         match reply {
             ReadReply::Handed(ids) => self.in_hand.extend(ids),
-            ReadReply::NotHanded(Some(FenceVerdict::Equal)) => {}
+            ReadReply::Aborted | ReadReply::NotHanded(Some(FenceVerdict::Equal)) => {
+                self.read_alone = true;
+            }
             ReadReply::NotHanded(Some(verdict)) => self.refused(*verdict),
             ReadReply::Error if variant.error_reads_on => {}
             ReadReply::NotHanded(None) | ReadReply::Error => {
                 self.phase = Phase::Pending { after: 0 };
             }
+        }
+    }
+
+    /// The reply of the read script of new entries, sent alone: the entries go to the handler;
+    /// the next read goes in a round again. An error sends the task back to its own pending
+    /// entries from `0`, as after any read of new entries.
+    pub(super) fn on_read_alone(&mut self, reply: &ScriptReply, variant: ReadVariant) {
+        if self.phase != Phase::New {
+            return;
+        }
+        self.read_alone = false;
+        match reply {
+            ScriptReply::Passed(ids) => self.in_hand.extend(ids),
+            ScriptReply::Refused(verdict) => self.refused(*verdict),
+            ScriptReply::Gone => self.phase = Phase::Parked,
+            ScriptReply::Error if variant.error_reads_on => {}
+            ScriptReply::Error => self.phase = Phase::Pending { after: 0 },
         }
     }
 }
@@ -165,8 +188,17 @@ mod tests {
         let design = ReadVariant::default();
         let mut task = ShardTask::new(token(1, 5, "a"));
         task.phase = Phase::New;
-        task.on_read(&ReadReply::NotHanded(Some(FenceVerdict::Equal)), design);
-        assert_eq!(task.phase, Phase::New);
+        // Nothing read for a shard the check did not refuse: it reads alone, then in rounds.
+        for nothing in [
+            ReadReply::Aborted,
+            ReadReply::NotHanded(Some(FenceVerdict::Equal)),
+        ] {
+            task.on_read(&nothing, design);
+            assert_eq!((task.phase, task.read_alone), (Phase::New, true));
+            task.on_read_alone(&ScriptReply::Passed(vec![7]), design);
+            assert_eq!((task.phase, task.read_alone), (Phase::New, false));
+            assert_eq!(task.in_hand.pop_front(), Some(7));
+        }
         task.on_read(&ReadReply::Error, design);
         assert_eq!(task.phase, Phase::Pending { after: 0 });
         task.phase = Phase::New;

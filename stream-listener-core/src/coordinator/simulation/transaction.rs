@@ -1,14 +1,20 @@
-//! The fenced read of new entries by optimistic transaction (docs/design.md §8.2, as the data
-//! plane is changing to): one pipeline on one connection, `WATCH <fence keys>`, `EVAL check`,
-//! `MULTI`, `XREADGROUP … >`, `EXEC`. Redis runs it in two steps that other clients' commands
-//! interleave with: `WATCH` and the check, then, later, the `EXEC`.
+//! The fenced read of new entries (docs/design.md §8.16): one pipeline on one connection,
+//! `MULTI`, `EVAL check` (the round's fence keys and its read gate), `XREADGROUP … >` of the
+//! round's shards and the gate, `EXEC`. Redis reaches it in three steps that other clients'
+//! commands interleave with: `MULTI` and the queued check, the queued read, the `EXEC`.
 //!
-//! The check compares each shard's fence field with the member's token. When one is refused it
-//! *trips*: it touches a watched key with commands Redis never refuses under `maxmemory`
-//! (`PEXPIRE` + `PERSIST` of an existing fence key), so the `EXEC` aborts. A raise by anyone
-//! between the `WATCH` and the `EXEC` aborts it as well. When no watched key exists, nothing can
-//! be tripped: the check answers `UNFENCED`, the `EXEC` runs, and the member must not hand those
-//! entries to its handler. The known-wrong [`ReadVariant`]s bring back the hazards this closes.
+//! A command refused while queued (`BUSY` while another client's script runs too long, `OOM` at
+//! `maxmemory`) makes the `EXEC` abort, and so does an `EXEC` refused for `BUSY`: nothing runs.
+//! Otherwise the `EXEC` runs the check and the read back to back. The check compares each
+//! shard's fence field with the member's token: when every one holds it, the check makes sure
+//! the round's gate (the gate of its first shard) exists, creating it if needed (a deny-oom write,
+//! refused at `maxmemory`: the read then fails, nothing is read); on any refusal it deletes the
+//! gate (`DEL`, never refused). The read names the gate, so it fails as a whole (`NOGROUP`)
+//! whenever the gate is missing.
+//!
+//! The known-wrong [`ReadVariant`]s bring back the hazards this closes, the previous order of the
+//! pipeline among them ([`ReadVariant::check_outside_transaction`]: `WATCH`, the check with its
+//! tripwire, then `MULTI`, the read, `EXEC`), which this module models too.
 
 use std::collections::BTreeMap;
 
@@ -20,7 +26,8 @@ use crate::model::ShardIndex;
 /// One transaction in a member's pipeline: a round over one or more of its shards.
 #[derive(Debug, Clone)]
 pub(super) struct ReadTx {
-    /// The round's shards, each with the token its task reads under.
+    /// The round's shards, each with the token its task reads under. The first one's gate is
+    /// the round's.
     pub(super) shards: Vec<(ShardIndex, FenceToken)>,
     /// The `COUNT` of the `XREADGROUP`.
     pub(super) count: u64,
@@ -31,23 +38,33 @@ pub(super) struct ReadTx {
 pub(super) enum TxStage {
     /// In the pipeline; Redis has run nothing of it yet.
     Sent,
-    /// `WATCH` and the check ran: the fence keys' versions the `WATCH` saw, and the check's reply.
+    /// `MULTI` and the check's `EVAL` reached Redis: queued, or refused while queued (`BUSY`,
+    /// `OOM`), which dooms the `EXEC`.
+    CheckQueued { refused: Option<&'static str> },
+    /// The `XREADGROUP` reached Redis too: queued, or refused (or the check was).
+    ReadQueued { refused: Option<&'static str> },
+    /// [`ReadVariant::check_outside_transaction`]: `WATCH` and the check ran, outside the
+    /// transaction: the fence keys' versions the `WATCH` saw, and the check's reply. `MULTI`, the
+    /// read and `EXEC` reach Redis in one more step.
     Watched { versions: Vec<u64>, check: Check },
 }
 
 /// The check script's reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Check {
-    /// The script ran: each shard's verdict, and `unfenced` when one was refused but no watched
-    /// key existed to trip (the `EXEC` will run).
+    /// The script ran: each shard's verdict. `unfenced` only in the check outside the
+    /// transaction: one was refused, but no watched key existed to trip (its `EXEC` runs).
     Ran {
         verdicts: Vec<FenceVerdict>,
         unfenced: bool,
     },
-    /// The script did not run, or failed before its tripwire took: `BUSY` (another client's
-    /// script ran too long), `NOSCRIPT` (`EVALSHA` on a server that lost its scripts) or `OOM` (a
-    /// denyoom tripwire under `maxmemory`). Nothing was tripped, so an `EXEC` that runs reads
-    /// unfenced.
+    /// Every verdict was `EQUAL`, but the gate was missing and its creation was refused (`OOM`):
+    /// the read fails, nothing is read (fail closed).
+    NoGate,
+    /// The script did not run, or failed before it could stop the read: `NOSCRIPT` (`EVALSHA` on
+    /// a server that lost its scripts), `OOM` (the gate closed with a deny-oom write at
+    /// `maxmemory`), `BUSY` (the check sent outside the transaction while another client's script
+    /// ran too long). Nothing stopped the read.
     Failed(&'static str),
 }
 
@@ -56,7 +73,8 @@ pub(super) enum Check {
 pub(super) struct Server {
     /// The script cache holds the check (an `EVALSHA` finds it).
     pub(super) scripts_loaded: bool,
-    /// `maxmemory` reached with `noeviction`: denyoom commands are refused.
+    /// `maxmemory` reached with `noeviction`: deny-oom commands, and every command queued in a
+    /// transaction, are refused.
     pub(super) oom: bool,
     /// Another client's script has run past `busy-reply-threshold`: Redis answers `BUSY` to
     /// every script and command but a few (`WATCH` and `MULTI` among them) until it ends.
@@ -64,29 +82,69 @@ pub(super) struct Server {
 }
 
 impl Check {
-    /// The shard at `index` of the round passed the check: the member may hand its entries to
-    /// its handler (and only then). An `UNFENCED` transaction's entries stay unhandled in the
-    /// member's PEL, unless the member follows [`ReadVariant::handle_unfenced`].
-    pub(super) fn passed(&self, index: usize, variant: ReadVariant) -> bool {
-        match self {
-            Check::Ran { verdicts, unfenced } => {
-                verdicts.get(index) == Some(&FenceVerdict::Equal)
-                    || (*unfenced && variant.handle_unfenced)
-            }
-            Check::Failed(_) => false,
-        }
+    /// Whether every shard of the round passed the check: the member may hand the entries read
+    /// to its handlers (and only then).
+    pub(super) fn passed(&self) -> bool {
+        matches!(self, Check::Ran { verdicts, .. }
+            if verdicts.iter().all(|v| *v == FenceVerdict::Equal))
     }
 
     /// The shard's verdict, when the script ran.
     pub(super) fn verdict(&self, index: usize) -> Option<FenceVerdict> {
         match self {
             Check::Ran { verdicts, .. } => verdicts.get(index).copied(),
-            Check::Failed(_) => None,
+            Check::NoGate | Check::Failed(_) => None,
         }
     }
 }
 
-/// `WATCH` of the round's fence keys: the versions the `EXEC` will compare.
+/// The check inside the transaction, run by the `EXEC` right before the read. `gate_open`: the
+/// round's gate exists (in and out). Every verdict `EQUAL`: the gate is created if missing
+/// (refused at `maxmemory`: [`Check::NoGate`]); any refusal deletes it.
+pub(super) fn check_in_exec(
+    shards: &[(ShardIndex, FenceToken)],
+    fences: &BTreeMap<ShardIndex, FenceToken>,
+    gate_open: &mut bool,
+    server: Server,
+    variant: ReadVariant,
+) -> Check {
+    if variant.evalsha_check && !server.scripts_loaded {
+        return Check::Failed("NOSCRIPT");
+    }
+    let verdicts: Vec<FenceVerdict> = shards
+        .iter()
+        .map(|(shard, token)| token.check(fences.get(shard)))
+        .collect();
+    let ran = Check::Ran {
+        verdicts,
+        unfenced: false,
+    };
+    if ran.passed() {
+        if !*gate_open && !variant.no_gate {
+            if server.oom {
+                return Check::NoGate;
+            }
+            *gate_open = true;
+        }
+    } else if !variant.no_gate {
+        if variant.denyoom_gate && server.oom {
+            // The script's first write, deny-oom, refused at maxmemory: it fails, the gate
+            // stays as it was.
+            return Check::Failed("OOM");
+        }
+        *gate_open = false;
+    }
+    ran
+}
+
+/// Whether the read after the check runs: the gate exists (a read without a gate, in
+/// [`ReadVariant::no_gate`], always runs).
+pub(super) fn read_runs(gate_open: bool, variant: ReadVariant) -> bool {
+    gate_open || variant.no_gate
+}
+
+/// `WATCH` of the round's fence keys (the check outside the transaction): the versions the
+/// `EXEC` will compare.
 pub(super) fn watch(
     shards: &[(ShardIndex, FenceToken)],
     keys: &BTreeMap<ShardIndex, FenceKey>,
@@ -97,47 +155,29 @@ pub(super) fn watch(
         .collect()
 }
 
-/// The check script, run right after the `WATCH`: verdicts, then the tripwire when one shard is
-/// refused.
-pub(super) fn check(
+/// The check outside the transaction ([`ReadVariant::check_outside_transaction`]), run right
+/// after the `WATCH`: verdicts, then the tripwire when one shard is refused (`PEXPIRE` +
+/// `PERSIST` of a watched key that exists: never refused, always a write). Refused with `BUSY`
+/// while another client's script runs: nothing is tripped.
+pub(super) fn check_before_transaction(
     shards: &[(ShardIndex, FenceToken)],
     fences: &BTreeMap<ShardIndex, FenceToken>,
     keys: &mut BTreeMap<ShardIndex, FenceKey>,
     server: Server,
-    variant: ReadVariant,
 ) -> Check {
     if server.busy {
         return Check::Failed("BUSY");
-    }
-    if variant.evalsha_check && !server.scripts_loaded {
-        return Check::Failed("NOSCRIPT");
     }
     let verdicts: Vec<FenceVerdict> = shards
         .iter()
         .map(|(shard, token)| token.check(fences.get(shard)))
         .collect();
-    let refused = verdicts.iter().position(|v| *v != FenceVerdict::Equal);
-    let Some(refused) = refused else {
-        return Check::Ran {
-            verdicts,
-            unfenced: false,
-        };
-    };
-    if variant.denyoom_tripwire {
-        // `HSET` of a tombstone field in the refused shard's fence key: it even creates a lost
-        // key, but `maxmemory` refuses it, and the script fails with nothing tripped.
-        if server.oom {
-            return Check::Failed("OOM");
-        }
-        let key = keys.entry(shards[refused].0).or_default();
-        key.other_fields = true;
-        key.touch();
+    if verdicts.iter().all(|v| *v == FenceVerdict::Equal) {
         return Check::Ran {
             verdicts,
             unfenced: false,
         };
     }
-    // `PEXPIRE` + `PERSIST` of a watched key that exists: never refused, always a write.
     let existing = shards.iter().find(|(shard, _)| {
         keys.get(shard)
             .copied()
@@ -159,8 +199,8 @@ pub(super) fn check(
     }
 }
 
-/// `EXEC`: aborted when a watched key was written since the `WATCH` (by anyone, the check's own
-/// tripwire included).
+/// `EXEC` after a `WATCH`: aborted when a watched key was written since (by anyone, the check's
+/// own tripwire included).
 pub(super) fn exec_aborts(
     shards: &[(ShardIndex, FenceToken)],
     watched: &[u64],
@@ -174,104 +214,107 @@ mod tests {
     use super::*;
     use crate::testing::fixtures::fence_token as token;
 
-    const LOADED: Server = Server {
+    const CALM: Server = Server {
         scripts_loaded: true,
         oom: false,
         busy: false,
     };
 
+    /// The check inside the transaction with the fence holding `fence`, against token (1, 5):
+    /// its reply, and whether the gate is open after it and the read runs.
     fn run(
         fence: Option<FenceToken>,
-        other_fields: bool,
+        gate_open: bool,
         server: Server,
         variant: ReadVariant,
     ) -> (Check, bool) {
-        let mine = token(1, 5, "a");
-        let shards = vec![(0, mine)];
+        let shards = vec![(0, token(1, 5, "a"))];
         let fences: BTreeMap<ShardIndex, FenceToken> = fence.into_iter().map(|t| (0, t)).collect();
+        let mut gate = gate_open;
+        let check = check_in_exec(&shards, &fences, &mut gate, server, variant);
+        (check, read_runs(gate, variant))
+    }
+
+    fn ran(verdict: FenceVerdict) -> Check {
+        Check::Ran {
+            verdicts: vec![verdict],
+            unfenced: false,
+        }
+    }
+
+    #[test]
+    fn a_passed_check_opens_the_gate_and_a_refused_one_closes_it() {
+        let design = ReadVariant::default();
+        let mine = Some(token(1, 5, "a"));
+        for open in [false, true] {
+            let (check, read) = run(mine.clone(), open, CALM, design);
+            assert!(check.passed() && read, "gate open before: {open}");
+        }
+        let (check, read) = run(Some(token(1, 6, "b")), true, CALM, design);
+        assert_eq!((check, read), (ran(FenceVerdict::Higher), false));
+        // Every fence lost: LOWER, and the gate closes like on any refusal.
+        let (check, read) = run(None, true, CALM, design);
+        assert_eq!((check, read), (ran(FenceVerdict::Lower), false));
+    }
+
+    #[test]
+    fn at_maxmemory_a_refusal_still_closes_the_gate_and_a_missing_gate_fails_closed() {
+        let design = ReadVariant::default();
+        let oom = Server { oom: true, ..CALM };
+        let (check, read) = run(Some(token(1, 6, "b")), true, oom, design);
+        assert_eq!((check, read), (ran(FenceVerdict::Higher), false), "DEL");
+        let (check, read) = run(Some(token(1, 5, "a")), false, oom, design);
+        assert_eq!((check, read), (Check::NoGate, false), "no XGROUP CREATE");
+        let (check, read) = run(Some(token(1, 5, "a")), true, oom, design);
+        assert!(check.passed() && read, "an open gate needs no write");
+    }
+
+    #[test]
+    fn the_known_wrong_rules_let_a_refused_read_run() {
+        let stale = Some(token(1, 6, "b"));
+        let flushed = Server {
+            scripts_loaded: false,
+            ..CALM
+        };
+        let evalsha = ReadVariant::with(&["evalsha_check"]);
+        assert_eq!(
+            run(stale.clone(), true, flushed, evalsha),
+            (Check::Failed("NOSCRIPT"), true)
+        );
+        let oom = Server { oom: true, ..CALM };
+        let denyoom = ReadVariant::with(&["denyoom_gate"]);
+        assert_eq!(
+            run(stale.clone(), true, oom, denyoom),
+            (Check::Failed("OOM"), true)
+        );
+        let no_gate = ReadVariant::with(&["no_gate"]);
+        assert_eq!(
+            run(stale, false, CALM, no_gate),
+            (ran(FenceVerdict::Higher), true)
+        );
+    }
+
+    #[test]
+    fn outside_the_transaction_a_busy_server_runs_no_check_so_nothing_is_tripped() {
+        let shards = vec![(0, token(1, 5, "a"))];
+        let fences = BTreeMap::from([(0, token(1, 6, "b"))]);
         let mut keys = BTreeMap::from([(
             0,
             FenceKey {
                 version: 7,
-                other_fields,
+                other_fields: false,
             },
         )]);
         let versions = watch(&shards, &keys);
-        let check = check(&shards, &fences, &mut keys, server, variant);
-        let aborts = exec_aborts(&shards, &versions, &keys);
-        (check, aborts)
-    }
-
-    #[test]
-    fn a_refused_check_trips_the_exec_and_a_passed_one_does_not() {
-        let design = ReadVariant::default();
-        let (passed, aborts) = run(Some(token(1, 5, "a")), false, LOADED, design);
-        assert!(passed.passed(0, design) && !aborts);
-        let (higher, aborts) = run(Some(token(1, 6, "b")), false, LOADED, design);
-        assert!(!higher.passed(0, design) && aborts);
-        // This group's field lost, another group's still there: the key is tripped.
-        let (lower, aborts) = run(None, true, LOADED, design);
-        assert_eq!(lower.verdict(0), Some(FenceVerdict::Lower));
-        assert!(aborts);
-        // Under maxmemory too: PEXPIRE and PERSIST are never refused.
-        let oom = Server {
-            oom: true,
-            ..LOADED
-        };
-        let (_, aborts) = run(Some(token(1, 6, "b")), false, oom, design);
-        assert!(aborts);
-    }
-
-    #[test]
-    fn a_lost_key_cannot_be_tripped_and_the_entries_are_not_handed_over() {
-        let design = ReadVariant::default();
-        let (check, aborts) = run(None, false, LOADED, design);
-        assert!(!aborts);
-        assert_eq!(
-            check,
-            Check::Ran {
-                verdicts: vec![FenceVerdict::Lower],
-                unfenced: true
-            }
+        let busy = Server { busy: true, ..CALM };
+        let check = check_before_transaction(&shards, &fences, &mut keys, busy);
+        assert_eq!(check, Check::Failed("BUSY"));
+        assert!(
+            !exec_aborts(&shards, &versions, &keys),
+            "the EXEC would run"
         );
-        assert!(!check.passed(0, design));
-        assert!(check.passed(0, ReadVariant::with(&["handle_unfenced"])));
-    }
-
-    #[test]
-    fn noscript_and_a_refused_denyoom_tripwire_let_the_exec_run() {
-        let stale = Some(token(1, 6, "b"));
-        let flushed = Server {
-            scripts_loaded: false,
-            ..LOADED
-        };
-        let evalsha = ReadVariant::with(&["evalsha_check"]);
-        assert_eq!(
-            run(stale.clone(), false, flushed, evalsha),
-            (Check::Failed("NOSCRIPT"), false)
-        );
-        let oom = Server {
-            oom: true,
-            ..LOADED
-        };
-        let denyoom = ReadVariant::with(&["denyoom_tripwire"]);
-        assert_eq!(
-            run(stale.clone(), false, oom, denyoom),
-            (Check::Failed("OOM"), false)
-        );
-        // Without maxmemory the denyoom tripwire even trips a lost key.
-        let (_, aborts) = run(None, false, LOADED, denyoom);
-        assert!(aborts);
-    }
-
-    #[test]
-    fn a_busy_server_runs_no_check_so_nothing_is_tripped() {
-        let busy = Server {
-            busy: true,
-            ..LOADED
-        };
-        let design = ReadVariant::default();
-        let (check, aborts) = run(Some(token(1, 6, "b")), false, busy, design);
-        assert_eq!((check, aborts), (Check::Failed("BUSY"), false));
+        let check = check_before_transaction(&shards, &fences, &mut keys, CALM);
+        assert_eq!(check.verdict(0), Some(FenceVerdict::Higher));
+        assert!(exec_aborts(&shards, &versions, &keys), "tripped");
     }
 }

@@ -93,11 +93,11 @@ impl ShardClient {
     }
 
     /// Acks `ids` on `shard` with a plain `XACK` and reads up to `count` new entries, in one
-    /// round trip ([`crate::dataplane::round`]: in strict mode the read is a transaction fenced
-    /// by `WATCH` and a check script, and the entries never pass through Lua). Returns how many
-    /// of `ids` were pending, and what the read returned. The ack is not fenced: a member acks
-    /// only what it handled, and `XACK` is idempotent (docs/design.md §8.2). With no ids only
-    /// the read is sent.
+    /// round trip ([`crate::dataplane::round`]: in strict mode the read is a transaction with the
+    /// fence check and the shard's read gate inside it, and the entries never pass through Lua).
+    /// Returns how many of `ids` were pending, and what the read returned. The ack is not
+    /// fenced: a member acks only what it handled, and `XACK` is idempotent (docs/design.md
+    /// §8.2). With no ids only the read is sent.
     ///
     /// # Errors
     /// As [`ShardClient::read_new`]; an error of the ack fails the whole call (acking again and
@@ -139,7 +139,8 @@ impl ShardClient {
         let fence = match mode {
             FencingMode::Strict => {
                 let encoded = self.encoded(token).to_owned();
-                Some(FencePart::new(self.keys.fence(shard), token, encoded))
+                let gate = self.keys.gate(shard, &self.group_keys);
+                Some(FencePart::new(self.keys.fence(shard), gate, token, encoded))
             }
             FencingMode::Acks => None,
         };
@@ -151,14 +152,17 @@ impl ShardClient {
     }
 
     /// What a read round returned for this shard, as [`ShardClient::ack_and_read_new`] reports
-    /// it: the number of ids acked, and the read. A round that delivered nothing for the shard
-    /// (an aborted transaction, a failed multi-stream read) is followed by the shard's own read
-    /// script, fenced in strict mode, which also reports the shard's own error.
+    /// it: the number of ids acked, and the read. A refused fence check is
+    /// [`ReadOutcome::Fenced`] (its read failed with `NOGROUP` on the closed gate: that is the
+    /// refusal, not an error). A round that delivered nothing for the shard (an aborted
+    /// transaction, another shard's refusal, a failed multi-stream read) is followed by the
+    /// shard's own read script, fenced in strict mode, which also reports the shard's own error.
     ///
     /// # Errors
-    /// As [`ShardClient::ack_and_read_new`]; [`DataPlaneError::Unexpected`] when entries may
-    /// have been delivered that the fence check did not vouch for (re-read own pending
-    /// entries: they are there).
+    /// As [`ShardClient::ack_and_read_new`]; [`DataPlaneError::GateUnavailable`] when the read's
+    /// gate could not be created (nothing was read); [`DataPlaneError::UnexpectedReply`] when
+    /// entries may have been delivered that the fence check did not vouch for (re-read own
+    /// pending entries: they are there).
     pub(crate) async fn round_reply(
         &mut self,
         shard: ShardIndex,
@@ -178,6 +182,14 @@ impl ShardClient {
             }
             PartRead::Fenced(fenced) => ReadOutcome::Fenced(fenced),
             PartRead::ReadAlone => self.read_new(shard, token, count, mode).await?,
+            PartRead::GateUnavailable { gate, detail } => {
+                let (code, rest) = detail.split_once(' ').unwrap_or((detail.as_str(), ""));
+                return Err(DataPlaneError::GateUnavailable {
+                    shard,
+                    gate,
+                    source: redis::make_extension_error(code.to_owned(), Some(rest.to_owned())),
+                });
+            }
             PartRead::Unexpected(what) => {
                 return Err(DataPlaneError::unexpected(READ_NEW, Some(shard), what));
             }

@@ -1,7 +1,7 @@
 //! Read rounds: on a standalone server, in both fencing modes, the shard tasks of one member
 //! that read new entries share one round trip — the plain acks of their previous batches and
-//! one multi-stream `XREADGROUP`, in strict mode inside a transaction fenced by `WATCH` and a
-//! check script ([`crate::dataplane::round`], docs/design.md §8.16) — instead of one round trip
+//! one multi-stream `XREADGROUP`, in strict mode inside a transaction with the fence check and
+//! a read gate ([`crate::dataplane::round`], docs/design.md §8.16) — instead of one round trip
 //! per shard (BENCHMARKS.md compares the two).
 //!
 //! When a round is sent: no round of the member is in flight, and every shard that got entries
@@ -295,5 +295,7 @@ impl ReadRounds {
     }
 }
 
+#[cfg(all(test, feature = "testing"))]
+mod fence_tests;
 #[cfg(all(test, feature = "testing"))]
 mod tests;

@@ -11,10 +11,13 @@ use crate::dataplane::round::PartRead;
 use crate::testing::RedisServer;
 use crate::testing::fixtures::pause_writes;
 
-const GROUP: &str = "g";
-const CONSUMER: &str = "m-m0";
+/// The consumer group of every shard.
+pub(super) const GROUP: &str = "g";
+/// The member whose rounds the tests send.
+pub(super) const CONSUMER: &str = "m-m0";
 
-fn token() -> FenceToken {
+/// [`CONSUMER`]'s token.
+pub(super) fn token() -> FenceToken {
     FenceToken {
         incarnation: 1,
         member_epoch: 1,
@@ -23,7 +26,8 @@ fn token() -> FenceToken {
     }
 }
 
-fn key(shard: ShardIndex) -> String {
+/// The stream of shard `shard` of the stream `s`.
+pub(super) fn key(shard: ShardIndex) -> String {
     format!("{{s:{shard}}}")
 }
 
@@ -74,13 +78,16 @@ pub(super) fn rounds_of(conn: &RedisConnection, count: usize) -> Arc<ReadRounds>
 }
 
 /// The member's client for the shards `{s:<i>}` (to raise fences and build round parts).
-fn shard_client(conn: &RedisConnection) -> crate::dataplane::ShardClient {
+pub(super) fn shard_client(conn: &RedisConnection) -> crate::dataplane::ShardClient {
     let keys = crate::keys::StreamKeys::new("s").unwrap();
     crate::dataplane::ShardClient::new(conn.clone(), keys, GROUP, CONSUMER).unwrap()
 }
 
 /// The member's client with the fences of shards 0..`shards` raised with [`token`].
-async fn fenced_client(conn: &mut RedisConnection, shards: u32) -> crate::dataplane::ShardClient {
+pub(super) async fn fenced_client(
+    conn: &mut RedisConnection,
+    shards: u32,
+) -> crate::dataplane::ShardClient {
     let mut client = shard_client(conn);
     for shard in 0..shards {
         assert_eq!(client.raise_fence(shard, &token()).await.unwrap(), Ok(()));
@@ -163,7 +170,7 @@ async fn wait_for(what: &str, done: impl Fn() -> bool) {
 }
 
 /// The ids of every entry of `shard`, in order.
-async fn entry_ids(conn: &mut RedisConnection, shard: ShardIndex) -> Vec<String> {
+pub(super) async fn entry_ids(conn: &mut RedisConnection, shard: ShardIndex) -> Vec<String> {
     redis::cmd("XRANGE")
         .arg(key(shard))
         .arg("-")
@@ -177,7 +184,7 @@ async fn entry_ids(conn: &mut RedisConnection, shard: ShardIndex) -> Vec<String>
 }
 
 /// How many entries of `shard` are pending in the group.
-async fn pending(conn: &mut RedisConnection, shard: ShardIndex) -> i64 {
+pub(super) async fn pending(conn: &mut RedisConnection, shard: ShardIndex) -> i64 {
     let summary: Vec<Value> = redis::cmd("XPENDING")
         .arg(key(shard))
         .arg(GROUP)
@@ -321,229 +328,4 @@ async fn a_failed_read_is_reported_to_every_shard_and_the_acks_still_run() {
         "an ack on a shard without its group is not an error: nothing was pending"
     );
     assert_eq!(pending(&mut conn, 0).await, 0, "shard 0's entries acked");
-}
-
-/// Sets the fence field of `group` on `shard` to `value`.
-async fn set_fence(conn: &mut RedisConnection, shard: ShardIndex, value: &str) {
-    let _: i64 = redis::cmd("HSET")
-        .arg(format!("{{s:{shard}}}:fence"))
-        .arg(GROUP)
-        .arg(value)
-        .query_async(conn)
-        .await
-        .unwrap();
-}
-
-/// A fenced round over six shards in one transaction, with plain acks before it: shard 0 and 2
-/// hold the token, shard 1's fence is higher (another member's), shard 3's field is missing
-/// (`LOWER`), shard 4's holds a value that is not a token, shard 5's fence key is of the wrong
-/// type. Each refused shard gets its own verdict, the check trips the transaction so that
-/// nothing at all is read (no shard's PEL grows, not even those whose fence held), and every ack
-/// went through (more than the script's chunk of 500 ids included).
-#[tokio::test]
-async fn a_fenced_round_with_any_refusal_reads_nothing_and_each_shard_gets_its_verdict() {
-    let (_server, mut conn) = setup(6, 1200).await;
-    let mut client = fenced_client(&mut conn, 6).await;
-    // Deliver everything of shards 0 and 2 to CONSUMER, to ack them in the round.
-    for shard in [0, 2] {
-        let _: Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(GROUP)
-            .arg(CONSUMER)
-            .arg("COUNT")
-            .arg(5000)
-            .arg("STREAMS")
-            .arg(key(shard))
-            .arg(">")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    }
-    let higher = FenceToken {
-        member_epoch: 9,
-        member_id: "other".into(),
-        ..token()
-    };
-    set_fence(&mut conn, 1, &higher.encode()).await;
-    let _: i64 = redis::cmd("HDEL")
-        .arg("{s:3}:fence")
-        .arg(GROUP)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    set_fence(&mut conn, 4, "garbage").await;
-    let () = redis::cmd("SET")
-        .arg("{s:5}:fence")
-        .arg("not a hash")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let acks = [
-        entry_ids(&mut conn, 0).await,
-        Vec::new(),
-        entry_ids(&mut conn, 2).await,
-    ];
-    let parts: Vec<RoundPart> = (0..6)
-        .map(|s: u32| {
-            let ids = acks.get(s as usize).cloned().unwrap_or_default();
-            client.round_part(s, &token(), &ids, crate::dataplane::FencingMode::Strict)
-        })
-        .collect();
-    let replies = crate::dataplane::round::read_round(&mut conn, GROUP, CONSUMER, 10, parts, None)
-        .await
-        .unwrap();
-    let reads: Vec<String> = replies.iter().map(|r| format!("{:?}", r.read)).collect();
-    assert_eq!(reads[0], "ReadAlone", "aborted: read on your own");
-    assert!(
-        reads[1].starts_with("Fenced(Higher { found: Some("),
-        "{}",
-        reads[1]
-    );
-    assert_eq!(reads[2], "ReadAlone");
-    assert_eq!(reads[3], "Fenced(Lower)");
-    assert_eq!(reads[4], "Fenced(Higher { found: None })");
-    assert_eq!(reads[5], "Fenced(Higher { found: None })");
-    assert_eq!(
-        replies[0].ack.as_ref().unwrap().as_ref().unwrap(),
-        &Value::Int(1200)
-    );
-    assert_eq!(
-        replies[2].ack.as_ref().unwrap().as_ref().unwrap(),
-        &Value::Int(1200)
-    );
-    for shard in 0..6 {
-        assert_eq!(
-            pending(&mut conn, shard).await,
-            0,
-            "shard {shard}: nothing read"
-        );
-    }
-}
-
-/// Sends one strict round for shard 0 with `token` and nothing to ack, up to 10 entries.
-async fn strict_round(
-    conn: &mut RedisConnection,
-    client: &mut crate::dataplane::ShardClient,
-    token: &FenceToken,
-) -> Vec<crate::dataplane::round::PartReply> {
-    let part = client.round_part(0, token, &[], crate::dataplane::FencingMode::Strict);
-    crate::dataplane::round::read_round(conn, GROUP, CONSUMER, 10, vec![part], None)
-        .await
-        .unwrap()
-}
-
-/// A server that lost its scripts (restarted, `SCRIPT FLUSH`) still checks the fence: the check
-/// goes as `EVAL`, so it cannot miss with `NOSCRIPT` and let the `EXEC` read unfenced.
-#[tokio::test]
-async fn a_server_without_scripts_still_fences_the_round() {
-    let (_server, mut conn) = setup(1, 4).await;
-    let mut client = fenced_client(&mut conn, 1).await;
-    let () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let stale = FenceToken {
-        member_epoch: 0,
-        ..token()
-    };
-    let replies = strict_round(&mut conn, &mut client, &stale).await;
-    assert!(
-        matches!(
-            replies[0].read,
-            PartRead::Fenced(crate::dataplane::Fenced::Higher { .. })
-        ),
-        "{:?}",
-        replies[0].read
-    );
-    assert_eq!(pending(&mut conn, 0).await, 0, "nothing read");
-    let replies = strict_round(&mut conn, &mut client, &token()).await;
-    assert!(replies[0].has_entries(), "the token holds: read");
-    assert_eq!(pending(&mut conn, 0).await, 4);
-}
-
-/// Under `maxmemory` with `noeviction`, Redis refuses writes such as `SET` or `HSET`; the check
-/// trips the transaction with `PEXPIRE` and `PERSIST`, which it does not refuse, so a refused
-/// token still reads nothing. The fence is left as it was (value and no time to live).
-#[tokio::test]
-async fn out_of_memory_a_refused_round_still_reads_nothing() {
-    let (_server, mut conn) = setup(1, 4).await;
-    let mut client = fenced_client(&mut conn, 1).await;
-    let higher = FenceToken {
-        member_epoch: 9,
-        member_id: "other".into(),
-        ..token()
-    };
-    set_fence(&mut conn, 0, &higher.encode()).await;
-    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg(name)
-            .arg(value)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    }
-    let refused: redis::RedisResult<()> = redis::cmd("SET")
-        .arg("tripwire")
-        .arg("1")
-        .query_async(&mut conn)
-        .await;
-    assert_eq!(
-        refused.unwrap_err().code(),
-        Some("OOM"),
-        "the server is out of memory"
-    );
-    let replies = strict_round(&mut conn, &mut client, &token()).await;
-    assert!(
-        matches!(
-            replies[0].read,
-            PartRead::Fenced(crate::dataplane::Fenced::Higher { .. })
-        ),
-        "{:?}",
-        replies[0].read
-    );
-    assert_eq!(pending(&mut conn, 0).await, 0, "nothing read");
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg("{s:0}:fence")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(ttl, -1, "the fence keeps no time to live");
-    let stored: String = redis::cmd("HGET")
-        .arg("{s:0}:fence")
-        .arg(GROUP)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(stored, higher.encode());
-}
-
-/// Every fence key lost (a failover, a hand deletion): nothing watched exists, the check cannot
-/// trip the transaction and says `UNFENCED`. The `EXEC` runs and its entries enter this
-/// consumer's PEL, but the shard is told `LOWER` and is not handed them: they wait there for the
-/// shard's owner, which raises its fence again and claims them.
-#[tokio::test]
-async fn with_every_fence_lost_the_entries_read_are_not_handed_out() {
-    let (_server, mut conn) = setup(1, 4).await;
-    let mut client = fenced_client(&mut conn, 1).await;
-    let _: i64 = redis::cmd("DEL")
-        .arg("{s:0}:fence")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let replies = strict_round(&mut conn, &mut client, &token()).await;
-    assert!(
-        matches!(
-            replies[0].read,
-            PartRead::Fenced(crate::dataplane::Fenced::Lower)
-        ),
-        "{:?}",
-        replies[0].read
-    );
-    assert_eq!(
-        pending(&mut conn, 0).await,
-        4,
-        "in this consumer's PEL, unhandled"
-    );
 }
