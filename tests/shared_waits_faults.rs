@@ -444,3 +444,224 @@ async fn killing_the_blocking_connection_again_and_again_leaks_nothing() {
     each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "after the kills").await;
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Cost: sparse traffic over many shards.
+// ---------------------------------------------------------------------------------------------
+
+/// `(calls, usec)` of `command` in `INFO commandstats`.
+async fn command_stats(conn: &mut RedisConnection, command: &str) -> (u64, u64) {
+    let info = info(conn, "commandstats").await;
+    let prefix = format!("cmdstat_{command}:");
+    let Some(rest) = info.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
+        return (0, 0);
+    };
+    let field = |name: &str| -> u64 {
+        rest.split(',')
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("usec"))
+}
+
+/// Redis CPU seconds (user + sys) so far.
+async fn redis_cpu(conn: &mut RedisConnection) -> f64 {
+    let info = info(conn, "cpu").await;
+    ["used_cpu_sys:", "used_cpu_user:"]
+        .iter()
+        .map(|p| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(p))
+                .unwrap()
+                .trim()
+                .parse::<f64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// One member on `shards` shards, default block; `per_second` entries a second for 10 s, each
+/// on the next shard (every shard idle between its entries). Returns Redis's CPU per entry (µs)
+/// and prints what the member's wait cost.
+async fn sparse_traffic_cost(shards: u32, per_second: u64) -> f64 {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(shards).await.parts();
+    let mut opts = options(1);
+    opts.block = Duration::from_secs(2);
+    opts.fencing = FencingMode::Strict;
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    settle(&mut conn, 1, Duration::from_secs(60)).await;
+    until_xread_blocked(&mut conn, None).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let cpu_before = redis_cpu(&mut conn).await;
+    let client = server.client();
+    let total = per_second * 10;
+    let publisher = std::thread::spawn(move || {
+        let mut con = client.get_connection().unwrap();
+        let start = Instant::now();
+        for n in 0..total {
+            let due = start + Duration::from_micros(1_000_000 * n / per_second);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            xadd_sync(&mut con, (n % u64::from(shards)) as u32, n);
+        }
+    });
+    tokio::task::spawn_blocking(move || publisher.join().unwrap())
+        .await
+        .unwrap();
+    let all = wait_until(Duration::from_secs(30), || {
+        recorder.handled().len() as u64 >= total
+    })
+    .await;
+    assert!(all, "{} of {total} handled", recorder.handled().len());
+    let cpu = redis_cpu(&mut conn).await - cpu_before;
+    let (xread, xread_us) = command_stats(&mut conn, "xread").await;
+    let (unblock, _) = command_stats(&mut conn, "client|unblock").await;
+    let (evalsha, evalsha_us) = command_stats(&mut conn, "evalsha").await;
+    let (exec, exec_us) = command_stats(&mut conn, "exec").await;
+    let per_entry = cpu * 1e6 / total as f64;
+    eprintln!(
+        "{shards} shards, {total} entries at {per_second}/s: Redis CPU {cpu:.2} s ({per_entry:.0} µs/entry); \
+         XREAD {xread} calls, {xread_us} µs ({:.1} µs/call); CLIENT UNBLOCK {unblock}; \
+         EVALSHA {evalsha} calls {evalsha_us} µs; EXEC {exec} calls {exec_us} µs",
+        xread_us as f64 / xread.max(1) as f64
+    );
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+    per_entry
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement"]
+async fn sparse_traffic_on_8_shards() {
+    sparse_traffic_cost(8, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement"]
+async fn sparse_traffic_on_512_shards() {
+    sparse_traffic_cost(512, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement"]
+async fn sparse_traffic_on_512_shards_at_2000_per_second() {
+    sparse_traffic_cost(512, 2000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement"]
+async fn sparse_traffic_on_8_shards_at_2000_per_second() {
+    sparse_traffic_cost(8, 2000).await;
+}
+
+/// The clients connected to the running nodes of `cluster`, summed (without the probes' own).
+fn cluster_clients(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let mut sync = node.client().get_connection().unwrap();
+            let info: String = redis::cmd("INFO").arg("clients").query(&mut sync).unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix("connected_clients:"))
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                - 1
+        })
+        .sum()
+}
+
+/// FINDING (keyspace, medium): every re-subscription (a change of masters, every subscription
+/// ended) first answers `Unavailable` to every waiting task, even when subscribing again takes
+/// milliseconds: each idle shard of each member opens a connection of its own and blocks on it
+/// for up to a block, so a failover briefly costs one connection per idle shard per member
+/// (4 members on 512 shards: ~2,000 connections at once), which is what shared waits exist to
+/// avoid (and what `maxclients`, `ulimit -n` or a managed service's connection limit may not
+/// allow).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "finding: a re-subscription makes every idle shard open its own connection for up to a block"]
+async fn finds_a_resubscription_opens_a_connection_per_idle_shard() {
+    let _serial = SERIAL.lock().await;
+    let shards = 64;
+    let (cluster, target, mut conn) =
+        keyspace_cluster(RedisCluster::builder(), STREAM, shards).await;
+    let recorder = Arc::new(Recorder::default());
+    let mut opts = idle_options();
+    opts.block = Duration::from_secs(2);
+    let listener = start_on(&target, STREAM, &recorder, opts).await;
+    settle_on(&mut conn, STREAM).await;
+    until_subscribed(&cluster, 1).await;
+    let all: Vec<u32> = (0..shards).collect();
+    each_wakes(&mut conn, STREAM, &recorder, &all, "before").await;
+    // Every shard idle in the shared wait, its own connection (if it had one) dropped.
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut baseline = cluster_clients(&cluster);
+    while baseline > 12 && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        baseline = cluster_clients(&cluster);
+    }
+    // Every subscription ends at once (what a change of masters does too): the driver
+    // subscribes again at once.
+    for master in masters(&cluster) {
+        node_cmd(
+            cluster.node(master).unwrap(),
+            &["CLIENT", "KILL", "TYPE", "pubsub"],
+        );
+    }
+    let mut most = baseline;
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        most = most.max(cluster_clients(&cluster));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("{shards} idle shards: {baseline} connections, at most {most} after a re-subscription");
+    assert!(
+        most <= baseline + 8,
+        "{most} connections after a re-subscription ({baseline} before)"
+    );
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// FINDING (keyspace fallback, medium-low): without keyspace notifications each idle shard waits
+/// on "a connection of its own" (design §8.12, README "Performance"), but that connection is a
+/// whole redis-rs cluster connection (`Waiter::connect` → `RedisConnection::connect` on the
+/// cluster target), which connects to every master: one connection per idle shard *per master*
+/// (3 × on a 3-master cluster, 10 × on a 10-master one), where one to the shard's master would do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "finding: the cluster fallback opens a connection per master per idle shard, not one per idle shard"]
+async fn finds_the_cluster_fallback_opens_a_connection_per_master_per_idle_shard() {
+    let _serial = SERIAL.lock().await;
+    let shards = 32;
+    let cluster = RedisCluster::start().unwrap();
+    // notify-keyspace-events stays "" (the default): every idle shard falls back.
+    let target = RedisTarget::cluster(cluster.urls());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, shards)
+        .await
+        .unwrap();
+    let before = cluster_clients(&cluster);
+    let recorder = Arc::new(Recorder::default());
+    let listener = start_on(&target, STREAM, &recorder, idle_options()).await;
+    settle_on(&mut conn, STREAM).await;
+    let all: Vec<u32> = (0..shards).collect();
+    each_wakes(&mut conn, STREAM, &recorder, &all, "fallback").await;
+    // The member's own: control and data-plane cluster connections (3 each); then one per idle
+    // shard is what the documentation budgets.
+    let budget = before + 6 + u64::from(shards) + 4;
+    let mut most = 0;
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        most = most.max(cluster_clients(&cluster));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("{shards} idle shards without keyspace notifications: {most} connections (budget {budget})");
+    assert!(most <= budget, "{most} connections for {shards} idle shards (budget {budget})");
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
