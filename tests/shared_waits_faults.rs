@@ -665,3 +665,130 @@ async fn finds_the_cluster_fallback_opens_a_connection_per_master_per_idle_shard
     assert!(most <= budget, "{most} connections for {shards} idle shards (budget {budget})");
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
+
+/// FLUSHALL while every shard is idle in the member's XREAD (the keys it blocks on vanish, the
+/// connection stays up): once the member has provisioned the stream again, an entry on each
+/// shard is handled promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_while_idle_then_an_entry_on_each_shard_is_handled() {
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(4).await.parts();
+    let mut opts = idle_options();
+    opts.auto_create_shards = Some(4);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    settle(&mut conn, 1, Duration::from_secs(30)).await;
+    each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "before").await;
+    until_xread_blocked(&mut conn, None).await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let keys = stream_listener::core::internals::keys::StreamKeys::new(STREAM).unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    while stream_listener::core::internals::store::load_stream_metadata(&mut conn, &keys)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(Instant::now() < end, "not provisioned again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    settle(&mut conn, 1, Duration::from_secs(30)).await;
+    each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "after FLUSHALL").await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// A shard stream deleted while idle and created again (as `auto_create_shards` or an operator
+/// would: an empty stream and its group from 0): an entry on it is handled promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_stream_deleted_and_created_again_while_idle_wakes_on_its_next_entry() {
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(4).await.parts();
+    let listener = start_recording(&target, &recorder, idle_options(), Duration::ZERO).await;
+    settle(&mut conn, 1, Duration::from_secs(30)).await;
+    each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "before").await;
+    until_xread_blocked(&mut conn, None).await;
+    let key = format!("{{{STREAM}:2}}");
+    let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&key)
+        .arg(GROUP)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    each_wakes(&mut conn, STREAM, &recorder, &[2, 0], "after re-creation").await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// After a shutdown the member's wait is gone: no client blocked, no connection left (standalone),
+/// no subscription left (cluster), over five start/stop cycles in one process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_listener_leaves_no_wait_behind() {
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(8).await.parts();
+    let baseline = info_number(&mut conn, "clients", "connected_clients").await;
+    for round in 0..5 {
+        let listener = start_recording(&target, &recorder, idle_options(), Duration::ZERO).await;
+        settle(&mut conn, 1, Duration::from_secs(30)).await;
+        until_xread_blocked(&mut conn, None).await;
+        listener.shutdown_and_wait().await.expect("clean shutdown");
+        let end = Instant::now() + PROMPT;
+        loop {
+            let blocked = info_number(&mut conn, "clients", "blocked_clients").await;
+            let connected = info_number(&mut conn, "clients", "connected_clients").await;
+            if blocked == 0 && connected == baseline {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "round {round}: {blocked} blocked, {connected} connected (baseline {baseline})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    let cluster = RedisCluster::start().unwrap();
+    for node in cluster.nodes() {
+        node_cmd(node, &["CONFIG", "SET", "notify-keyspace-events", "Kt"]);
+    }
+    let target = RedisTarget::cluster(cluster.urls());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
+    for round in 0..3 {
+        let listener = start_on(&target, STREAM, &recorder, idle_options()).await;
+        settle_on(&mut conn, STREAM).await;
+        until_subscribed(&cluster, 1).await;
+        listener.shutdown_and_wait().await.expect("clean shutdown");
+        let end = Instant::now() + PROMPT;
+        while masters(&cluster).iter().any(|&m| numpat(&cluster, m) != 0) {
+            assert!(Instant::now() < end, "round {round}: subscriptions left");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The server frozen (SIGSTOP) for 8 s while every shard is idle, with a 500 ms block (the
+/// blocking connection's response timeout is 2 s: its XREAD and its reconnects fail meanwhile):
+/// once it runs again, the group settles, an entry on each shard is handled promptly, and no
+/// connection is left over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_while_idle_then_every_shard_wakes_and_nothing_leaks() {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(4).await.parts();
+    let mut opts = idle_options();
+    opts.block = Duration::from_millis(500);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    settle(&mut conn, 1, Duration::from_secs(30)).await;
+    each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "before").await;
+    until_xread_blocked(&mut conn, None).await;
+    let baseline = info_number(&mut conn, "clients", "connected_clients").await;
+    server.pause().unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    server.resume().unwrap();
+    settle(&mut conn, 1, Duration::from_secs(30)).await;
+    each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "after the freeze").await;
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut connected = info_number(&mut conn, "clients", "connected_clients").await;
+    while connected > baseline && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        connected = info_number(&mut conn, "clients", "connected_clients").await;
+    }
+    assert!(connected <= baseline, "{connected} connections, {baseline} before the freeze");
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
