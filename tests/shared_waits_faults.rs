@@ -792,3 +792,36 @@ async fn a_frozen_server_while_idle_then_every_shard_wakes_and_nothing_leaks() {
     assert!(connected <= baseline, "{connected} connections, {baseline} before the freeze");
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
+
+/// An idle member on 64 shards (block 2 s, above the tests' 1.5 s lease): over 10 s it sends
+/// about one `XREAD` per block and no `CLIENT UNBLOCK`, no read per shard (no spinning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_member_sends_one_xread_per_block_and_does_not_spin() {
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(64).await.parts();
+    let mut opts = idle_options();
+    opts.block = Duration::from_secs(2);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    settle(&mut conn, 1, Duration::from_secs(30)).await;
+    until_xread_blocked(&mut conn, None).await;
+    // Past the takeover's reads and the first lag samples.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let info = info(&mut conn, "commandstats").await;
+    let calls: Vec<(String, u64)> = info
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect();
+    eprintln!("10 s idle on 64 shards: {calls:?}");
+    let of = |name: &str| calls.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
+    assert!(of("xread") <= 8, "{} XREADs in 10 s", of("xread"));
+    assert_eq!(of("client|unblock"), 0);
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
