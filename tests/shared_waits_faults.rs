@@ -67,7 +67,10 @@ fn node_cmd(node: &stream_listener::testing::RedisServer, args: &[&str]) -> redi
 /// The pattern subscribers of node `index` (`CLIENT LIST TYPE pubsub`: `PUBSUB NUMPAT` counts
 /// distinct patterns, and every member subscribes the same one).
 fn numpat(cluster: &RedisCluster, index: usize) -> i64 {
-    match node_cmd(cluster.node(index).unwrap(), &["CLIENT", "LIST", "TYPE", "pubsub"]) {
+    match node_cmd(
+        cluster.node(index).unwrap(),
+        &["CLIENT", "LIST", "TYPE", "pubsub"],
+    ) {
         redis::Value::BulkString(list) => String::from_utf8_lossy(&list)
             .lines()
             .filter(|l| l.contains(" psub=") && !l.contains(" psub=0 "))
@@ -91,11 +94,17 @@ fn masters(cluster: &RedisCluster) -> Vec<usize> {
 async fn until_subscribed(cluster: &RedisCluster, n: i64) {
     let end = Instant::now() + Duration::from_secs(30);
     loop {
-        let counts: Vec<i64> = masters(cluster).iter().map(|&i| numpat(cluster, i)).collect();
+        let counts: Vec<i64> = masters(cluster)
+            .iter()
+            .map(|&i| numpat(cluster, i))
+            .collect();
         if counts.iter().all(|&c| c == n) {
             return;
         }
-        assert!(Instant::now() < end, "pattern subscriptions per master: {counts:?}");
+        assert!(
+            Instant::now() < end,
+            "pattern subscriptions per master: {counts:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -162,8 +171,12 @@ fn victim(cluster: &RedisCluster, prefix: &str, shards: u32) -> (usize, u32, u32
         .iter()
         .find(|m| !coordination.contains(m))
         .expect("a master without coordination keys (use more shards)");
-    let on = (0..shards).find(|&s| of_shard[s as usize] == victim).unwrap();
-    let elsewhere = (0..shards).find(|&s| of_shard[s as usize] != victim).unwrap();
+    let on = (0..shards)
+        .find(|&s| of_shard[s as usize] == victim)
+        .unwrap();
+    let elsewhere = (0..shards)
+        .find(|&s| of_shard[s as usize] != victim)
+        .unwrap();
     (victim, on, elsewhere)
 }
 
@@ -229,7 +242,14 @@ async fn finds_a_killed_keyspace_subscription_on_one_master_never_wakes_its_shar
     assert_eq!(killed, redis::Value::Int(1), "the member's subscription");
     // The other masters still wake their shards.
     each_wakes(&mut conn, STREAM, &recorder, &[elsewhere], "other master").await;
-    each_wakes(&mut conn, STREAM, &recorder, &[on_victim], "killed subscription").await;
+    each_wakes(
+        &mut conn,
+        STREAM,
+        &recorder,
+        &[on_victim],
+        "killed subscription",
+    )
+    .await;
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
@@ -266,7 +286,14 @@ async fn finds_a_master_restarted_within_the_node_timeout_never_wakes_its_shards
     );
     cluster.wait_until_ready().unwrap();
     each_wakes(&mut conn, STREAM, &recorder, &[elsewhere], "other master").await;
-    each_wakes(&mut conn, STREAM, &recorder, &[on_victim], "restarted master").await;
+    each_wakes(
+        &mut conn,
+        STREAM,
+        &recorder,
+        &[on_victim],
+        "restarted master",
+    )
+    .await;
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
@@ -351,10 +378,24 @@ async fn a_manual_failover_while_idle_keeps_waking_the_shards_of_the_new_master(
     let (victim, on_victim, _) = victim(&cluster, STREAM, shards);
     let replica = cluster.replica_of(victim).unwrap().expect("a replica");
     cluster.failover(replica).unwrap();
-    each_wakes(&mut conn, STREAM, &recorder, &[on_victim], "right after the failover").await;
+    each_wakes(
+        &mut conn,
+        STREAM,
+        &recorder,
+        &[on_victim],
+        "right after the failover",
+    )
+    .await;
     // After the topology check has subscribed again.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    each_wakes(&mut conn, STREAM, &recorder, &all, "after the re-subscription").await;
+    each_wakes(
+        &mut conn,
+        STREAM,
+        &recorder,
+        &all,
+        "after the re-subscription",
+    )
+    .await;
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
@@ -370,10 +411,7 @@ async fn xread_client(conn: &mut RedisConnection) -> Option<String> {
         .await
         .unwrap();
     list.lines().find_map(|line| {
-        let fields: Vec<(&str, &str)> = line
-            .split(' ')
-            .filter_map(|f| f.split_once('='))
-            .collect();
+        let fields: Vec<(&str, &str)> = line.split(' ').filter_map(|f| f.split_once('=')).collect();
         let get = |k: &str| fields.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
         (get("cmd") == Some("xread") && get("flags").is_some_and(|f| f.contains('b')))
             .then(|| get("id").unwrap().to_owned())
@@ -389,7 +427,10 @@ async fn until_xread_blocked(conn: &mut RedisConnection, not: Option<&str>) -> S
         {
             return id;
         }
-        assert!(Instant::now() < end, "no XREAD blocked (other than {not:?})");
+        assert!(
+            Instant::now() < end,
+            "no XREAD blocked (other than {not:?})"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -418,7 +459,14 @@ async fn finds_client_unblock_refused_at_runtime_delays_a_rejoining_shard_by_the
     // Shard 0's entry ends the member's XREAD; the next one covers shard 1 only, and shard 0,
     // caught up again, cannot interrupt it.
     each_wakes(&mut conn, STREAM, &recorder, &[0], "first").await;
-    each_wakes(&mut conn, STREAM, &recorder, &[0], "second, after re-joining").await;
+    each_wakes(
+        &mut conn,
+        STREAM,
+        &recorder,
+        &[0],
+        "second, after re-joining",
+    )
+    .await;
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
@@ -449,7 +497,14 @@ async fn killing_the_blocking_connection_again_and_again_leaks_nothing() {
         after = info_number(&mut conn, "clients", "connected_clients").await;
     }
     assert_eq!(after, before, "connections before and after 10 kills");
-    each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "after the kills").await;
+    each_wakes(
+        &mut conn,
+        STREAM,
+        &recorder,
+        &[0, 1, 2, 3],
+        "after the kills",
+    )
+    .await;
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
@@ -629,7 +684,9 @@ async fn finds_a_resubscription_opens_a_connection_per_idle_shard() {
         most = most.max(cluster_clients(&cluster));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    eprintln!("{shards} idle shards: {baseline} connections, at most {most} after a re-subscription");
+    eprintln!(
+        "{shards} idle shards: {baseline} connections, at most {most} after a re-subscription"
+    );
     assert!(
         most <= baseline + 8,
         "{most} connections after a re-subscription ({baseline} before)"
@@ -669,8 +726,13 @@ async fn finds_the_cluster_fallback_opens_a_connection_per_master_per_idle_shard
         most = most.max(cluster_clients(&cluster));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("{shards} idle shards without keyspace notifications: {most} connections (budget {budget})");
-    assert!(most <= budget, "{most} connections for {shards} idle shards (budget {budget})");
+    eprintln!(
+        "{shards} idle shards without keyspace notifications: {most} connections (budget {budget})"
+    );
+    assert!(
+        most <= budget,
+        "{most} connections for {shards} idle shards (budget {budget})"
+    );
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
@@ -698,7 +760,14 @@ async fn flushall_while_idle_then_an_entry_on_each_shard_is_handled() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     settle(&mut conn, 1, Duration::from_secs(30)).await;
-    each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "after FLUSHALL").await;
+    each_wakes(
+        &mut conn,
+        STREAM,
+        &recorder,
+        &[0, 1, 2, 3],
+        "after FLUSHALL",
+    )
+    .await;
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 
@@ -712,7 +781,11 @@ async fn a_shard_stream_deleted_and_created_again_while_idle_wakes_on_its_next_e
     each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "before").await;
     until_xread_blocked(&mut conn, None).await;
     let key = format!("{{{STREAM}:2}}");
-    let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let _: () = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(&key)
@@ -790,14 +863,24 @@ async fn a_frozen_server_while_idle_then_every_shard_wakes_and_nothing_leaks() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     server.resume().unwrap();
     settle(&mut conn, 1, Duration::from_secs(30)).await;
-    each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "after the freeze").await;
+    each_wakes(
+        &mut conn,
+        STREAM,
+        &recorder,
+        &[0, 1, 2, 3],
+        "after the freeze",
+    )
+    .await;
     let end = Instant::now() + Duration::from_secs(10);
     let mut connected = info_number(&mut conn, "clients", "connected_clients").await;
     while connected > baseline && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(100)).await;
         connected = info_number(&mut conn, "clients", "connected_clients").await;
     }
-    assert!(connected <= baseline, "{connected} connections, {baseline} before the freeze");
+    assert!(
+        connected <= baseline,
+        "{connected} connections, {baseline} before the freeze"
+    );
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
 

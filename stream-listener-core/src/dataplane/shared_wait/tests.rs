@@ -356,7 +356,8 @@ async fn stress(
         .unwrap_or_else(rand::random);
     eprintln!("STRESS_SEED={seed}");
     // Per key: (id, when a read saw it) for every read.
-    let seen: Arc<Mutex<HashMap<String, Vec<(String, Instant)>>>> = Arc::default();
+    type Seen = HashMap<String, Vec<(String, Instant)>>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let stop = tokio_util::sync::CancellationToken::new();
     let fell_back = Arc::new(std::sync::atomic::AtomicU64::new(0));
 
