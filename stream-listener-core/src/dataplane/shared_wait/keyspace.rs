@@ -11,12 +11,15 @@
 //!   ([`super::Inner::set_available`]): its last read may have come before the subscription.
 //!   After that, an entry added after a task's read is published after it, so the task sees
 //!   either the entry in its read or the event.
-//! - **Down or off: wait another way.** Before every master is subscribed, after a subscription
-//!   fails or ends (a node restarted, a failover), and when a server does not publish the events
-//!   (or the user may not read its configuration or subscribe), the wait is unavailable: the
-//!   tasks waiting are woken (an event may have been lost) and then wait on connections of their
-//!   own. The driver tries again after a pause, and checks the set of masters every
-//!   [`TOPOLOGY_CHECK`]: a new master (a failover, a new node) means subscribing again.
+//! - **A subscription that ends** (on any one master: each master's events end with a marker)
+//!   means subscribing again on every master; the waiting tasks keep waiting, and the new
+//!   generation wakes them to read once. Every [`TOPOLOGY_CHECK`] the driver compares the masters
+//!   with `CLUSTER SLOTS` (a failover, a new node: subscribe again) and reads each master's
+//!   `notify-keyspace-events` again (turned off at runtime, the subscriptions would stay silent).
+//! - **Off, refused or failing: wait another way.** When a server does not publish the events,
+//!   the user may not read its configuration or subscribe, or subscribing fails, the wait is
+//!   unavailable: the waiting tasks wait on connections of their own, from their last id (which
+//!   covers an event lost meanwhile), until the driver, trying again after a pause, is back.
 //! - **Cost.** One connection per master per member; nothing per idle shard.
 
 use std::collections::BTreeSet;
@@ -58,30 +61,36 @@ enum Unavailable {
 /// The driver: subscribes on every master, wakes the shards the events name, subscribes again
 /// after a failure or a change of masters. Returns when the shared wait is dropped.
 pub(super) async fn drive(inner: Arc<Inner>, prefix: String) {
-    let pattern = format!("__keyspace@0__:{{{prefix}:*}}");
+    let pattern = keyspace_pattern(&prefix);
     // One warning per stretch without notifications, not one per attempt.
     let mut warned = false;
     loop {
         let outcome = match subscribe_all(&inner, &pattern).await {
-            Ok((masters, events)) => {
+            Ok(subscribed) => {
                 if warned {
                     tracing::info!(
                         "keyspace notifications are back: idle shards share the member's wait again"
                     );
                 }
                 warned = false;
+                // A new generation: every shard reads once (an event may have been missed
+                // before these subscriptions, or between the last ones and these).
                 inner.set_available(true);
-                tracing::debug!(masters = masters.len(), "waiting on keyspace notifications");
-                let outcome = listen(&inner, &masters, events).await;
-                inner.set_available(false);
-                outcome
+                tracing::debug!(
+                    masters = subscribed.masters.len(),
+                    "waiting on keyspace notifications"
+                );
+                // On a change the waiting tasks keep waiting: subscribing again takes
+                // milliseconds, and the next generation wakes them. Only a failed attempt
+                // below sends them to connections of their own.
+                listen(&inner, subscribed).await
             }
-            Err(error) => {
-                inner.set_available(false);
-                Some(error)
-            }
+            Err(error) => Some(error),
         };
         let Some(error) = outcome else { return };
+        if !matches!(error, Unavailable::Changed) {
+            inner.set_available(false);
+        }
         let pause = match &error {
             Unavailable::Changed => Duration::ZERO,
             Unavailable::Off { .. } => OFF_PAUSE,
@@ -99,35 +108,76 @@ pub(super) async fn drive(inner: Arc<Inner>, prefix: String) {
     }
 }
 
-type Events = futures_util::stream::SelectAll<redis::aio::PubSubStream>;
+/// Every master's events, merged; an item `None` when one master's subscription ended.
+type Events = futures_util::stream::BoxStream<'static, Option<redis::Msg>>;
 
-/// Checks every master's `notify-keyspace-events` and subscribes on each; returns the masters
-/// and their merged events.
-async fn subscribe_all(
-    inner: &Inner,
-    pattern: &str,
-) -> Result<(BTreeSet<(String, u16)>, Events), Unavailable> {
+/// What [`subscribe_all`] set up: the masters, a connection to each (to check its
+/// `notify-keyspace-events` again), and their merged events.
+struct Subscribed {
+    masters: BTreeSet<(String, u16)>,
+    nodes: Vec<(String, redis::aio::MultiplexedConnection)>,
+    events: Events,
+}
+
+/// The keyspace channel pattern of the shard streams `{<prefix>:<i>}`, with the prefix's glob
+/// characters escaped (a prefix `ord[e]rs` must match itself, not `orders`).
+fn keyspace_pattern(prefix: &str) -> String {
+    let mut escaped = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    format!("__keyspace@0__:{{{escaped}:*}}")
+}
+
+/// Checks every master's `notify-keyspace-events` and subscribes on each.
+async fn subscribe_all(inner: &Inner, pattern: &str) -> Result<Subscribed, Unavailable> {
+    use futures_util::StreamExt as _;
     let masters = masters(inner).await?;
     let mut streams = Vec::with_capacity(masters.len());
+    let mut nodes = Vec::with_capacity(masters.len());
     for (host, port) in &masters {
+        let node = format!("{host}:{port}");
         let client = inner.target.cluster_node_client(host, *port)?;
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let (_, flags): (String, String) = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("notify-keyspace-events")
-            .query_async(&mut conn)
-            .await?;
-        if !publishes_stream_keyspace_events(&flags) {
-            return Err(Unavailable::Off {
-                node: format!("{host}:{port}"),
-                flags,
-            });
-        }
+        check_events_on(&node, &mut conn).await?;
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.psubscribe(pattern).await?;
-        streams.push(pubsub.into_on_message());
+        // The end of one master's subscription must show: merged streams end only when all do.
+        let events = pubsub
+            .into_on_message()
+            .map(Some)
+            .chain(futures_util::stream::once(async { None }));
+        streams.push(events.boxed());
+        nodes.push((node, conn));
     }
-    Ok((masters, futures_util::stream::select_all(streams)))
+    Ok(Subscribed {
+        masters,
+        nodes,
+        events: futures_util::stream::select_all(streams).boxed(),
+    })
+}
+
+/// `Off` unless `node` publishes stream events on keyspace channels.
+async fn check_events_on(
+    node: &str,
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> Result<(), Unavailable> {
+    let (_, flags): (String, String) = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query_async(conn)
+        .await?;
+    if publishes_stream_keyspace_events(&flags) {
+        Ok(())
+    } else {
+        Err(Unavailable::Off {
+            node: node.to_owned(),
+            flags,
+        })
+    }
 }
 
 /// Whether Redis refused for good (no permission to read the configuration or to subscribe):
@@ -177,13 +227,15 @@ fn masters_of(slots: &Value) -> BTreeSet<(String, u16)> {
         .collect()
 }
 
-/// Wakes the shards the events name, times waits out, and checks the masters; returns why it
-/// stopped listening (`None`: the shared wait was dropped).
-async fn listen(
-    inner: &Inner,
-    masters: &BTreeSet<(String, u16)>,
-    mut events: Events,
-) -> Option<Unavailable> {
+/// Wakes the shards the events name, times waits out, and every [`TOPOLOGY_CHECK`] checks the
+/// masters and their `notify-keyspace-events`; returns why it stopped listening (`None`: the
+/// shared wait was dropped).
+async fn listen(inner: &Inner, subscribed: Subscribed) -> Option<Unavailable> {
+    let Subscribed {
+        masters,
+        mut nodes,
+        mut events,
+    } = subscribed;
     let mut check = tokio::time::interval(TOPOLOGY_CHECK);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     check.tick().await;
@@ -191,25 +243,51 @@ async fn listen(
         let deadline = inner.next_deadline();
         tokio::select! {
             event = events.next() => match event {
-                Some(message) => {
+                Some(Some(message)) => {
                     if let Some(key) = added_to(&message) {
                         inner.wake(&[key]);
                     }
                 }
-                // Every subscription ended.
-                None => return Some(Unavailable::Changed),
+                // A master's subscription ended (a killed connection, a restarted node, an
+                // output buffer limit): subscribe again.
+                Some(None) | None => return Some(Unavailable::Changed),
             },
-            _ = check.tick() => match self::masters(inner).await {
-                Ok(now) if now == *masters => {}
-                Ok(_) => return Some(Unavailable::Changed),
-                // The cluster answers nothing: the subscriptions may still be fine; ask again.
-                Err(error) => tracing::debug!(%error, "checking the cluster's masters failed"),
-            },
+            _ = check.tick() => {
+                if let Some(changed) = still_subscribed(inner, &masters, &mut nodes).await {
+                    return Some(changed);
+                }
+            }
             () = inner.changed.notified() => {}
             () = sleep_until(deadline) => inner.time_out_due(),
             () = inner.stop.cancelled() => return None,
         }
     }
+}
+
+/// `None` while the masters are those subscribed on and each still publishes the events;
+/// otherwise why not. A check that gets no answer from the cluster changes nothing (the
+/// subscriptions may be fine).
+async fn still_subscribed(
+    inner: &Inner,
+    masters: &BTreeSet<(String, u16)>,
+    nodes: &mut [(String, redis::aio::MultiplexedConnection)],
+) -> Option<Unavailable> {
+    match self::masters(inner).await {
+        Ok(now) if now != *masters => return Some(Unavailable::Changed),
+        Ok(_) => {}
+        Err(error) => tracing::debug!(%error, "checking the cluster's masters failed"),
+    }
+    for (node, conn) in nodes {
+        match check_events_on(node, conn).await {
+            Ok(()) => {}
+            // Turned off at runtime: wait another way until they are back.
+            Err(off @ Unavailable::Off { .. }) => return Some(off),
+            Err(error) => {
+                tracing::debug!(%error, node = %node, "checking notify-keyspace-events failed")
+            }
+        }
+    }
+    None
 }
 
 /// The shard key of an `xadd` event (`__keyspace@0__:<key>` / `xadd`); `None` for other events.
@@ -225,6 +303,15 @@ fn added_to(message: &redis::Msg) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pattern_escapes_the_prefixs_glob_characters() {
+        assert_eq!(keyspace_pattern("orders"), "__keyspace@0__:{orders:*}");
+        assert_eq!(
+            keyspace_pattern("ord[e]rs*?\\x"),
+            "__keyspace@0__:{ord\\[e\\]rs\\*\\?\\\\x:*}"
+        );
+    }
 
     #[test]
     fn stream_events_need_keyspace_channels_and_the_stream_class() {

@@ -13,9 +13,11 @@
 //!   `CLIENT UNBLOCK <id>` sent on the member's control connection (the blocked command answers
 //!   as if it timed out) and blocks again over the new set. `CLIENT UNBLOCK` answers 0 when the
 //!   `XREAD` has not reached the server yet (the two connections are not ordered): the driver
-//!   asks again, backing off, until it answers 1 or the `XREAD` returns. Ids make this free of
-//!   races: an entry that arrives between two `XREAD`s is after the id the next one waits from,
-//!   so that one answers at once.
+//!   asks again, backing off, until it answers 1 or the `XREAD` returns. When the interrupt
+//!   fails (refused, or a second of zeros), the driver drops the blocking connection (which frees
+//!   the `XREAD` on the server) and blocks again on a new one. Ids make all this free of races:
+//!   an entry that arrives between two `XREAD`s is after the id the next one waits from, so that
+//!   one answers at once.
 //! - **A wait that times out** ends only the shard task's own wait (its block, its lease): the
 //!   key stays in the shared `XREAD` with the same id, and the task registers again without a
 //!   read and without interrupting anything. An idle member sends one `XREAD` per block time.
@@ -343,15 +345,14 @@ impl Inner {
 }
 
 impl Inner {
-    /// Keyspace notifications came up (`true`: a new generation, every waiting task reads once)
-    /// or are down (`false`: every waiting task waits another way, from its last id, which
-    /// covers an event lost meanwhile).
+    /// Keyspace notifications were (re)subscribed (`true`: a new generation, every waiting task
+    /// reads once, and every other at its next wait) or are down (`false`: every waiting task
+    /// waits another way, from its last id, which covers an event lost meanwhile).
     fn set_available(&self, available: bool) {
         let mut state = self.lock();
         state.tried = true;
-        let changed = state.available != available;
         state.available = available;
-        if available && changed {
+        if available {
             state.generation += 1;
         }
         let end = if available {
@@ -425,7 +426,10 @@ async fn drive_xread(inner: Arc<Inner>) {
             return;
         };
         match result {
-            Ok(woken) => inner.wake(&woken),
+            Ok(Blocked::Returned(woken)) => inner.wake(&woken),
+            // The interrupt failed: closing the blocking connection frees the blocked `XREAD`
+            // on the server; block again at once, over the new set, on a new connection.
+            Ok(Blocked::Abandoned) => blocking = None,
             Err(error) => {
                 blocking = None;
                 let keys: Vec<String> = shards.into_iter().map(|(key, _)| key).collect();
@@ -465,6 +469,15 @@ async fn fail(inner: &Inner, keys: &[String], error: &DataPlaneError) -> bool {
     }
 }
 
+/// How a [`block_once`] ended.
+enum Blocked {
+    /// The `XREAD` returned: the keys with new entries (none after a timeout or an interrupt).
+    Returned(Vec<String>),
+    /// It had to be interrupted and `CLIENT UNBLOCK` failed (refused, or never found it
+    /// blocked): the caller drops the connection.
+    Abandoned,
+}
+
 /// One `XREAD BLOCK` over `shards`, interrupted when the wanted keys change, timing waits out
 /// meanwhile. `None` when stopped.
 async fn block_once(
@@ -472,7 +485,7 @@ async fn block_once(
     waiter: &mut Waiter,
     client_id: i64,
     shards: &[(String, String)],
-) -> Option<Result<Vec<String>, DataPlaneError>> {
+) -> Option<Result<Blocked, DataPlaneError>> {
     let blocked: BTreeMap<String, String> = shards.iter().cloned().collect();
     inner.lock().blocked = blocked.keys().cloned().collect();
     let result = block_interruptibly(inner, waiter, client_id, shards, &blocked).await;
@@ -487,15 +500,15 @@ async fn block_interruptibly(
     client_id: i64,
     shards: &[(String, String)],
     blocked: &BTreeMap<String, String>,
-) -> Option<Result<Vec<String>, DataPlaneError>> {
+) -> Option<Result<Blocked, DataPlaneError>> {
     let wait = waiter.wait(shards, inner.max_block);
     tokio::pin!(wait);
     let mut interrupted = false;
-    let mut unblocking: Option<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = None;
+    let mut unblocking: Option<Pin<Box<dyn Future<Output = bool> + Send + '_>>> = None;
     loop {
         let deadline = inner.next_deadline();
         tokio::select! {
-            result = &mut wait => return Some(result),
+            result = &mut wait => return Some(result.map(Blocked::Returned)),
             () = inner.stop.cancelled() => return None,
             () = inner.changed.notified(), if !interrupted => {
                 if inner.wanted() != *blocked {
@@ -504,24 +517,29 @@ async fn block_interruptibly(
                 }
             }
             () = sleep_until(deadline) => inner.time_out_due(),
-            // Sent, or given up: the `XREAD` then ends by itself at the end of its block.
-            () = run(unblocking.as_mut()), if unblocking.is_some() => unblocking = None,
+            done = run(unblocking.as_mut()), if unblocking.is_some() => {
+                unblocking = None;
+                if !done {
+                    return Some(Ok(Blocked::Abandoned));
+                }
+            }
         }
     }
 }
 
 /// Awaits the `CLIENT UNBLOCK` in progress, if any.
-async fn run<'a>(future: Option<&mut Pin<Box<dyn Future<Output = ()> + Send + 'a>>>) {
+async fn run<'a>(future: Option<&mut Pin<Box<dyn Future<Output = bool> + Send + 'a>>>) -> bool {
     match future {
         Some(future) => future.await,
         None => std::future::pending().await,
     }
 }
 
-/// `CLIENT UNBLOCK <client_id>` until Redis unblocks it (answers 1), backing off while the
-/// blocked command has not reached the server (answers 0). Gives up after a second: the
-/// `XREAD` then ends by itself within its block time.
-async fn unblock(control: &RedisConnection, client_id: i64) {
+/// `CLIENT UNBLOCK <client_id>` until Redis unblocks it (answers 1: `true`), backing off while
+/// the blocked command has not reached the server (answers 0). `false` after an error (a
+/// refusal, the control connection failing) or a second of zeros (the blocking connection was
+/// replaced): the caller then drops the blocking connection instead.
+async fn unblock(control: &RedisConnection, client_id: i64) -> bool {
     let mut pause = UNBLOCK_RETRY_FIRST;
     let give_up = Instant::now() + Duration::from_secs(1);
     let mut conn = control.clone();
@@ -532,16 +550,17 @@ async fn unblock(control: &RedisConnection, client_id: i64) {
             .query_async(&mut conn)
             .await;
         match reply {
-            Ok(1) => return,
+            Ok(1) => return true,
             Ok(_) => {}
             Err(error) => {
-                tracing::warn!(error = %error, "CLIENT UNBLOCK failed: a shard that just started waiting is covered from the next block on");
-                return;
+                tracing::debug!(error = %error, "CLIENT UNBLOCK failed: the shared wait blocks again on a new connection");
+                return false;
             }
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(UNBLOCK_RETRY_MOST);
     }
+    false
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

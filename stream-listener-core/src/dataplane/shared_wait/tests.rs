@@ -286,8 +286,7 @@ async fn stress_on_a_cluster_with_subscriptions_killed_every_two_seconds() {
 /// are seen only when a wait is cut short (here) or never (a poller whose waits time out waits
 /// again without a read).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: a subscription that ends on one master is never renewed"]
-async fn finds_stress_on_a_cluster_with_one_masters_subscription_killed() {
+async fn stress_on_a_cluster_with_one_masters_subscription_killed() {
     stress_on_a_cluster(Some(0)).await;
 }
 
