@@ -111,11 +111,9 @@ pub(super) async fn drive(inner: Arc<Inner>, prefix: String) {
 /// Every master's events, merged; an item `None` when one master's subscription ended.
 type Events = futures_util::stream::BoxStream<'static, Option<redis::Msg>>;
 
-/// What [`subscribe_all`] set up: the masters, a connection to each (to check its
-/// `notify-keyspace-events` again), and their merged events.
+/// What [`subscribe_all`] set up: the masters and their merged events.
 struct Subscribed {
     masters: BTreeSet<(String, u16)>,
-    nodes: Vec<(String, redis::aio::MultiplexedConnection)>,
     events: Events,
 }
 
@@ -137,12 +135,9 @@ async fn subscribe_all(inner: &Inner, pattern: &str) -> Result<Subscribed, Unava
     use futures_util::StreamExt as _;
     let masters = masters(inner).await?;
     let mut streams = Vec::with_capacity(masters.len());
-    let mut nodes = Vec::with_capacity(masters.len());
     for (host, port) in &masters {
-        let node = format!("{host}:{port}");
+        check_events_on(inner, host, *port).await?;
         let client = inner.target.cluster_node_client(host, *port)?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        check_events_on(&node, &mut conn).await?;
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.psubscribe(pattern).await?;
         // The end of one master's subscription must show: merged streams end only when all do.
@@ -151,30 +146,37 @@ async fn subscribe_all(inner: &Inner, pattern: &str) -> Result<Subscribed, Unava
             .map(Some)
             .chain(futures_util::stream::once(async { None }));
         streams.push(events.boxed());
-        nodes.push((node, conn));
     }
     Ok(Subscribed {
         masters,
-        nodes,
         events: futures_util::stream::select_all(streams).boxed(),
     })
 }
 
-/// `Off` unless `node` publishes stream events on keyspace channels.
-async fn check_events_on(
-    node: &str,
-    conn: &mut redis::aio::MultiplexedConnection,
-) -> Result<(), Unavailable> {
-    let (_, flags): (String, String) = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("notify-keyspace-events")
-        .query_async(conn)
-        .await?;
+/// `Off` unless the master at `host:port` publishes stream events on keyspace channels. Asked
+/// through the member's control connection, routed to that node (no connection of its own).
+async fn check_events_on(inner: &Inner, host: &str, port: u16) -> Result<(), Unavailable> {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    let crate::connection::RedisConnection::Cluster(conn, _) = &inner.control else {
+        return Err(Unavailable::Redis(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "keyspace notifications wait on a cluster connection",
+        ))));
+    };
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("notify-keyspace-events");
+    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    });
+    let reply = conn.clone().route_command(cmd, routing).await?;
+    let (_, flags): (String, String) =
+        redis::from_redis_value(reply).map_err(|error| Unavailable::Redis(error.into()))?;
     if publishes_stream_keyspace_events(&flags) {
         Ok(())
     } else {
         Err(Unavailable::Off {
-            node: node.to_owned(),
+            node: format!("{host}:{port}"),
             flags,
         })
     }
@@ -233,7 +235,6 @@ fn masters_of(slots: &Value) -> BTreeSet<(String, u16)> {
 async fn listen(inner: &Inner, subscribed: Subscribed) -> Option<Unavailable> {
     let Subscribed {
         masters,
-        mut nodes,
         mut events,
     } = subscribed;
     let mut check = tokio::time::interval(TOPOLOGY_CHECK);
@@ -253,7 +254,7 @@ async fn listen(inner: &Inner, subscribed: Subscribed) -> Option<Unavailable> {
                 Some(None) | None => return Some(Unavailable::Changed),
             },
             _ = check.tick() => {
-                if let Some(changed) = still_subscribed(inner, &masters, &mut nodes).await {
+                if let Some(changed) = still_subscribed(inner, &masters).await {
                     return Some(changed);
                 }
             }
@@ -267,23 +268,19 @@ async fn listen(inner: &Inner, subscribed: Subscribed) -> Option<Unavailable> {
 /// `None` while the masters are those subscribed on and each still publishes the events;
 /// otherwise why not. A check that gets no answer from the cluster changes nothing (the
 /// subscriptions may be fine).
-async fn still_subscribed(
-    inner: &Inner,
-    masters: &BTreeSet<(String, u16)>,
-    nodes: &mut [(String, redis::aio::MultiplexedConnection)],
-) -> Option<Unavailable> {
+async fn still_subscribed(inner: &Inner, masters: &BTreeSet<(String, u16)>) -> Option<Unavailable> {
     match self::masters(inner).await {
         Ok(now) if now != *masters => return Some(Unavailable::Changed),
         Ok(_) => {}
         Err(error) => tracing::debug!(%error, "checking the cluster's masters failed"),
     }
-    for (node, conn) in nodes {
-        match check_events_on(node, conn).await {
+    for (host, port) in masters {
+        match check_events_on(inner, host, *port).await {
             Ok(()) => {}
             // Turned off at runtime: wait another way until they are back.
             Err(off @ Unavailable::Off { .. }) => return Some(off),
             Err(error) => {
-                tracing::debug!(%error, node = %node, "checking notify-keyspace-events failed")
+                tracing::debug!(%error, node = %format!("{host}:{port}"), "checking notify-keyspace-events failed");
             }
         }
     }
