@@ -745,12 +745,12 @@ async fn flushall_while_idle_then_an_entry_on_each_shard_is_handled() {
     each_wakes(&mut conn, STREAM, &recorder, &[0, 1, 2, 3], "before").await;
     until_xread_blocked(&mut conn, None).await;
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
-    let keys = stream_listener::core::internals::keys::StreamKeys::new(STREAM).unwrap();
+    // Provisioned again: the stream metadata and the group's registration (which comes after
+    // the stream's, so waiting for the metadata alone let `describe` find no group).
     let end = Instant::now() + Duration::from_secs(30);
-    while stream_listener::core::internals::store::load_stream_metadata(&mut conn, &keys)
+    while stream_listener::core::internals::admin::describe_group(&mut conn, STREAM, GROUP, &fast())
         .await
-        .unwrap()
-        .is_none()
+        .is_err()
     {
         assert!(Instant::now() < end, "not provisioned again");
         tokio::time::sleep(Duration::from_millis(50)).await;
