@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use stream_listener::core::internals::admin;
 use stream_listener::core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener::testing::RedisCluster;
+use stream_listener::testing::fixtures::last_xread_keys;
 use support::*;
 
 /// Far below the tests' 20 s block, far above a round trip and a handler call.
@@ -127,40 +128,6 @@ async fn a_revoked_shard_leaves_its_members_wait_at_once() {
     );
     second.shutdown_and_wait().await.expect("clean shutdown");
     first.shutdown_and_wait().await.expect("clean shutdown");
-}
-
-/// The keys of the most recent `XREAD` the server finished (`SLOWLOG`, every command logged).
-async fn last_xread_keys(conn: &mut RedisConnection) -> Vec<String> {
-    let log: redis::Value = redis::cmd("SLOWLOG")
-        .arg("GET")
-        .arg(-1)
-        .query_async(conn)
-        .await
-        .unwrap();
-    let redis::Value::Array(entries) = log else {
-        panic!("{log:?}")
-    };
-    for entry in entries {
-        let redis::Value::Array(fields) = entry else {
-            continue;
-        };
-        let Some(redis::Value::Array(args)) = fields.get(3) else {
-            continue;
-        };
-        let args: Vec<String> = args
-            .iter()
-            .map(|a| redis::from_redis_value(a.clone()).unwrap())
-            .collect();
-        if args
-            .first()
-            .is_some_and(|c| c.eq_ignore_ascii_case("xread"))
-        {
-            let streams = args.iter().position(|a| a == "STREAMS").unwrap();
-            let keys = &args[streams + 1..];
-            return keys[..keys.len() / 2].to_vec();
-        }
-    }
-    panic!("no XREAD in the slow log");
 }
 
 /// The soft limit on open files of this test process is lowered to 256 (`prlimit`) while one

@@ -1,6 +1,7 @@
 //! Protocol values and Redis setup that unit tests, integration tests and benchmarks share: a
 //! heartbeat request, coordinator timings in milliseconds, a fence token, an all-active stream, a
-//! stream provisioned as the admin tool does, and `CLIENT PAUSE WRITE`.
+//! stream provisioned as the admin tool does, `CLIENT PAUSE WRITE`, and the keys of the last
+//! `XREAD` the server finished.
 //!
 //! The pure constructors are also compiled for the crate's own unit tests without the `testing`
 //! feature; the ones that talk to Redis need it. Fixtures panic on failure: they are setup, and a
@@ -75,7 +76,7 @@ pub fn fence_token(incarnation: Micros, epoch: Epoch, member: &str) -> FenceToke
 }
 
 #[cfg(feature = "testing")]
-pub use redis_setup::{create_active_stream, create_stream, pause_writes};
+pub use redis_setup::{create_active_stream, create_stream, last_xread_keys, pause_writes};
 
 #[cfg(feature = "testing")]
 mod redis_setup {
@@ -130,5 +131,40 @@ mod redis_setup {
             .query_async(conn)
             .await
             .expect("CLIENT PAUSE WRITE");
+    }
+    /// The keys of the most recent `XREAD` the server finished, from its `SLOWLOG` (set
+    /// `slowlog-log-slower-than 0` first so that every command is logged with its arguments).
+    /// Panics when the log holds no `XREAD`.
+    pub async fn last_xread_keys(conn: &mut RedisConnection) -> Vec<String> {
+        let log: redis::Value = redis::cmd("SLOWLOG")
+            .arg("GET")
+            .arg(-1)
+            .query_async(conn)
+            .await
+            .expect("SLOWLOG GET");
+        let redis::Value::Array(entries) = log else {
+            panic!("SLOWLOG GET answered {log:?}")
+        };
+        for entry in entries {
+            let redis::Value::Array(fields) = entry else {
+                continue;
+            };
+            let Some(redis::Value::Array(args)) = fields.get(3) else {
+                continue;
+            };
+            let args: Vec<String> = args
+                .iter()
+                .map(|a| redis::from_redis_value(a.clone()).expect("a bulk string argument"))
+                .collect();
+            if args
+                .first()
+                .is_some_and(|c| c.eq_ignore_ascii_case("xread"))
+            {
+                let streams = args.iter().position(|a| a == "STREAMS").expect("STREAMS");
+                let keys = &args[streams + 1..];
+                return keys[..keys.len() / 2].to_vec();
+            }
+        }
+        panic!("no XREAD in the slow log");
     }
 }

@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use super::{SharedWait, WaitEnd, WaitSlot, compare_ids};
 use crate::connection::{RedisConnection, RedisTarget};
 use crate::testing::RedisServer;
+use crate::testing::fixtures::last_xread_keys;
 
 const LONG: Duration = Duration::from_secs(30);
 /// Far below [`LONG`], far above a round trip.
@@ -93,40 +94,6 @@ async fn until_blocked(conn: &mut RedisConnection, n: u64) {
         assert!(tokio::time::Instant::now() < end, "never {n} blocked");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// The keys of the most recent `XREAD` the server finished (from the `SLOWLOG`).
-async fn last_xread_keys(conn: &mut RedisConnection) -> Vec<String> {
-    let log: redis::Value = redis::cmd("SLOWLOG")
-        .arg("GET")
-        .arg(-1)
-        .query_async(conn)
-        .await
-        .unwrap();
-    let redis::Value::Array(entries) = log else {
-        panic!("{log:?}")
-    };
-    for entry in entries {
-        let redis::Value::Array(fields) = entry else {
-            continue;
-        };
-        let Some(redis::Value::Array(args)) = fields.get(3) else {
-            continue;
-        };
-        let args: Vec<String> = args
-            .iter()
-            .map(|a| redis::from_redis_value(a.clone()).unwrap())
-            .collect();
-        if args
-            .first()
-            .is_some_and(|c| c.eq_ignore_ascii_case("xread"))
-        {
-            let streams = args.iter().position(|a| a == "STREAMS").unwrap();
-            let keys = &args[streams + 1..];
-            return keys[..keys.len() / 2].to_vec();
-        }
-    }
-    panic!("no XREAD in the slow log");
 }
 
 #[test]
