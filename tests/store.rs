@@ -917,3 +917,70 @@ async fn a_late_request_does_not_renew_a_lease_through_an_outdated_fast_entry() 
     assert_eq!(member.last_request_seq, 5);
     assert!(member.away);
 }
+
+/// A full transition writes the members it changed, not every member (docs/design.md §5.1): a
+/// member it left as loaded keeps its stored JSON, and loads the same afterwards (its lease and
+/// sequence from the fast path included). Rewriting every member made each transition's work grow
+/// with the group.
+#[tokio::test]
+async fn a_full_transition_leaves_the_members_it_did_not_change_as_stored() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
+    create_active_stream(&mut conn, "orders", 4).await;
+    let mut store = group_store(&conn, "orders", "g").await;
+    let key = StreamKeys::new("orders")
+        .unwrap()
+        .group("g")
+        .unwrap()
+        .metadata();
+    // Both members join and converge.
+    let (mut a, mut b) = ((1, 0, vec![]), (1, 0, vec![]));
+    for _ in 0..4 {
+        for (id, (seq, epoch, owned)) in [("a", &mut a), ("b", &mut b)] {
+            let out = store
+                .heartbeat(&request(id, *seq, *epoch, owned))
+                .await
+                .unwrap();
+            *seq += 1;
+            *epoch = out.response.member_epoch;
+            *owned = out.response.assigned_shards.clone();
+        }
+    }
+    assert_eq!(
+        store.load().await.unwrap().group.meta.state,
+        GroupState::Stable
+    );
+    // `b` heartbeats on the fast path: its lease and `fastseq:b` move, `member:b` does not.
+    for _ in 0..2 {
+        let out = store
+            .heartbeat(&request("b", b.0, b.1, &b.2))
+            .await
+            .unwrap();
+        assert!(out.fast_path, "b is steady");
+        b.0 += 1;
+    }
+    let b_loaded = store.load().await.unwrap().group.members["b"].clone();
+    assert_eq!(b_loaded.last_request_seq, b.0 - 1);
+    let (a_json, b_json): (String, String) = (
+        conn.hget(&key, "member:a").await.unwrap(),
+        conn.hget(&key, "member:b").await.unwrap(),
+    );
+    // `a` reports one shard fewer than it was assigned: a full transition that changes `a` only.
+    let fewer = &a.2[..a.2.len() - 1];
+    let out = store
+        .heartbeat(&request("a", a.0, a.1, fewer))
+        .await
+        .unwrap();
+    assert!(!out.fast_path);
+    let (a_after, b_after): (String, String) = (
+        conn.hget(&key, "member:a").await.unwrap(),
+        conn.hget(&key, "member:b").await.unwrap(),
+    );
+    assert_ne!(a_after, a_json, "the changed member is written");
+    assert_eq!(
+        b_after, b_json,
+        "the member the transition left as loaded is not rewritten"
+    );
+    let b_reloaded = store.load().await.unwrap().group.members["b"].clone();
+    assert_eq!(b_reloaded, b_loaded, "and it loads as before");
+}

@@ -7,7 +7,7 @@
 //! Keep it in step with the real store: a change there that this model does not follow makes
 //! the simulation check something other than what runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::coordinator::{
     Context, CoordinatorConfig, CoordinatorError, Group, StreamView, Transition, heartbeat,
@@ -295,10 +295,13 @@ impl Store {
 
     /// `Writes::diff` applied by the compare-and-set script: every changed field of `group`
     /// against `loaded`, the fast-path fields of a STABLE group from `steady_response` with the
-    /// writer's `config`, the `steady` marker from `next_deadline`.
+    /// writer's `config`, the `steady` marker from `next_deadline`. A member's JSON is written
+    /// only when the transition changed the member or its fast-path fields changed; otherwise
+    /// the stored one stays (with its older lease and sequence, which the load brings up to date).
     fn write(&mut self, loaded: &Group, mut group: Group, config: &CoordinatorConfig) {
         let steady =
             group.meta.state == GroupState::Stable && group.meta.correction_round.is_none();
+        let mut fast_changed = BTreeSet::new();
         for (id, member) in &group.members {
             if !steady {
                 continue;
@@ -311,14 +314,24 @@ impl Store {
                     member.runtime_max_concurrency,
                     member.current_assignment.iter(),
                 );
-                self.fast.insert(id.clone(), (print, response));
-                self.fast_seq.insert(id.clone(), member.last_request_seq);
+                let entry = (print, response);
+                if self.fast.get(id) != Some(&entry) {
+                    self.fast.insert(id.clone(), entry);
+                    fast_changed.insert(id.clone());
+                }
+                if self.fast_seq.get(id) != Some(&member.last_request_seq) {
+                    self.fast_seq.insert(id.clone(), member.last_request_seq);
+                    fast_changed.insert(id.clone());
+                }
             } else if !config.variant.outdated_fast_entries {
                 // No steady answer: the entry of an earlier steady write goes (docs/design.md
                 // §5.3).
-                self.fast.remove(id);
-                self.fast_seq.remove(id);
-                self.fast_workers.remove(id);
+                let removed = self.fast.remove(id).is_some()
+                    | self.fast_seq.remove(id).is_some()
+                    | self.fast_workers.remove(id).is_some();
+                if removed {
+                    fast_changed.insert(id.clone());
+                }
             }
         }
         self.steady = if steady {
@@ -340,6 +353,15 @@ impl Store {
         for (id, member) in &group.members {
             self.leases
                 .insert(id.clone(), member.member_lease_expires_at);
+        }
+        if let Some(stored) = &self.group {
+            for (id, member) in group.members.iter_mut() {
+                let unchanged =
+                    !fast_changed.contains(id) && loaded.members.get(id) == Some(member);
+                if let Some(kept) = stored.members.get(id).filter(|_| unchanged) {
+                    *member = kept.clone();
+                }
+            }
         }
         // The history list is written (LPUSH) but never loaded.
         group.history.clear();
