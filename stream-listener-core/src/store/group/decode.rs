@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::decoded::DecodeCache;
 use super::fast_path::apply_fast_path_state;
 use super::{MEMBER, META, duration_us};
 use crate::coordinator::{self, CoordinatorConfig, Group, MAX_TIMING};
@@ -115,19 +116,29 @@ pub(super) fn decode_group(
     leases: &HashMap<String, Micros>,
     config: &CoordinatorConfig,
     now: Micros,
+    cache: &Decoded,
 ) -> Result<Group, StoreError> {
     let json = fields
         .get(META)
         .ok_or_else(|| StoreError::malformed(key, "field meta is missing"))?;
-    let meta: GroupMetadata =
-        serde_json::from_str(json).map_err(|e| StoreError::corrupt(key, META, e))?;
+    let meta = cache
+        .meta
+        .decode_all([(META, json.as_str())])
+        .map_err(|(field, e)| StoreError::corrupt(key, field, e))?
+        .pop()
+        .map(|(_, meta)| meta)
+        .ok_or_else(|| StoreError::malformed(key, "field meta is missing"))?;
+    let member_fields = fields
+        .iter()
+        .filter(|(field, _)| field.starts_with(MEMBER))
+        .map(|(field, json)| (field.as_str(), json.as_str()));
+    let decoded = cache
+        .members
+        .decode_all(member_fields)
+        .map_err(|(field, e)| StoreError::corrupt(key, field, e))?;
     let mut members = BTreeMap::new();
-    for (field, json) in fields {
-        let Some(id) = field.strip_prefix(MEMBER) else {
-            continue;
-        };
-        let mut member: MemberMetadata =
-            serde_json::from_str(json).map_err(|e| StoreError::corrupt(key, field, e))?;
+    for (field, mut member) in decoded {
+        let id = &field[MEMBER.len()..];
         if let Some(lease) = leases.get(id) {
             // The fast path moves only the lease, by the member's own TTL (members of one group
             // may run different timings): the renewal it made is the lease minus that TTL.
@@ -144,4 +155,11 @@ pub(super) fn decode_group(
         members,
         history: Default::default(),
     })
+}
+
+/// The decode caches of one store (and its clones): `meta` and the `member:<id>` JSON.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Decoded {
+    meta: DecodeCache<GroupMetadata>,
+    members: DecodeCache<MemberMetadata>,
 }

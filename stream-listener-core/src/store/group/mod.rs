@@ -14,10 +14,11 @@
 //! and only moves the lease (bumping `leaseRevision`, so a concurrent full transition notices).
 
 mod decode;
+mod decoded;
 mod fast_path;
 mod writes;
 
-use decode::{decode_group, decode_leases};
+use decode::{Decoded, decode_group, decode_leases};
 use writes::Writes;
 
 use std::collections::{BTreeMap, HashMap};
@@ -81,6 +82,8 @@ pub struct GroupStore {
     keys: GroupKeys,
     config: CoordinatorConfig,
     stream_view: Option<StreamView>,
+    /// What the last load decoded, shared by clones (docs/design.md §5.1).
+    decoded: Decoded,
 }
 
 impl GroupStore {
@@ -97,6 +100,7 @@ impl GroupStore {
             keys,
             config,
             stream_view: None,
+            decoded: Decoded::default(),
         }
     }
 
@@ -164,7 +168,7 @@ impl GroupStore {
             None => 0,
         };
         let leases = decode_leases(&self.keys.leases(), leases, now)?;
-        let group = decode_group(&key, &fields, &leases, &self.config, now)?;
+        let group = decode_group(&key, &fields, &leases, &self.config, now, &self.decoded)?;
         Ok(LoadedGroup {
             group,
             now,
