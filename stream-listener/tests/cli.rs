@@ -230,6 +230,28 @@ fn passwords_in_urls_are_not_printed() {
     );
 }
 
+/// `--help` shows the values of the environment variables behind the options, unless hidden:
+/// URLs in `REDIS_URL` and `REDIS_SENTINELS` carry passwords.
+#[test]
+fn help_does_not_print_passwords_from_the_environment() {
+    for command in [&["--help"][..], &["stream", "list", "--help"]] {
+        let output = Command::new(BIN)
+            .args(command)
+            .env("REDIS_URL", "redis://user:hunter2@127.0.0.1:6390")
+            .env(
+                "REDIS_SENTINELS",
+                "redis://sentinel:hunter3@127.0.0.1:26390",
+            )
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0));
+        let help = String::from_utf8(output.stdout).unwrap();
+        assert!(help.contains("--redis-url"), "{help}");
+        assert!(!help.contains("hunter2"), "{command:?}: {help}");
+        assert!(!help.contains("hunter3"), "{command:?}: {help}");
+    }
+}
+
 #[test]
 fn usage_errors_exit_2() {
     let output = run(&["stream", "create", "orders"]);

@@ -42,7 +42,14 @@ use text::{
 struct Cli {
     /// Redis URL of a standalone server: redis://[user:password@]host:port[/db], or rediss://
     /// for TLS [default: redis://127.0.0.1:6379].
-    #[arg(long, global = true, env = "REDIS_URL", value_name = "URL")]
+    // `hide_env_values`: the URL may carry a password, which `--help` must not print.
+    #[arg(
+        long,
+        global = true,
+        env = "REDIS_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     redis_url: Option<String>,
 
     /// Seed node of a Redis Cluster (a redis:// URL); repeat for more nodes. When given, the
@@ -75,6 +82,7 @@ struct Cli {
         long = "sentinel",
         global = true,
         env = "REDIS_SENTINELS",
+        hide_env_values = true,
         value_delimiter = ',',
         value_name = "URL"
     )]
