@@ -295,9 +295,16 @@ async fn unreachable_redis_fails_after_startup_timeout() {
         matches!(err, RunError::RedisUnreachable { attempts, .. } if attempts >= 3),
         "{err:?}"
     );
+    // Backoff 100 ms doubling: attempts at 0, 0.1, 0.3, 0.7 s, the next step would pass the
+    // deadline, so the last sleep ends at it (1.5 s) for one more attempt. It used to give up
+    // at 0.7 s, as soon as the next step would have passed the deadline.
     assert!(
-        elapsed >= Duration::from_millis(1000) && elapsed < Duration::from_secs(4),
+        elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_secs(4),
         "gave up after startup_timeout, not before and not much later: {elapsed:?}"
+    );
+    assert!(
+        matches!(err, RunError::RedisUnreachable { attempts: 5, .. }),
+        "an attempt at the deadline too: {err:?}"
     );
     assert_says(
         &err,

@@ -19,7 +19,7 @@ pub const MINIMUM_REDIS_VERSION: (u32, u32, u32) = (7, 0, 0);
 pub enum StartupError {
     /// Redis did not answer: every attempt failed to connect or timed out until the startup
     /// timeout had passed (after one attempt without a timeout).
-    #[error("no answer after {attempts} attempts in {}", humantime::format_duration(*waited))]
+    #[error("no answer after {attempts} attempts in {}", humantime::format_duration(whole_ms(*waited)))]
     Unreachable {
         /// How long it tried.
         waited: Duration,
@@ -116,6 +116,14 @@ pub async fn connect(
     })
 }
 
+/// How long the attempt made at the `startup_timeout` deadline may take to answer.
+const LAST_ATTEMPT: Duration = Duration::from_millis(250);
+
+/// `d` cut to whole milliseconds, for messages.
+fn whole_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 async fn connect_with_retry(
     target: &RedisTarget,
     startup_timeout: Option<Duration>,
@@ -133,8 +141,11 @@ async fn connect_with_retry(
         };
         let outcome = match startup_timeout {
             Some(_) => {
+                // The attempt at the deadline still gets a moment to answer.
                 let remaining = deadline.saturating_duration_since(Instant::now());
-                tokio::time::timeout(remaining, attempt).await.ok()
+                tokio::time::timeout(remaining.max(LAST_ATTEMPT), attempt)
+                    .await
+                    .ok()
             }
             None => Some(attempt.await),
         };
@@ -170,7 +181,7 @@ async fn connect_with_retry(
             },
         };
         let now = Instant::now();
-        if startup_timeout.is_none() || now + delay >= deadline {
+        if startup_timeout.is_none() || now >= deadline {
             return Err(StartupError::Unreachable {
                 waited: now - started,
                 attempts,
@@ -180,11 +191,13 @@ async fn connect_with_retry(
         if attempts == 1 || attempts.is_power_of_two() {
             tracing::warn!(
                 attempts,
-                error = ?last_error,
+                error = last_error.as_ref().map(|e| e as &dyn std::error::Error),
                 "Redis does not answer yet; retrying until startup_timeout"
             );
         }
-        tokio::time::sleep(delay).await;
+        // The last sleep ends at the deadline, for one more attempt: giving up as soon as the
+        // next backoff step would pass it left up to 2 s of `startup_timeout` unused.
+        tokio::time::sleep(delay.min(deadline - now)).await;
         delay = (delay * 2).min(Duration::from_secs(2));
     }
 }
