@@ -31,7 +31,7 @@ mod tls;
 mod tls_failure;
 
 use tls::standalone_client;
-pub(crate) use tls::{install_crypto_provider, tls_certificates};
+pub(crate) use tls::{install_crypto_provider, ring_provider, tls_certificates};
 pub use tls_failure::tls_advice;
 use tls_failure::{explain_cluster_failure, explain_failure, tls_cause};
 mod sentinel;

@@ -12,8 +12,17 @@ pub(crate) fn install_crypto_provider() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
         // An Err means another provider is installed already: that one is used.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        let _ = ring_provider().install_default();
     });
+}
+
+/// rustls's *ring* provider. rustls 0.23.48 deprecated it for its lack of post-quantum key
+/// exchange; its other provider, aws-lc-rs, needs cmake and a C toolchain to build on every
+/// platform a user builds on, so *ring* stays, on purpose, until redis-rs and rustls 0.24 settle
+/// which provider crates to use (docs/design.md §15.1).
+#[allow(deprecated)]
+pub(crate) fn ring_provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::ring::default_provider()
 }
 
 /// The PEM files of `tls` read and checked, for redis-rs (`Client::build_with_tls`,

@@ -247,13 +247,11 @@ async fn speaks_tls(host: &str, port: u16) -> std::io::Result<bool> {
     let name =
         rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(std::io::Error::other)?;
     // Nothing is verified: the handshake is never finished, only the server's first byte read.
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(std::io::Error::other)?
-    .with_root_certificates(rustls::RootCertStore::empty())
-    .with_no_client_auth();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(super::ring_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
     let mut hello = Vec::new();
     rustls::ClientConnection::new(Arc::new(config), name)
         .map_err(std::io::Error::other)?

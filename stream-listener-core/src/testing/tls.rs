@@ -250,7 +250,7 @@ impl TlsMaterial {
             .collect::<Result<Vec<_>, _>>()
             .map_err(tls("client certificate"))?;
         let key = PrivateKeyDer::from_pem_file(&self.client_key_file).map_err(tls("client key"))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(crate::connection::ring_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| HarnessError::tls("protocol versions", e))?
