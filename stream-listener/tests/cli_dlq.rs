@@ -108,7 +108,7 @@ async fn dlq_list_show_replay_and_purge_through_the_tool() {
         rows,
         vec![
             vec![
-                "ID", "SHARD", "SOURCE", "ID", "REASON", "ATTEMPTS", "AGE", "PAYLOAD", "ERROR"
+                "ID", "SHARD", "SOURCE", "ID", "REASON", "ATTEMPTS", "AGE", "ENTRY", "ERROR"
             ],
             vec![
                 &a,
@@ -117,7 +117,7 @@ async fn dlq_list_show_replay_and_purge_through_the_tool() {
                 "handler",
                 "3",
                 "2h",
-                "yes",
+                "kept",
                 "boom",
                 "caused",
                 "by:",
@@ -131,7 +131,7 @@ async fn dlq_list_show_replay_and_purge_through_the_tool() {
                 "too-large",
                 "0",
                 "2h",
-                "no",
+                "id-only",
                 "entry",
                 "of",
                 "17000000",

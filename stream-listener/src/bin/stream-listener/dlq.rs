@@ -240,7 +240,7 @@ fn list_text(page: &DeadLetterPage, count: usize) -> String {
         "REASON",
         "ATTEMPTS",
         "AGE",
-        "PAYLOAD",
+        "ENTRY",
         "ERROR",
     ]);
     for d in &page.dead_letters {
@@ -251,7 +251,15 @@ fn list_text(page: &DeadLetterPage, count: usize) -> String {
             d.reason.clone(),
             or_dash(d.attempts),
             age(d.age_ms),
-            if d.payload_fields > 0 { "yes" } else { "no" }.into(),
+            // Whether the dead letter carries the original entry's fields (`payloadFields` in
+            // JSON), or only its id (trimmed, too large). Not whether it had a `payload` field:
+            // a header of that name read as such (new-user pass).
+            if d.payload_fields > 0 {
+                "kept"
+            } else {
+                "id-only"
+            }
+            .into(),
             truncated(&d.error, ERROR_WIDTH),
         ]);
     }
