@@ -42,7 +42,7 @@ pub enum StoreError {
     },
     /// A consumer group that is not registered on the stream.
     #[error(
-        "consumer group {group:?} is not registered on stream {prefix:?}; start a listener for it, or register it with the admin API"
+        "consumer group {group:?} is not registered on stream {prefix:?}; start a listener for it (a listener registers its group when it starts); `stream-listener group list {prefix}` shows the groups that exist"
     )]
     UnknownGroup {
         /// The stream prefix.
