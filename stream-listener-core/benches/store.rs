@@ -451,16 +451,18 @@ impl Unit for Renewal {
 
 /// `used_cpu_sys + used_cpu_user` of the server, seconds.
 async fn redis_cpu(conn: &mut RedisConnection) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(conn)
-        .await
-        .expect("INFO cpu");
-    info_fields(&info)
+    try_redis_cpu(conn).await.expect("INFO cpu")
+}
+
+/// [`redis_cpu`], `None` when `INFO` fails.
+async fn try_redis_cpu(conn: &mut RedisConnection) -> Option<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await.ok()?;
+    let cpu = info_fields(&info)
         .into_iter()
         .filter(|(k, _)| k == "used_cpu_sys" || k == "used_cpu_user")
         .filter_map(|(_, v)| v.parse::<f64>().ok())
-        .sum()
+        .sum();
+    Some(cpu)
 }
 
 fn info_fields(info: &str) -> Vec<(String, String)> {
@@ -743,6 +745,8 @@ async fn converge(
 /// Counters shared by the member tasks of [`converge_concurrent`] (cumulative since the start).
 #[derive(Debug, Default)]
 struct Live {
+    /// Heartbeats sent; `heartbeats`: answered (or failed).
+    started: AtomicU64,
     heartbeats: AtomicU64,
     full: AtomicU64,
     fast: AtomicU64,
@@ -807,6 +811,7 @@ async fn drive_member(
         };
         live.max_lateness_us
             .fetch_max(micros(at.elapsed()), Ordering::Relaxed);
+        live.started.fetch_add(1, Ordering::Relaxed);
         let sample = member.heartbeat().await;
         live.heartbeats.fetch_add(1, Ordering::Relaxed);
         match previous {
@@ -1074,14 +1079,16 @@ async fn converge_concurrent(
         let joined = load(&live.joined);
         let converged = usize::try_from(live.converged.load(Ordering::Relaxed)).unwrap_or(0);
         let last_join = Duration::from_micros(load(&live.last_join_us));
-        if joined == n as u64 && converged == n {
-            let loaded = store.load().await.expect("load group");
-            if loaded.group.meta.state == GroupState::Stable && loaded.group.members.len() == n {
-                let last = Duration::from_micros(load(&live.last_converged_us));
-                figures.converged_after_last_join = Some(last.saturating_sub(last_join));
-                figures.observed_after_last_join = Some(base.elapsed().saturating_sub(last_join));
-                break;
-            }
+        if joined == n as u64
+            && converged == n
+            && let Ok(loaded) = store.load().await
+            && loaded.group.meta.state == GroupState::Stable
+            && loaded.group.members.len() == n
+        {
+            let last = Duration::from_micros(load(&live.last_converged_us));
+            figures.converged_after_last_join = Some(last.saturating_sub(last_join));
+            figures.observed_after_last_join = Some(base.elapsed().saturating_sub(last_join));
+            break;
         }
         // One SLOWLOG sample of the scripts' server time, a second after the last join (the
         // group at full size, rebalancing).
@@ -1097,17 +1104,19 @@ async fn converge_concurrent(
                 Err(e) => (format!("load failed: {e}"), 0),
             };
             let now = Instant::now();
-            let redis = redis_cpu(conn).await;
+            // NaN when INFO does not answer in time (the bench process saturated, say).
+            let redis = try_redis_cpu(conn).await.unwrap_or(f64::NAN);
             let bench = process_cpu();
             let heartbeats = load(&live.heartbeats);
             let (at, redis_then, bench_then, heartbeats_then) = last_progress;
             let secs = (now - at).as_secs_f64();
             println!(
                 "  t {:>5.1}s: joined {joined}/{n}, group {state}, {in_group} members, converged \
-                 {converged}/{n}; full {}, fast {}, CAS conflicts {}, RETRY {}, \
+                 {converged}/{n}; in flight {}; full {}, fast {}, CAS conflicts {}, RETRY {}, \
                  UNKNOWN_MEMBER_ID {} (on time {}), FENCED_MEMBER_EPOCH {}{}; last {secs:.1}s: \
                  {:.0} heartbeats/s, Redis CPU {:.0}%, bench CPU {:.2} cores; longest gap {:.1?}",
                 (now - base).as_secs_f64(),
+                load(&live.started).saturating_sub(heartbeats),
                 load(&live.full),
                 load(&live.fast),
                 load(&live.conflicts),
@@ -1124,7 +1133,9 @@ async fn converge_concurrent(
                 (bench - bench_then) / secs,
                 Duration::from_micros(load(&live.max_gap_us)),
             );
-            last_progress = (now, redis, bench, heartbeats);
+            if !redis.is_nan() {
+                last_progress = (now, redis, bench, heartbeats);
+            }
         }
         if base.elapsed() >= limit {
             println!("  did not converge within {limit:?}: stopping the members");
@@ -1152,7 +1163,8 @@ async fn converge_concurrent(
     }
     figures.stopping = stop_at.elapsed();
     figures.wall = base.elapsed();
-    figures.redis_cpu = (redis_cpu(conn).await - redis_before) / figures.wall.as_secs_f64();
+    figures.redis_cpu =
+        (try_redis_cpu(conn).await.unwrap_or(f64::NAN) - redis_before) / figures.wall.as_secs_f64();
     figures.bench_cpu = (process_cpu() - bench_before) / figures.wall.as_secs_f64();
     figures.commands = command_stats(conn).await;
     figures.joins_took = Duration::from_micros(load(&live.last_join_us));
@@ -1272,7 +1284,12 @@ fn print_concurrent(c: &Concurrent, config: &CoordinatorConfig, members: usize) 
         println!("  SLOWLOG sample of the scripts: none taken (converged first)");
     } else {
         println!("  SLOWLOG sample (1 s, a second after the last join), server time per command:");
-        print_commands(&c.scripts, 6);
+        for (name, calls, usec) in c.scripts.iter().take(6) {
+            println!(
+                "    {name:<24} calls {calls:>7}  usec {usec:>10}  usec/call {:>8.2}",
+                *usec as f64 / (*calls).max(1) as f64
+            );
+        }
     }
 }
 
@@ -1367,11 +1384,36 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
             "  concurrent convergence: every member in its own task, a heartbeat every \
              {interval:?}, the joins spread over the first interval (progress every interval):"
         );
+        // As deployed: every member (a process of its own) on a connection of its own, so no
+        // member's answer waits behind another's on one multiplexed connection; the monitor too.
+        let mut own = Vec::with_capacity(scenario.members);
+        for i in 0..scenario.members {
+            let member_conn = RedisConnection::connect(&target, Duration::from_secs(10))
+                .await
+                .expect("connect a member");
+            let member_store = GroupStore::new(
+                member_conn,
+                stream_keys.clone(),
+                group_keys.clone(),
+                config.clone(),
+            );
+            own.push(Member::new(member_id(i), member_store));
+        }
+        drop(members);
+        let mut monitor_conn = RedisConnection::connect(&target, Duration::from_secs(10))
+            .await
+            .expect("connect the monitor");
+        let mut monitor = GroupStore::new(
+            monitor_conn.clone(),
+            stream_keys.clone(),
+            group_keys.clone(),
+            config.clone(),
+        );
         let convergence_start = Instant::now();
         let (driven, figures) = converge_concurrent(
-            members,
-            &mut store,
-            &mut conn,
+            own,
+            &mut monitor,
+            &mut monitor_conn,
             &config,
             options.converge_limit,
         )
