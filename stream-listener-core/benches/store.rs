@@ -775,6 +775,8 @@ struct Live {
     late_gaps: AtomicU64,
     /// Longest delay between a tick's scheduled time and its heartbeat's start, µs.
     max_lateness_us: AtomicU64,
+    /// The full transitions' samples.
+    full_samples: std::sync::Mutex<Vec<Sample>>,
 }
 
 fn micros(d: Duration) -> u64 {
@@ -797,10 +799,9 @@ async fn drive_member(
     base: Instant,
     live: Arc<Live>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> (Member, Vec<Sample>) {
+) -> Member {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::from_std(first), interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut samples = Vec::new();
     let mut converged = false;
     let mut previous: Option<(Instant, Option<HeartbeatStatus>)> = None;
     loop {
@@ -870,9 +871,11 @@ async fn drive_member(
             }
         }
         previous = Some((sample.start, sample.status));
-        samples.push(sample);
+        if !sample.fast_path && sample.status.is_some() {
+            live.full_samples.lock().expect("samples").push(sample);
+        }
     }
-    (member, samples)
+    member
 }
 
 /// The bench process's own CPU (all its threads), seconds: `utime + stime` of `/proc/self/stat`
@@ -1014,8 +1017,11 @@ struct Concurrent {
     wall: Duration,
     /// From the stop signal until every task stopped (in-flight heartbeats finish).
     stopping: Duration,
-    /// Tasks still running 30 s after the stop signal (aborted).
+    /// Tasks aborted: all of them at the limit; when converged, any still running 30 s after
+    /// the stop signal.
     aborted: usize,
+    /// Heartbeats sent but not answered when the tasks stopped.
+    in_flight: u64,
     /// Redis CPU over `wall`, fraction of one core; the bench process's, in cores.
     redis_cpu: f64,
     bench_cpu: f64,
@@ -1026,13 +1032,16 @@ struct Concurrent {
 /// Every member in its own task, heartbeating every `heartbeat_interval` on its own schedule,
 /// first heartbeats (the joins) spread evenly over the first interval, as [`run_paced`] does;
 /// the protocol as [`Member`] follows it (a `RETRY` is answered by the next tick's heartbeat).
-/// Prints progress every heartbeat interval; stops the tasks when the group is `STABLE` with
-/// every member converged, or after `limit` from the first join. Returns the members (all of
-/// them only when none had to be aborted) and the figures.
+/// A monitor on a thread and runtime of its own (so the members' work does not starve it) prints
+/// progress every heartbeat interval and ends the convergence when the group is `STABLE` with
+/// every member converged, or after `limit` from the first join. Then the tasks stop: after
+/// their in-flight heartbeat when converged (the members go on to the steady window), at once
+/// (aborted) when not. Returns the members (all of them only when none was aborted) and the
+/// figures.
 async fn converge_concurrent(
     members: Vec<Member>,
-    store: &mut GroupStore,
-    conn: &mut RedisConnection,
+    target: &RedisTarget,
+    store: &GroupStore,
     config: &CoordinatorConfig,
     limit: Duration,
 ) -> (Vec<Member>, Concurrent) {
@@ -1041,12 +1050,15 @@ async fn converge_concurrent(
     let n = members.len();
     let live = Arc::new(Live::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut conn = RedisConnection::connect(target, Duration::from_secs(10))
+        .await
+        .expect("connect");
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
-        .query_async(conn)
+        .query_async(&mut conn)
         .await
         .expect("CONFIG RESETSTAT");
-    let redis_before = redis_cpu(conn).await;
+    let redis_before = redis_cpu(&mut conn).await;
     let bench_before = process_cpu();
     let base = Instant::now();
     let step = interval / u32::try_from(n).expect("few members");
@@ -1067,12 +1079,89 @@ async fn converge_concurrent(
         })
         .collect();
 
-    let mut figures = Concurrent {
-        limit,
-        ..Concurrent::default()
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let monitor = {
+        let (target, store, live) = (target.clone(), store.clone(), live.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("monitor runtime");
+            let figures = runtime.block_on(monitor(target, store, live, n, base, interval, limit));
+            let _ = done_tx.send(figures);
+        })
     };
+    let mut figures = done_rx.await.expect("monitor");
+    monitor.join().expect("monitor thread");
+    let stop_at = Instant::now();
+    let _ = stop_tx.send(true);
+    let converged = figures.converged_after_last_join.is_some();
+    let grace = if converged {
+        Duration::from_secs(30)
+    } else {
+        Duration::ZERO
+    };
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut members = Vec::with_capacity(n);
+    for mut task in tasks {
+        if !converged {
+            task.abort();
+        }
+        match tokio::time::timeout_at(deadline, &mut task).await {
+            Ok(Ok(member)) => members.push(member),
+            Ok(Err(e)) if e.is_cancelled() => figures.aborted += 1,
+            Ok(Err(e)) => panic!("member task: {e}"),
+            Err(_) => {
+                task.abort();
+                figures.aborted += 1;
+            }
+        }
+    }
+    figures.stopping = stop_at.elapsed();
+    figures.redis_cpu = (figures.redis_cpu - redis_before) / figures.wall.as_secs_f64();
+    figures.bench_cpu = (figures.bench_cpu - bench_before) / figures.wall.as_secs_f64();
+    figures.limit = limit;
+    figures.in_flight = load(&live.started).saturating_sub(load(&live.heartbeats));
+    figures.joins_took = Duration::from_micros(load(&live.last_join_us));
+    figures.heartbeats = load(&live.heartbeats);
+    figures.full = load(&live.full);
+    figures.fast = load(&live.fast);
+    figures.conflicts = load(&live.conflicts);
+    figures.retries = load(&live.retries);
+    figures.unknown = load(&live.unknown);
+    figures.unknown_on_time = load(&live.unknown_on_time);
+    figures.unknown_on_time_after_retry = load(&live.unknown_on_time_after_retry);
+    figures.fenced = load(&live.fenced);
+    figures.errors = load(&live.errors);
+    figures.max_gap = Duration::from_micros(load(&live.max_gap_us));
+    figures.late_gaps = load(&live.late_gaps);
+    figures.max_lateness = Duration::from_micros(load(&live.max_lateness_us));
+    figures.full_latency = Measured {
+        samples: std::mem::take(&mut *live.full_samples.lock().expect("samples")),
+        wall: figures.wall,
+        ..Measured::default()
+    };
+    (members, figures)
+}
+
+/// The monitor of [`converge_concurrent`], on its own connection: progress every `interval`,
+/// the end (converged or `limit`), and at the end Redis's CPU seconds, the bench process's and
+/// the command statistics (cumulative: the caller subtracts the start).
+async fn monitor(
+    target: RedisTarget,
+    mut store: GroupStore,
+    live: Arc<Live>,
+    n: usize,
+    base: Instant,
+    interval: Duration,
+    limit: Duration,
+) -> Concurrent {
+    let mut conn = RedisConnection::connect(&target, Duration::from_secs(10))
+        .await
+        .expect("connect the monitor");
+    let mut figures = Concurrent::default();
     let mut next_progress = base + interval;
-    let mut last_progress = (base, redis_before, bench_before, 0u64);
+    let mut last_progress: Option<(Instant, f64, f64, u64)> = None;
     let mut sampled = false;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1094,7 +1183,7 @@ async fn converge_concurrent(
         // group at full size, rebalancing).
         if !sampled && joined == n as u64 && base.elapsed() > last_join + Duration::from_secs(1) {
             sampled = true;
-            figures.scripts = script_sample(conn, Duration::from_secs(1)).await;
+            figures.scripts = script_sample(&mut conn, Duration::from_secs(1)).await;
         }
         if Instant::now() >= next_progress {
             next_progress += interval;
@@ -1104,17 +1193,28 @@ async fn converge_concurrent(
                 Err(e) => (format!("load failed: {e}"), 0),
             };
             let now = Instant::now();
-            // NaN when INFO does not answer in time (the bench process saturated, say).
-            let redis = try_redis_cpu(conn).await.unwrap_or(f64::NAN);
+            // NaN when INFO does not answer in time.
+            let redis = try_redis_cpu(&mut conn).await.unwrap_or(f64::NAN);
             let bench = process_cpu();
             let heartbeats = load(&live.heartbeats);
-            let (at, redis_then, bench_then, heartbeats_then) = last_progress;
-            let secs = (now - at).as_secs_f64();
+            let last = match last_progress {
+                None => String::new(),
+                Some((at, redis_then, bench_then, heartbeats_then)) => {
+                    let secs = (now - at).as_secs_f64();
+                    format!(
+                        "; last {secs:.1}s: {:.0} answers/s, Redis CPU {:.0}%, bench CPU {:.2} \
+                         cores",
+                        (heartbeats - heartbeats_then) as f64 / secs,
+                        (redis - redis_then) / secs * 100.0,
+                        (bench - bench_then) / secs,
+                    )
+                }
+            };
             println!(
                 "  t {:>5.1}s: joined {joined}/{n}, group {state}, {in_group} members, converged \
                  {converged}/{n}; in flight {}; full {}, fast {}, CAS conflicts {}, RETRY {}, \
-                 UNKNOWN_MEMBER_ID {} (on time {}), FENCED_MEMBER_EPOCH {}{}; last {secs:.1}s: \
-                 {:.0} heartbeats/s, Redis CPU {:.0}%, bench CPU {:.2} cores; longest gap {:.1?}",
+                 UNKNOWN_MEMBER_ID {} (on time {}), FENCED_MEMBER_EPOCH {}{}; longest gap \
+                 {:.1?}{last}",
                 (now - base).as_secs_f64(),
                 load(&live.started).saturating_sub(heartbeats),
                 load(&live.full),
@@ -1128,13 +1228,10 @@ async fn converge_concurrent(
                     0 => String::new(),
                     e => format!(", ERRORS {e}"),
                 },
-                (heartbeats - heartbeats_then) as f64 / secs,
-                (redis - redis_then) / secs * 100.0,
-                (bench - bench_then) / secs,
                 Duration::from_micros(load(&live.max_gap_us)),
             );
             if !redis.is_nan() {
-                last_progress = (now, redis, bench, heartbeats);
+                last_progress = Some((now, redis, bench, heartbeats));
             }
         }
         if base.elapsed() >= limit {
@@ -1142,54 +1239,11 @@ async fn converge_concurrent(
             break;
         }
     }
-
-    let stop_at = Instant::now();
-    let _ = stop_tx.send(true);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let mut members = Vec::with_capacity(n);
-    let mut samples = Vec::new();
-    for mut task in tasks {
-        match tokio::time::timeout_at(deadline, &mut task).await {
-            Ok(joined) => {
-                let (member, s) = joined.expect("member task");
-                members.push(member);
-                samples.extend(s);
-            }
-            Err(_) => {
-                task.abort();
-                figures.aborted += 1;
-            }
-        }
-    }
-    figures.stopping = stop_at.elapsed();
     figures.wall = base.elapsed();
-    figures.redis_cpu =
-        (try_redis_cpu(conn).await.unwrap_or(f64::NAN) - redis_before) / figures.wall.as_secs_f64();
-    figures.bench_cpu = (process_cpu() - bench_before) / figures.wall.as_secs_f64();
-    figures.commands = command_stats(conn).await;
-    figures.joins_took = Duration::from_micros(load(&live.last_join_us));
-    figures.heartbeats = load(&live.heartbeats);
-    figures.full = load(&live.full);
-    figures.fast = load(&live.fast);
-    figures.conflicts = load(&live.conflicts);
-    figures.retries = load(&live.retries);
-    figures.unknown = load(&live.unknown);
-    figures.unknown_on_time = load(&live.unknown_on_time);
-    figures.unknown_on_time_after_retry = load(&live.unknown_on_time_after_retry);
-    figures.fenced = load(&live.fenced);
-    figures.errors = load(&live.errors);
-    figures.max_gap = Duration::from_micros(load(&live.max_gap_us));
-    figures.late_gaps = load(&live.late_gaps);
-    figures.max_lateness = Duration::from_micros(load(&live.max_lateness_us));
-    figures.full_latency = Measured {
-        samples: samples
-            .into_iter()
-            .filter(|s| !s.fast_path && s.status.is_some())
-            .collect(),
-        wall: figures.wall,
-        ..Measured::default()
-    };
-    (members, figures)
+    figures.redis_cpu = try_redis_cpu(&mut conn).await.unwrap_or(f64::NAN);
+    figures.bench_cpu = process_cpu();
+    figures.commands = command_stats(&mut conn).await;
+    figures
 }
 
 /// The end-of-convergence report of [`converge_concurrent`].
@@ -1254,7 +1308,7 @@ fn print_concurrent(c: &Concurrent, config: &CoordinatorConfig, members: usize) 
         .find(|(name, _, _)| name == "evalsha")
         .map_or((0, 0), |(_, calls, usec)| (*calls, *usec));
     println!(
-        "  over {:.1?} (stopping took {:.1?}{}): Redis CPU {:.1}% of a core, {:.2} ms of Redis \
+        "  over {:.1?} (stopping took {:.1?}{}, {} heartbeats in flight): Redis CPU {:.1}% of a core, {:.2} ms of Redis \
          CPU per full transition; EVALSHA {} calls, {:.2} ms per full transition; bench process \
          CPU {:.2} cores of {}{}",
         c.wall,
@@ -1264,6 +1318,7 @@ fn print_concurrent(c: &Concurrent, config: &CoordinatorConfig, members: usize) 
         } else {
             String::new()
         },
+        c.in_flight,
         c.redis_cpu * 100.0,
         c.redis_cpu * c.wall.as_secs_f64() * 1e3 / c.full.max(1) as f64,
         evalsha.0,
@@ -1400,24 +1455,9 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
             own.push(Member::new(member_id(i), member_store));
         }
         drop(members);
-        let mut monitor_conn = RedisConnection::connect(&target, Duration::from_secs(10))
-            .await
-            .expect("connect the monitor");
-        let mut monitor = GroupStore::new(
-            monitor_conn.clone(),
-            stream_keys.clone(),
-            group_keys.clone(),
-            config.clone(),
-        );
         let convergence_start = Instant::now();
-        let (driven, figures) = converge_concurrent(
-            own,
-            &mut monitor,
-            &mut monitor_conn,
-            &config,
-            options.converge_limit,
-        )
-        .await;
+        let (driven, figures) =
+            converge_concurrent(own, &target, &store, &config, options.converge_limit).await;
         let convergence = convergence_start.elapsed();
         print_concurrent(&figures, &config, scenario.members);
         let converged = figures.converged_after_last_join.is_some() && figures.aborted == 0;
