@@ -69,6 +69,7 @@ use redis::AsyncCommands;
 use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::internals::coordinator::CoordinatorConfig;
 use stream_listener_core::internals::keys::{GroupKeys, StreamKeys};
+use stream_listener_core::internals::report::Chain;
 use stream_listener_core::internals::store::GroupStore;
 use stream_listener_core::model::{
     GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeState, ShardIndex,
@@ -1144,6 +1145,9 @@ async fn converge_concurrent(
     (members, figures)
 }
 
+/// How long the monitor waits for one of its reads (so that it stops near the limit).
+const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The monitor of [`converge_concurrent`], on its own connection: progress every `interval`,
 /// the end (converged or `limit`), and at the end Redis's CPU seconds, the bench process's and
 /// the command statistics (cumulative: the caller subtracts the start).
@@ -1170,7 +1174,7 @@ async fn monitor(
         let last_join = Duration::from_micros(load(&live.last_join_us));
         if joined == n as u64
             && converged == n
-            && let Ok(loaded) = store.load().await
+            && let Ok(Ok(loaded)) = tokio::time::timeout(MONITOR_TIMEOUT, store.load()).await
             && loaded.group.meta.state == GroupState::Stable
             && loaded.group.members.len() == n
         {
@@ -1187,14 +1191,19 @@ async fn monitor(
         }
         if Instant::now() >= next_progress {
             next_progress += interval;
-            let loaded = store.load().await;
+            let loaded = tokio::time::timeout(MONITOR_TIMEOUT, store.load()).await;
             let (state, in_group) = match &loaded {
-                Ok(l) => (format!("{:?}", l.group.meta.state), l.group.members.len()),
-                Err(e) => (format!("load failed: {e}"), 0),
+                Ok(Ok(l)) => (format!("{:?}", l.group.meta.state), l.group.members.len()),
+                Ok(Err(e)) => (format!("load failed: {}", Chain(e)), 0),
+                Err(_) => (format!("load not answered within {MONITOR_TIMEOUT:?}"), 0),
             };
             let now = Instant::now();
             // NaN when INFO does not answer in time.
-            let redis = try_redis_cpu(&mut conn).await.unwrap_or(f64::NAN);
+            let redis = tokio::time::timeout(MONITOR_TIMEOUT, try_redis_cpu(&mut conn))
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(f64::NAN);
             let bench = process_cpu();
             let heartbeats = load(&live.heartbeats);
             let last = match last_progress {
@@ -1332,6 +1341,19 @@ fn print_concurrent(c: &Concurrent, config: &CoordinatorConfig, members: usize) 
         } else {
             ""
         }
+    );
+    // The load script reads Redis TIME: its calls count the group loads (the monitor's too),
+    // one per compare-and-set attempt of a full transition (and one more before a RETRY).
+    let loads = c
+        .commands
+        .iter()
+        .find(|(name, _, _)| name == "time")
+        .map_or(0, |(_, calls, _)| *calls);
+    println!(
+        "  group loads (TIME calls) {loads}: {:.1} per full transition; bench CPU {:.1} ms per \
+         load (the client's decode + transition of each attempt)",
+        loads as f64 / c.full.max(1) as f64,
+        c.bench_cpu * c.wall.as_secs_f64() * 1e3 / loads.max(1) as f64
     );
     println!("  INFO commandstats of the convergence ({members} members):");
     print_commands(&c.commands, 8);
