@@ -1042,6 +1042,7 @@ struct Concurrent {
 async fn converge_concurrent(
     members: Vec<Member>,
     target: &RedisTarget,
+    stream_keys: &StreamKeys,
     store: &GroupStore,
     config: &CoordinatorConfig,
     limit: Duration,
@@ -1082,13 +1083,22 @@ async fn converge_concurrent(
 
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let monitor = {
-        let (target, store, live) = (target.clone(), store.clone(), live.clone());
+        let (target, live) = (target.clone(), live.clone());
+        let (stream_keys, group_keys, config) =
+            (stream_keys.clone(), store.keys().clone(), config.clone());
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("monitor runtime");
-            let figures = runtime.block_on(monitor(target, store, live, n, base, interval, limit));
+            let figures = runtime.block_on(async move {
+                // The monitor's connection, and its store's, are driven by its own runtime.
+                let conn = RedisConnection::connect(&target, Duration::from_secs(10))
+                    .await
+                    .expect("connect the monitor");
+                let store = GroupStore::new(conn.clone(), stream_keys, group_keys, config);
+                monitor(conn, store, live, n, base, interval, limit).await
+            });
             let _ = done_tx.send(figures);
         })
     };
@@ -1152,7 +1162,7 @@ const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
 /// the end (converged or `limit`), and at the end Redis's CPU seconds, the bench process's and
 /// the command statistics (cumulative: the caller subtracts the start).
 async fn monitor(
-    target: RedisTarget,
+    mut conn: RedisConnection,
     mut store: GroupStore,
     live: Arc<Live>,
     n: usize,
@@ -1160,9 +1170,6 @@ async fn monitor(
     interval: Duration,
     limit: Duration,
 ) -> Concurrent {
-    let mut conn = RedisConnection::connect(&target, Duration::from_secs(10))
-        .await
-        .expect("connect the monitor");
     let mut figures = Concurrent::default();
     let mut next_progress = base + interval;
     let mut last_progress: Option<(Instant, f64, f64, u64)> = None;
@@ -1478,8 +1485,15 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
         }
         drop(members);
         let convergence_start = Instant::now();
-        let (driven, figures) =
-            converge_concurrent(own, &target, &store, &config, options.converge_limit).await;
+        let (driven, figures) = converge_concurrent(
+            own,
+            &target,
+            &stream_keys,
+            &store,
+            &config,
+            options.converge_limit,
+        )
+        .await;
         let convergence = convergence_start.elapsed();
         print_concurrent(&figures, &config, scenario.members);
         let converged = figures.converged_after_last_join.is_some() && figures.aborted == 0;
