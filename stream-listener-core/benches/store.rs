@@ -25,9 +25,11 @@
 //!    `d`, `e` run every member in its own task, heartbeating every 3 s on its own schedule, the
 //!    first heartbeats (the joins) spread evenly over the first interval (a `RETRY` is followed
 //!    by the next tick's heartbeat; a real member sleeps a jittered interval after each answer
-//!    instead, and bounds a heartbeat to a third of the lease). Progress every interval; at
+//!    instead, and bounds a heartbeat to a third of the lease), each member on a connection of
+//!    its own, all in this one process; a monitor on a thread, runtime and connection of its
+//!    own (so the members' work does not starve it) prints progress every interval; at
 //!    the end: the time from the last join to the group `STABLE` with every member converged
-//!    (or that it did not within `--converge-limit`: the tasks are then stopped and the steady
+//!    (or that it did not within `--converge-limit`: the tasks are then aborted and the steady
 //!    state not measured), full transitions, fast-path answers, CAS conflicts, `RETRY`,
 //!    `UNKNOWN_MEMBER_ID` (and how many went to a member whose previous heartbeat was less
 //!    than a lease TTL earlier: expiring while heartbeating on time), `FENCED_MEMBER_EPOCH`, the
