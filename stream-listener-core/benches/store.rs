@@ -10,6 +10,9 @@
 //!   (`GroupStore::provision(true)`: no shard is handed out for one lease TTL), so convergence
 //!   waits out the hold; the steady state shows whether the fast path answers once it has
 //!   passed (docs/design.md §5.5: it did not, and every heartbeat was a full transition).
+//! - `d`: 1,000 members × 10,000 shards, default timings (15 s lease), converged the way a
+//!   deployment does it: concurrently (step 3 below).
+//! - `e`: 100 members × 1,000 shards, as `d` (small: shows the concurrent driver converges).
 //!
 //! Each scenario, on its server, in this order:
 //! 1. idle: nothing sent for a few seconds (Redis's own background CPU);
@@ -18,7 +21,23 @@
 //!    both at the heartbeat rate of the scenario (members / 3 s, spread evenly);
 //! 3. convergence: every member joins, then rounds of heartbeats (each member reporting its
 //!    assigned shards and, once, as `REVOKED` what it no longer is assigned) until the group is
-//!    `STABLE` and every member converged;
+//!    `STABLE` and every member converged. Scenarios `a`-`c` send one heartbeat at a time;
+//!    `d`, `e` run every member in its own task, heartbeating every 3 s on its own schedule, the
+//!    first heartbeats (the joins) spread evenly over the first interval (a `RETRY` is followed
+//!    by the next tick's heartbeat; a real member sleeps a jittered interval after each answer
+//!    instead, and bounds a heartbeat to a third of the lease), each member on a connection of
+//!    its own, all in this one process; a monitor on a thread, runtime and connection of its
+//!    own (so the members' work does not starve it) prints progress every interval; at
+//!    the end: the time from the last join to the group `STABLE` with every member converged
+//!    (or that it did not within `--converge-limit`: the tasks are then aborted and the steady
+//!    state not measured), full transitions, fast-path answers, CAS conflicts, `RETRY`,
+//!    `UNKNOWN_MEMBER_ID` (and how many went to a member whose previous heartbeat was less
+//!    than a lease TTL earlier: expiring while heartbeating on time), `FENCED_MEMBER_EPOCH`, the
+//!    longest gap between two heartbeats of a member, the full transitions' latency, Redis CPU,
+//!    `INFO commandstats`, a one-second SLOWLOG sample of the scripts' server time, and the
+//!    bench process's own CPU (`/proc/self/stat`; every member's client work runs in it).
+//!    Redis CPU there includes the monitor's own group load each interval and the SLOWLOG
+//!    sample (its `slowlog|get` shows in the command statistics);
 //! 4. steady state: every member heartbeats every 3 s with its own driver task, start times
 //!    spread evenly (100 members: one heartbeat every 30 ms); one heartbeat interval of warm-up,
 //!    then the measured window.
@@ -36,20 +55,23 @@
 //! - `--window <secs>` / `STORE_BENCH_WINDOW_SECS`: the measured steady window (default 30);
 //! - `--baseline-window <secs>` / `STORE_BENCH_BASELINE_SECS`: each baseline's window (default 10);
 //! - `--idle <secs>` / `STORE_BENCH_IDLE_SECS`: the idle window (default 5);
-//! - `--scenario a|b|c|all` / `STORE_BENCH_SCENARIO`: which scenarios, comma-separated
+//! - `--scenario a|b|c|d|e|all` / `STORE_BENCH_SCENARIO`: which scenarios, comma-separated
 //!   (default all);
 //! - `--converge-limit <secs>` / `STORE_BENCH_CONVERGE_SECS`: give up converging a scenario
 //!   after this long (default 300; its steady state is then not measured);
 //! - `--lease-ttl <secs>` / `STORE_BENCH_LEASE_TTL_SECS`: `member_lease_ttl` of every scenario
-//!   (default: 15 s for `a`, 60 s for `b`, see [`SCENARIOS`]).
+//!   (default: 15 s for `a`, `d`, `e`; 60 s for `b`, `c`; see [`SCENARIOS`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::AsyncCommands;
 use stream_listener_core::internals::connection::{RedisConnection, RedisTarget};
 use stream_listener_core::internals::coordinator::CoordinatorConfig;
 use stream_listener_core::internals::keys::{GroupKeys, StreamKeys};
+use stream_listener_core::internals::report::Chain;
 use stream_listener_core::internals::store::GroupStore;
 use stream_listener_core::model::{
     GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeState, ShardIndex,
@@ -80,6 +102,9 @@ struct Scenario {
     lease_ttl: Option<Duration>,
     /// The group is provisioned as after a loss (a hand-out hold of one lease TTL).
     after_loss: bool,
+    /// Convergence drives every member in its own task on its own schedule
+    /// ([`converge_concurrent`]) instead of one heartbeat at a time ([`converge`]).
+    concurrent: bool,
 }
 
 impl Scenario {
@@ -95,13 +120,14 @@ impl Scenario {
     }
 }
 
-const SCENARIOS: [Scenario; 3] = [
+const SCENARIOS: [Scenario; 5] = [
     Scenario {
         name: "a",
         members: 100,
         shards: 1_000,
         lease_ttl: None,
         after_loss: false,
+        concurrent: false,
     },
     Scenario {
         name: "b",
@@ -114,6 +140,7 @@ const SCENARIOS: [Scenario; 3] = [
         // (fast path) does not depend on the TTL.
         lease_ttl: Some(Duration::from_secs(60)),
         after_loss: false,
+        concurrent: false,
     },
     Scenario {
         name: "c",
@@ -122,6 +149,25 @@ const SCENARIOS: [Scenario; 3] = [
         // As b; the hand-out hold lasts this long too, so convergence takes a minute longer.
         lease_ttl: Some(Duration::from_secs(60)),
         after_loss: true,
+        concurrent: false,
+    },
+    Scenario {
+        name: "d",
+        members: 1_000,
+        shards: 10_000,
+        // As deployed: every member on its own schedule, default timings (15 s lease).
+        lease_ttl: None,
+        after_loss: false,
+        concurrent: true,
+    },
+    Scenario {
+        name: "e",
+        members: 100,
+        shards: 1_000,
+        // The small one: shows the concurrent driver converges a group when the store keeps up.
+        lease_ttl: None,
+        after_loss: false,
+        concurrent: true,
     },
 ];
 
@@ -408,16 +454,18 @@ impl Unit for Renewal {
 
 /// `used_cpu_sys + used_cpu_user` of the server, seconds.
 async fn redis_cpu(conn: &mut RedisConnection) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(conn)
-        .await
-        .expect("INFO cpu");
-    info_fields(&info)
+    try_redis_cpu(conn).await.expect("INFO cpu")
+}
+
+/// [`redis_cpu`], `None` when `INFO` fails.
+async fn try_redis_cpu(conn: &mut RedisConnection) -> Option<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await.ok()?;
+    let cpu = info_fields(&info)
         .into_iter()
         .filter(|(k, _)| k == "used_cpu_sys" || k == "used_cpu_user")
         .filter_map(|(_, v)| v.parse::<f64>().ok())
-        .sum()
+        .sum();
+    Some(cpu)
 }
 
 fn info_fields(info: &str) -> Vec<(String, String)> {
@@ -697,6 +745,640 @@ async fn converge(
     false
 }
 
+/// Counters shared by the member tasks of [`converge_concurrent`] (cumulative since the start).
+#[derive(Debug, Default)]
+struct Live {
+    /// Heartbeats sent; `heartbeats`: answered (or failed).
+    started: AtomicU64,
+    heartbeats: AtomicU64,
+    full: AtomicU64,
+    fast: AtomicU64,
+    /// Full transitions that needed more than one compare-and-set attempt.
+    conflicts: AtomicU64,
+    retries: AtomicU64,
+    unknown: AtomicU64,
+    /// `UNKNOWN_MEMBER_ID` to a member whose previous heartbeat started less than a lease TTL
+    /// before this one: a member expiring while it heartbeats on time.
+    unknown_on_time: AtomicU64,
+    /// Of those, the ones whose previous heartbeat was answered `RETRY` (which renews nothing).
+    unknown_on_time_after_retry: AtomicU64,
+    fenced: AtomicU64,
+    errors: AtomicU64,
+    /// Members that sent their first heartbeat (the join).
+    joined: AtomicU64,
+    /// Members whose last answer left them converged ([`Member::converged`]).
+    converged: AtomicI64,
+    /// µs since the start: the last member's first heartbeat.
+    last_join_us: AtomicU64,
+    /// µs since the start: the latest answer that made a member converged.
+    last_converged_us: AtomicU64,
+    /// Longest time between the starts of two heartbeats of one member, µs.
+    max_gap_us: AtomicU64,
+    /// Gaps longer than 1.5 heartbeat intervals (the driver fell behind its schedule).
+    late_gaps: AtomicU64,
+    /// Longest delay between a tick's scheduled time and its heartbeat's start, µs.
+    max_lateness_us: AtomicU64,
+    /// The full transitions' samples.
+    full_samples: std::sync::Mutex<Vec<Sample>>,
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn load(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+/// One member on its own schedule: heartbeats at `first`, then every `interval` (a tick missed
+/// because a heartbeat took longer goes out at once), until `stop`. An in-flight heartbeat is
+/// finished, so the member's state stays consistent.
+#[allow(clippy::too_many_arguments)]
+async fn drive_member(
+    mut member: Member,
+    first: Instant,
+    interval: Duration,
+    ttl: Duration,
+    base: Instant,
+    live: Arc<Live>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Member {
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::from_std(first), interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut converged = false;
+    let mut previous: Option<(Instant, Option<HeartbeatStatus>)> = None;
+    loop {
+        let at = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => break,
+            at = ticker.tick() => at.into_std(),
+        };
+        live.max_lateness_us
+            .fetch_max(micros(at.elapsed()), Ordering::Relaxed);
+        live.started.fetch_add(1, Ordering::Relaxed);
+        let sample = member.heartbeat().await;
+        live.heartbeats.fetch_add(1, Ordering::Relaxed);
+        match previous {
+            None => {
+                live.joined.fetch_add(1, Ordering::Relaxed);
+                live.last_join_us
+                    .fetch_max(micros(sample.start - base), Ordering::Relaxed);
+            }
+            Some((at, _)) => {
+                let gap = sample.start - at;
+                live.max_gap_us.fetch_max(micros(gap), Ordering::Relaxed);
+                if gap > interval * 3 / 2 {
+                    live.late_gaps.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        if sample.error {
+            live.errors.fetch_add(1, Ordering::Relaxed);
+        } else if sample.fast_path {
+            live.fast.fetch_add(1, Ordering::Relaxed);
+        } else {
+            live.full.fetch_add(1, Ordering::Relaxed);
+        }
+        if sample.attempts > 1 {
+            live.conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        match sample.status {
+            Some(HeartbeatStatus::Retry) => {
+                live.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(HeartbeatStatus::UnknownMemberId) => {
+                live.unknown.fetch_add(1, Ordering::Relaxed);
+                if let Some((at, status)) = previous
+                    && sample.start - at < ttl
+                {
+                    live.unknown_on_time.fetch_add(1, Ordering::Relaxed);
+                    if status == Some(HeartbeatStatus::Retry) {
+                        live.unknown_on_time_after_retry
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Some(HeartbeatStatus::FencedMemberEpoch) => {
+                live.fenced.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        let now_converged = member.converged();
+        if now_converged != converged {
+            converged = now_converged;
+            live.converged
+                .fetch_add(if converged { 1 } else { -1 }, Ordering::Relaxed);
+            if converged {
+                live.last_converged_us
+                    .fetch_max(micros(base.elapsed()), Ordering::Relaxed);
+            }
+        }
+        previous = Some((sample.start, sample.status));
+        if !sample.fast_path && sample.status.is_some() {
+            live.full_samples.lock().expect("samples").push(sample);
+        }
+    }
+    member
+}
+
+/// The bench process's own CPU (all its threads), seconds: `utime + stime` of `/proc/self/stat`
+/// (in `USER_HZ`, 100 per second on Linux). NaN where it cannot be read.
+fn process_cpu() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return f64::NAN;
+    };
+    // After the command name: field 3 (state) is index 0, utime (14) index 11, stime (15) 12.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Server-side time of each coordinator script, from a SLOWLOG sample of every command over
+/// `window`: (script, calls, usec), told apart by their keys and arguments (`EVALSHA sha numkeys
+/// …`: the load has 2 keys and no argument, the fast path 2 keys and arguments, the
+/// compare-and-set 3 keys). The SLOWLOG settings are restored afterwards.
+async fn script_sample(conn: &mut RedisConnection, window: Duration) -> Vec<(String, u64, u64)> {
+    let get = |conn: &mut RedisConnection, name: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            let reply: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            reply.get(1).cloned()
+        }
+    };
+    let slower = get(conn, "slowlog-log-slower-than")
+        .await
+        .unwrap_or_else(|| "10000".into());
+    let len = get(conn, "slowlog-max-len")
+        .await
+        .unwrap_or_else(|| "128".into());
+    let set = |conn: &mut RedisConnection, name: &'static str, value: String| {
+        let mut conn = conn.clone();
+        async move {
+            let _: redis::RedisResult<()> = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query_async(&mut conn)
+                .await;
+        }
+    };
+    set(conn, "slowlog-max-len", "100000".into()).await;
+    let _: redis::RedisResult<()> = redis::cmd("SLOWLOG").arg("RESET").query_async(conn).await;
+    set(conn, "slowlog-log-slower-than", "0".into()).await;
+    tokio::time::sleep(window).await;
+    set(conn, "slowlog-log-slower-than", slower).await;
+    let entries: redis::RedisResult<Vec<redis::Value>> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(100_000)
+        .query_async(conn)
+        .await;
+    let _: redis::RedisResult<()> = redis::cmd("SLOWLOG").arg("RESET").query_async(conn).await;
+    set(conn, "slowlog-max-len", len).await;
+    let mut by_script: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for entry in entries.unwrap_or_default() {
+        // [id, timestamp, usec, [args…], client address, client name]
+        let redis::Value::Array(fields) = entry else {
+            continue;
+        };
+        let usec = match fields.get(2) {
+            Some(redis::Value::Int(u)) => u64::try_from(*u).unwrap_or(0),
+            _ => continue,
+        };
+        let args: Vec<String> = match fields.get(3) {
+            Some(redis::Value::Array(args)) => args
+                .iter()
+                .map(|a| redis::from_redis_value::<String>(a.clone()).unwrap_or_default())
+                .collect(),
+            _ => continue,
+        };
+        let command = args
+            .first()
+            .map(|c| c.to_ascii_lowercase())
+            .unwrap_or_default();
+        let name = if command == "evalsha" {
+            match (args.get(2).map(String::as_str), args.len()) {
+                (Some("2"), 5) => "script: load".to_owned(),
+                (Some("2"), _) => "script: fast path".to_owned(),
+                (Some("3"), _) => "script: compare-and-set".to_owned(),
+                (keys, _) => format!("script: other ({} keys)", keys.unwrap_or("?")),
+            }
+        } else {
+            command
+        };
+        let e = by_script.entry(name).or_default();
+        e.0 += 1;
+        e.1 += usec;
+    }
+    let mut scripts: Vec<(String, u64, u64)> = by_script
+        .into_iter()
+        .map(|(name, (calls, usec))| (name, calls, usec))
+        .collect();
+    scripts.sort_by_key(|s| std::cmp::Reverse(s.2));
+    scripts
+}
+
+/// What a concurrent convergence gave.
+#[derive(Debug, Clone, Default)]
+struct Concurrent {
+    limit: Duration,
+    /// From the last join to the answer that made the last member converged, when the group was
+    /// then seen `STABLE` with every member converged; `None`: not within `limit`.
+    converged_after_last_join: Option<Duration>,
+    /// From the last join to when the monitor saw it (polls every 100 ms).
+    observed_after_last_join: Option<Duration>,
+    /// From the first join to the last one.
+    joins_took: Duration,
+    heartbeats: u64,
+    full: u64,
+    fast: u64,
+    conflicts: u64,
+    retries: u64,
+    unknown: u64,
+    unknown_on_time: u64,
+    unknown_on_time_after_retry: u64,
+    fenced: u64,
+    errors: u64,
+    max_gap: Duration,
+    late_gaps: u64,
+    max_lateness: Duration,
+    /// The full transitions' samples (for their latency).
+    full_latency: Measured,
+    /// From the start until every task stopped.
+    wall: Duration,
+    /// From the stop signal until every task stopped (in-flight heartbeats finish).
+    stopping: Duration,
+    /// Tasks aborted: all of them at the limit; when converged, any still running 30 s after
+    /// the stop signal.
+    aborted: usize,
+    /// Heartbeats sent but not answered when the tasks stopped.
+    in_flight: u64,
+    /// Redis CPU over `wall`, fraction of one core; the bench process's, in cores.
+    redis_cpu: f64,
+    bench_cpu: f64,
+    commands: Vec<(String, u64, u64)>,
+    scripts: Vec<(String, u64, u64)>,
+}
+
+/// Every member in its own task, heartbeating every `heartbeat_interval` on its own schedule,
+/// first heartbeats (the joins) spread evenly over the first interval, as [`run_paced`] does;
+/// the protocol as [`Member`] follows it (a `RETRY` is answered by the next tick's heartbeat).
+/// A monitor on a thread and runtime of its own (so the members' work does not starve it) prints
+/// progress every heartbeat interval and ends the convergence when the group is `STABLE` with
+/// every member converged, or after `limit` from the first join. Then the tasks stop: after
+/// their in-flight heartbeat when converged (the members go on to the steady window), at once
+/// (aborted) when not. Returns the members (all of them only when none was aborted) and the
+/// figures.
+async fn converge_concurrent(
+    members: Vec<Member>,
+    target: &RedisTarget,
+    stream_keys: &StreamKeys,
+    store: &GroupStore,
+    config: &CoordinatorConfig,
+    limit: Duration,
+) -> (Vec<Member>, Concurrent) {
+    let interval = config.heartbeat_interval;
+    let ttl = config.member_lease_ttl;
+    let n = members.len();
+    let live = Arc::new(Live::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut conn = RedisConnection::connect(target, Duration::from_secs(10))
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+    let redis_before = redis_cpu(&mut conn).await;
+    let bench_before = process_cpu();
+    let base = Instant::now();
+    let step = interval / u32::try_from(n).expect("few members");
+    let tasks: Vec<_> = members
+        .into_iter()
+        .enumerate()
+        .map(|(i, member)| {
+            let first = base + step * u32::try_from(i).expect("few members");
+            tokio::spawn(drive_member(
+                member,
+                first,
+                interval,
+                ttl,
+                base,
+                live.clone(),
+                stop_rx.clone(),
+            ))
+        })
+        .collect();
+
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let monitor = {
+        let (target, live) = (target.clone(), live.clone());
+        let (stream_keys, group_keys, config) =
+            (stream_keys.clone(), store.keys().clone(), config.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("monitor runtime");
+            let figures = runtime.block_on(async move {
+                // The monitor's connection, and its store's, are driven by its own runtime.
+                let conn = RedisConnection::connect(&target, Duration::from_secs(10))
+                    .await
+                    .expect("connect the monitor");
+                let store = GroupStore::new(conn.clone(), stream_keys, group_keys, config);
+                monitor(conn, store, live, n, base, interval, limit).await
+            });
+            let _ = done_tx.send(figures);
+        })
+    };
+    let mut figures = done_rx.await.expect("monitor");
+    monitor.join().expect("monitor thread");
+    let stop_at = Instant::now();
+    let _ = stop_tx.send(true);
+    let converged = figures.converged_after_last_join.is_some();
+    let grace = if converged {
+        Duration::from_secs(30)
+    } else {
+        Duration::ZERO
+    };
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut members = Vec::with_capacity(n);
+    for mut task in tasks {
+        if !converged {
+            task.abort();
+        }
+        match tokio::time::timeout_at(deadline, &mut task).await {
+            Ok(Ok(member)) => members.push(member),
+            Ok(Err(e)) if e.is_cancelled() => figures.aborted += 1,
+            Ok(Err(e)) => panic!("member task: {e}"),
+            Err(_) => {
+                task.abort();
+                figures.aborted += 1;
+            }
+        }
+    }
+    figures.stopping = stop_at.elapsed();
+    figures.redis_cpu = (figures.redis_cpu - redis_before) / figures.wall.as_secs_f64();
+    figures.bench_cpu = (figures.bench_cpu - bench_before) / figures.wall.as_secs_f64();
+    figures.limit = limit;
+    figures.in_flight = load(&live.started).saturating_sub(load(&live.heartbeats));
+    figures.joins_took = Duration::from_micros(load(&live.last_join_us));
+    figures.heartbeats = load(&live.heartbeats);
+    figures.full = load(&live.full);
+    figures.fast = load(&live.fast);
+    figures.conflicts = load(&live.conflicts);
+    figures.retries = load(&live.retries);
+    figures.unknown = load(&live.unknown);
+    figures.unknown_on_time = load(&live.unknown_on_time);
+    figures.unknown_on_time_after_retry = load(&live.unknown_on_time_after_retry);
+    figures.fenced = load(&live.fenced);
+    figures.errors = load(&live.errors);
+    figures.max_gap = Duration::from_micros(load(&live.max_gap_us));
+    figures.late_gaps = load(&live.late_gaps);
+    figures.max_lateness = Duration::from_micros(load(&live.max_lateness_us));
+    figures.full_latency = Measured {
+        samples: std::mem::take(&mut *live.full_samples.lock().expect("samples")),
+        wall: figures.wall,
+        ..Measured::default()
+    };
+    (members, figures)
+}
+
+/// How long the monitor waits for one of its reads (so that it stops near the limit).
+const MONITOR_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The monitor of [`converge_concurrent`], on its own connection: progress every `interval`,
+/// the end (converged or `limit`), and at the end Redis's CPU seconds, the bench process's and
+/// the command statistics (cumulative: the caller subtracts the start).
+async fn monitor(
+    mut conn: RedisConnection,
+    mut store: GroupStore,
+    live: Arc<Live>,
+    n: usize,
+    base: Instant,
+    interval: Duration,
+    limit: Duration,
+) -> Concurrent {
+    let mut figures = Concurrent::default();
+    let mut next_progress = base + interval;
+    let mut last_progress: Option<(Instant, f64, f64, u64)> = None;
+    let mut sampled = false;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let joined = load(&live.joined);
+        let converged = usize::try_from(live.converged.load(Ordering::Relaxed)).unwrap_or(0);
+        let last_join = Duration::from_micros(load(&live.last_join_us));
+        if joined == n as u64
+            && converged == n
+            && let Ok(Ok(loaded)) = tokio::time::timeout(MONITOR_TIMEOUT, store.load()).await
+            && loaded.group.meta.state == GroupState::Stable
+            && loaded.group.members.len() == n
+        {
+            let last = Duration::from_micros(load(&live.last_converged_us));
+            figures.converged_after_last_join = Some(last.saturating_sub(last_join));
+            figures.observed_after_last_join = Some(base.elapsed().saturating_sub(last_join));
+            break;
+        }
+        // One SLOWLOG sample of the scripts' server time, a second after the last join (the
+        // group at full size, rebalancing).
+        if !sampled && joined == n as u64 && base.elapsed() > last_join + Duration::from_secs(1) {
+            sampled = true;
+            figures.scripts = script_sample(&mut conn, Duration::from_secs(1)).await;
+        }
+        if Instant::now() >= next_progress {
+            next_progress += interval;
+            let loaded = tokio::time::timeout(MONITOR_TIMEOUT, store.load()).await;
+            let (state, in_group) = match &loaded {
+                Ok(Ok(l)) => (format!("{:?}", l.group.meta.state), l.group.members.len()),
+                Ok(Err(e)) => (format!("load failed: {}", Chain(e)), 0),
+                Err(_) => (format!("load not answered within {MONITOR_TIMEOUT:?}"), 0),
+            };
+            let now = Instant::now();
+            // NaN when INFO does not answer in time.
+            let redis = tokio::time::timeout(MONITOR_TIMEOUT, try_redis_cpu(&mut conn))
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(f64::NAN);
+            let bench = process_cpu();
+            let heartbeats = load(&live.heartbeats);
+            let last = match last_progress {
+                None => String::new(),
+                Some((at, redis_then, bench_then, heartbeats_then)) => {
+                    let secs = (now - at).as_secs_f64();
+                    format!(
+                        "; last {secs:.1}s: {:.0} answers/s, Redis CPU {:.0}%, bench CPU {:.2} \
+                         cores",
+                        (heartbeats - heartbeats_then) as f64 / secs,
+                        (redis - redis_then) / secs * 100.0,
+                        (bench - bench_then) / secs,
+                    )
+                }
+            };
+            println!(
+                "  t {:>5.1}s: joined {joined}/{n}, group {state}, {in_group} members, converged \
+                 {converged}/{n}; in flight {}; full {}, fast {}, CAS conflicts {}, RETRY {}, \
+                 UNKNOWN_MEMBER_ID {} (on time {}), FENCED_MEMBER_EPOCH {}{}; longest gap \
+                 {:.1?}{last}",
+                (now - base).as_secs_f64(),
+                load(&live.started).saturating_sub(heartbeats),
+                load(&live.full),
+                load(&live.fast),
+                load(&live.conflicts),
+                load(&live.retries),
+                load(&live.unknown),
+                load(&live.unknown_on_time),
+                load(&live.fenced),
+                match load(&live.errors) {
+                    0 => String::new(),
+                    e => format!(", ERRORS {e}"),
+                },
+                Duration::from_micros(load(&live.max_gap_us)),
+            );
+            if !redis.is_nan() {
+                last_progress = Some((now, redis, bench, heartbeats));
+            }
+        }
+        if base.elapsed() >= limit {
+            println!("  did not converge within {limit:?}: stopping the members");
+            break;
+        }
+    }
+    figures.wall = base.elapsed();
+    figures.redis_cpu = try_redis_cpu(&mut conn).await.unwrap_or(f64::NAN);
+    figures.bench_cpu = process_cpu();
+    figures.commands = command_stats(&mut conn).await;
+    figures
+}
+
+/// The end-of-convergence report of [`converge_concurrent`].
+fn print_concurrent(c: &Concurrent, config: &CoordinatorConfig, members: usize) {
+    match (c.converged_after_last_join, c.observed_after_last_join) {
+        (Some(took), Some(seen)) => println!(
+            "  CONVERGED {took:.1?} after the last join (the last member's converged answer; \
+             STABLE seen {seen:.1?} after it); joins spread over {:.1?}",
+            c.joins_took
+        ),
+        _ => println!(
+            "  did not converge within {:?} (joins spread over {:.1?})",
+            c.limit, c.joins_took
+        ),
+    }
+    println!(
+        "  {} heartbeats: full transitions {}, fast-path answers {}, CAS conflicts (attempts > 1) \
+         {}, RETRY {}, UNKNOWN_MEMBER_ID {} ({} to a member that heartbeated on time, {} of them \
+         after a RETRY), FENCED_MEMBER_EPOCH {}, errors {}",
+        c.heartbeats,
+        c.full,
+        c.fast,
+        c.conflicts,
+        c.retries,
+        c.unknown,
+        c.unknown_on_time,
+        c.unknown_on_time_after_retry,
+        c.fenced,
+        c.errors
+    );
+    if c.unknown_on_time > 0 {
+        println!(
+            "  VIOLATION: {} times a member heartbeating on time (gap < lease TTL {:?}) was \
+             answered UNKNOWN_MEMBER_ID",
+            c.unknown_on_time, config.member_lease_ttl
+        );
+    }
+    println!(
+        "  longest gap between two heartbeats of a member {:.1?} (interval {:?}); {} gaps over \
+         1.5 intervals; a tick started at most {:.1?} late{}",
+        c.max_gap,
+        config.heartbeat_interval,
+        c.late_gaps,
+        c.max_lateness,
+        if c.max_gap > config.heartbeat_interval * 3 / 2 {
+            ": the members fell behind their schedule"
+        } else {
+            ""
+        }
+    );
+    let full = &c.full_latency;
+    println!(
+        "  full transitions, client side: p50 {}, p99 {}, max {} ({} samples)",
+        ms(full.percentile(50.0)),
+        ms(full.percentile(99.0)),
+        ms(full.max()),
+        full.samples.len()
+    );
+    let evalsha = c
+        .commands
+        .iter()
+        .find(|(name, _, _)| name == "evalsha")
+        .map_or((0, 0), |(_, calls, usec)| (*calls, *usec));
+    println!(
+        "  over {:.1?} (stopping took {:.1?}{}, {} heartbeats in flight): Redis CPU {:.1}% of a core, {:.2} ms of Redis \
+         CPU per full transition; EVALSHA {} calls, {:.2} ms per full transition; bench process \
+         CPU {:.2} cores of {}{}",
+        c.wall,
+        c.stopping,
+        if c.aborted > 0 {
+            format!(", {} tasks aborted", c.aborted)
+        } else {
+            String::new()
+        },
+        c.in_flight,
+        c.redis_cpu * 100.0,
+        c.redis_cpu * c.wall.as_secs_f64() * 1e3 / c.full.max(1) as f64,
+        evalsha.0,
+        evalsha.1 as f64 / 1e3 / c.full.max(1) as f64,
+        c.bench_cpu,
+        std::thread::available_parallelism().map_or(0, usize::from),
+        if c.bench_cpu
+            > 0.8 * std::thread::available_parallelism().map_or(f64::INFINITY, |p| p.get() as f64)
+        {
+            ": the bench process is near saturation, the figures are client-bound"
+        } else {
+            ""
+        }
+    );
+    // The load script reads Redis TIME: its calls count the group loads (the monitor's too),
+    // one per compare-and-set attempt of a full transition (and one more before a RETRY).
+    let loads = c
+        .commands
+        .iter()
+        .find(|(name, _, _)| name == "time")
+        .map_or(0, |(_, calls, _)| *calls);
+    println!(
+        "  group loads (TIME calls) {loads}: {:.1} per full transition; bench CPU {:.1} ms per \
+         load (the client's decode + transition of each attempt)",
+        loads as f64 / c.full.max(1) as f64,
+        c.bench_cpu * c.wall.as_secs_f64() * 1e3 / loads.max(1) as f64
+    );
+    println!("  INFO commandstats of the convergence ({members} members):");
+    print_commands(&c.commands, 8);
+    if c.scripts.is_empty() {
+        println!("  SLOWLOG sample of the scripts: none taken (converged first)");
+    } else {
+        println!("  SLOWLOG sample (1 s, a second after the last join), server time per command:");
+        for (name, calls, usec) in c.scripts.iter().take(6) {
+            println!(
+                "    {name:<24} calls {calls:>7}  usec {usec:>10}  usec/call {:>8.2}",
+                *usec as f64 / (*calls).max(1) as f64
+            );
+        }
+    }
+}
+
 /// The figures of one scenario.
 struct Report {
     scenario: Scenario,
@@ -706,6 +1388,8 @@ struct Report {
     /// `None` when the group did not converge.
     steady: Option<Measured>,
     convergence: Duration,
+    /// The concurrent convergence's figures (scenarios d, e).
+    concurrent: Option<Concurrent>,
 }
 
 async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
@@ -772,7 +1456,7 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
         conn.clone(),
         stream_keys.clone(),
         group_keys.clone(),
-        config,
+        config.clone(),
     );
     store
         .provision(scenario.after_loss)
@@ -781,6 +1465,65 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
     let mut members: Vec<Member> = (0..scenario.members)
         .map(|i| Member::new(member_id(i), store.clone()))
         .collect();
+    if scenario.concurrent {
+        println!(
+            "  concurrent convergence: every member in its own task, a heartbeat every \
+             {interval:?}, the joins spread over the first interval (progress every interval):"
+        );
+        // As deployed: every member (a process of its own) on a connection of its own, so no
+        // member's answer waits behind another's on one multiplexed connection; the monitor too.
+        let mut own = Vec::with_capacity(scenario.members);
+        for i in 0..scenario.members {
+            let member_conn = RedisConnection::connect(&target, Duration::from_secs(10))
+                .await
+                .expect("connect a member");
+            let member_store = GroupStore::new(
+                member_conn,
+                stream_keys.clone(),
+                group_keys.clone(),
+                config.clone(),
+            );
+            own.push(Member::new(member_id(i), member_store));
+        }
+        drop(members);
+        let convergence_start = Instant::now();
+        let (driven, figures) = converge_concurrent(
+            own,
+            &target,
+            &stream_keys,
+            &store,
+            &config,
+            options.converge_limit,
+        )
+        .await;
+        let convergence = convergence_start.elapsed();
+        print_concurrent(&figures, &config, scenario.members);
+        let converged = figures.converged_after_last_join.is_some() && figures.aborted == 0;
+        if !converged {
+            println!("  steady window skipped: the group did not converge");
+            return Report {
+                scenario,
+                idle,
+                ping,
+                renewal,
+                steady: None,
+                convergence,
+                concurrent: Some(figures),
+            };
+        }
+        members = driven;
+        return steady_state(
+            scenario,
+            options,
+            (idle, ping, renewal),
+            members,
+            &mut store,
+            &conn,
+            &group_keys,
+            (convergence, Some(figures)),
+        )
+        .await;
+    }
     println!("  convergence (round 0 = the joins):");
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -813,10 +1556,36 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
             renewal,
             steady: None,
             convergence,
+            concurrent: None,
         };
     }
+    steady_state(
+        scenario,
+        options,
+        (idle, ping, renewal),
+        members,
+        &mut store,
+        &conn,
+        &group_keys,
+        (convergence, None),
+    )
+    .await
+}
 
-    // 4. Steady state: one interval of warm-up, then the window.
+/// 4. Steady state: one interval of warm-up, then the window.
+#[allow(clippy::too_many_arguments)]
+async fn steady_state(
+    scenario: Scenario,
+    options: &Options,
+    (idle, ping, renewal): (Measured, Measured, Measured),
+    members: Vec<Member>,
+    store: &mut GroupStore,
+    conn: &RedisConnection,
+    group_keys: &GroupKeys,
+    (convergence, concurrent): (Duration, Option<Concurrent>),
+) -> Report {
+    let interval = scenario.config().heartbeat_interval;
+    let lead = Duration::from_millis(200);
     let now = Instant::now();
     let start = now + lead;
     let from = start + interval;
@@ -828,7 +1597,7 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
         from,
         stop,
         conn.clone(),
-        Some(&group_keys),
+        Some(group_keys),
     )
     .await;
     print_window("steady heartbeats", &steady);
@@ -842,7 +1611,6 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
     );
     println!("  INFO commandstats of the steady window:");
     print_commands(&steady.commands, 6);
-    drop(server);
     Report {
         scenario,
         idle,
@@ -850,6 +1618,7 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
         renewal,
         steady: Some(steady),
         convergence,
+        concurrent,
     }
 }
 
@@ -976,6 +1745,61 @@ fn summary(reports: &[Report], options: &Options) {
                 m.cpu() * 100.0
             );
         }
+    }
+    if reports.iter().any(|r| r.concurrent.is_some()) {
+        println!(
+            "\nconcurrent convergence (every member in its own task on its own schedule; the \
+             cumulative figures run from the first join to the stop):"
+        );
+        println!(
+            "| scenario | lease TTL | converged after the last join | full transitions | \
+             fast path | CAS conflicts | RETRY | UNKNOWN_MEMBER_ID (to members on time) | \
+             FENCED_MEMBER_EPOCH | longest heartbeat gap | full transition p50 / p99 / max | \
+             Redis CPU (% of a core) | Redis CPU per full transition | EVALSHA per full \
+             transition | bench CPU (cores) |"
+        );
+        println!(
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- \
+             | --- |"
+        );
+    }
+    for r in reports {
+        let Some(c) = &r.concurrent else {
+            continue;
+        };
+        let evalsha_usec = c
+            .commands
+            .iter()
+            .find(|(name, _, _)| name == "evalsha")
+            .map_or(0, |(_, _, usec)| *usec);
+        let full = c.full.max(1) as f64;
+        println!(
+            "| {} ({} members x {} shards) | {:?} | {} | {} | {} | {} | {} | {} ({}) | {} | \
+             {:.1?} | {} / {} / {} | {:.1}% | {:.2} ms | {:.2} ms | {:.2} |",
+            r.scenario.name,
+            r.scenario.members,
+            r.scenario.shards,
+            r.scenario.config().member_lease_ttl,
+            c.converged_after_last_join.map_or_else(
+                || format!("did not converge within {:?}", c.limit),
+                |d| format!("{d:.1?}")
+            ),
+            c.full,
+            c.fast,
+            c.conflicts,
+            c.retries,
+            c.unknown,
+            c.unknown_on_time,
+            c.fenced,
+            c.max_gap,
+            ms(c.full_latency.percentile(50.0)),
+            ms(c.full_latency.percentile(99.0)),
+            ms(c.full_latency.max()),
+            c.redis_cpu * 100.0,
+            c.redis_cpu * c.wall.as_secs_f64() * 1e3 / full,
+            evalsha_usec as f64 / 1e3 / full,
+            c.bench_cpu,
+        );
     }
     for r in reports {
         println!(
