@@ -4,6 +4,7 @@
 
 use super::{FAST, FAST_SEQ, FAST_WORKERS, GroupStore, LoadedGroup, MEMBER, META, STEADY};
 use crate::coordinator::{self, CoordinatorConfig, Group};
+use crate::model::MemberMetadata;
 use crate::store::{StoreError, scripts};
 
 impl GroupStore {
@@ -35,6 +36,12 @@ impl GroupStore {
             Err(e) => Err(self.wrong_type(e).await),
         }
     }
+}
+
+/// A value the coordinator made that does not serialise (not expected: the model types are plain
+/// data), named by its field.
+fn unserialisable(field: &str, error: serde_json::Error) -> StoreError {
+    StoreError::corrupt("group", field, error)
 }
 
 /// Adds `items` to a script call as their count, then each item.
@@ -80,13 +87,9 @@ impl Writes {
         &mut self,
         loaded: &LoadedGroup,
         group: &Group,
-        id: &str,
+        (id, member): (&str, &MemberMetadata),
         config: &CoordinatorConfig,
     ) -> Result<bool, StoreError> {
-        let key_err = |field: &str, e| StoreError::corrupt("group", field, e);
-        let Some(member) = group.members.get(id) else {
-            return Ok(false);
-        };
         let Some(response) = coordinator::steady_response(group, id, config) else {
             // A member with no steady answer now (away after `-2`, not converged): an entry
             // of an earlier steady write would let a late duplicate of an older request,
@@ -111,7 +114,7 @@ impl Writes {
             member.runtime_max_concurrency,
             member.current_assignment.iter(),
         );
-        let json = serde_json::to_string(&response).map_err(|e| key_err(id, e))?;
+        let json = serde_json::to_string(&response).map_err(|e| unserialisable(id, e))?;
         let entry = self.set_if_changed(loaded, format!("{FAST}{id}"), format!("{print}\n{json}"));
         let seq = self.set_if_changed(
             loaded,
@@ -126,15 +129,14 @@ impl Writes {
         group: &Group,
         config: &CoordinatorConfig,
     ) -> Result<Self, StoreError> {
-        let key_err = |field: &str, e| StoreError::corrupt("group", field, e);
         let mut writes = Writes::default();
-        let meta = serde_json::to_string(&group.meta).map_err(|e| key_err(META, e))?;
+        let meta = serde_json::to_string(&group.meta).map_err(|e| unserialisable(META, e))?;
         writes.set_if_changed(loaded, META.into(), meta);
         let steady = group.meta.state == crate::model::GroupState::Stable
             && group.meta.correction_round.is_none();
         for (id, member) in &group.members {
             let fast_fields_changed = if steady {
-                writes.steady_entry(loaded, group, id, config)?
+                writes.steady_entry(loaded, group, (id, member), config)?
             } else {
                 // No `steady` marker: the fast path answers nothing, and the next steady write
                 // rewrites or removes these fields.
@@ -147,7 +149,7 @@ impl Writes {
             // When its fast-path fields change, its JSON is written too, so that what they
             // counted stays with it (`apply_fast_path_state`).
             if fast_fields_changed || loaded.group.members.get(id) != Some(member) {
-                let json = serde_json::to_string(member).map_err(|e| key_err(id, e))?;
+                let json = serde_json::to_string(member).map_err(|e| unserialisable(id, e))?;
                 writes.set_if_changed(loaded, format!("{MEMBER}{id}"), json);
             }
         }
@@ -187,7 +189,7 @@ impl Writes {
         for member in group.history.iter().rev() {
             writes
                 .history
-                .push(serde_json::to_string(member).map_err(|e| key_err("history", e))?);
+                .push(serde_json::to_string(member).map_err(|e| unserialisable("history", e))?);
         }
         Ok(writes)
     }
