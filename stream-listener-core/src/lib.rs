@@ -40,6 +40,7 @@ mod reconciler;
 mod replication;
 mod report;
 mod runtime;
+mod script_flags;
 mod startup;
 pub mod state;
 mod store;

@@ -13,6 +13,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use crate::script_flags::ALLOW_OOM;
+
 /// Exact integer comparison and the order of fencing tokens: the part of [`PRELUDE`] that the
 /// check of a transactional read ([`check_fences`]) needs, which is sent whole every time.
 const TOKEN_ORDER: &str = r"
@@ -94,6 +96,11 @@ fn with_prelude(body: &str) -> Script {
     Script::new(&format!("{TOKEN_ORDER}{PRELUDE}{body}"))
 }
 
+/// [`with_prelude`] for a script that must run at `maxmemory` (its flags line first).
+fn with_prelude_allow_oom(body: &str) -> Script {
+    Script::new(&format!("{ALLOW_OOM}{TOKEN_ORDER}{PRELUDE}{body}"))
+}
+
 /// A read script that checks the fence first when `ARGV[5]` is `'1'` (strict mode); in acks
 /// mode `body` runs unchecked.
 fn fenced_if_strict(body: &str) -> Script {
@@ -105,19 +112,23 @@ fn fenced_if_strict(body: &str) -> Script {
 /// A script that checks the fence first, whatever the fencing mode: `body` runs only when the
 /// fence holds our token, else the refusal is the reply.
 fn always_fenced(body: &str) -> Script {
-    with_prelude(&format!(
-        "local refused = refusal()\nif refused then return refused end\n{body}"
-    ))
+    with_prelude(&fence_first(body))
+}
+
+/// `body` after the fence check (see [`always_fenced`]).
+fn fence_first(body: &str) -> String {
+    format!("local refused = refusal()\nif refused then return refused end\n{body}")
 }
 
 /// Raises the fence to our token: accepts a strictly higher `(incarnation, memberEpoch)` than the
 /// stored one, an empty field, or the same token again. No further arguments.
 /// Returns `{'EQUAL'}` (the fence holds our token now), `{'HIGHER', stored}` (unchanged), or
 /// `{'NOGROUP', ...}` when the shard stream does not exist: a fence is never written next to a
-/// missing stream, which may just have been retired (docs/design.md §8.11).
+/// missing stream, which may just have been retired (docs/design.md §8.11). Runs at `maxmemory`
+/// ([`ALLOW_OOM`]): a takeover must be possible in a full Redis, which only consuming drains.
 pub(crate) fn raise() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        with_prelude(
+        with_prelude_allow_oom(
             r"
 local missing = no_stream()
 if missing then return missing end
@@ -329,10 +340,11 @@ return {'OK', claimed, trimmed, more}
 /// so far, this one included (a first delivery's is counted only with `max_deliveries = 1`), and
 /// 1 when a corrupt value was dropped first (the key not a hash: deleted; the field not a
 /// decimal count below 10^15: removed), so the count starts again; `NOGROUP` when the shard
-/// stream does not exist (nothing is written next to a retired shard).
+/// stream does not exist (nothing is written next to a retired shard). Runs at `maxmemory`
+/// ([`ALLOW_OOM`]), so that re-delivered entries are still handled in a full Redis.
 pub(crate) fn count_attempt() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        always_fenced(
+        with_prelude_allow_oom(&fence_first(
             r"
 local missing = no_stream()
 if missing then return missing end
@@ -349,7 +361,7 @@ if stored and (not string.match(stored, '^%d+$') or #stored > 15) then
 end
 return {'OK', redis.call('HINCRBY', KEYS[3], ARGV[5], 1), repaired}
 ",
-        )
+        ))
     });
     &SCRIPT
 }

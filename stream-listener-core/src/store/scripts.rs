@@ -4,6 +4,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use crate::script_flags::ALLOW_OOM;
+
 /// Compare-and-set of the stream metadata hash.
 /// KEYS[1] stream metadata. ARGV: expected revision ('' = must not exist), new revision,
 /// metadataVersion, meta JSON, schema. Returns 1 when written, 0 on a conflict.
@@ -63,7 +65,8 @@ return 1
 /// LPUSH would leave the fields written before it).
 pub(crate) fn group_cas() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
+        Script::new(&format!(
+            "{ALLOW_OOM}{}",
             r"
 local current = redis.call('HMGET', KEYS[1], 'revision', 'leaseRevision')
 if (current[1] or '') ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
@@ -86,8 +89,8 @@ n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('LPUSH', KEYS[3], ARGV[i]); i = i + 1 end
 if n > 0 then redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[4]) - 1) end
 return 1
-",
-        )
+"
+        ))
     });
     &SCRIPT
 }
@@ -106,7 +109,8 @@ return 1
 /// first two, and names the others in a typed error.
 pub(crate) fn group_fast_path() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
+        Script::new(&format!(
+            "{ALLOW_OOM}{}",
             r"
 local h = KEYS[1]
 local steady = redis.call('HGET', h, 'steady')
@@ -141,8 +145,8 @@ redis.call('ZADD', KEYS[2], 'XX', string.format('%.0f', now + ttl), ARGV[1])
 redis.call('HSET', h, 'fastseq:' .. ARGV[1], ARGV[3], 'fastworkers:' .. ARGV[1], ARGV[6])
 redis.call('HINCRBY', h, 'leaseRevision', 1)
 return {'1', response}
-",
-        )
+"
+        ))
     });
     &SCRIPT
 }

@@ -302,17 +302,14 @@ impl World {
         }
     }
 
-    /// The raise script: `NOGROUP` on a retired shard, else `HSET` (refused under `maxmemory`)
-    /// of a strictly higher token; the same token again writes nothing.
+    /// The raise script: `NOGROUP` on a retired shard, else `HSET` of a strictly higher token;
+    /// the same token again writes nothing. It runs at `maxmemory` too (`allow-oom`).
     fn run_raise(&mut self, shard: ShardIndex, token: &FenceToken) -> ScriptReply {
         if !self.stream_exists(shard) {
             return ScriptReply::Gone;
         }
         let (verdict, value) = token.raise(self.fences.get(&shard));
         if self.fences.get(&shard) != Some(&value) {
-            if self.data.server.oom {
-                return ScriptReply::Error;
-            }
             self.fences.insert(shard, value);
             self.data.fence_keys.entry(shard).or_default().touch();
         }

@@ -1,0 +1,116 @@
+//! A Redis that fills up (`maxmemory`, policy `noeviction`): producers are refused, and the
+//! listeners must go on draining it, since handling and trimming what is there is the only thing
+//! that frees memory. Coordination writes are a few small fields (a lease score, a sequence, a
+//! fence), so they run at `maxmemory` too (docs/design.md §5.3, §8.2).
+
+mod support;
+
+use std::time::Duration;
+
+use stream_listener::core::member::Listener;
+use support::*;
+
+/// Sets `maxmemory` to 1 byte: every deny-oom command (`XADD`, `HSET`, `ZADD`, ...) is refused
+/// with `OOM` from now on, whatever the server holds.
+async fn fill_up(conn: &mut stream_listener::core::internals::connection::RedisConnection) {
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "1"])
+        .query_async(conn)
+        .await
+        .unwrap();
+    let refused: redis::RedisResult<String> = redis::cmd("XADD")
+        .arg("{orders:0}")
+        .arg("*")
+        .arg("key")
+        .arg("k")
+        .query_async(conn)
+        .await;
+    let error = refused.expect_err("an XADD at maxmemory is refused");
+    assert_eq!(error.code(), Some("OOM"), "{error}");
+}
+
+/// A member owning two shards with a backlog keeps handling it for many leases after Redis
+/// reached `maxmemory`: its heartbeats renew its lease there. They were refused (`OOM` on the
+/// fast path's `ZADD`), the member lost its lease after one TTL and stopped, and nothing freed
+/// the memory again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_keeps_draining_a_redis_at_maxmemory() {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(2).await.parts();
+    preload(&server.client(), &[0, 1], 150, 0);
+    let mut options = options(1);
+    options.batch_size = 8;
+    // 300 entries at 20 ms: 6 s, four lease TTLs (1.5 s).
+    let handle = start_recording(&target, &recorder, options, Duration::from_millis(20)).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || recorder.handled().len() >= 20).await,
+        "the listener did not start handling"
+    );
+    fill_up(&mut conn).await;
+    let drained = wait_until(Duration::from_secs(20), || recorder.handled().len() == 300).await;
+    let handled = recorder.handled().len();
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "0"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    handle.shutdown_and_wait().await.ok();
+    assert!(
+        drained,
+        "handled {handled} of 300 entries in 20 s at maxmemory"
+    );
+}
+
+/// An operator's usual move in a full-Redis incident, restarting the consumers, must work too:
+/// the listener that was reading leaves, a new process starts at `maxmemory`, joins, takes the
+/// shards over (raising their fences) and drains the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_started_at_maxmemory_takes_over_and_drains() {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(2).await.parts();
+    preload(&server.client(), &[0, 1], 150, 0);
+    let mut options = options(1);
+    options.batch_size = 8;
+    let first = start_recording(
+        &target,
+        &recorder,
+        options.clone(),
+        Duration::from_millis(20),
+    )
+    .await;
+    assert!(
+        wait_until(Duration::from_secs(10), || recorder.handled().len() >= 20).await,
+        "the listener did not start handling"
+    );
+    fill_up(&mut conn).await;
+    first.shutdown_and_wait().await.ok();
+    let before = recorder.handled().len();
+    assert!(
+        before < 300,
+        "the first listener drained everything ({before})"
+    );
+    let second = Listener::new(
+        target.clone(),
+        STREAM,
+        GROUP,
+        recording_handler(recorder.clone(), Duration::from_millis(5), None),
+        options,
+    )
+    .unwrap()
+    .start()
+    .await;
+    let drained = match &second {
+        Ok(_) => wait_until(Duration::from_secs(20), || recorder.handled().len() == 300).await,
+        Err(_) => false,
+    };
+    let handled = recorder.handled().len();
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "0"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let second = second.expect("a listener starts at maxmemory");
+    second.shutdown_and_wait().await.ok();
+    assert!(
+        drained,
+        "handled {handled} of 300 entries at maxmemory ({before} before the restart)"
+    );
+}
