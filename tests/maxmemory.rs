@@ -114,3 +114,74 @@ async fn a_listener_started_at_maxmemory_takes_over_and_drains() {
         "handled {handled} of 300 entries at maxmemory ({before} before the restart)"
     );
 }
+
+/// A consumer group registered for the first time needs memory (its metadata, `XGROUP CREATE`
+/// on every shard): at `maxmemory` the listener's start fails with Redis's `OOM` as the reason
+/// and what to do (it said to check that Redis is up and reachable), and a start once memory
+/// frees registers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_group_at_maxmemory_fails_to_start_with_oom_then_starts_once_memory_frees() {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(2).await.parts();
+    preload(&server.client(), &[0, 1], 10, 0);
+    fill_up(&mut conn).await;
+    let start = || {
+        Listener::new(
+            target.clone(),
+            STREAM,
+            GROUP,
+            recording_handler(recorder.clone(), Duration::ZERO, None),
+            options(1),
+        )
+        .unwrap()
+        .start()
+    };
+    let refused = tokio::time::timeout(Duration::from_secs(30), start())
+        .await
+        .expect("the start answers at maxmemory");
+    let error = refused
+        .err()
+        .expect("a new group cannot be registered at maxmemory");
+    // Debug prints the message and each cause (README "API tour").
+    let text = format!("{error:?}");
+    assert!(text.contains("OOM"), "{text}");
+    assert!(
+        text.contains("Redis is at maxmemory"),
+        "says what to do: {text}"
+    );
+    assert!(!text.contains("reachable"), "not a network fault: {text}");
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "0"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let handle = start().await.expect("starts once memory frees");
+    assert!(wait_until(Duration::from_secs(10), || recorder.handled().len() == 20).await);
+    handle.shutdown_and_wait().await.ok();
+}
+
+/// A publish at `maxmemory` is refused, nothing is written, and the error says the server is full
+/// (it said to check that Redis is up and reachable).
+#[tokio::test]
+async fn a_publish_at_maxmemory_says_redis_is_full() {
+    let (_serial, _server, _target, mut conn, _) = Context::serial(2).await.parts();
+    let publisher = stream_listener::Publisher::new(
+        conn.clone(),
+        STREAM,
+        stream_listener::PublisherOptions::default(),
+    )
+    .await
+    .unwrap();
+    fill_up(&mut conn).await;
+    let error = publisher
+        .publish("k", &serde_json::json!({"n": 1}))
+        .await
+        .expect_err("refused at maxmemory");
+    let text = error.to_string();
+    assert!(text.contains("Redis is at maxmemory"), "{text}");
+    assert!(!text.contains("reachable"), "{text}");
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "0"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}

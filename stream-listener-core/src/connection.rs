@@ -539,14 +539,19 @@ impl RedisFailure {
     }
 
     /// What to check after `error`, for the messages of errors that wrap it: an ACL refusal
-    /// ([`RedisFailure::NoPermission`]) names the user's ACL rule, anything else says
-    /// `otherwise` ("check that Redis is up and reachable"), which would send an operator
-    /// whose permission was removed at runtime looking for a network fault.
+    /// ([`RedisFailure::NoPermission`]) names the user's ACL rule and a full server
+    /// ([`RedisFailure::OutOfMemory`]) its memory; anything else says `otherwise` ("check that
+    /// Redis is up and reachable"), which would send an operator whose permission was removed
+    /// at runtime, or whose Redis filled up, looking for a network fault.
     pub(crate) fn hint(error: &redis::RedisError, otherwise: &'static str) -> &'static str {
-        if RedisFailure::of(error) == RedisFailure::NoPermission {
-            "the Redis user's ACL rule refuses a command or key this needs: ACL LOG names it, README \"ACL users\" has the rule"
-        } else {
-            otherwise
+        match RedisFailure::of(error) {
+            RedisFailure::NoPermission => {
+                "the Redis user's ACL rule refuses a command or key this needs: ACL LOG names it, README \"ACL users\" has the rule"
+            }
+            RedisFailure::OutOfMemory => {
+                "Redis is at maxmemory: running listeners keep consuming (README \"Running in production\"); free memory (retention, trimming, a higher maxmemory) for this to succeed"
+            }
+            _ => otherwise,
         }
     }
 

@@ -124,7 +124,8 @@ pub enum PublishError {
     Metadata(StoreError),
     /// Redis did not answer or refused a command (the cause is the error's source).
     #[error(
-        "Redis command failed; check that Redis is up and reachable, then retry (a retried batch may append some entries twice)"
+        "Redis command failed; {}, then retry (a retried batch may append some entries twice)",
+        crate::connection::RedisFailure::hint(.0, "check that Redis is up and reachable")
     )]
     Redis(#[from] redis::RedisError),
     /// A header name the publisher refuses (docs/design.md §13.4): empty, or with a control
