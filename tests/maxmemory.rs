@@ -138,9 +138,9 @@ async fn a_new_group_at_maxmemory_fails_to_start_with_oom_then_starts_once_memor
     let refused = tokio::time::timeout(Duration::from_secs(30), start())
         .await
         .expect("the start answers at maxmemory");
-    let error = refused
-        .err()
-        .expect("a new group cannot be registered at maxmemory");
+    let Err(error) = refused else {
+        panic!("a new group cannot be registered at maxmemory");
+    };
     // Debug prints the message and each cause (README "API tour").
     let text = format!("{error:?}");
     assert!(text.contains("OOM"), "{text}");
