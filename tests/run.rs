@@ -302,10 +302,6 @@ async fn unreachable_redis_fails_after_startup_timeout() {
         elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_secs(4),
         "gave up after startup_timeout, not before and not much later: {elapsed:?}"
     );
-    assert!(
-        matches!(err, RunError::RedisUnreachable { attempts: 5, .. }),
-        "an attempt at the deadline too: {err:?}"
-    );
     assert_says(
         &err,
         &[
