@@ -164,6 +164,35 @@ async fn every_admin_command_runs_as_the_readme_admin_user() {
 
 /// Without `+xdel` the purge fails (exit 1) naming the command; without the dead-letter key
 /// pattern the list fails naming the key; neither prints the password.
+/// The README's admin rule covers one stream: `stream list` lists that one and shows the others
+/// as unreadable (it failed as a whole with `NoPerm` as soon as another stream existed).
+#[tokio::test]
+async fn stream_list_as_a_one_stream_admin_shows_the_others_as_unreadable() {
+    let server = RedisServer::start().unwrap();
+    let rule = admin_rule();
+    rule.apply(&mut server.client().get_connection().unwrap())
+        .unwrap();
+    let mut conn = connect(server.url()).await;
+    admin::create_stream(&mut conn, "orders", 2).await.unwrap();
+    admin::create_stream(&mut conn, "payments", 3)
+        .await
+        .unwrap();
+    let url = rule.url(&server.addr());
+    let out = ok(&url, &["stream", "list"]);
+    let line = |prefix: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(prefix))
+            .unwrap_or_else(|| panic!("no row for {prefix}: {out}"))
+            .to_owned()
+    };
+    assert!(line("orders").split_whitespace().any(|w| w == "2"), "{out}");
+    let payments = line("payments");
+    assert!(
+        payments.contains("unreadable") && payments.contains("ACL rule"),
+        "{out}"
+    );
+}
+
 #[tokio::test]
 async fn a_missing_admin_permission_is_named() {
     let server = RedisServer::start().unwrap();

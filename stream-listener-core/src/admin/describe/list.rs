@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::group::view_group;
 use crate::admin::{AdminError, load_required, stream_keys};
-use crate::connection::RedisConnection;
+use crate::connection::{RedisConnection, RedisFailure};
 use crate::coordinator::CoordinatorConfig;
 use crate::keys::{STREAMS_INDEX_KEY, StreamKeys};
 use crate::model::{Epoch, GroupState, MemberState, Migration, StartFrom};
@@ -34,7 +34,8 @@ pub struct StreamSummary {
 
 /// Lists the streams of the index `sl:streams`, sorted by prefix, each with its metadata loaded.
 /// Prefixes whose metadata no longer exists are skipped (the index is rebuildable, never a source
-/// of truth); metadata that cannot be read is listed with its [`StreamSummary::problem`].
+/// of truth); metadata that cannot be read (corrupt, or refused by the user's ACL rule) is listed
+/// with its [`StreamSummary::problem`].
 ///
 /// # Errors
 /// [`AdminError::Store`] when Redis fails.
@@ -69,6 +70,14 @@ pub async fn list_streams(conn: &mut RedisConnection) -> Result<Vec<StreamSummar
                 ..summary(None)
             }),
             Ok(None) => {}
+            // An admin user whose ACL rule covers some streams only (README "ACL users" gives one
+            // stream's): the others are listed as unreadable, not a failure of the whole list.
+            Err(StoreError::Redis(err)) if RedisFailure::of(&err) == RedisFailure::NoPermission => {
+                out.push(summary(Some(format!(
+                    "the Redis user may not read its metadata ({}): its ACL rule covers other streams; add this stream's key patterns (README \"ACL users\") to see it",
+                    keys.metadata()
+                ))));
+            }
             Err(StoreError::Redis(err)) => return Err(StoreError::Redis(err).into()),
             Err(err) => out.push(summary(Some(Chain(&err).to_string()))),
         }
