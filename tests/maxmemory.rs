@@ -7,17 +7,49 @@ mod support;
 
 use std::time::Duration;
 
+use stream_listener::core::internals::connection::RedisConnection;
 use stream_listener::core::member::Listener;
+use stream_listener::core::member::{ListenerHandle, ListenerOptions};
 use support::*;
 
-/// Sets `maxmemory` to 1 byte: every deny-oom command (`XADD`, `HSET`, `ZADD`, ...) is refused
-/// with `OOM` from now on, whatever the server holds.
-async fn fill_up(conn: &mut stream_listener::core::internals::connection::RedisConnection) {
+async fn set_maxmemory(conn: &mut RedisConnection, bytes: u64) {
     let () = redis::cmd("CONFIG")
-        .arg(&["SET", "maxmemory", "1"])
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(bytes)
         .query_async(conn)
         .await
         .unwrap();
+}
+
+/// `maxmemory` back to 0 (no limit).
+async fn free_up(conn: &mut RedisConnection) {
+    set_maxmemory(conn, 0).await;
+}
+
+/// 300 entries on two shards, and a listener (batch 8, 20 ms per entry: 6 s, four lease TTLs)
+/// that has handled some of them; returns it with its options.
+async fn start_with_backlog(
+    server: &stream_listener::testing::RedisServer,
+    target: &stream_listener::core::internals::connection::RedisTarget,
+    recorder: &std::sync::Arc<Recorder>,
+) -> (ListenerHandle, ListenerOptions) {
+    preload(&server.client(), &[0, 1], 150, 0);
+    let mut options = options(1);
+    options.batch_size = 8;
+    let handle =
+        start_recording(target, recorder, options.clone(), Duration::from_millis(20)).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || recorder.handled().len() >= 20).await,
+        "the listener did not start handling"
+    );
+    (handle, options)
+}
+
+/// Sets `maxmemory` to 1 byte: every deny-oom command (`XADD`, `HSET`, `ZADD`, ...) is refused
+/// with `OOM` from now on, whatever the server holds.
+async fn fill_up(conn: &mut RedisConnection) {
+    set_maxmemory(conn, 1).await;
     let refused: redis::RedisResult<String> = redis::cmd("XADD")
         .arg("{orders:0}")
         .arg("*")
@@ -36,23 +68,11 @@ async fn fill_up(conn: &mut stream_listener::core::internals::connection::RedisC
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_keeps_draining_a_redis_at_maxmemory() {
     let (_serial, server, target, mut conn, recorder) = Context::serial(2).await.parts();
-    preload(&server.client(), &[0, 1], 150, 0);
-    let mut options = options(1);
-    options.batch_size = 8;
-    // 300 entries at 20 ms: 6 s, four lease TTLs (1.5 s).
-    let handle = start_recording(&target, &recorder, options, Duration::from_millis(20)).await;
-    assert!(
-        wait_until(Duration::from_secs(10), || recorder.handled().len() >= 20).await,
-        "the listener did not start handling"
-    );
+    let (handle, _) = start_with_backlog(&server, &target, &recorder).await;
     fill_up(&mut conn).await;
     let drained = wait_until(Duration::from_secs(20), || recorder.handled().len() == 300).await;
     let handled = recorder.handled().len();
-    let () = redis::cmd("CONFIG")
-        .arg(&["SET", "maxmemory", "0"])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    free_up(&mut conn).await;
     handle.shutdown_and_wait().await.ok();
     assert!(
         drained,
@@ -66,20 +86,7 @@ async fn a_listener_keeps_draining_a_redis_at_maxmemory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_started_at_maxmemory_takes_over_and_drains() {
     let (_serial, server, target, mut conn, recorder) = Context::serial(2).await.parts();
-    preload(&server.client(), &[0, 1], 150, 0);
-    let mut options = options(1);
-    options.batch_size = 8;
-    let first = start_recording(
-        &target,
-        &recorder,
-        options.clone(),
-        Duration::from_millis(20),
-    )
-    .await;
-    assert!(
-        wait_until(Duration::from_secs(10), || recorder.handled().len() >= 20).await,
-        "the listener did not start handling"
-    );
+    let (first, options) = start_with_backlog(&server, &target, &recorder).await;
     fill_up(&mut conn).await;
     first.shutdown_and_wait().await.ok();
     let before = recorder.handled().len();
@@ -102,11 +109,7 @@ async fn a_listener_started_at_maxmemory_takes_over_and_drains() {
         Err(_) => false,
     };
     let handled = recorder.handled().len();
-    let () = redis::cmd("CONFIG")
-        .arg(&["SET", "maxmemory", "0"])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    free_up(&mut conn).await;
     let second = second.expect("a listener starts at maxmemory");
     second.shutdown_and_wait().await.ok();
     assert!(
@@ -149,11 +152,7 @@ async fn a_new_group_at_maxmemory_fails_to_start_with_oom_then_starts_once_memor
         "says what to do: {text}"
     );
     assert!(!text.contains("reachable"), "not a network fault: {text}");
-    let () = redis::cmd("CONFIG")
-        .arg(&["SET", "maxmemory", "0"])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    free_up(&mut conn).await;
     let handle = start().await.expect("starts once memory frees");
     assert!(wait_until(Duration::from_secs(10), || recorder.handled().len() == 20).await);
     handle.shutdown_and_wait().await.ok();
@@ -179,9 +178,5 @@ async fn a_publish_at_maxmemory_says_redis_is_full() {
     let text = error.to_string();
     assert!(text.contains("Redis is at maxmemory"), "{text}");
     assert!(!text.contains("reachable"), "{text}");
-    let () = redis::cmd("CONFIG")
-        .arg(&["SET", "maxmemory", "0"])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    free_up(&mut conn).await;
 }
