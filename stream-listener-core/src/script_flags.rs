@@ -1,5 +1,5 @@
 //! Script flags (Redis 7 `#!lua` shebang) of the Lua scripts that must run when Redis is at
-//! `maxmemory` (docs/design.md §5.3, §8.2).
+//! `maxmemory` (docs/design.md §8.16, "Coordination at `maxmemory`").
 
 /// Put first in a script that renews leases, records a transition, raises a fence or counts a
 /// handler attempt. Under `maxmemory` with `noeviction`, Redis refuses a script's first deny-oom
