@@ -80,10 +80,10 @@ impl ReplicaWait {
 /// A member's replica waits after acks (docs/design.md §15.4): at most one ack `WAIT` in flight
 /// per member, and none for a while after one fell short.
 ///
-/// Why: `WAIT` blocks the connection it is sent on, and a member's shards share one connection
-/// (with its heartbeats on a standalone server). One `WAIT` per shard's ack would queue in Redis
-/// behind each other when the replica is gone (32 shards × `replica_ack_timeout`), starving the
-/// member's reads and heartbeats. A `WAIT` covers every write sent before it on its connection,
+/// Why: `WAIT` blocks the connection it is sent on, and a member's shards share one data-plane
+/// connection (docs/design.md §8.12). One `WAIT` per shard's ack would queue in Redis behind
+/// each other when the replica is gone (32 shards × `replica_ack_timeout`), starving the
+/// member's reads. A `WAIT` covers every write sent before it on its connection,
 /// so the acks that go without one are covered by the member's next `WAIT`. After a short
 /// `WAIT` (a replica down or lagging), acks go without `WAIT` for [`AckWaits::pause`]; the first
 /// ack after the pause probes the replicas again. Waiting after acks narrows duplicates after a

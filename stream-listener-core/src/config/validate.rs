@@ -400,8 +400,9 @@ impl Config {
 
 impl Config {
     /// `[redis] replica_ack_timeout` with `min_replica_acks > 0`: positive, and below
-    /// `heartbeat_interval`, because a `WAIT` holds the member's connection, which its
-    /// heartbeats share (README "Waiting for replicas"). On a cluster each `WAIT` goes in the
+    /// `heartbeat_interval`, because a `WAIT` holds the connection it is sent on: a member's
+    /// reads, or a publisher's connection, which heartbeats may share (README "Waiting for
+    /// replicas"). On a cluster each `WAIT` goes in the
     /// pipeline of its write, to that write's node, so cluster targets are accepted.
     fn validate_replica_wait(&self) -> Result<(), ConfigError> {
         let redis = &self.redis;

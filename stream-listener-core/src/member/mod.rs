@@ -108,8 +108,8 @@ pub enum OptionsError {
         member_lease_ttl: Duration,
     },
     /// `min_replica_acks > 0` with a `replica_ack_timeout` of zero (`WAIT … 0` would block
-    /// forever) or not below `coordination.heartbeat_interval` (a `WAIT` holds the connection the
-    /// heartbeats share; README "Waiting for replicas").
+    /// forever) or not below `coordination.heartbeat_interval` (a `WAIT` holds the connection it
+    /// is sent on; README "Waiting for replicas").
     #[error(
         "replica_ack_timeout ({replica_ack_timeout:?}) must be positive and below heartbeat_interval ({heartbeat_interval:?}) when min_replica_acks > 0: lower it"
     )]

@@ -58,7 +58,12 @@ const ERROR_PAUSE: Duration = Duration::from_millis(500);
 /// spawn shard tasks and to report the workers in use.
 pub(crate) struct ShardTaskContext {
     pub(crate) target: RedisTarget,
+    /// The process's connection (heartbeats, metrics samples); the shard tasks read, ack and
+    /// claim on [`Self::data_plane_connection`].
     pub(crate) conn: RedisConnection,
+    /// The member's data-plane connection, made by its first shard task
+    /// ([`RedisConnection::member_data_plane`]).
+    data_plane: tokio::sync::OnceCell<RedisConnection>,
     pub(crate) stream: StreamKeys,
     pub(crate) group: String,
     /// Per entry or per batch (docs/design.md §14.2).
@@ -104,7 +109,6 @@ impl ShardTaskContext {
             .map(crate::replication::AckWaits::new);
         let rounds = (!conn.is_cluster()).then(|| {
             ReadRounds::new(
-                conn.clone(),
                 group.clone(),
                 member_id.clone(),
                 options.batch_size,
@@ -136,6 +140,7 @@ impl ShardTaskContext {
             ack_waits,
             target,
             conn,
+            data_plane: tokio::sync::OnceCell::new(),
             stream,
             group,
             handler,
@@ -143,6 +148,18 @@ impl ShardTaskContext {
             shared,
             in_flight: AtomicU32::new(0),
         }
+    }
+
+    /// The member's data-plane connection (docs/design.md §8.12), made at the first call and
+    /// shared by its shard tasks and read rounds from then on.
+    ///
+    /// # Errors
+    /// As [`RedisConnection::member_data_plane`]: nothing is kept, the next call tries again.
+    async fn data_plane_connection(&self) -> redis::RedisResult<RedisConnection> {
+        self.data_plane
+            .get_or_try_init(|| self.conn.member_data_plane(&self.target))
+            .await
+            .cloned()
     }
 
     /// How many handler attempts of the member run now (the heartbeat's
@@ -381,12 +398,12 @@ impl ShardTask {
         self.ctx.shared.lock().lease_remaining(Instant::now())
     }
 
-    /// Switches the shard client to the data plane's connection, which never re-sends a
+    /// Switches the shard client to the member's data-plane connection, which never re-sends a
     /// request (a read whose reply was lost must fail, not run twice: docs/design.md §8.10).
     /// Tries again after a pause until it is made or the task ends; returns whether it was.
     async fn use_data_plane_connection(&mut self) -> bool {
         while !self.done() {
-            match self.ctx.conn.for_data_plane().await {
+            match self.ctx.data_plane_connection().await {
                 Ok(conn) => {
                     self.client.set_connection(conn);
                     return true;

@@ -105,7 +105,15 @@ impl ShardTask {
         };
         let shared = &self.ctx.shared;
         let still_held = |shard: ShardIndex, token: &FenceToken| holds(shared, shard, token);
-        let (reply, turn) = match rounds.submit(request, self.turn.take(), &still_held).await {
+        let (reply, turn) = match rounds
+            .submit(
+                self.client.connection(),
+                request,
+                self.turn.take(),
+                &still_held,
+            )
+            .await
+        {
             RoundResult::Done(reply, turn) => (reply, turn),
             RoundResult::NotSent => return Ok(None),
             RoundResult::Failed(source) => {

@@ -105,7 +105,7 @@ pub struct ListenerOptions {
     /// replicas"). The user then needs `+wait`, checked at startup.
     pub min_replica_acks: u32,
     /// How long each such `WAIT` lasts at most (`[redis] replica_ack_timeout`, default 1 s).
-    /// It holds the member's connection, which heartbeats share: keep it well below
+    /// It holds the member's data-plane connection (its reads wait): keep it well below
     /// `heartbeat_interval`.
     pub replica_ack_timeout: Duration,
 }

@@ -186,8 +186,10 @@ pub(crate) async fn run_case(
                 tokens.push(token);
             }
             drop(client);
-            // One shared multiplexed connection (as the listener has), or one per task.
-            let own_conns = env_usize("E2E_RAW_OWN_CONNECTIONS", 0) != 0;
+            // As the listener's members: a connection per task on a standalone server, one
+            // shared cluster connection on a cluster (docs/design.md §8.12); the knob overrides.
+            let default_own = usize::from(!setup.conn.is_cluster());
+            let own_conns = env_usize("E2E_RAW_OWN_CONNECTIONS", default_own) != 0;
             let mut conns = Vec::new();
             for _ in 0..TP_TASKS {
                 conns.push(if own_conns {

@@ -144,6 +144,12 @@ impl ShardClient {
         self.conn = conn;
     }
 
+    /// The connection every command goes over (the data plane's, once
+    /// [`ShardClient::set_connection`] set it).
+    pub(crate) fn connection(&self) -> &RedisConnection {
+        &self.conn
+    }
+
     /// The consumer group.
     pub fn group(&self) -> &str {
         &self.group

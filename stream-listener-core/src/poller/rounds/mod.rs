@@ -36,7 +36,6 @@ pub(crate) type Holds<'a> = dyn Fn(ShardIndex, &FenceToken) -> bool + Sync + 'a;
 
 /// One member's read rounds. Shared by its shard tasks (`ShardTaskContext::rounds`).
 pub(crate) struct ReadRounds {
-    conn: RedisConnection,
     group: String,
     consumer: String,
     /// Entries per shard per round (`batch_size`).
@@ -160,16 +159,14 @@ impl std::fmt::Debug for ReadRounds {
 
 impl ReadRounds {
     /// Rounds for consumer `consumer` (the member id) of `group`, reading up to `count` entries
-    /// per shard, on the member's multiplexed connection to a standalone server.
+    /// per shard on a standalone server.
     pub(crate) fn new(
-        conn: RedisConnection,
         group: String,
         consumer: String,
         count: usize,
         wait: Option<crate::replication::AckWaits>,
     ) -> Arc<Self> {
         Arc::new(ReadRounds {
-            conn,
             group,
             consumer,
             count,
@@ -184,12 +181,15 @@ impl ReadRounds {
     }
 
     /// Queues `request` for the next round and waits for that round's replies for its shard.
-    /// `turn`: the shard's turn from the previous round, given back. `holds(shard, token)`:
-    /// whether the member still owns `shard` with `token` and its lease is valid; whoever sends
-    /// the round checks it for each request just before sending (all requests come from one
-    /// member, so every task passes the same check).
+    /// `conn`: the member's data-plane connection, on which this task sends the round when it
+    /// leads (every task of the member passes the same one). `turn`: the shard's turn from the
+    /// previous round, given back. `holds(shard, token)`: whether the member still owns `shard`
+    /// with `token` and its lease is valid; whoever sends the round checks it for each request
+    /// just before sending (all requests come from one member, so every task passes the same
+    /// check).
     pub(crate) async fn submit(
         self: &Arc<Self>,
+        conn: &RedisConnection,
         request: Request,
         turn: Option<Turn>,
         holds: &Holds<'_>,
@@ -205,7 +205,8 @@ impl ReadRounds {
             state.start()
         };
         if let Some(round) = lead {
-            self.send(round, InFlight(Some(self.clone())), holds).await;
+            self.send(conn, round, InFlight(Some(self.clone())), holds)
+                .await;
         }
         loop {
             match waiting.await {
@@ -220,7 +221,7 @@ impl ReadRounds {
                         state.queued.insert(0, Queued { request, reply });
                         std::mem::take(&mut state.queued)
                     };
-                    self.send(round, in_flight, holds).await;
+                    self.send(conn, round, in_flight, holds).await;
                 }
             }
         }
@@ -228,7 +229,13 @@ impl ReadRounds {
 
     /// Sends one round (in flight while `in_flight` lives) and hands each waiting task its
     /// replies.
-    async fn send(self: &Arc<Self>, round: Vec<Queued>, in_flight: InFlight, holds: &Holds<'_>) {
+    async fn send(
+        self: &Arc<Self>,
+        conn: &RedisConnection,
+        round: Vec<Queued>,
+        in_flight: InFlight,
+        holds: &Holds<'_>,
+    ) {
         let (sendable, stale): (Vec<Queued>, Vec<Queued>) = round
             .into_iter()
             .partition(|q| !q.reply.is_closed() && holds(q.request.shard, &q.request.token));
@@ -246,7 +253,7 @@ impl ReadRounds {
             waiting.push(reply);
             parts.push(request.part);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = conn.clone();
         let replies = read_round(
             &mut conn,
             &self.group,

@@ -68,13 +68,14 @@ async fn setup_rounds(
     count: usize,
 ) -> (RedisServer, RedisConnection, Arc<ReadRounds>) {
     let (server, conn) = setup(shards, entries).await;
-    let rounds = rounds_of(&conn, count);
+    let rounds = rounds_of(count);
     (server, conn, rounds)
 }
 
-/// The member's read rounds on `conn`, `count` entries per shard per round.
-pub(super) fn rounds_of(conn: &RedisConnection, count: usize) -> Arc<ReadRounds> {
-    ReadRounds::new(conn.clone(), GROUP.into(), CONSUMER.into(), count, None)
+/// The member's read rounds, `count` entries per shard per round (sent on the connection each
+/// `submit` names).
+pub(super) fn rounds_of(count: usize) -> Arc<ReadRounds> {
+    ReadRounds::new(GROUP.into(), CONSUMER.into(), count, None)
 }
 
 /// The member's client for the shards `{s:<i>}` (to raise fences and build round parts).
@@ -139,10 +140,11 @@ fn turn(result: RoundResult) -> Option<Turn> {
 /// Submits `request` from a task of its own (a sibling shard task), always held.
 fn spawn_submit(
     rounds: &Arc<ReadRounds>,
+    conn: &RedisConnection,
     request: Request,
 ) -> tokio::task::JoinHandle<RoundResult> {
-    let rounds = rounds.clone();
-    tokio::spawn(async move { rounds.submit(request, None, &always).await })
+    let (rounds, conn) = (rounds.clone(), conn.clone());
+    tokio::spawn(async move { rounds.submit(&conn, request, None, &always).await })
 }
 
 /// `waiting`'s request is queued and stays unsent, however long it waits.
@@ -214,18 +216,18 @@ async fn xreadgroup_calls(conn: &mut RedisConnection) -> u64 {
 #[tokio::test]
 async fn a_round_waits_for_the_shards_that_got_entries() {
     let (_server, mut conn, rounds) = setup_rounds(3, 5, 2).await;
-    let first = rounds.submit(request(0), None, &always).await;
+    let first = rounds.submit(&conn, request(0), None, &always).await;
     assert_eq!(entries(&first), 2);
     let turn0 = turn(first).expect("shard 0 got entries: it has a turn");
 
     let before = xreadgroup_calls(&mut conn).await;
-    let waiting = spawn_submit(&rounds, request(1));
+    let waiting = spawn_submit(&rounds, &conn, request(1));
     // Shard 0 holds the round: shard 1's request is not sent, however long it waits.
     assert_held_up(&rounds, &waiting).await;
     assert_eq!(xreadgroup_calls(&mut conn).await, before);
 
     // Shard 0 asks again: one round, one XREADGROUP, for both.
-    let again = rounds.submit(request(0), Some(turn0), &always).await;
+    let again = rounds.submit(&conn, request(0), Some(turn0), &always).await;
     let other = waiting.await.unwrap();
     assert_eq!((entries(&again), entries(&other)), (2, 2));
     assert_eq!(xreadgroup_calls(&mut conn).await, before + 1);
@@ -234,7 +236,7 @@ async fn a_round_waits_for_the_shards_that_got_entries() {
     // request waits for shard 0 only.
     drop(turn(other));
     let turn0 = turn(again).unwrap();
-    let waiting = spawn_submit(&rounds, request(2));
+    let waiting = spawn_submit(&rounds, &conn, request(2));
     assert_held_up(&rounds, &waiting).await;
     drop(turn0);
     let third = waiting.await.unwrap();
@@ -244,11 +246,11 @@ async fn a_round_waits_for_the_shards_that_got_entries() {
 /// A shard with nothing new gets no turn: it does not hold the next round up.
 #[tokio::test]
 async fn a_shard_with_nothing_new_holds_nothing_up() {
-    let (_server, _, rounds) = setup_rounds(2, 0, 2).await;
-    let empty = rounds.submit(request(0), None, &always).await;
+    let (_server, conn, rounds) = setup_rounds(2, 0, 2).await;
+    let empty = rounds.submit(&conn, request(0), None, &always).await;
     assert_eq!(entries(&empty), 0);
     assert!(turn(empty).is_none());
-    let next = rounds.submit(request(1), None, &always).await;
+    let next = rounds.submit(&conn, request(1), None, &always).await;
     assert_eq!(entries(&next), 0);
 }
 
@@ -257,14 +259,14 @@ async fn a_shard_with_nothing_new_holds_nothing_up() {
 async fn a_request_the_member_no_longer_holds_is_not_sent() {
     let (_server, mut conn, rounds) = setup_rounds(2, 3, 10).await;
     let only_shard_1 = |shard: ShardIndex, _: &FenceToken| shard == 1;
-    let refused = rounds.submit(request(0), None, &only_shard_1).await;
+    let refused = rounds.submit(&conn, request(0), None, &only_shard_1).await;
     assert!(matches!(refused, RoundResult::NotSent));
     assert_eq!(
         pending(&mut conn, 0).await,
         0,
         "nothing was read for shard 0"
     );
-    let sent = rounds.submit(request(1), None, &only_shard_1).await;
+    let sent = rounds.submit(&conn, request(1), None, &only_shard_1).await;
     assert_eq!(entries(&sent), 3);
 }
 
@@ -275,9 +277,9 @@ async fn a_cancelled_leader_lets_the_next_round_go() {
     let (_server, mut conn, rounds) = setup_rounds(2, 3, 10).await;
     // Writes (XREADGROUP is one) wait while clients are paused: the leader's round hangs.
     pause_writes(&mut conn, 1500).await;
-    let leader = spawn_submit(&rounds, request(0));
+    let leader = spawn_submit(&rounds, &conn, request(0));
     wait_for("the round to start", || rounds.lock().in_flight).await;
-    let queued = spawn_submit(&rounds, request(1));
+    let queued = spawn_submit(&rounds, &conn, request(1));
     wait_queued(&rounds, 1).await;
     assert!(!leader.is_finished() && !queued.is_finished());
     leader.abort();
@@ -295,8 +297,8 @@ async fn a_cancelled_leader_lets_the_next_round_go() {
 async fn a_failed_read_is_reported_to_every_shard_and_the_acks_still_run() {
     let (_server, mut conn) = setup(2, 2).await;
     let mut client = fenced_client(&mut conn, 2).await;
-    let rounds = rounds_of(&conn, 10);
-    let first = rounds.submit(request(0), None, &always).await;
+    let rounds = rounds_of(10);
+    let first = rounds.submit(&conn, request(0), None, &always).await;
     assert_eq!(entries(&first), 2);
     let turn0 = turn(first);
     let ids = entry_ids(&mut conn, 0).await;
@@ -307,9 +309,9 @@ async fn a_failed_read_is_reported_to_every_shard_and_the_acks_still_run() {
     // Shard 1 loses its consumer group (the stream stays).
     client.undo_recreate_group(1, false).await.unwrap();
     // Shard 1 waits for shard 0, which asks with its ack: one round for both.
-    let one = spawn_submit(&rounds, one);
+    let one = spawn_submit(&rounds, &conn, one);
     wait_queued(&rounds, 1).await;
-    let zero = rounds.submit(zero, turn0, &always).await;
+    let zero = rounds.submit(&conn, zero, turn0, &always).await;
     let mut acks = Vec::new();
     for result in [zero, one.await.unwrap()] {
         let RoundResult::Done(reply, turn) = result else {

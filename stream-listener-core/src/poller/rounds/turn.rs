@@ -106,8 +106,7 @@ mod tests {
     /// before the wait is the caller's (given back with a request).
     #[tokio::test]
     async fn the_turn_is_dropped_when_the_task_waits() {
-        let (_server, conn) = super::super::tests::setup(1, 0).await;
-        let rounds = super::super::tests::rounds_of(&conn, 1);
+        let rounds = super::super::tests::rounds_of(1);
         let slot = TurnSlot::default();
         let expect = |shard| {
             rounds.lock().expected.push(shard);
