@@ -88,6 +88,10 @@ flags! {
         /// member without a steady response (docs/design.md §5.3). Only the simulation's store
         /// model follows it.
         outdated_fast_entries,
+        /// A fence conflict *at* the stored `(incarnation, groupEpoch)` counts as lost-metadata
+        /// evidence, whoever reports it, so a zombie's late conflict starts a correction round
+        /// (docs/design.md §6.6).
+        evidence_at_stored_epoch,
     }
 }
 

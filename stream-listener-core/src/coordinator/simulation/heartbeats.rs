@@ -104,6 +104,7 @@ impl World {
                 Err(e) => format!("{e:?}"),
             }
         ));
+        self.check_correction_round_cause(&before, request)?;
         if self.store != before {
             if self.store.group.is_some() {
                 self.snapshots.push(self.store.clone());
@@ -123,6 +124,32 @@ impl World {
             seq: request.request_seq,
             outcome,
         });
+        Ok(())
+    }
+
+    /// A correction round starts only on lost coordination writes (docs/design.md §6.6). In a
+    /// history whose faults lose none (no lost writes, no lost group), a round that starts is a
+    /// false alarm that costs every member `SYNC_METADATA` for a lease TTL: a zombie's late fence
+    /// conflict taken for evidence, for one.
+    fn check_correction_round_cause(
+        &self,
+        before: &Store,
+        request: &HeartbeatRequest,
+    ) -> Result<(), String> {
+        if self.faults.lost_writes || self.faults.group_loss {
+            return Ok(());
+        }
+        let started = |store: &Store| {
+            let round = store.group.as_ref()?.meta.correction_round.as_ref()?;
+            Some(round.started_at)
+        };
+        let now = started(&self.store);
+        if now.is_some() && now != started(before) {
+            return Err(format!(
+                "a correction round started without lost writes, on the heartbeat of {} ({}) with fence conflicts {:?}",
+                request.member_id, request.process_id, request.fence_conflicts
+            ));
+        }
         Ok(())
     }
 

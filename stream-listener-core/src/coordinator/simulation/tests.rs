@@ -461,3 +461,20 @@ fn replay() {
         Err(report) => panic!("{report}"),
     }
 }
+
+/// docs/design.md §6.6: a fence conflict *at* the stored `(incarnation, groupEpoch)` was taken
+/// for lost-metadata evidence, so a zombie that woke up, found its shard's new owner's fence and
+/// reported it started a correction round (every member `SYNC_METADATA`, joiners given nothing,
+/// for a lease TTL) in a history that lost no write. Fixed (only a fence strictly above, or any
+/// conflict of the shard's holder, is evidence); the old rule is caught by the check that no
+/// round starts without lost writes.
+#[test]
+fn catches_a_zombies_conflict_taken_for_lost_metadata() {
+    let expected = ["a correction round started without lost writes"];
+    assert_rule_caught(
+        "evidence_at_stored_epoch",
+        &["entries", "calm"],
+        20,
+        &expected,
+    );
+}

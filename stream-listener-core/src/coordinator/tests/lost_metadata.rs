@@ -132,3 +132,54 @@ fn counters_at_the_limit_are_refused_not_overflowed() {
         assert_eq!(f.group, before);
     }
 }
+
+/// A zombie's late fence conflict is no evidence of lost writes (docs/design.md §6.6): `a`
+/// expires, `b` takes its shards at the current group epoch and raises their fences, and then
+/// `a`, paused past its lease, wakes up, finds `b`'s fence on shard 1 and reports it. The fence
+/// is exactly at the stored `(incarnation, groupEpoch)`, as every fence of a member at the
+/// current epoch is. Before, "at or above" counted it as evidence and the zombie's report started
+/// a correction round: every member answered `SYNC_METADATA` and joiners got nothing for a
+/// lease TTL. Only a fence strictly above, or any conflict reported by the shard's holder, is
+/// evidence.
+#[test]
+fn a_zombies_conflict_at_the_current_epoch_starts_no_correction_round() {
+    let mut f = Fixture::owned_by_a(2);
+    let a_epoch = f.member("a").member_epoch;
+    f.advance_ms(1000);
+    // b heartbeats on time (no outage to re-arm) until a's lease ends.
+    let mut b_epoch = f.join("b").member_epoch;
+    let a_lease = f.member("a").member_lease_expires_at;
+    while f.now + 3000 * MS < a_lease {
+        f.advance_ms(3000);
+        b_epoch = f.beat("b", b_epoch, &[]).member_epoch;
+    }
+    f.now = a_lease;
+    let b = f.beat("b", b_epoch, &[]);
+    assert_eq!(b.assigned_shards, vec![0, 1]);
+    let b = f.beat("b", b.member_epoch, &[0, 1]);
+    assert_eq!(b.status, HeartbeatStatus::Ok);
+    let stored = (f.group.meta.incarnation, f.group.meta.group_epoch);
+    assert_eq!(
+        stored.1, b.member_epoch,
+        "b holds its shards at the group epoch"
+    );
+
+    f.advance_ms(500);
+    let seq = f.seqs["p-a"] + 1;
+    let zombie = HeartbeatRequest {
+        request_seq: seq,
+        fence_conflicts: vec![FenceConflict {
+            shard_index: 1,
+            incarnation: stored.0,
+            epoch: stored.1,
+        }],
+        ..request("a", "p-a", a_epoch, &[0, 1])
+    };
+    let answered = f
+        .transition(&zombie)
+        .map(|t| t.response().map(|r| r.status));
+    assert_eq!(answered, Ok(Some(HeartbeatStatus::UnknownMemberId)));
+    assert_eq!(f.group.meta.correction_round, None);
+    let b = f.beat("b", b.member_epoch, &[0, 1]);
+    assert_eq!(b.status, HeartbeatStatus::Ok);
+}

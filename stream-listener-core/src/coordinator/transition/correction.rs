@@ -11,13 +11,14 @@ use crate::model::{
 };
 
 /// Evidence that stored metadata lost writes (docs/design.md §6): the request carries a version or
-/// an epoch the coordinator never handed out as far as it remembers, or a fence conflict at or
-/// above the stored `(incarnation, groupEpoch)`, or a fence conflict on a shard the coordinator
-/// says the reporting member holds.
+/// an epoch the coordinator never handed out as far as it remembers, or a fence conflict above
+/// the stored `(incarnation, groupEpoch)`, or a fence conflict on a shard the coordinator says
+/// the reporting member holds.
 pub(super) fn is_lost_metadata_evidence(
     group: &Group,
     request: &HeartbeatRequest,
     now: Micros,
+    config: &CoordinatorConfig,
 ) -> bool {
     let meta = &group.meta;
     if request.metadata_version > meta.metadata_version || request.member_epoch > meta.group_epoch {
@@ -36,9 +37,18 @@ pub(super) fn is_lost_metadata_evidence(
             && m.state == MemberState::Active
             && m.member_lease_expires_at > now
     });
+    // Strictly above: a fence *at* the stored epoch is what every member given a shard at the
+    // current epoch raises, so a zombie that finds one (its shard moved on while it was paused)
+    // reports no lost write, and counting it started a needless correction round.
     let stored = (meta.incarnation, meta.group_epoch);
+    #[cfg(test)]
+    let at_stored_counts = config.variant.evidence_at_stored_epoch;
+    #[cfg(not(test))]
+    let at_stored_counts = false;
+    let _ = config;
     request.fence_conflicts.iter().any(|c| {
-        (c.incarnation, c.epoch) >= stored
+        (c.incarnation, c.epoch) > stored
+            || (at_stored_counts && (c.incarnation, c.epoch) == stored)
             || holder.is_some_and(|m| held_shards(m).contains(&c.shard_index))
     })
 }

@@ -133,7 +133,9 @@ fn prepare(
         finish(group, ctx.now);
         return Ok(Prepared::Answered(stored));
     }
-    if group.meta.correction_round.is_none() && is_lost_metadata_evidence(group, request, ctx.now) {
+    if group.meta.correction_round.is_none()
+        && is_lost_metadata_evidence(group, request, ctx.now, config)
+    {
         return Ok(Prepared::LostMetadata);
     }
     Ok(Prepared::Proceed)
