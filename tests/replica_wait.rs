@@ -291,9 +291,10 @@ async fn on_a_cluster_wait_runs_on_the_node_of_the_write() {
 }
 
 /// A replica killed while a member of 32 shards acks with `min_replica_acks = 1` and the
-/// default fencing. All shards' acks go through the member's one multiplexed connection, where
+/// default fencing. All shards' acks go through the member's one data-plane connection, where
 /// Redis runs queued `WAIT`s one after the other, so one `WAIT` per shard's ack would hold every
-/// command behind them, heartbeats included, for up to 32 × the timeout. What must hold:
+/// read behind them for up to 32 × the timeout (and the heartbeats, before the member had a
+/// data-plane connection of its own; on Sentinel they still share it). What must hold:
 /// consumption goes on (acks only warn) and no heartbeat times out.
 ///
 /// It failed before the member's ack waits were one at a time (`replication::AckWaits`,

@@ -155,6 +155,47 @@ async fn a_member_owning_1000_shards_runs_within_256_file_descriptors() {
     drop(limit);
 }
 
+/// docs/design.md §8.12: a member whose own data-plane connection cannot be made (the server's
+/// `maxclients` leaves room for the listener's process connection alone) reads and acks on the
+/// process's connection. Before, the member renewed its shards there and never read them: every
+/// shard task retried the connection every 500 ms for as long as the limit held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_without_room_for_its_own_connection_reads_on_the_process_connection() {
+    let (_serial, server, target, mut conn, recorder) = Context::serial(4).await.parts();
+    let mut sync = server.client().get_connection().unwrap();
+    // This test's two connections, and one more: the listener's process connection.
+    let connected = info_number(&mut conn, "clients", "connected_clients").await;
+    set_maxclients(&mut conn, connected + 1).await;
+    let mut opts = options(1);
+    opts.block = Duration::from_millis(500);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    settle(&mut conn, 1, Duration::from_secs(30)).await;
+    for shard in 0..4 {
+        let published = xadd_sync(&mut sync, shard, u64::from(shard));
+        let handled = wait_until(PROMPT, || {
+            recorder.handled().contains(&(shard, published.id.clone()))
+        })
+        .await;
+        assert!(
+            handled,
+            "the entry on shard {shard} was not handled within {PROMPT:?}"
+        );
+    }
+    set_maxclients(&mut conn, 10_000).await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// `CONFIG SET maxclients n` on this test's own connection (a new one may be refused).
+async fn set_maxclients(conn: &mut RedisConnection, n: u64) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(n)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 /// This process's soft `RLIMIT_NOFILE`, lowered with `prlimit(1)` and restored when dropped.
 struct FileLimit {
     soft: String,

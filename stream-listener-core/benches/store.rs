@@ -279,6 +279,8 @@ struct Member {
     last_at: Option<Instant>,
     /// Longest time between two heartbeats of this member during convergence.
     max_gap: Duration,
+    /// Failed heartbeats: the first is printed, all are counted in the tables (`errors`).
+    failures: u64,
 }
 
 impl Member {
@@ -295,6 +297,7 @@ impl Member {
             last: None,
             last_at: None,
             max_gap: Duration::ZERO,
+            failures: 0,
         }
     }
 
@@ -349,7 +352,15 @@ impl Member {
                 sample
             }
             Err(e) => {
-                eprintln!("  {}: heartbeat failed: {e}", self.id);
+                // One line per member, not per failure: a thousand members that fail every
+                // heartbeat would bury the tables (scenario d).
+                self.failures += 1;
+                if self.failures == 1 {
+                    eprintln!(
+                        "  {}: heartbeat failed: {e} (its later failures are only counted)",
+                        self.id
+                    );
+                }
                 Sample {
                     start,
                     latency,

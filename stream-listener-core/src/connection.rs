@@ -18,7 +18,7 @@
 //!
 //! Sentinel: [`SentinelConnection`] (module `sentinel`) serves the master the sentinels name
 //! with a `ConnectionManager`, and replaces it after a failover without re-sending the failed
-//! command, so the data plane may use one too (docs/design.md §15.3).
+//! command, so the data plane shares it (docs/design.md §15.3).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -399,28 +399,33 @@ impl RedisConnection {
     }
 
     /// The data-plane connection of one group member (docs/design.md §8.12): on a standalone
-    /// server and on Sentinel a new connection to `target` of the member's own (the same kind
-    /// as this one: it never re-sends, see [`RedisConnection::for_data_plane`]); on a cluster the
-    /// data-plane cluster connection that every member shares.
+    /// server a new connection to `target` of the member's own (a `ConnectionManager`, which
+    /// never re-sends, see [`RedisConnection::for_data_plane`]); on a cluster and on Sentinel
+    /// the shared [`RedisConnection::for_data_plane`] one.
     ///
     /// Why one per member: redis-rs parses every reply of a multiplexed connection in that
     /// connection's one driver task, so members sharing one connection share one parser. With
     /// one each, their replies are parsed on the runtime's threads side by side, and a member's
     /// `WAIT` after its acks holds only its own connection (BENCHMARKS.md, "Throughput"). On a
     /// cluster the data-plane connection already keeps one connection per master, each with
-    /// its own driver; one set per member would add a connection per master per member.
+    /// its own driver; one set per member would add a connection per master per member. On
+    /// Sentinel a connection of the member's own would follow failovers on its own: after a
+    /// failover that one connection saw and the other did not, the member would heartbeat on
+    /// one master and read on another (docs/design.md §15.3).
     ///
     /// # Errors
-    /// As [`RedisConnection::connect`] (standalone, Sentinel) or
-    /// [`RedisConnection::for_data_plane`] (cluster); the caller tries again later.
+    /// As [`RedisConnection::connect`] (standalone) or [`RedisConnection::for_data_plane`]
+    /// (cluster, Sentinel).
     pub(crate) async fn member_data_plane(
         &self,
         target: &RedisTarget,
     ) -> redis::RedisResult<RedisConnection> {
         match self {
-            RedisConnection::Cluster(..) => self.for_data_plane().await,
-            RedisConnection::Standalone(_) | RedisConnection::Sentinel(_) => {
+            RedisConnection::Standalone(_) => {
                 RedisConnection::connect(target, DEFAULT_RESPONSE_TIMEOUT).await
+            }
+            RedisConnection::Cluster(..) | RedisConnection::Sentinel(_) => {
+                self.for_data_plane().await
             }
         }
     }

@@ -151,13 +151,31 @@ impl ShardTaskContext {
     }
 
     /// The member's data-plane connection (docs/design.md §8.12), made at the first call and
-    /// shared by its shard tasks and read rounds from then on.
+    /// shared by its shard tasks and read rounds from then on. One attempt at a time: the
+    /// member's other shard tasks wait for it.
+    ///
+    /// On a standalone server, when the member's own connection cannot be made (`maxclients`
+    /// reached, a proxy's limit per client), the member reads on the process's connection for
+    /// good, with a warning: the heartbeats go through there, and a member that renewed its
+    /// shards without reading them would hold them up.
     ///
     /// # Errors
-    /// As [`RedisConnection::member_data_plane`]: nothing is kept, the next call tries again.
+    /// On a cluster and on Sentinel, as [`RedisConnection::for_data_plane`]: nothing is kept,
+    /// the next call tries again.
     async fn data_plane_connection(&self) -> redis::RedisResult<RedisConnection> {
         self.data_plane
-            .get_or_try_init(|| self.conn.member_data_plane(&self.target))
+            .get_or_try_init(|| async {
+                match self.conn.member_data_plane(&self.target).await {
+                    Err(error) if matches!(self.conn, RedisConnection::Standalone(_)) => {
+                        tracing::warn!(
+                            error = %crate::report::Chain(&error),
+                            "the member's own data-plane connection could not be made; it reads and acks on the process's connection"
+                        );
+                        self.conn.for_data_plane().await
+                    }
+                    made => made,
+                }
+            })
             .await
             .cloned()
     }
@@ -403,7 +421,14 @@ impl ShardTask {
     /// Tries again after a pause until it is made or the task ends; returns whether it was.
     async fn use_data_plane_connection(&mut self) -> bool {
         while !self.done() {
-            match self.ctx.data_plane_connection().await {
+            // A connection attempt lasts up to the connect timeout, and the member's tasks
+            // wait for one another's: a revoke or a stop must not wait for them.
+            let made = tokio::select! {
+                made = self.ctx.data_plane_connection() => made,
+                _ = self.revoke.cancelled() => return false,
+                _ = self.stop.cancelled() => return false,
+            };
+            match made {
                 Ok(conn) => {
                     self.client.set_connection(conn);
                     return true;

@@ -183,3 +183,30 @@ fn a_zombies_conflict_at_the_current_epoch_starts_no_correction_round() {
     let b = f.beat("b", b.member_epoch, &[0, 1]);
     assert_eq!(b.status, HeartbeatStatus::Ok);
 }
+
+/// The other evidence a conflict gives (docs/design.md §6.6): the member the coordinator counts
+/// as the shard's holder reports a conflict on it, at the stored `(incarnation, groupEpoch)` or
+/// below it. No one can have been given that shard since it got it, unless writes were lost.
+#[test]
+fn a_holders_conflict_at_or_below_the_current_epoch_is_evidence() {
+    for below in [0, 1] {
+        let mut f = Fixture::owned_by_a(2);
+        let a_epoch = f.member("a").member_epoch;
+        let (incarnation, group_epoch) = (f.group.meta.incarnation, f.group.meta.group_epoch);
+        f.advance_ms(1000);
+        let holder = HeartbeatRequest {
+            request_seq: f.seqs["p-a"] + 1,
+            fence_conflicts: vec![FenceConflict {
+                shard_index: 1,
+                incarnation,
+                epoch: group_epoch - below,
+            }],
+            ..request("a", "p-a", a_epoch, &[0, 1])
+        };
+        assert_eq!(
+            f.transition(&holder),
+            Ok(Transition::NeedsFences),
+            "{below} below the group epoch"
+        );
+    }
+}

@@ -138,8 +138,8 @@ impl ShardClient {
         self
     }
 
-    /// Sends every later command over `conn` (the data plane's connection,
-    /// [`RedisConnection::for_data_plane`]).
+    /// Sends every later command over `conn` (the member's data-plane connection,
+    /// [`RedisConnection::member_data_plane`]).
     pub(crate) fn set_connection(&mut self, conn: RedisConnection) {
         self.conn = conn;
     }
