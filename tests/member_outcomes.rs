@@ -1171,3 +1171,92 @@ async fn a_panic_before_the_handlers_future_is_a_failed_attempt() {
     assert_eq!(wait_no_pending(&mut conn, 0).await, 0);
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
+
+/// docs/design.md §8.12: the member's data-plane connection (its own on a standalone server)
+/// killed five times while it works through 2,000 entries on 4 shards. Each kill fails the read
+/// round in flight; the member's connection reconnects, the shards go back to their own pending
+/// entries, and every entry is handled, with nothing left pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_members_data_plane_connection_under_load_loses_nothing() {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    let (_serial, server, target, mut conn, _) = Context::serial(4).await.parts();
+    const ENTRIES: u64 = 2_000;
+    preload(&server.client(), &[0, 1, 2, 3], ENTRIES / 4, 0);
+    let handled: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+    let handler = {
+        let handled = handled.clone();
+        move |delivery: stream_listener::core::handler::Delivery| {
+            let handled = handled.clone();
+            async move {
+                // Slow enough that the kills land while entries are still being read.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                handled
+                    .lock()
+                    .unwrap()
+                    .insert(payload_n(&delivery).unwrap());
+                Ok::<(), HandlerError>(())
+            }
+        }
+    };
+    let mut opts = options(1);
+    opts.batch_size = 16;
+    let listener = start_listener(&target, handler, opts).await;
+    let mut kills = 0;
+    while kills < 5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if kill_data_plane_clients(&mut conn).await > 0 {
+            kills += 1;
+        }
+        assert!(
+            (handled.lock().unwrap().len() as u64) < ENTRIES,
+            "the entries were all handled before the {kills}th kill: make the handler slower"
+        );
+    }
+    let all = wait_until(Duration::from_secs(60), || {
+        handled.lock().unwrap().len() as u64 == ENTRIES
+    })
+    .await;
+    assert!(
+        all,
+        "{} of {ENTRIES} handled",
+        handled.lock().unwrap().len()
+    );
+    for shard in 0..4 {
+        assert_eq!(wait_no_pending(&mut conn, shard).await, 0, "shard {shard}");
+    }
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+}
+
+/// Kills the clients whose last command was one of a read round's (`CLIENT LIST`): the members'
+/// data-plane connections. Returns how many.
+async fn kill_data_plane_clients(conn: &mut RedisConnection) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let round = [
+        "cmd=exec",
+        "cmd=multi",
+        "cmd=xreadgroup",
+        "cmd=xack",
+        "cmd=eval",
+    ];
+    let ids: Vec<&str> = list
+        .lines()
+        .filter(|line| line.split(' ').any(|field| round.contains(&field)))
+        .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .collect();
+    for id in &ids {
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(*id)
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+    ids.len()
+}
