@@ -50,9 +50,18 @@ async fn each_wakes_its_member(
     shards: &[u32],
 ) -> Duration {
     let mut sync = server.client().get_connection().unwrap();
+    each_wakes_its_member_over(&mut sync, recorder, shards).await
+}
+
+/// [`each_wakes_its_member`], publishing over `sync`.
+async fn each_wakes_its_member_over(
+    sync: &mut redis::Connection,
+    recorder: &std::sync::Arc<Recorder>,
+    shards: &[u32],
+) -> Duration {
     let mut longest = Duration::ZERO;
     for (n, &shard) in shards.iter().enumerate() {
-        let published = xadd_sync(&mut sync, shard, n as u64);
+        let published = xadd_sync(sync, shard, n as u64);
         let sent = Instant::now();
         let handled = wait_until(PROMPT, || {
             recorder.handled().contains(&(shard, published.id.clone()))
@@ -170,17 +179,7 @@ async fn a_member_without_room_for_its_own_connection_reads_on_the_process_conne
     opts.block = Duration::from_millis(500);
     let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
     settle(&mut conn, 1, Duration::from_secs(30)).await;
-    for shard in 0..4 {
-        let published = xadd_sync(&mut sync, shard, u64::from(shard));
-        let handled = wait_until(PROMPT, || {
-            recorder.handled().contains(&(shard, published.id.clone()))
-        })
-        .await;
-        assert!(
-            handled,
-            "the entry on shard {shard} was not handled within {PROMPT:?}"
-        );
-    }
+    each_wakes_its_member_over(&mut sync, &recorder, &[0, 1, 2, 3]).await;
     set_maxclients(&mut conn, 10_000).await;
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
