@@ -413,16 +413,33 @@ impl RedisConnection {
     /// failover that one connection saw and the other did not, the member would heartbeat on
     /// one master and read on another (docs/design.md §15.3).
     ///
+    /// When a standalone server refuses the new connection but answers `PING` on this one
+    /// (`maxclients` reached, a proxy's limit per client), this connection is returned, with a
+    /// warning: the member's heartbeats go through here, and a member that renewed its shards
+    /// without reading them would hold them up.
+    ///
     /// # Errors
-    /// As [`RedisConnection::connect`] (standalone) or [`RedisConnection::for_data_plane`]
-    /// (cluster, Sentinel).
+    /// On a standalone server the new connection's error when this one does not answer either
+    /// (Redis unreachable: try again later); as [`RedisConnection::for_data_plane`] on a
+    /// cluster and on Sentinel.
     pub(crate) async fn member_data_plane(
         &self,
         target: &RedisTarget,
     ) -> redis::RedisResult<RedisConnection> {
         match self {
             RedisConnection::Standalone(_) => {
-                RedisConnection::connect(target, DEFAULT_RESPONSE_TIMEOUT).await
+                let refused = match RedisConnection::connect(target, DEFAULT_RESPONSE_TIMEOUT).await
+                {
+                    Ok(own) => return Ok(own),
+                    Err(error) => error,
+                };
+                let mut shared = self.clone();
+                redis::cmd("PING").query_async::<()>(&mut shared).await?;
+                tracing::warn!(
+                    error = %crate::report::Chain(&refused),
+                    "the member's own data-plane connection was refused; it reads and acks on the process's connection"
+                );
+                Ok(shared)
             }
             RedisConnection::Cluster(..) | RedisConnection::Sentinel(_) => {
                 self.for_data_plane().await

@@ -154,32 +154,11 @@ impl ShardTaskContext {
     /// shared by its shard tasks and read rounds from then on. One attempt at a time: the
     /// member's other shard tasks wait for it.
     ///
-    /// On a standalone server, when the member's own connection cannot be made while the server
-    /// answers on the process's connection (`maxclients` reached, a proxy's limit per client),
-    /// the member reads on the process's connection for good, with a warning: the heartbeats go
-    /// through there, and a member that renewed its shards without reading them would hold them
-    /// up.
-    ///
     /// # Errors
-    /// The connection error when the server does not answer on the process's connection either
-    /// (standalone), or as [`RedisConnection::for_data_plane`] (cluster, Sentinel): nothing is
-    /// kept, the next call tries again.
+    /// As [`RedisConnection::member_data_plane`]: nothing is kept, the next call tries again.
     async fn data_plane_connection(&self) -> redis::RedisResult<RedisConnection> {
         self.data_plane
-            .get_or_try_init(|| async {
-                match self.conn.member_data_plane(&self.target).await {
-                    Err(error) if matches!(self.conn, RedisConnection::Standalone(_)) => {
-                        let mut process = self.conn.clone();
-                        redis::cmd("PING").query_async::<()>(&mut process).await?;
-                        tracing::warn!(
-                            error = %crate::report::Chain(&error),
-                            "the member's own data-plane connection was refused; it reads and acks on the process's connection"
-                        );
-                        Ok(process)
-                    }
-                    made => made,
-                }
-            })
+            .get_or_try_init(|| self.conn.member_data_plane(&self.target))
             .await
             .cloned()
     }
