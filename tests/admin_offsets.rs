@@ -455,8 +455,10 @@ async fn group_delete_leaves_no_key_of_the_group(cluster: bool) {
         support::plant_fence(conn, &format!("{}:fence", shard(i)), "billing").await;
         support::plant_fence(conn, &format!("{}:fence", shard(i)), "audit").await;
         for group in ["billing", "audit"] {
-            support::plant_gate(conn, &format!("{}:gate:{group}", shard(i)), group).await;
+            support::plant_gate(conn, &shard(i), group).await;
         }
+        // billing's gate as versions before per-token gates named it too.
+        support::plant_legacy_gate(conn, &format!("{}:gate:billing", shard(i)), "billing").await;
         let _: () = conn
             .hset_multiple(
                 format!("{}:attempts", shard(i)),
@@ -485,7 +487,7 @@ async fn group_delete_leaves_no_key_of_the_group(cluster: bool) {
     assert_eq!(billing_traces(&mut redis, 4).await, Vec::<String>::new());
     // audit keeps everything, its read gates included (billing's went: billing_traces).
     let keys = redis.all_keys().await;
-    let gates = (0..4).map(|i| format!("{}:gate:audit", shard(i)));
+    let gates = (0..4).map(|i| format!("{}:gate:audit:1:1:planted:m0", shard(i)));
     for key in [
         "orders:dlq:audit".to_owned(),
         "sl:{orders:audit}:group".to_owned(),
@@ -502,6 +504,16 @@ async fn group_delete_leaves_no_key_of_the_group(cluster: bool) {
             .map(|g| g.0)
             .collect();
         assert_eq!(names, ["audit"]);
+        let listed: Vec<String> = redis
+            .conn
+            .smembers(format!("{}:gates", shard(i)))
+            .await
+            .unwrap();
+        assert_eq!(
+            listed,
+            [format!("{}:gate:audit:1:1:planted:m0", shard(i))],
+            "billing's gates left the registry"
+        );
     }
 }
 
@@ -520,7 +532,7 @@ async fn two_streams(conn: &mut RedisConnection) {
         .unwrap();
     for i in 0..4 {
         for group in ["billing", "audit"] {
-            support::plant_gate(conn, &format!("{}:gate:{group}", shard(i)), group).await;
+            support::plant_gate(conn, &shard(i), group).await;
         }
         support::plant_fence(conn, &format!("{}:fence", shard(i)), "billing").await;
         let _: () = conn
@@ -547,7 +559,7 @@ async fn two_streams(conn: &mut RedisConnection) {
     admin::register_group(conn, "payments", "billing", StartFrom::Earliest)
         .await
         .unwrap();
-    support::plant_gate(conn, "{payments:0}:gate:billing", "billing").await;
+    support::plant_gate(conn, "{payments:0}", "billing").await;
 }
 
 /// The dead-letter stream of group `g` of stream `orders:dlq:x`: not a key of `orders`.
@@ -566,8 +578,8 @@ async fn stream_delete_leaves_no_key_of_the_stream(cluster: bool) {
     let before = redis.all_keys().await;
     assert_eq!(
         of_orders(&before).len(),
-        4 * 5 + 1 + 2 * 2 + 1,
-        "4 shards with fence, attempts and 2 read gates, the metadata, 2 groups with hash and dead letters, a kept dead-letter stream: {before:?}"
+        4 * 6 + 1 + 2 * 2 + 1,
+        "4 shards with fence, attempts, 2 read gates and their registry, the metadata, 2 groups with hash and dead letters, a kept dead-letter stream: {before:?}"
     );
 
     // Data left and no --force: refused, naming group and shard, nothing deleted.

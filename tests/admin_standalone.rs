@@ -343,10 +343,10 @@ async fn scale_in_keeps_draining_shards_until_every_group_has_read_and_acked_eve
     admin::scale(&mut conn, "orders", 6).await.unwrap(); // v3
     add(&mut conn, "{orders:5}", &["1-1", "1-2", "1-3"]).await;
     support::plant_fence(&mut conn, "{orders:5}:fence", "billing").await;
-    for shard in [4, 5] {
-        let gate = format!("{{orders:{shard}}}:gate:billing");
-        support::plant_gate(&mut conn, &gate, "billing").await;
-    }
+    // Shard 4's gate as versions before per-token gates named it, shard 5's listed in its
+    // registry.
+    support::plant_legacy_gate(&mut conn, "{orders:4}:gate:billing", "billing").await;
+    let gate_5 = support::plant_gate(&mut conn, "{orders:5}", "billing").await;
 
     let outcome = admin::scale(&mut conn, "orders", 4).await.unwrap(); // v4
     assert_eq!(outcome.action, ScaleAction::ScaleIn);
@@ -440,7 +440,8 @@ async fn scale_in_keeps_draining_shards_until_every_group_has_read_and_acked_eve
     assert_eq!(report.readable_shard_set, vec![0, 1, 2, 3]);
     assert!(!exists(&mut conn, "{orders:5}").await);
     assert!(!exists(&mut conn, "{orders:5}:fence").await);
-    assert!(!exists(&mut conn, "{orders:5}:gate:billing").await);
+    assert!(!exists(&mut conn, &gate_5).await);
+    assert!(!exists(&mut conn, "{orders:5}:gates").await);
     let described = admin::describe_stream(&mut conn, "orders").await.unwrap();
     assert_eq!(described.migration, None);
     assert_eq!(described.shards[5].state, ShardState::Retired);

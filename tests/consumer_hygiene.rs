@@ -170,8 +170,19 @@ async fn a_consumer_with_pending_entries_is_never_deleted_and_an_idle_one_is() {
     let keys = StreamKeys::new(STREAM).unwrap();
     let before = consumers(&mut conn, 0).await;
     let keep = names(&["listed", "not-a-consumer"]);
-    // The shard's read gate (docs/design.md §8.16), with the consumer a strict read leaves there.
-    let gate = keys.gate(0, &keys.group(GROUP).unwrap());
+    // Read gates (docs/design.md §8.16): the current token's, listed, kept; one a lost fence
+    // value left behind, listed, and one of versions before per-token gates, both deleted.
+    let group_keys = keys.group(GROUP).unwrap();
+    let shard_key = keys.shard(0);
+    let _: i64 = conn
+        .hset(keys.fence(0), GROUP, "1:1:planted:m0")
+        .await
+        .unwrap();
+    let current = support::plant_gate(&mut conn, &shard_key, GROUP).await;
+    let stale = format!("{shard_key}:gate:{GROUP}:0:9:old:m1");
+    support::plant_legacy_gate(&mut conn, &stale, GROUP).await;
+    let _: i64 = conn.sadd(keys.gate_registry(0), &stale).await.unwrap();
+    let gate = keys.legacy_gate(0, &group_keys);
     for args in [
         vec!["CREATE", gate.as_str(), GROUP, "$", "MKSTREAM"],
         vec!["CREATECONSUMER", gate.as_str(), GROUP, "gone-idle"],
@@ -195,10 +206,12 @@ async fn a_consumer_with_pending_entries_is_never_deleted_and_an_idle_one_is() {
     // XINFO CONSUMERS lists consumers by name.
     assert_eq!(dry, expected);
     assert_eq!(consumers(&mut conn, 0).await, before);
-    assert!(
-        conn.exists::<_, bool>(&gate).await.unwrap(),
-        "a dry run keeps the gate"
-    );
+    for key in [&gate, &stale, &current] {
+        assert!(
+            conn.exists::<_, bool>(key).await.unwrap(),
+            "a dry run keeps {key}"
+        );
+    }
 
     let done = delete_idle_consumers(&mut conn, &keys, 0, GROUP, &keep, false)
         .await
@@ -206,8 +219,15 @@ async fn a_consumer_with_pending_entries_is_never_deleted_and_an_idle_one_is() {
     assert_eq!(done, expected);
     assert!(
         !conn.exists::<_, bool>(&gate).await.unwrap(),
-        "the gate goes with its consumers; the next passing check creates it again"
+        "the old gate goes with its consumers"
     );
+    assert!(!conn.exists::<_, bool>(&stale).await.unwrap());
+    assert!(
+        conn.exists::<_, bool>(&current).await.unwrap(),
+        "the fence's token keeps its gate: its holder's wait goes on"
+    );
+    let listed: Vec<String> = conn.smembers(keys.gate_registry(0)).await.unwrap();
+    assert_eq!(listed, [current.clone()]);
     let after = consumers(&mut conn, 0).await;
     assert_eq!(
         after,

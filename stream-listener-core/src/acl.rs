@@ -155,7 +155,8 @@ fn listener_checks(
     let g = group.group();
     let shard = keys.shard(0);
     let fence = keys.fence(0);
-    let gate = keys.gate(0, group);
+    let gate = keys.gate(0, group, "1:1:probe:probe");
+    let gate_registry = keys.gate_registry(0);
     let attempts = keys.attempts(0);
     let meta = keys.metadata();
     let (group_key, leases, history) = (group.metadata(), group.leases(), group.history());
@@ -269,9 +270,10 @@ fn listener_checks(
             &shards,
         ),
         Check::on("read a shard's fence", &["HGET", g], &fence, &shards),
-        // A strict read is a transaction with the fence check inside it and a read gate: the
-        // check opens the gate (EXISTS, XGROUP CREATE ... MKSTREAM) or, on a refusal, deletes it
-        // (DEL), and the read names it (docs/design.md §8.16).
+        // A strict read is a transaction with the fence check inside it and read gates: the
+        // check opens the gates (EXISTS, XGROUP CREATE ... MKSTREAM, listed with SADD) or, on a
+        // refusal, deletes them (DEL, SREM); the read and the strict wait name them, and a raise
+        // deletes the other tokens' (SMEMBERS) (docs/design.md §8.16).
         Check::new("fence a read", &["MULTI"]),
         Check::new("fence a read", &["EXEC"]),
         Check::new("fence a read", &["EVAL", "return 1", "0"]),
@@ -286,6 +288,9 @@ fn listener_checks(
             &shards,
         ),
         Check::on("fence a read", &["DEL"], &gate, &shards),
+        Check::on("fence a read", &["SADD", "probe"], &gate_registry, &shards),
+        Check::on("fence a read", &["SREM", "probe"], &gate_registry, &shards),
+        Check::on("fence a read", &["SMEMBERS"], &gate_registry, &shards),
         Check::on(
             "fence a read",
             &["XREADGROUP", "GROUP", g, "probe", "COUNT", "1", "STREAMS"],

@@ -160,14 +160,31 @@ impl StreamKeys {
         format!("{{{}:{shard}}}:attempts", self.prefix)
     }
 
-    /// The read gate `{<prefix>:<i>}:gate:<group>` of shard `i` for one consumer group: an empty
-    /// stream with that consumer group, which a strict read names in its `XREADGROUP` and which
-    /// the read's fence check deletes when it refuses, so that the read fails as a whole
-    /// (docs/design.md §8.16). Never written to; a missing gate is created by the next check that
-    /// passes. In the shard's slot, and matched by the listener's shard key pattern
-    /// `{<prefix>:[0-9]*`; not by the producer's (`{<prefix>:[0-9]*}`), and never taken for a
-    /// shard: shards are named in the stream metadata, not found by pattern.
-    pub fn gate(&self, shard: ShardIndex, group: &GroupKeys) -> String {
+    /// The read gate `{<prefix>:<i>}:gate:<group>:<token>` of shard `i` for one consumer group
+    /// and one fencing token (`token`: [`crate::fence::FenceToken::encode`]): an empty stream with
+    /// that consumer group, which a strict read and a strict wait name in their `XREADGROUP`
+    /// (docs/design.md §8.16). It exists only while the shard's fence holds `token`: the fence
+    /// check that passes for `token` creates it, a check that refuses deletes it, and the raise
+    /// of another token deletes it, which also ends a wait blocked on it. Never written to. Listed
+    /// in the shard's [`StreamKeys::gate_registry`]. In the shard's slot, and matched by the
+    /// listener's shard key pattern `{<prefix>:[0-9]*`; not by the producer's
+    /// (`{<prefix>:[0-9]*}`), and never taken for a shard: shards are named in the stream
+    /// metadata, not found by pattern.
+    pub fn gate(&self, shard: ShardIndex, group: &GroupKeys, token: &str) -> String {
+        format!("{{{}:{shard}}}:gate:{}:{token}", self.prefix, group.group)
+    }
+
+    /// The read gates' registry `{<prefix>:<i>}:gates` of shard `i`: a set of the gate keys
+    /// ([`StreamKeys::gate`]) that exist on the shard, of every group. A raise deletes what it
+    /// lists for its group, so a gate is closed even when the fence value it belonged to was lost
+    /// (docs/design.md §8.16).
+    pub fn gate_registry(&self, shard: ShardIndex) -> String {
+        format!("{{{}:{shard}}}:gates", self.prefix)
+    }
+
+    /// The read gate `{<prefix>:<i>}:gate:<group>` of versions before gates were per token: only
+    /// deleted (consumer hygiene and the admin deletions), never created.
+    pub fn legacy_gate(&self, shard: ShardIndex, group: &GroupKeys) -> String {
         format!("{{{}:{shard}}}:gate:{}", self.prefix, group.group)
     }
 
@@ -239,7 +256,12 @@ mod tests {
         let group = stream.group("billing").unwrap();
         assert_eq!(stream.shard(3), "{orders:3}");
         assert_eq!(stream.fence(3), "{orders:3}:fence");
-        assert_eq!(stream.gate(3, &group), "{orders:3}:gate:billing");
+        assert_eq!(
+            stream.gate(3, &group, "7:2:p:m0"),
+            "{orders:3}:gate:billing:7:2:p:m0"
+        );
+        assert_eq!(stream.gate_registry(3), "{orders:3}:gates");
+        assert_eq!(stream.legacy_gate(3, &group), "{orders:3}:gate:billing");
         assert_eq!(stream.metadata(), "sl:{orders}:stream");
         assert_eq!(stream.dead_letters(&group), "orders:dlq:billing");
         assert_eq!(group.metadata(), "sl:{orders:billing}:group");

@@ -27,6 +27,7 @@ mod coordinator;
 mod dataplane;
 pub mod extract;
 mod fence;
+mod gates;
 pub mod handler;
 pub mod handler_fn;
 pub mod headers;

@@ -208,10 +208,23 @@ pub async fn plant_fence(conn: &mut RedisConnection, fence_key: &str, group: &st
     let _: u64 = conn.hset(fence_key, group, "token").await.unwrap();
 }
 
-/// Creates the read gate `gate_key` of `group` (an empty stream with the consumer group: what a
+/// Creates a read gate of `group` on the shard stream `shard_key` and lists it in the shard's
+/// gate registry (an empty stream with the consumer group, named after a fencing token: what a
 /// strict read's passing check leaves, docs/design.md §8.16), for admin operations that must
-/// delete gates with their shards or groups.
-pub async fn plant_gate(conn: &mut RedisConnection, gate_key: &str, group: &str) {
+/// delete gates with their shards or groups. Returns the gate's key.
+pub async fn plant_gate(conn: &mut RedisConnection, shard_key: &str, group: &str) -> String {
+    let gate = format!("{shard_key}:gate:{group}:1:1:planted:m0");
+    plant_legacy_gate(conn, &gate, group).await;
+    let _: u64 = conn
+        .sadd(format!("{shard_key}:gates"), &gate)
+        .await
+        .unwrap();
+    gate
+}
+
+/// Creates the read gate `gate_key` of `group` as versions before per-token gates named it
+/// (`{<prefix>:<i>}:gate:<group>`, not in any registry).
+pub async fn plant_legacy_gate(conn: &mut RedisConnection, gate_key: &str, group: &str) {
     let () = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(gate_key)

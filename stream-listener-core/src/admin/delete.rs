@@ -36,7 +36,7 @@ pub struct DeletedStream {
 
 /// Deletes the sharded stream `prefix` and every key it owns (docs/design.md §2): for every
 /// shard listed in the metadata (RETIRED ones included) the shard stream, its fence, its
-/// attempts hash and the registered groups' read gates; for every registered group its hash,
+/// attempts hash, its read gates and their registry; for every registered group its hash,
 /// leases, history and dead-letter stream `<prefix>:dlq:<group>`; the dead-letter streams of
 /// groups no longer registered (kept by `group delete --keep-dead-letters`: found by `SCAN MATCH
 /// <prefix>:dlq:*` on every master, the rest of the name a valid group name); the stream
@@ -101,8 +101,14 @@ pub async fn delete_stream(
     }
     let mut shards_deleted = Vec::new();
     for shard in meta.shards.iter().map(|s| s.shard_index) {
-        let mut shard_keys = vec![keys.shard(shard), keys.fence(shard), keys.attempts(shard)];
-        shard_keys.extend(scripts::gate_keys(&keys, &meta, shard));
+        let mut shard_keys = vec![
+            keys.shard(shard),
+            keys.fence(shard),
+            keys.attempts(shard),
+            keys.gate_registry(shard),
+        ];
+        shard_keys.extend(scripts::registered_gates(conn, &keys, shard).await?);
+        shard_keys.extend(scripts::legacy_gate_keys(&keys, &meta, shard));
         let existed: bool = conn
             .exists(&shard_keys[0])
             .await

@@ -9,6 +9,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use crate::connection::RedisConnection;
+use crate::gates::GATE_LUA;
 use crate::keys::{GroupKeys, StreamKeys};
 use crate::model::{Micros, ShardIndex, StreamMetadata};
 use crate::store::StoreError;
@@ -22,14 +23,20 @@ pub(crate) use crate::store::provision::{destroy_group, ensure_shard, stream_tim
 /// Returns {'gone'} (no stream; with `delete` the fence is deleted too), {'clear'} (check passed),
 /// {'deleted'} (stream and fence deleted), {'pending', group, count} or {'unread', group, first
 /// unread id}. KEYS[3], the shard's handler-attempt hash (docs/design.md §8.9), is deleted with the
-/// fence: nothing is pending any more, so any count in it is stale; so are KEYS[4..], the shard's
-/// read gates (docs/design.md §8.16) of the registered groups.
+/// fence: nothing is pending any more, so any count in it is stale; so are the shard's read gates
+/// (docs/design.md §8.16), those its registry KEYS[4] lists and KEYS[5..], the registered groups'
+/// gates of versions before gates were per token.
 fn retire_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
+        Script::new(&format!(
+            "{GATE_LUA}{}",
             r"
+local function delete_all()
+  close_gates(KEYS[4], KEYS[1] .. ':gate:', '')
+  redis.call('DEL', unpack(KEYS))
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  if ARGV[1] == 'delete' then redis.call('DEL', unpack(KEYS, 2)) end
+  if ARGV[1] == 'delete' then delete_all() end
   return {'gone'}
 end
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
@@ -46,12 +53,12 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   end
 end
 if ARGV[1] == 'delete' then
-  redis.call('DEL', unpack(KEYS))
+  delete_all()
   return {'deleted'}
 end
 return {'clear'}
-",
-        )
+"
+        ))
     });
     &SCRIPT
 }
@@ -135,10 +142,11 @@ return {'deleted', tostring(redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]))}
     &SCRIPT
 }
 
-/// The read gates (docs/design.md §8.16, [`StreamKeys::gate`]) of shard `shard` for every group
-/// `meta` registers: deleted wherever the shard's keys are. A group of another process's making
-/// has none: a gate is created only by a listener of a registered group.
-pub(crate) fn gate_keys(
+/// The read gates of versions before gates were per token ([`StreamKeys::legacy_gate`]) of
+/// shard `shard` for every group `meta` registers: deleted wherever the shard's keys are. A group
+/// of another process's making has none: a gate is created only by a listener of a registered
+/// group. Today's gates are listed in the shard's registry ([`StreamKeys::gate_registry`]).
+pub(crate) fn legacy_gate_keys(
     keys: &StreamKeys,
     meta: &StreamMetadata,
     shard: ShardIndex,
@@ -146,8 +154,26 @@ pub(crate) fn gate_keys(
     meta.groups
         .iter()
         .filter_map(|g| keys.group(&g.consumer_group).ok())
-        .map(|group| keys.gate(shard, &group))
+        .map(|group| keys.legacy_gate(shard, &group))
         .collect()
+}
+
+/// The read gates shard `shard`'s registry lists ([`StreamKeys::gate_registry`], docs/design.md
+/// §8.16), each a key of the shard's slot; none when the registry is missing.
+///
+/// # Errors
+/// [`StoreError`] when Redis fails, or the registry is not a set (`WRONGTYPE`: written by hand;
+/// delete it and the gates `{<prefix>:<i>}:gate:*` by hand).
+pub(crate) async fn registered_gates(
+    conn: &mut RedisConnection,
+    keys: &StreamKeys,
+    shard: ShardIndex,
+) -> Result<Vec<String>, StoreError> {
+    let gates: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys.gate_registry(shard))
+        .query_async(conn)
+        .await?;
+    Ok(gates)
 }
 
 /// What the retirement script found on a shard.
@@ -166,7 +192,7 @@ pub(crate) enum RetireCheck {
 }
 
 /// Runs the retirement script on shard `shard`: only the check, or the check and the deletion
-/// (with the read gates of the groups `meta` registers).
+/// (with the shard's read gates).
 pub(crate) async fn retire_shard(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
@@ -178,8 +204,9 @@ pub(crate) async fn retire_shard(
     invocation
         .key(keys.shard(shard))
         .key(keys.fence(shard))
-        .key(keys.attempts(shard));
-    for gate in gate_keys(keys, meta, shard) {
+        .key(keys.attempts(shard))
+        .key(keys.gate_registry(shard));
+    for gate in legacy_gate_keys(keys, meta, shard) {
         invocation.key(gate);
     }
     let reply: Vec<String> = invocation

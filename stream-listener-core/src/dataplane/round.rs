@@ -6,12 +6,13 @@
 //!    late ack from a member that lost the shard cannot lose an entry (docs/design.md §8.2).
 //! 2. In [`FencingMode::Strict`](super::FencingMode::Strict), the read is a transaction with the
 //!    fence check inside it (docs/design.md §8.16): `MULTI`, the `EVAL` of
-//!    [`super::scripts::check_fences`] over the round's fences and one **gate** key, the read,
-//!    `EXEC`. Redis runs the check and the read back to back inside the `EXEC`, nothing between
-//!    them. The gate ([`crate::keys::StreamKeys::gate`]) is an empty stream with the consumer
-//!    group, named by the read: when every fence holds the member's token the check makes sure
-//!    it exists; on any refusal it deletes it, and the read then fails as a whole with `NOGROUP`
-//!    before it looks at any stream. A command refused while queued (`BUSY` during another
+//!    [`super::scripts::check_fences`] over the round's fences and **gates**, the read, `EXEC`.
+//!    Redis runs the check and the read back to back inside the `EXEC`, nothing between them. A
+//!    gate ([`crate::keys::StreamKeys::gate`]) is an empty stream with the consumer group, one
+//!    per shard and fencing token: when every fence holds the member's token the check makes
+//!    sure the round's gates exist (the shards' strict waits name them, docs/design.md §8.4); on
+//!    any refusal it deletes them, and the read, which names the first one, then fails as a
+//!    whole with `NOGROUP` before it looks at any stream. A command refused while queued (`BUSY` during another
 //!    client's long script, `NOPERM`, `OOM`) makes the `EXEC` answer `EXECABORT`, and an `EXEC`
 //!    refused for `BUSY` aborts too: whenever the check did not run, the read did not either. The
 //!    entries never pass through Lua, so the fence costs Redis the same per round whatever the
@@ -19,8 +20,8 @@
 //! 3. The read: `XREADGROUP GROUP <g> <consumer> COUNT <n> STREAMS <k1> … <kN> [<gate>] > … >`.
 //! 4. `WAIT` last, when acks wait for replicas (`min_replica_acks`).
 //!
-//! A round spanning several shards (standalone servers only) uses the gate of its first shard. On
-//! a cluster every round has one shard: its stream, fence and gate share a hash slot, so the whole
+//! A round spanning several shards (standalone servers only) reads through the gate of its first
+//! shard. On a cluster every round has one shard: its stream, fence and gate share a hash slot, so the whole
 //! pipeline goes to that slot's master (redis-rs routes a pipeline by its keyed commands).
 //!
 //! The replies are handed back per shard ([`PartReply`]), for the shard's own
@@ -54,9 +55,13 @@ pub(crate) struct RoundPart {
 pub(crate) struct FencePart {
     /// The fence hash `{<prefix>:<i>}:fence`.
     pub(crate) key: String,
-    /// The shard's read gate `{<prefix>:<i>}:gate:<group>` ([`crate::keys::StreamKeys::gate`]):
-    /// a round uses its first shard's.
+    /// The shard's read gate for the token, `{<prefix>:<i>}:gate:<group>:<token>`
+    /// ([`crate::keys::StreamKeys::gate`]): the check opens every shard's (for its wait), and the
+    /// read names the first shard's.
     pub(crate) gate: String,
+    /// The shard's gate registry `{<prefix>:<i>}:gates`
+    /// ([`crate::keys::StreamKeys::gate_registry`]).
+    pub(crate) registry: String,
     /// The encoded token ([`FenceToken::encode`]).
     pub(crate) encoded: String,
     /// The token's incarnation, which orders it against a stored one with the member epoch.
@@ -67,11 +72,18 @@ pub(crate) struct FencePart {
 
 impl FencePart {
     /// The check of fence key `key` against `token`, encoded as `encoded`, with the shard's read
-    /// gate `gate`.
-    pub(crate) fn new(key: String, gate: String, token: &FenceToken, encoded: String) -> Self {
+    /// gate `gate` for that token and its gate registry `registry`.
+    pub(crate) fn new(
+        key: String,
+        gate: String,
+        registry: String,
+        token: &FenceToken,
+        encoded: String,
+    ) -> Self {
         FencePart {
             key,
             gate,
+            registry,
             encoded,
             incarnation: token.incarnation,
             epoch: token.member_epoch,
@@ -221,11 +233,17 @@ fn add_strict_read(
     let check = pipe
         .cmd("EVAL")
         .arg(scripts::check_fences())
-        .arg(fences.len() + 1);
+        .arg(fences.len() * 3);
     for fence in &fences {
         check.arg(&fence.key);
     }
-    check.arg(gate).arg(group);
+    for fence in &fences {
+        check.arg(&fence.gate);
+    }
+    for fence in &fences {
+        check.arg(&fence.registry);
+    }
+    check.arg(group);
     for fence in &fences {
         check
             .arg(&fence.encoded)

@@ -13,6 +13,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use crate::gates::GATE_LUA;
 use crate::script_flags::ALLOW_OOM;
 
 /// Exact integer comparison and the order of fencing tokens: the part of [`PRELUDE`] that the
@@ -93,12 +94,14 @@ end
 ";
 
 fn with_prelude(body: &str) -> Script {
-    Script::new(&format!("{TOKEN_ORDER}{PRELUDE}{body}"))
+    Script::new(&format!("{TOKEN_ORDER}{PRELUDE}{GATE_LUA}{body}"))
 }
 
 /// [`with_prelude`] for a script that must run at `maxmemory` (its flags line first).
 fn with_prelude_allow_oom(body: &str) -> Script {
-    Script::new(&format!("{ALLOW_OOM}{TOKEN_ORDER}{PRELUDE}{body}"))
+    Script::new(&format!(
+        "{ALLOW_OOM}{TOKEN_ORDER}{PRELUDE}{GATE_LUA}{body}"
+    ))
 }
 
 /// A read script that checks the fence first when `ARGV[5]` is `'1'` (strict mode); in acks
@@ -121,11 +124,16 @@ fn fence_first(body: &str) -> String {
 }
 
 /// Raises the fence to our token: accepts a strictly higher `(incarnation, memberEpoch)` than the
-/// stored one, an empty field, or the same token again. No further arguments.
-/// Returns `{'EQUAL'}` (the fence holds our token now), `{'HIGHER', stored}` (unchanged), or
-/// `{'NOGROUP', ...}` when the shard stream does not exist: a fence is never written next to a
-/// missing stream, which may just have been retired (docs/design.md §8.11). Runs at `maxmemory`
-/// ([`ALLOW_OOM`]): a takeover must be possible in a full Redis, which only consuming drains.
+/// stored one, an empty field, or the same token again. Breaks the two-key convention with
+/// `KEYS[3]`, the shard's gate registry `{<prefix>:<i>}:gates` (same slot). No further
+/// arguments. When it writes our token, it first closes every other read gate of the group on
+/// the shard (docs/design.md §8.16): the stored token's, which also ends a strict wait of its
+/// holder blocked on it, and any a lost fence value left behind. Returns `{'EQUAL'}` (the fence
+/// holds our token now), `{'HIGHER', stored}` (unchanged), or `{'NOGROUP', ...}` when the shard
+/// stream does not exist: a fence is never written next to a missing stream, which may just
+/// have been retired (docs/design.md §8.11). Fails with `WRONGTYPE` (nothing written) when the
+/// registry is not a set. Runs at `maxmemory` ([`ALLOW_OOM`]): a takeover must be possible in
+/// a full Redis, which only consuming drains.
 pub(crate) fn raise() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         with_prelude_allow_oom(
@@ -138,6 +146,8 @@ if stored then
   local c = order(stored, ARGV[3], ARGV[4])
   if c == nil or c >= 0 then return {'HIGHER', stored} end
 end
+local gates = KEYS[1] .. ':gate:' .. ARGV[1] .. ':'
+close_gates(KEYS[3], gates, gates .. ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return {'EQUAL'}
 ",
@@ -221,32 +231,37 @@ return {'OK', acked}
 /// server that lost its scripts would answer `EVALSHA` with `NOSCRIPT` inside the `EXEC`, the
 /// check would not run and the read after it would; `EVAL` always runs the body.
 ///
-/// `KEYS[1..n]` are the round's fence hashes, `KEYS[n + 1]` its **gate**
-/// (`{<prefix>:<i>}:gate:<group>` of the round's first shard, [`crate::keys::StreamKeys::gate`]):
-/// an empty stream with consumer group `ARGV[1]`, which the read names with the shards. `ARGV[1]`
-/// is the group (also the fence field); then per shard its encoded token, incarnation and member
-/// epoch. Returns `{status, verdicts}`: one verdict per shard, `{'EQUAL'}`, `{'LOWER'}`,
-/// `{'LOWER', stored}` or `{'HIGHER', stored}` (as the other scripts' refusals; a fence key of the
-/// wrong type is `{'HIGHER', ''}`: fail closed). Status:
-/// - `OK`: every verdict is `EQUAL`, and the gate exists: it was there, or the check created it
-///   (`XGROUP CREATE <gate> <group> $ MKSTREAM`). The read runs.
+/// For a round of `n` shards, `KEYS[1..n]` are their fence hashes, `KEYS[n+1..2n]` their
+/// **gates** for the tokens checked (`{<prefix>:<i>}:gate:<group>:<token>`,
+/// [`crate::keys::StreamKeys::gate`]: empty streams with consumer group `ARGV[1]`; the read
+/// names the first one with the shards, a strict wait names each), `KEYS[2n+1..3n]` their gate
+/// registries ([`crate::keys::StreamKeys::gate_registry`]). `ARGV[1]` is the group (also the
+/// fence field); then per shard its encoded token, incarnation and member epoch. Returns
+/// `{status, verdicts}`: one verdict per shard, `{'EQUAL'}`, `{'LOWER'}`, `{'LOWER', stored}` or
+/// `{'HIGHER', stored}` (as the other scripts' refusals; a fence key of the wrong type is
+/// `{'HIGHER', ''}`: fail closed). Status:
+/// - `OK`: every verdict is `EQUAL`, and the first gate exists: it was there, or the check
+///   created and listed it. The read runs. The other gates are created the same way where Redis
+///   accepts it; a missing one only fails its shard's wait (which then wakes it to read).
 /// - `REFUSED`: a verdict is not `EQUAL` (a fence key lost counts as `LOWER`): the check deleted
-///   the gate with `DEL`, which Redis runs under `maxmemory` too (it is not *deny-oom*). The read
-///   fails as a whole with `NOGROUP` on the gate, before it reads any stream: nothing is read.
-/// - `NOGATE`, with Redis's error third: every verdict is `EQUAL`, but the gate was missing and
-///   could not be created (`XGROUP CREATE` is deny-oom: refused at `maxmemory`). The read fails
-///   with `NOGROUP`: nothing is read, fail closed, until Redis accepts the write.
+///   every gate of the round with `DEL`, which Redis runs under `maxmemory` too (it is not
+///   *deny-oom*). The read fails as a whole with `NOGROUP` on the first gate, before it reads
+///   any stream: nothing is read.
+/// - `NOGATE`, with Redis's error third: every verdict is `EQUAL`, but the first gate was missing
+///   and could not be created (the registry's `SADD` is deny-oom: refused at `maxmemory`;
+///   `WRONGTYPE` for a registry written by hand). The read fails with `NOGROUP`: nothing is read,
+///   fail closed, until Redis accepts the write.
 ///
-/// The check writes nothing else: no write comes before the gate's creation, so Redis applies its
-/// `maxmemory` rule to it as to any first write of a script.
+/// The check writes nothing else: no write comes before the gates', so Redis applies its
+/// `maxmemory` rule to the first of them as to any first write of a script.
 pub(crate) fn check_fences() -> &'static str {
     static SOURCE: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "{TOKEN_ORDER}{}",
+            "{TOKEN_ORDER}{GATE_LUA}{}",
             r"
-local gate = KEYS[#KEYS]
+local n = #KEYS / 3
 local verdicts, refused = {}, false
-for s = 1, #KEYS - 1 do
+for s = 1, n do
   local a = 2 + 3 * (s - 1)
   local stored = redis.pcall('HGET', KEYS[s], ARGV[1])
   local v
@@ -264,13 +279,17 @@ for s = 1, #KEYS - 1 do
   verdicts[s] = v
 end
 if refused then
-  redis.call('DEL', gate)
+  for s = 1, n do
+    redis.call('DEL', KEYS[n + s])
+    redis.pcall('SREM', KEYS[2 * n + s], KEYS[n + s])
+  end
   return {'REFUSED', verdicts}
 end
-if redis.call('EXISTS', gate) == 0 then
-  local r = redis.pcall('XGROUP', 'CREATE', gate, ARGV[1], '$', 'MKSTREAM')
-  if type(r) == 'table' and r.err then return {'NOGATE', verdicts, r.err} end
-end
+local err = open_gate(KEYS[2 * n + 1], KEYS[n + 1], ARGV[1])
+if err then return {'NOGATE', verdicts, err} end
+-- The other shards' gates only serve their waits: one that cannot be created fails its wait,
+-- which then wakes its shards to read instead.
+for s = 2, n do open_gate(KEYS[2 * n + s], KEYS[n + s], ARGV[1]) end
 return {'OK', verdicts}
 "
         )
@@ -417,10 +436,11 @@ return 0
 /// runs it (docs/design.md §8.15). Breaks the convention above: the shard and the gate, no token.
 /// Returns `{'OK', deleted, pending, kept}`: the names deleted (or that would be); `{name,
 /// pending}` of the consumers not in the keep-list kept for their pending entries; `{name,
-/// pending}` of those in the keep-list; or `{'NOGROUP', message}`. `KEYS[2]`, when given, is
-/// the group's read gate on the shard (docs/design.md §8.16): deleted (but in a dry run), so the
-/// consumers that strict reads leave in its group go with it (a new empty gate is created by the
-/// next check that passes; a gate damaged by hand is repaired the same way).
+/// pending}` of those in the keep-list; or `{'NOGROUP', message}`. `KEYS[2..4]`, when given,
+/// are the shard's gate registry, its fence hash and the group's gate of versions before gates
+/// were per token (docs/design.md §8.16): but in a dry run, the old gate is deleted, and so is
+/// every listed gate of the group but the one of the token the fence holds (a gate a lost fence
+/// value left behind).
 pub(crate) fn delete_idle_consumers() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         with_prelude(
@@ -429,7 +449,13 @@ local keep = {}
 for i = 3, #ARGV do keep[ARGV[i]] = true end
 local consumers = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
 if consumers.err then return failed(consumers) end
-if KEYS[2] and ARGV[2] ~= '1' then redis.call('DEL', KEYS[2]) end
+if KEYS[2] and ARGV[2] ~= '1' then
+  redis.call('DEL', KEYS[4])
+  local gates = KEYS[1] .. ':gate:' .. ARGV[1] .. ':'
+  local current = redis.pcall('HGET', KEYS[3], ARGV[1])
+  if type(current) ~= 'string' then current = '' else current = gates .. current end
+  close_gates(KEYS[2], gates, current)
+end
 local deleted, busy, kept = {}, {}, {}
 for _, c in ipairs(consumers) do
   local name, pending = nil, 0

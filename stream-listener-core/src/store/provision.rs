@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::{GroupStore, StoreError, StreamCas, load_stream_metadata, write_stream_metadata};
 use crate::connection::RedisConnection;
 use crate::coordinator::{CoordinatorConfig, rfc3339};
+use crate::gates::GATE_LUA;
 use crate::keys::{NameError, StreamKeys};
 use crate::model::{
     Micros, RegisteredGroup, ShardIndex, ShardInfo, ShardState, StartFrom, StreamMetadata,
@@ -379,16 +380,21 @@ return {1, created}
 /// group's field of the fence and its handler-attempt counts (docs/design.md §8.9: fields
 /// `<group>|<entry id>`; a group registered again under the name reads the same entry ids and
 /// must not meet the old counts). KEYS[1] shard stream, KEYS[2] fence, KEYS[3] attempt hash,
-/// KEYS[4] (when given) the group's read gate on the shard, deleted. ARGV[1] group. Returns 1
-/// when a consumer group was destroyed.
+/// KEYS[4..5] (when given) the shard's gate registry and the group's gate of versions before
+/// gates were per token: the group's read gates on the shard are deleted. ARGV[1] group. Returns
+/// 1 when a consumer group was destroyed.
 fn destroy_group_script() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-        Script::new(
+        Script::new(&format!(
+            "{GATE_LUA}{}",
             r"
 -- A fence of another type (written by hand) is the shard's, not the group's: left as it is.
 if redis.call('TYPE', KEYS[2]).ok == 'hash' then redis.call('HDEL', KEYS[2], ARGV[1]) end
--- The group's read gate on this shard (docs/design.md §8.16).
-if KEYS[4] then redis.call('DEL', KEYS[4]) end
+-- The group's read gates on this shard (docs/design.md §8.16).
+if KEYS[4] then
+  redis.call('DEL', KEYS[5])
+  close_gates(KEYS[4], KEYS[1] .. ':gate:' .. ARGV[1] .. ':', '')
+end
 -- The entry id after the last '|' has none: a field of group 'a|b' is not one of group 'a'.
 if redis.call('TYPE', KEYS[3]).ok == 'hash' then
   local prefix = ARGV[1] .. '|'
@@ -404,8 +410,8 @@ if redis.call('TYPE', KEYS[3]).ok == 'hash' then
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 return redis.call('XGROUP', 'DESTROY', KEYS[1], ARGV[1])
-",
-        )
+"
+        ))
     });
     &SCRIPT
 }
@@ -445,7 +451,7 @@ pub(crate) async fn ensure_shard(
 }
 
 /// Destroys consumer group `group` on shard `shard`, clears its fence field and its attempt
-/// counts, and deletes its read gate there (docs/design.md §8.16); returns whether a consumer
+/// counts, and deletes its read gates there (docs/design.md §8.16); returns whether a consumer
 /// group was destroyed.
 pub(crate) async fn destroy_group(
     conn: &mut RedisConnection,
@@ -460,7 +466,9 @@ pub(crate) async fn destroy_group(
         .key(keys.attempts(shard));
     // A name the key layout refuses has no gate: no listener could have created one.
     if let Ok(group_keys) = keys.group(group) {
-        invocation.key(keys.gate(shard, &group_keys));
+        invocation
+            .key(keys.gate_registry(shard))
+            .key(keys.legacy_gate(shard, &group_keys));
     }
     let destroyed: i64 = invocation.arg(group).invoke_async(conn).await?;
     Ok(destroyed == 1)

@@ -86,12 +86,12 @@ pub async fn read_keep_list(
 
 /// Deletes, on shard `shard` of `keys`, every Redis consumer of `group` that is not in `keep`
 /// and has no pending entry (`XINFO CONSUMERS`, then `XGROUP DELCONSUMER`, in one script: the
-/// pending count is checked where the consumer is deleted), and the group's read gate on the
-/// shard ([`StreamKeys::gate`], docs/design.md §8.16) with the consumers that strict reads leave
-/// in it: the next fence check that passes creates it again. With `dry_run` nothing is deleted
-/// and [`ConsumerSweep::deleted`] lists the consumers that would be. Not fenced (see
-/// docs/design.md §8.15 for why that is safe; deleting the gate at any time is safe too: a check
-/// and its read run together in one transaction).
+/// pending count is checked where the consumer is deleted), and the group's read gates on the
+/// shard ([`StreamKeys::gate`], docs/design.md §8.16) that belong to no current fence value (left
+/// by a lost fence) or to versions before gates were per token. With `dry_run` nothing is
+/// deleted and [`ConsumerSweep::deleted`] lists the consumers that would be. Not fenced (see
+/// docs/design.md §8.15 for why that is safe; deleting a gate at any time is safe too: it only
+/// fails the reads and waits that name it, which then check their fence again).
 ///
 /// # Errors
 /// [`DataPlaneError::NoGroup`] when the shard stream or its consumer group is missing (nothing
@@ -110,7 +110,10 @@ pub async fn delete_idle_consumers(
     let mut invocation = scripts::delete_idle_consumers().key(&stream);
     // A name the key layout refuses has no gate: no listener could have created one.
     if let Ok(group_keys) = keys.group(group) {
-        invocation.key(keys.gate(shard, &group_keys));
+        invocation
+            .key(keys.gate_registry(shard))
+            .key(keys.fence(shard))
+            .key(keys.legacy_gate(shard, &group_keys));
     }
     invocation.arg(group).arg(if dry_run { "1" } else { "0" });
     for name in keep {

@@ -139,8 +139,15 @@ impl ShardClient {
         let fence = match mode {
             FencingMode::Strict => {
                 let encoded = self.encoded(token).to_owned();
-                let gate = self.keys.gate(shard, &self.group_keys);
-                Some(FencePart::new(self.keys.fence(shard), gate, token, encoded))
+                let gate = self.keys.gate(shard, &self.group_keys, &encoded);
+                let registry = self.keys.gate_registry(shard);
+                Some(FencePart::new(
+                    self.keys.fence(shard),
+                    gate,
+                    registry,
+                    token,
+                    encoded,
+                ))
             }
             FencingMode::Acks => None,
         };

@@ -31,7 +31,18 @@ impl ShardClient {
         token: &FenceToken,
     ) -> Result<Result<(), Fenced>, DataPlaneError> {
         const OP: &str = "raise_fence";
-        let call = self.script_call(scripts::raise(), shard, token);
+        let script = scripts::raise();
+        let mut cmd = redis::cmd("EVALSHA");
+        // A third key, the gate registry: the raise closes the other tokens' read gates.
+        cmd.arg(script.get_hash())
+            .arg(3)
+            .arg(self.keys.shard(shard))
+            .arg(self.keys.fence(shard))
+            .arg(self.keys.gate_registry(shard))
+            .arg(&self.group);
+        cmd.arg(self.encoded(token));
+        cmd.arg(token.incarnation).arg(token.member_epoch);
+        let call = ScriptCall { script, cmd };
         let reply = self.run(OP, shard, call).await?;
         match reply {
             Reply::Refused(fenced) => Ok(Err(fenced)),

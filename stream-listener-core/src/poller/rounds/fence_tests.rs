@@ -15,8 +15,10 @@ use crate::dataplane::round::{PartRead, PartReply};
 use crate::dataplane::{DataPlaneError, Fenced, FencingMode, ReadOutcome, ShardClient};
 use crate::testing::RedisServer;
 
-/// The gate of shard 0 for group `g` (`StreamKeys::gate`).
-const GATE: &str = "{s:0}:gate:g";
+/// The gate of shard 0 for group `g` and `token` (`StreamKeys::gate`).
+fn gate(token: &FenceToken) -> String {
+    format!("{{s:0}}:gate:g:{}", token.encode())
+}
 
 /// Sets the fence field of `group` on `shard` to `value`.
 async fn set_fence(conn: &mut RedisConnection, shard: ShardIndex, value: &str) {
@@ -44,12 +46,12 @@ fn client_of(conn: &RedisConnection, consumer: &str) -> ShardClient {
     ShardClient::new(conn.clone(), keys, GROUP, consumer).unwrap()
 }
 
-/// Whether the gate of shard 0 exists, with the consumer group `g`.
-async fn gate_open(conn: &mut RedisConnection) -> bool {
+/// Whether the gate of shard 0 for `token` exists, with the consumer group `g`.
+async fn gate_open(conn: &mut RedisConnection, token: &FenceToken) -> bool {
     let groups: redis::RedisResult<Vec<std::collections::HashMap<String, Value>>> =
         redis::cmd("XINFO")
             .arg("GROUPS")
-            .arg(GATE)
+            .arg(gate(token))
             .query_async(conn)
             .await;
     match groups {
@@ -63,12 +65,13 @@ async fn gate_open(conn: &mut RedisConnection) -> bool {
     }
 }
 
-/// Opens the gate of shard 0 as the owner's first passing check does (when it is not open).
-async fn open_gate(conn: &mut RedisConnection) {
-    if !gate_open(conn).await {
+/// Opens the gate of shard 0 for `token` as a passing check of it does (when it is not open);
+/// for a token the fence does not hold, a gate that a lost fence value could leave behind.
+async fn open_gate(conn: &mut RedisConnection, token: &FenceToken) {
+    if !gate_open(conn, token).await {
         let () = redis::cmd("XGROUP")
             .arg("CREATE")
-            .arg(GATE)
+            .arg(gate(token))
             .arg(GROUP)
             .arg("$")
             .arg("MKSTREAM")
@@ -134,6 +137,7 @@ async fn last_delivered(conn: &mut RedisConnection, shard: ShardIndex) -> String
 struct Queued {
     wire: RedisConnection,
     exec: redis::Cmd,
+    gate: String,
 }
 
 impl Queued {
@@ -154,6 +158,7 @@ impl Queued {
         Queued {
             wire,
             exec: exec.clone(),
+            gate: gate(token),
         }
     }
 
@@ -163,7 +168,7 @@ impl Queued {
         pipe.add_command(self.exec).ignore_errors();
         let mut replies: Vec<Value> = pipe.query_async(&mut self.wire).await.unwrap();
         let reply = replies.remove(0);
-        let mut shares = crate::dataplane::round::exec_shares(reply, &[key(0)], GATE);
+        let mut shares = crate::dataplane::round::exec_shares(reply, &[key(0)], &self.gate);
         shares.remove(0)
     }
 }
@@ -197,7 +202,7 @@ async fn a_fenced_round_with_any_refusal_reads_nothing_and_each_shard_gets_its_v
     // A round that finds nothing new opens the gate.
     strict_round(&mut conn, &mut client, &token()).await;
     assert!(
-        gate_open(&mut conn).await,
+        gate_open(&mut conn, &token()).await,
         "the owner's round opened the gate"
     );
     set_fence(&mut conn, 1, &owner_token().encode()).await;
@@ -254,22 +259,26 @@ async fn a_fenced_round_with_any_refusal_reads_nothing_and_each_shard_gets_its_v
             "shard {shard}: nothing read"
         );
     }
-    assert!(!gate_open(&mut conn).await, "the refusal deleted the gate");
+    assert!(
+        !gate_open(&mut conn, &token()).await,
+        "the refusal deleted the gate"
+    );
 }
 
-/// A zombie's refused round deletes the gate and reads nothing: the shard client reports the
-/// refusal ([`ReadOutcome::Fenced`]), not the read's `NOGROUP` as an error. The owner's next
-/// round finds its fence `EQUAL`, creates the gate again and reads.
+/// A zombie's round names its own token's gate, which the owner's raise deleted: its check
+/// refuses, its read fails and nothing is read; the shard client reports the refusal
+/// ([`ReadOutcome::Fenced`]), not the read's `NOGROUP` as an error. The owner's gate is another
+/// key, which the zombie's refusal leaves open: the owner's next round reads.
 #[tokio::test]
-async fn after_a_refusal_the_owners_next_round_opens_the_gate_again_and_reads() {
+async fn a_zombies_refused_round_reads_nothing_and_leaves_the_owners_gate_open() {
     let (_server, mut conn) = setup(1, 4).await;
     let mut owner = client_of(&conn, "owner");
     assert_eq!(owner.raise_fence(0, &owner_token()).await.unwrap(), Ok(()));
-    assert!(!gate_open(&mut conn).await);
+    assert!(!gate_open(&mut conn, &owner_token()).await);
     let replies = strict_round(&mut conn, &mut owner, &owner_token()).await;
     assert!(replies[0].has_entries(), "{:?}", replies[0].read);
     assert!(
-        gate_open(&mut conn).await,
+        gate_open(&mut conn, &owner_token()).await,
         "the first passing check created it"
     );
     for n in 0..3 {
@@ -293,13 +302,16 @@ async fn after_a_refusal_the_owners_next_round_opens_the_gate_again_and_reads() 
         matches!(read, ReadOutcome::Fenced(Fenced::Higher { found: Some(_) })),
         "{read:?}"
     );
-    assert!(!gate_open(&mut conn).await, "the refusal deleted the gate");
+    assert!(!gate_open(&mut conn, &token()).await);
+    assert!(
+        gate_open(&mut conn, &owner_token()).await,
+        "the zombie's refusal left the owner's gate"
+    );
     assert_eq!(last_delivered(&mut conn, 0).await, before, "nothing read");
     assert_eq!(pending(&mut conn, 0).await, 4, "the owner's 4 only");
     let replies = strict_round(&mut conn, &mut owner, &owner_token()).await;
     assert!(replies[0].has_entries(), "{:?}", replies[0].read);
     assert_eq!(pending(&mut conn, 0).await, 7);
-    assert!(gate_open(&mut conn).await, "open again");
 }
 
 /// A server that lost its scripts (restarted, `SCRIPT FLUSH`) still checks the fence: the check
@@ -308,16 +320,17 @@ async fn after_a_refusal_the_owners_next_round_opens_the_gate_again_and_reads() 
 async fn a_server_without_scripts_still_fences_the_round() {
     let (_server, mut conn) = setup(1, 4).await;
     let mut client = fenced_client(&mut conn, 1).await;
-    open_gate(&mut conn).await;
+    let stale = FenceToken {
+        member_epoch: 0,
+        ..token()
+    };
+    // Left behind by a lost fence value: only the check can stop the read.
+    open_gate(&mut conn, &stale).await;
     let () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .unwrap();
-    let stale = FenceToken {
-        member_epoch: 0,
-        ..token()
-    };
     let replies = strict_round(&mut conn, &mut client, &stale).await;
     assert!(
         matches!(replies[0].read, PartRead::Fenced(Fenced::Higher { .. })),
@@ -337,7 +350,7 @@ async fn a_server_without_scripts_still_fences_the_round() {
 async fn with_every_fence_lost_nothing_is_read() {
     let (_server, mut conn) = setup(1, 4).await;
     let mut client = fenced_client(&mut conn, 1).await;
-    open_gate(&mut conn).await;
+    open_gate(&mut conn, &token()).await;
     let _: i64 = redis::cmd("DEL")
         .arg("{s:0}:fence")
         .query_async(&mut conn)
@@ -350,7 +363,7 @@ async fn with_every_fence_lost_nothing_is_read() {
         replies[0].read
     );
     assert_eq!(pending(&mut conn, 0).await, 0, "nothing read");
-    assert!(!gate_open(&mut conn).await);
+    assert!(!gate_open(&mut conn, &token()).await);
 }
 
 /// Makes every other client's command wait behind a script that runs `ms` milliseconds past
@@ -456,8 +469,8 @@ async fn during_a_long_script_a_strict_round_reads_nothing() {
 /// and ends somewhere inside it (a pipeline that reaches Redis in two reads). For every split of
 /// the pipeline — the first `k` commands while the server is busy, the rest once the script
 /// ended — the zombie reads nothing: no entry enters any PEL and the group's last-delivered id
-/// stays. The gate was open (the shard's owner read through it), so only the check can stop the
-/// read. With the check sent before `MULTI` (`WATCH`, `EVAL`, `MULTI`, the read, `EXEC`), the
+/// stays. The zombie's gate is open (left behind by a lost fence value), so only the check can
+/// stop the read. With the check sent before `MULTI` (`WATCH`, `EVAL`, `MULTI`, the read, `EXEC`), the
 /// split after the refused `EVAL` read 10 entries into the zombie's PEL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_script_ending_anywhere_in_a_zombies_strict_read_lets_nothing_through() {
@@ -471,8 +484,8 @@ async fn a_long_script_ending_anywhere_in_a_zombies_strict_read_lets_nothing_thr
     let target = RedisTarget::standalone(server.url());
     let mut probe = server.client().get_connection().unwrap();
     for k in 0..=commands.len() {
-        // The gate as the owner's reads leave it: open.
-        open_gate(&mut conn).await;
+        // The zombie's gate open, as a lost fence value could leave it.
+        open_gate(&mut conn, &token()).await;
         let mut wire = RedisConnection::connect(&target, Duration::from_secs(5))
             .await
             .unwrap();
@@ -524,8 +537,9 @@ async fn a_long_script_ending_anywhere_in_a_zombies_strict_read_lets_nothing_thr
 /// strict round's `EXEC` answers `EXECABORT` for the owner and a zombie alike; each shard then
 /// reads on its own with the fenced read script, which Redis runs: the owner reads, the zombie
 /// is refused. When memory runs out between the queueing and the `EXEC` instead, the
-/// transaction runs: with the gate open the owner's check passes and it reads, and a zombie's
-/// check deletes the gate (`DEL` is not deny-oom), so its read fails and nothing is read.
+/// transaction runs: with its gate open the owner's check passes and it reads, and a zombie's
+/// check deletes its own gate (`DEL` is not deny-oom; opened here as a lost fence value could
+/// leave it), so its read fails and nothing is read.
 #[tokio::test]
 async fn at_maxmemory_the_owner_still_reads_and_a_zombie_is_refused() {
     let (server, mut conn) = setup(1, 4).await;
@@ -587,7 +601,8 @@ async fn at_maxmemory_the_owner_still_reads_and_a_zombie_is_refused() {
         .await
         .unwrap();
 
-    // ... and after a zombie's: its check deletes the gate, its read fails, nothing is read.
+    // ... and after a zombie's: its check deletes its gate, its read fails, nothing is read.
+    open_gate(&mut conn, &token()).await;
     let before = last_delivered(&mut conn, 0).await;
     let queued = Queued::new(&server, &mut zombie, &token()).await;
     out_of_memory(&mut conn, true).await;
@@ -597,7 +612,11 @@ async fn at_maxmemory_the_owner_still_reads_and_a_zombie_is_refused() {
         "{read:?}"
     );
     out_of_memory(&mut conn, false).await;
-    assert!(!gate_open(&mut conn).await, "DEL ran at maxmemory");
+    assert!(
+        !gate_open(&mut conn, &token()).await,
+        "DEL ran at maxmemory"
+    );
+    assert!(gate_open(&mut conn, &owner_token()).await);
     assert_eq!(last_delivered(&mut conn, 0).await, before, "nothing read");
     assert_eq!(pending(&mut conn, 0).await, 10);
 }
@@ -612,12 +631,12 @@ async fn a_gate_that_cannot_be_created_at_maxmemory_fails_the_read_closed() {
     let (server, mut conn) = setup(1, 4).await;
     let mut owner = client_of(&conn, "owner");
     assert_eq!(owner.raise_fence(0, &owner_token()).await.unwrap(), Ok(()));
-    assert!(!gate_open(&mut conn).await);
+    assert!(!gate_open(&mut conn, &owner_token()).await);
     let queued = Queued::new(&server, &mut owner, &owner_token()).await;
     out_of_memory(&mut conn, true).await;
     let read = queued.exec().await;
     assert!(
-        matches!(&read, PartRead::GateUnavailable { gate, detail } if gate == GATE && detail.starts_with("OOM")),
+        matches!(&read, PartRead::GateUnavailable { gate, detail } if *gate == self::gate(&owner_token()) && detail.starts_with("OOM")),
         "{read:?}"
     );
     let reply = PartReply { ack: None, read };
@@ -634,7 +653,7 @@ async fn a_gate_that_cannot_be_created_at_maxmemory_fails_the_read_closed() {
     else {
         panic!("{error:?}");
     };
-    assert_eq!((*shard, gate.as_str()), (0, GATE));
+    assert_eq!((*shard, gate.clone()), (0, self::gate(&owner_token())));
     assert_eq!(
         RedisFailure::of(source),
         RedisFailure::OutOfMemory,
@@ -650,9 +669,88 @@ async fn a_gate_that_cannot_be_created_at_maxmemory_fails_the_read_closed() {
         "{text}"
     );
     assert_eq!(pending(&mut conn, 0).await, 0, "nothing read");
-    assert!(!gate_open(&mut conn).await);
+    assert!(!gate_open(&mut conn, &owner_token()).await);
 
     let replies = strict_round(&mut conn, &mut owner, &owner_token()).await;
     assert!(replies[0].has_entries(), "{:?}", replies[0].read);
-    assert!(gate_open(&mut conn).await);
+    assert!(gate_open(&mut conn, &owner_token()).await);
+}
+
+/// The registry of shard 0's gates, sorted.
+async fn registry(conn: &mut RedisConnection) -> Vec<String> {
+    let mut listed: Vec<String> = redis::cmd("SMEMBERS")
+        .arg("{s:0}:gates")
+        .query_async(conn)
+        .await
+        .unwrap();
+    listed.sort();
+    listed
+}
+
+/// A raise deletes every other token's gate of the group on the shard, the one the fence held
+/// and one a lost fence value left behind (found through the registry: the raise over an empty
+/// field knows no stored token), and keeps another group's; the new owner's first passing check
+/// opens and lists its own.
+#[tokio::test]
+async fn a_raise_closes_the_groups_other_gates_even_over_a_lost_fence() {
+    let (_server, mut conn) = setup(1, 4).await;
+    let mut first = client_of(&conn, "first");
+    let first_token = FenceToken {
+        member_epoch: 3,
+        member_id: "first".into(),
+        ..token()
+    };
+    assert_eq!(first.raise_fence(0, &first_token).await.unwrap(), Ok(()));
+    strict_round(&mut conn, &mut first, &first_token).await;
+    assert_eq!(registry(&mut conn).await, [gate(&first_token)]);
+    // Another group's gate on the shard, listed in the same registry.
+    let other = "{s:0}:gate:h:1:1:p:m".to_owned();
+    let () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&other)
+        .arg("h")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("SADD")
+        .arg("{s:0}:gates")
+        .arg(&other)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    // A normal raise: the stored token's gate goes.
+    let mut second = client_of(&conn, "second");
+    let second_token = FenceToken {
+        member_epoch: 5,
+        member_id: "second".into(),
+        ..token()
+    };
+    assert_eq!(second.raise_fence(0, &second_token).await.unwrap(), Ok(()));
+    assert!(!gate_open(&mut conn, &first_token).await);
+    assert_eq!(registry(&mut conn).await, [other.clone()]);
+    strict_round(&mut conn, &mut second, &second_token).await;
+    assert!(gate_open(&mut conn, &second_token).await);
+
+    // The fence lost: a raise over the empty field still closes the second's gate.
+    let _: i64 = redis::cmd("DEL")
+        .arg("{s:0}:fence")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut owner = client_of(&conn, "owner");
+    assert_eq!(owner.raise_fence(0, &owner_token()).await.unwrap(), Ok(()));
+    assert!(!gate_open(&mut conn, &second_token).await);
+    assert_eq!(registry(&mut conn).await, [other.clone()]);
+    let replies = strict_round(&mut conn, &mut owner, &owner_token()).await;
+    assert!(
+        matches!(replies[0].read, PartRead::Entries(_)),
+        "the check passed: {:?}",
+        replies[0].read
+    );
+    let mut expected = vec![gate(&owner_token()), other];
+    expected.sort();
+    assert_eq!(registry(&mut conn).await, expected);
 }
