@@ -138,4 +138,97 @@ impl Waiter {
             other => Err(bad(other)),
         }
     }
+
+    /// Blocks in `XREADGROUP GROUP <group> <consumer> COUNT <count> BLOCK <block> STREAMS
+    /// <gates…> <shards…> > … >` (docs/design.md §8.4, §8.16): the strict wait, which reads what
+    /// it waits for. `shards` are `(shard stream key, read gate key)` pairs, each gate the one of
+    /// the member's fencing token on that shard ([`crate::keys::StreamKeys::gate`]). The gates
+    /// are empty streams that exist only while the shard's fence holds the token, and Redis checks
+    /// every named stream's group before it reads any: a missing gate fails the command as a
+    /// whole, and deleting a gate (a raise by the shard's next owner) unblocks it with an error,
+    /// so the wait reads only while every fence holds. Returns each shard with entries and its
+    /// entries (`(key, entries array)`, as the reply carries them: now in this consumer's
+    /// PEL), or an empty list when `block` passed (clamped as in [`Waiter::wait`]).
+    ///
+    /// # Errors
+    /// [`DataPlaneError::CrossSlot`] on a cluster when the keys are not all in one hash slot
+    /// (nothing is sent); [`DataPlaneError::Redis`] (`op` = `wait_read`): a server error reply
+    /// (a gate or a group missing or deleted: nothing was read) or a failure of the connection
+    /// (entries may have been read: read this consumer's pending entries);
+    /// [`DataPlaneError::UnexpectedReply`] for a reply of another shape (entries may have been
+    /// read).
+    pub(crate) async fn read_group(
+        &mut self,
+        group: &str,
+        consumer: &str,
+        count: usize,
+        shards: &[(String, String)],
+        block: Duration,
+    ) -> Result<Vec<(String, Value)>, DataPlaneError> {
+        const OP: &str = "wait_read";
+        let Some((first, _)) = shards.first() else {
+            return Ok(Vec::new());
+        };
+        if self.conn.is_cluster() {
+            let slot = key_slot(first);
+            if shards.iter().any(|(key, _)| key_slot(key) != slot) {
+                return Err(DataPlaneError::CrossSlot {
+                    keys: shards.iter().map(|(key, _)| key.clone()).collect(),
+                });
+            }
+        }
+        let block = block.clamp(Duration::from_millis(1), self.max_block);
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(group)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count.max(1))
+            .arg("BLOCK")
+            .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX))
+            .arg("STREAMS");
+        for (_, gate) in shards {
+            cmd.arg(gate);
+        }
+        for (key, _) in shards {
+            cmd.arg(key);
+        }
+        for _ in 0..shards.len() * 2 {
+            cmd.arg(">");
+        }
+        let value: Value = cmd
+            .query_async(&mut self.conn)
+            .await
+            .map_err(DataPlaneError::redis(OP, None))?;
+        let bad = |v: &Value| DataPlaneError::unexpected(OP, None, format!("{v:?}"));
+        let pairs: Vec<(&Value, &Value)> = match &value {
+            Value::Nil => return Ok(Vec::new()),
+            // RESP2: [[key, entries], ...]
+            Value::Array(streams) => streams
+                .iter()
+                .map(|s| match s {
+                    Value::Array(pair) if pair.len() == 2 => Ok((&pair[0], &pair[1])),
+                    other => Err(bad(other)),
+                })
+                .collect::<Result<_, _>>()?,
+            // RESP3: {key: entries, ...}
+            Value::Map(streams) => streams.iter().map(|(k, v)| (k, v)).collect(),
+            other => return Err(bad(other)),
+        };
+        let mut delivered = Vec::new();
+        for (key, entries) in pairs {
+            let key = match key {
+                Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                Value::SimpleString(s) => s.clone(),
+                other => return Err(bad(other)),
+            };
+            let empty =
+                matches!(entries, Value::Array(e) if e.is_empty()) || *entries == Value::Nil;
+            // A gate's share is always empty: nothing writes to it.
+            if !empty && shards.iter().any(|(shard, _)| *shard == key) {
+                delivered.push((key, entries.clone()));
+            }
+        }
+        Ok(delivered)
+    }
 }

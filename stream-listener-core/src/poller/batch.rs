@@ -8,10 +8,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::ShardTask;
 use super::attempt::{Limits, Verdict};
 use super::entries::{Admission, failed_outcome};
 use super::handler_run::{Cause, Ran};
+use super::reads::Waited;
+use super::{Phase, ShardTask};
 use crate::batch::{AnyHandler, BatchError, ErasedBatchHandler};
 use crate::dataplane::{DataPlaneError, DeadLetterReason, ReadOutcome, ShardEntry};
 use crate::fence::FenceToken;
@@ -267,7 +268,26 @@ impl ShardTask {
             if left < Duration::from_millis(1) {
                 break;
             }
-            self.wait_for_entries(&last_id, left).await;
+            match self.wait_for_entries(&last_id, None, left).await {
+                // A strict wait that had this shard before the task stopped naming its gate
+                // may still deliver: those entries join the batch.
+                Waited::Delivered(reply) => {
+                    entries.extend(self.client.delivered_entries(self.shard, reply)?);
+                    continue;
+                }
+                // Its own pending entries hold what a strict wait read: after this batch, and
+                // nothing newer before them.
+                Waited::ReadPending => {
+                    self.phase = Phase::Pending("0".into());
+                    break;
+                }
+                Waited::Woken | Waited::TimedOut => {}
+            }
+            if self.wait_slot.settle().await {
+                // A strict wait read more of the shard: after this batch, from the PEL.
+                self.phase = Phase::Pending("0".into());
+                break;
+            }
             match self
                 .client
                 .read_new(self.shard, token, batch - entries.len(), mode)

@@ -38,8 +38,8 @@ use tracing::Instrument;
 
 use crate::batch::AnyHandler;
 use crate::connection::{RedisConnection, RedisTarget};
-use crate::dataplane::shared_wait::{SharedWait, WaitSlot, WakeSource};
-use crate::dataplane::{ShardClient, Waiter};
+use crate::dataplane::shared_wait::{GroupRead, SharedWait, WaitSlot, WakeSource};
+use crate::dataplane::{FencingMode, ShardClient, Waiter};
 use crate::fence::FenceToken;
 use crate::hooks::HookKind;
 use crate::keys::StreamKeys;
@@ -129,8 +129,16 @@ impl ShardTaskContext {
         } else {
             WakeSource::Xread
         };
-        let shared_wait =
+        let mut shared_wait =
             SharedWait::new(source, target.clone(), conn.clone(), options.block, span);
+        // Strict mode: the wait reads through the shards' gates (docs/design.md §8.4, §8.16).
+        if options.fencing == FencingMode::Strict {
+            shared_wait = shared_wait.with_group_read(GroupRead {
+                group: group.to_string(),
+                consumer: member_id.to_string(),
+                count: options.batch_size,
+            });
+        }
         ShardTaskContext {
             shared_wait,
             metrics,

@@ -8,9 +8,23 @@ use std::time::Duration;
 use super::rounds::{ReadRounds, Request, RoundResult};
 use super::{ERROR_PAUSE, Phase, ShardTask, holds};
 use crate::dataplane::shared_wait::WaitEnd;
-use crate::dataplane::{DataPlaneError, ReadOutcome, Waiter};
+use crate::dataplane::{DataPlaneError, FencingMode, ReadOutcome, ShardEntry, Waiter};
 use crate::fence::FenceToken;
 use crate::model::ShardIndex;
+
+/// How a shard task's wait for new entries ended ([`ShardTask::wait_for_entries`]).
+#[derive(Debug)]
+pub(super) enum Waited {
+    /// Read: something may be new (or the wait failed, or the task is ending).
+    Woken,
+    /// The block time passed: nothing new after the id waited from.
+    TimedOut,
+    /// The strict wait read these entries into the member's PEL through the shard's gate
+    /// (a one-stream `XREADGROUP` reply).
+    Delivered(redis::Value),
+    /// The strict wait may have read entries nobody received: read own pending ones first.
+    ReadPending,
+}
 
 impl ShardTask {
     /// Acks the previous batch and reads the next one in the same round trip (one pipeline, the
@@ -27,8 +41,14 @@ impl ShardTask {
             // In acks mode a due sweep comes first (claim, own pending, then a read).
             self.sweep_if_due();
             if self.phase == Phase::New {
-                self.wait_idle(last_id).await;
+                return self.wait_idle(token, last_id).await;
             }
+            return Ok(());
+        }
+        // The member's strict wait may still name this shard (its own wait timed out): out of
+        // it first, and what it read for the shard, in its PEL, before anything newer.
+        if self.wait_slot.settle().await {
+            self.phase = Phase::Pending("0".into());
             return Ok(());
         }
         let batch = self.ctx.options.batch_size;
@@ -60,23 +80,12 @@ impl ShardTask {
         };
         self.count_handled(ids.len());
         match read {
-            ReadOutcome::Entries(entries) => {
-                // A batch listener may wait for a fuller batch (`batch_max_wait`).
-                let entries = self.fill_batch(token, entries).await?;
-                self.behind = entries.len() >= batch;
-                if !self.handle_batch(token, entries).await? {
-                    // Entries left unfinished (lease lapse, failed attempt while draining) stay
-                    // in this consumer's pending list: go back to it before reading new ones.
-                    self.phase = Phase::Pending("0".into());
-                }
-                self.sweep_if_due();
-                Ok(())
-            }
+            ReadOutcome::Entries(entries) => self.handle_new(token, entries).await.map(|_| ()),
             ReadOutcome::Empty { last_id } => {
                 self.behind = false;
                 self.sweep_if_due();
                 if self.phase == Phase::New {
-                    self.wait_idle(last_id).await;
+                    return self.wait_idle(token, last_id).await;
                 }
                 Ok(())
             }
@@ -133,32 +142,80 @@ impl ShardTask {
             .map(Some)
     }
 
+    /// Handles new entries, from a read or a strict wait: a batch listener may first wait for a
+    /// fuller batch. Returns whether the entries left more behind them (a full batch).
+    async fn handle_new(
+        &mut self,
+        token: &FenceToken,
+        entries: Vec<ShardEntry>,
+    ) -> Result<bool, DataPlaneError> {
+        // A batch listener may wait for a fuller batch (`batch_max_wait`).
+        let entries = self.fill_batch(token, entries).await?;
+        self.behind = entries.len() >= self.ctx.options.batch_size;
+        if !self.handle_batch(token, entries).await? {
+            // Entries left unfinished (lease lapse, failed attempt while draining) stay in this
+            // consumer's pending list: go back to it before reading new ones.
+            self.phase = Phase::Pending("0".into());
+        }
+        self.sweep_if_due();
+        Ok(self.behind)
+    }
+
     /// Waits for an entry after `last_id` for up to the block time; when none came, the next
-    /// [`Self::read_new`] waits again from `last_id` instead of reading.
-    async fn wait_idle(&mut self, last_id: String) {
-        if !self
-            .wait_for_entries(&last_id, self.ctx.options.block)
+    /// [`Self::read_new`] waits again from `last_id` instead of reading. In strict mode the wait
+    /// names the shard's gate for `token`, and what a strict wait reads is handled here: the
+    /// next wait starts after it, without a read, unless it was a full batch.
+    async fn wait_idle(
+        &mut self,
+        token: &FenceToken,
+        last_id: String,
+    ) -> Result<(), DataPlaneError> {
+        let gate = (self.ctx.options.fencing == FencingMode::Strict)
+            .then(|| self.client.gate(self.shard, token));
+        let block = self.ctx.options.block;
+        match self
+            .wait_for_entries(&last_id, gate.as_deref(), block)
             .await
         {
-            self.idle_from = Some(last_id);
+            Waited::TimedOut => self.idle_from = Some(last_id),
+            Waited::Woken => {}
+            Waited::ReadPending => self.phase = Phase::Pending("0".into()),
+            Waited::Delivered(reply) => {
+                let entries = self.client.delivered_entries(self.shard, reply)?;
+                let last = entries.last().map(|entry| entry.id.clone());
+                let behind = self.handle_new(token, entries).await?;
+                if !behind && self.phase == Phase::New {
+                    // Nothing is known after the last one: wait from it (an entry that came
+                    // meanwhile answers the next wait at once).
+                    self.idle_from = last;
+                }
+            }
         }
+        Ok(())
     }
 
     /// Blocks until a new entry arrives after `last_id`, the block time or the lease runs out,
-    /// or the shard is revoked; at most `most`. Returns `false` only when the block time passed
-    /// without an entry (then nothing is new after `last_id`); `true` when the shard should
-    /// read (woken, a failed wait: a wake may have been lost, a lease too short to wait, a
-    /// revoke or a stop). The wait is the member's shared one ([`crate::dataplane::shared_wait`]:
-    /// one `XREAD` on a standalone server, keyspace notifications on a cluster), or, when that
-    /// is unavailable, the shard's own `XREAD` on a connection of its own. A failed wait is
-    /// logged and counted here and pauses the task (no hot loop).
-    pub(super) async fn wait_for_entries(&mut self, last_id: &str, most: Duration) -> bool {
+    /// or the shard is revoked; at most `most`. [`Waited::TimedOut`] only when the block time
+    /// passed without an entry (then nothing is new after `last_id`); [`Waited::Woken`] when the
+    /// shard should read (woken, a failed wait: a wake may have been lost, a lease too short to
+    /// wait, a revoke or a stop). The wait is the member's shared one
+    /// ([`crate::dataplane::shared_wait`]: one `XREAD` on a standalone server, keyspace
+    /// notifications on a cluster), or, when that is unavailable, the shard's own `XREAD` on a
+    /// connection of its own. With `gate` (strict mode) the shared wait may read what it waits
+    /// for ([`Waited::Delivered`], [`Waited::ReadPending`]). A failed wait is logged and counted
+    /// here and pauses the task (no hot loop).
+    pub(super) async fn wait_for_entries(
+        &mut self,
+        last_id: &str,
+        gate: Option<&str>,
+        most: Duration,
+    ) -> Waited {
         let block = self.ctx.options.block.min(most).min(self.lease_remaining());
         if block < Duration::from_millis(1) {
-            return true;
+            return Waited::Woken;
         }
         let shared = tokio::select! {
-            end = self.wait_slot.wait(last_id, block) => end,
+            end = self.shared_wait(last_id, gate, block) => end,
             _ = self.revoke.cancelled() => WaitEnd::Woken,
             _ = self.stop.cancelled() => WaitEnd::Woken,
         };
@@ -167,18 +224,34 @@ impl ShardTask {
             self.waiter = None;
         }
         let ended = match shared {
-            WaitEnd::Woken => Ok(true),
-            WaitEnd::TimedOut => Ok(false),
-            WaitEnd::Unavailable => self.wait_alone(last_id, block).await,
+            WaitEnd::Woken => Ok(Waited::Woken),
+            WaitEnd::TimedOut => Ok(Waited::TimedOut),
+            WaitEnd::Delivered(reply) => Ok(Waited::Delivered(reply)),
+            WaitEnd::ReadPending => Ok(Waited::ReadPending),
+            WaitEnd::Unavailable => self.wait_alone(last_id, block).await.map(|woken| {
+                if woken {
+                    Waited::Woken
+                } else {
+                    Waited::TimedOut
+                }
+            }),
         };
         match ended {
-            Ok(woken) => woken,
+            Ok(waited) => waited,
             Err(error) => {
                 self.ctx.metrics.redis_error(&error);
                 tracing::warn!(error = %crate::report::Chain(&error), "waiting for new entries failed; reading again after a pause");
                 self.pause(ERROR_PAUSE).await;
-                true
+                Waited::Woken
             }
+        }
+    }
+
+    /// The member's shared wait: strict (it may read) with a gate, a wake only without.
+    async fn shared_wait(&self, last_id: &str, gate: Option<&str>, block: Duration) -> WaitEnd {
+        match gate {
+            Some(gate) => self.wait_slot.wait_reading(last_id, gate, block).await,
+            None => self.wait_slot.wait(last_id, block).await,
         }
     }
 

@@ -132,9 +132,10 @@ mod redis_setup {
             .await
             .expect("CLIENT PAUSE WRITE");
     }
-    /// The keys of the most recent `XREAD` the server finished, from its `SLOWLOG` (set
-    /// `slowlog-log-slower-than 0` first so that every command is logged with its arguments).
-    /// Panics when the log holds no `XREAD`.
+    /// The shard keys of the most recent shared wait the server finished — an `XREAD`, or in
+    /// strict mode an `XREADGROUP … BLOCK` over the shards and their read gates (the gates left
+    /// out) — from its `SLOWLOG` (set `slowlog-log-slower-than 0` first so that every command
+    /// is logged with its arguments). Panics when the log holds neither.
     pub async fn last_xread_keys(conn: &mut RedisConnection) -> Vec<String> {
         let log: redis::Value = redis::cmd("SLOWLOG")
             .arg("GET")
@@ -156,15 +157,19 @@ mod redis_setup {
                 .iter()
                 .map(|a| redis::from_redis_value(a.clone()).expect("a bulk string argument"))
                 .collect();
-            if args
-                .first()
-                .is_some_and(|c| c.eq_ignore_ascii_case("xread"))
-            {
+            let command = args.first().map(|c| c.to_ascii_lowercase());
+            let blocking_read = command.as_deref() == Some("xreadgroup")
+                && args.iter().any(|a| a.eq_ignore_ascii_case("block"));
+            if command.as_deref() == Some("xread") || blocking_read {
                 let streams = args.iter().position(|a| a == "STREAMS").expect("STREAMS");
                 let keys = &args[streams + 1..];
-                return keys[..keys.len() / 2].to_vec();
+                return keys[..keys.len() / 2]
+                    .iter()
+                    .filter(|key| !key.contains(":gate:"))
+                    .cloned()
+                    .collect();
             }
         }
-        panic!("no XREAD in the slow log");
+        panic!("no XREAD or blocking XREADGROUP in the slow log");
     }
 }

@@ -234,6 +234,27 @@ impl ShardClient {
         cmd
     }
 
+    /// The entries a strict wait read on `shard` ([`crate::dataplane::shared_wait::WaitEnd::Delivered`]:
+    /// a one-stream `XREADGROUP` reply), as a read's: bodies over the limit withheld.
+    ///
+    /// # Errors
+    /// [`DataPlaneError::UnexpectedReply`] for a reply of another shape (the entries are in
+    /// this consumer's PEL: read its pending entries).
+    pub(crate) fn delivered_entries(
+        &self,
+        shard: ShardIndex,
+        reply: Value,
+    ) -> Result<Vec<ShardEntry>, DataPlaneError> {
+        self.plain_read_reply(shard, Ok(reply))
+    }
+
+    /// The read gate of `shard` for `token` ([`crate::keys::StreamKeys::gate`]): what the
+    /// shard's strict wait names (docs/design.md §8.16).
+    pub(crate) fn gate(&mut self, shard: ShardIndex, token: &FenceToken) -> String {
+        let encoded = self.encoded(token).to_owned();
+        self.keys.gate(shard, &self.group_keys, &encoded)
+    }
+
     /// The entries of a plain read, bodies over the limit withheld; empty when nothing is new.
     pub(super) fn plain_read_reply(
         &self,

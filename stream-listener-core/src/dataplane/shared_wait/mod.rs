@@ -58,7 +58,7 @@ const UNBLOCK_RETRY_FIRST: Duration = Duration::from_millis(1);
 const UNBLOCK_RETRY_MOST: Duration = Duration::from_millis(64);
 
 /// How a [`WaitSlot::wait`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum WaitEnd {
     /// The shard may have new entries after the id waited from: read. Also after a failed wait
     /// (a wake may have been lost) and when the member's wait is shutting down.
@@ -68,6 +68,26 @@ pub(crate) enum WaitEnd {
     /// Cluster only: the keyspace notifications are not available now; wait another way (the
     /// shard's own `XREAD BLOCK`).
     Unavailable,
+    /// Only for [`WaitSlot::wait_reading`]: the strict wait read these entries of the shard into
+    /// the member's PEL through the shard's gate, so while the fence held the member's token
+    /// (docs/design.md §8.16). Shaped as a one-stream `XREADGROUP` reply, `[[key, entries]]`.
+    Delivered(redis::Value),
+    /// Only for [`WaitSlot::wait_reading`]: the strict wait may have read entries of the shard
+    /// that no task received (its task was not waiting then, or the wait failed without a
+    /// reply): read this consumer's pending entries from the start before new ones.
+    ReadPending,
+}
+
+/// What the strict wait reads with (docs/design.md §8.4): the member's consumer group, its
+/// consumer name and the most entries per shard (the listener's `batch_size`).
+#[derive(Debug, Clone)]
+pub(crate) struct GroupRead {
+    /// The consumer group.
+    pub(crate) group: String,
+    /// The member's consumer name.
+    pub(crate) consumer: String,
+    /// `COUNT`: the most entries read per shard.
+    pub(crate) count: usize,
 }
 
 /// How the driver learns of new entries.
@@ -98,6 +118,9 @@ impl std::fmt::Debug for SharedWait {
 
 struct Inner {
     source: WakeSource,
+    /// Set in strict mode on a standalone server or Sentinel: waits that name a gate read what
+    /// they wait for ([`WaitSlot::wait_reading`]).
+    group_read: Option<GroupRead>,
     /// Where the driver's own connections go.
     target: RedisTarget,
     /// The member's control connection: `CLIENT UNBLOCK` goes here (never the blocked one).
@@ -107,6 +130,9 @@ struct Inner {
     state: Mutex<State>,
     /// Wakes the driver: a shard registered, left, or asked for an earlier deadline.
     changed: Notify,
+    /// Notified (all waiters) when a blocking command has returned and its result was handed
+    /// out: what [`WaitSlot::settle`] waits for.
+    returned: Notify,
     stop: CancellationToken,
     /// The span the driver logs in.
     span: tracing::Span,
@@ -118,8 +144,10 @@ struct State {
     /// Per registered shard task.
     watches: HashMap<u64, Watch>,
     driver_started: bool,
-    /// The keys of the `XREAD` in flight (empty between two).
+    /// The keys of the `XREAD` (or strict `XREADGROUP`) in flight (empty between two).
     blocked: Vec<String>,
+    /// The command in flight is the strict `XREADGROUP`: it reads the shards it names.
+    reading: bool,
     /// Keyspace notifications: whether every master's subscription is up, and how many times
     /// they came up. A watch first seen under a generation reads once (its last read may have
     /// come before the subscription, so an entry since may have gone unnoticed).
@@ -141,6 +169,15 @@ struct Watch {
     woken: bool,
     /// The task blocked in [`WaitSlot::wait`] now, if any.
     waiter: Option<Pending>,
+    /// The shard's read gate for the task's token, when its last wait was
+    /// [`WaitSlot::wait_reading`]: the driver reads only when every wanted shard has one.
+    gate: Option<String>,
+    /// A strict wait read entries of the shard while its task was not waiting, or failed
+    /// without a reply: the task's next wait answers [`WaitEnd::ReadPending`].
+    unread: bool,
+    /// The task reads the shard itself ([`WaitSlot::settle`]): out of every blocking command
+    /// until it waits again.
+    withdrawn: bool,
     /// The subscription generation this watch has read under (keyspace notifications).
     generation: u64,
 }
@@ -167,15 +204,27 @@ impl SharedWait {
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
             source,
+            group_read: None,
             target,
             control,
             max_block: max_block.max(Duration::from_millis(1)),
             state: Mutex::default(),
             changed: Notify::new(),
+            returned: Notify::new(),
             stop: stop.clone(),
             span,
         });
         SharedWait { inner, stop }
+    }
+
+    /// The same wait, whose [`WaitSlot::wait_reading`] reads what it waits for with `read`
+    /// (strict mode on a standalone server or Sentinel; ignored with keyspace notifications).
+    /// Call before the first registration.
+    pub(crate) fn with_group_read(mut self, read: GroupRead) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.group_read = Some(read);
+        }
+        self
     }
 
     /// Registers the shard stream `key` (one registration per shard task; dropping it leaves
@@ -191,6 +240,9 @@ impl SharedWait {
                 last_id: None,
                 woken: false,
                 waiter: None,
+                gate: None,
+                unread: false,
+                withdrawn: false,
                 generation: 0,
             },
         );
@@ -236,6 +288,59 @@ impl WaitSlot {
     /// error: a failed shared wait answers [`WaitEnd::Woken`] (the read that follows reports
     /// what is wrong).
     pub(crate) async fn wait(&self, last_id: &str, block: Duration) -> WaitEnd {
+        self.wait_with(last_id, None, block).await
+    }
+
+    /// The strict wait (docs/design.md §8.4, §8.16): as [`WaitSlot::wait`], but where the
+    /// member's wait reads ([`SharedWait::with_group_read`], no keyspace notifications) and every
+    /// waiting shard names its gate, the driver blocks in one `XREADGROUP` over the gates and the
+    /// shards ([`super::Waiter::read_group`]) instead of an `XREAD`, and the entries it reads
+    /// come back as [`WaitEnd::Delivered`], without a read after the wake. `gate` is the shard's
+    /// read gate for the token the task holds, opened by the task's last passing fence check.
+    /// Also answers [`WaitEnd::ReadPending`] (see there). A wait that failed on a missing or
+    /// deleted gate read nothing and answers [`WaitEnd::Woken`]: the read that follows checks
+    /// the fence and opens the gate again.
+    pub(crate) async fn wait_reading(&self, last_id: &str, gate: &str, block: Duration) -> WaitEnd {
+        self.wait_with(last_id, Some(gate), block).await
+    }
+
+    /// Takes the shard out of the member's strict wait before its task reads new entries
+    /// itself, so that the two never read the shard at once (the task's `>` read could get
+    /// later entries than the wait, and handle them first): when a strict `XREADGROUP` in
+    /// flight names the shard (the task's own wait timed out, the key stayed in it), interrupts
+    /// it and waits until it returned and what it read was handed out. Returns `true` when the
+    /// wait read entries of the shard that its task has not received (they are in its PEL: read
+    /// its pending entries first). The shard stays out of the wait until its task waits again.
+    /// Does nothing without a strict wait (acks mode, keyspace notifications).
+    pub(crate) async fn settle(&self) -> bool {
+        let strict =
+            self.inner.group_read.is_some() && matches!(self.inner.source, WakeSource::Xread);
+        if !strict {
+            return false;
+        }
+        loop {
+            let returned = self.inner.returned.notified();
+            tokio::pin!(returned);
+            returned.as_mut().enable();
+            {
+                let mut state = self.inner.lock();
+                let in_flight = state.reading;
+                let blocked = state.blocked.clone();
+                let Some(watch) = state.watches.get_mut(&self.slot) else {
+                    return false;
+                };
+                // Out of every command computed from now on.
+                watch.withdrawn = true;
+                if !in_flight || !blocked.contains(&watch.key) {
+                    return std::mem::take(&mut watch.unread);
+                }
+            }
+            self.inner.changed.notify_one();
+            returned.await;
+        }
+    }
+
+    async fn wait_with(&self, last_id: &str, gate: Option<&str>, block: Duration) -> WaitEnd {
         let (done, ended) = oneshot::channel();
         let keyspace = matches!(self.inner.source, WakeSource::Keyspace { .. });
         {
@@ -256,6 +361,11 @@ impl WaitSlot {
                     watch.generation = generation;
                     return WaitEnd::Woken;
                 }
+            } else if watch.unread {
+                // Read while the task was not waiting: its own pending entries hold them.
+                watch.unread = false;
+                watch.woken = false;
+                return WaitEnd::ReadPending;
             } else if same_id && watch.woken {
                 // Woken while the task was not waiting: read now.
                 watch.woken = false;
@@ -265,6 +375,8 @@ impl WaitSlot {
                 watch.last_id = Some(last_id.to_owned());
                 watch.woken = keyspace && watch.woken;
             }
+            watch.gate = gate.map(str::to_owned);
+            watch.withdrawn = false;
             watch.waiter = Some(Pending {
                 deadline: Instant::now() + block,
                 done,
@@ -295,22 +407,32 @@ impl Inner {
     }
 
     /// The keys the next `XREAD` covers, each with the id to wait from (a key registered twice,
-    /// by a task ending and its successor, waits from the lower id).
-    fn wanted(&self) -> BTreeMap<String, String> {
-        let state = self.lock();
-        let mut wanted: BTreeMap<String, String> = BTreeMap::new();
-        for watch in state.watches.values().filter(|w| !w.woken) {
-            let Some(id) = &watch.last_id else { continue };
-            wanted
-                .entry(watch.key.clone())
-                .and_modify(|known| {
-                    if compare_ids(id, known) == Ordering::Less {
-                        known.clone_from(id);
-                    }
-                })
-                .or_insert_with(|| id.clone());
+    /// by a task ending and its successor, waits from the lower id) and its gate (none when the
+    /// two name different gates).
+    fn wanted(&self) -> BTreeMap<String, Wanted> {
+        wanted_of(&self.lock())
+    }
+
+    /// Starts a blocking command over `wanted` unless the wanted keys changed since they were
+    /// read (one lock: [`WaitSlot::settle`] sees either the command or a changed set): records
+    /// its keys and whether it reads. `false`: compute the set again.
+    fn start_blocking(&self, wanted: &BTreeMap<String, Wanted>, reading: bool) -> bool {
+        let mut state = self.lock();
+        if wanted_of(&state) != *wanted {
+            return false;
         }
-        wanted
+        state.blocked = wanted.keys().cloned().collect();
+        state.reading = reading;
+        true
+    }
+
+    /// The blocking command returned and its result was handed out.
+    fn end_blocking(&self) {
+        let mut state = self.lock();
+        state.blocked.clear();
+        state.reading = false;
+        drop(state);
+        self.returned.notify_waiters();
     }
 
     /// The earliest deadline of a waiting task.
@@ -342,6 +464,42 @@ impl Inner {
             }
         }
     }
+
+    /// Hands what a strict wait read to the shards' waiting tasks; a shard whose task is not
+    /// waiting keeps them in its PEL, and its task reads its pending entries next.
+    fn deliver(&self, delivered: Vec<(String, redis::Value)>) {
+        let mut state = self.lock();
+        for (key, entries) in delivered {
+            let reply = redis::Value::Array(vec![redis::Value::Array(vec![
+                redis::Value::BulkString(key.clone().into_bytes()),
+                entries,
+            ])]);
+            let mut handed = false;
+            for watch in state.watches.values_mut().filter(|w| w.key == key) {
+                watch.woken = true;
+                if handed {
+                    finish(watch, WaitEnd::Woken);
+                } else if let Some(pending) = watch.waiter.take() {
+                    handed = pending.done.send(WaitEnd::Delivered(reply.clone())).is_ok();
+                    watch.unread = !handed;
+                } else {
+                    watch.unread = true;
+                }
+            }
+        }
+    }
+
+    /// A strict wait over `keys` failed without a reply: it may have read entries, so each of
+    /// their tasks reads its pending entries next.
+    fn lose_reply(&self, keys: &[String]) {
+        for watch in self.lock().watches.values_mut() {
+            if keys.contains(&watch.key) {
+                watch.woken = true;
+                watch.unread = true;
+                finish(watch, WaitEnd::ReadPending);
+            }
+        }
+    }
 }
 
 impl Inner {
@@ -361,16 +519,34 @@ impl Inner {
             WaitEnd::Unavailable
         };
         for watch in state.watches.values_mut() {
-            finish(watch, end);
+            finish(watch, end.clone());
         }
     }
 }
 
 fn finish(watch: &mut Watch, end: WaitEnd) {
     if let Some(pending) = watch.waiter.take() {
+        // Entries a strict wait read while the task was not waiting come first.
+        let end = if watch.unread {
+            WaitEnd::ReadPending
+        } else {
+            end
+        };
+        let told_pending = end == WaitEnd::ReadPending;
         // A task that stopped waiting dropped its receiver: nothing to tell.
-        let _ = pending.done.send(end);
+        if pending.done.send(end).is_ok() && told_pending {
+            watch.unread = false;
+        }
     }
+}
+
+/// One wanted key of the next blocking command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Wanted {
+    /// The id to wait from (`XREAD`).
+    id: String,
+    /// The shard's read gate (strict `XREADGROUP`), when its task named one.
+    gate: Option<String>,
 }
 
 /// Orders two stream entry ids (`<ms>-<seq>`) numerically; ids that do not parse compare as
@@ -386,6 +562,29 @@ fn compare_ids(a: &str, b: &str) -> Ordering {
     }
 }
 
+/// The keys the next blocking command covers (see [`Inner::wanted`]).
+fn wanted_of(state: &State) -> BTreeMap<String, Wanted> {
+    let mut wanted: BTreeMap<String, Wanted> = BTreeMap::new();
+    for watch in state.watches.values().filter(|w| !w.woken && !w.withdrawn) {
+        let Some(id) = &watch.last_id else { continue };
+        wanted
+            .entry(watch.key.clone())
+            .and_modify(|known| {
+                if compare_ids(id, &known.id) == Ordering::Less {
+                    known.id.clone_from(id);
+                }
+                if known.gate != watch.gate {
+                    known.gate = None;
+                }
+            })
+            .or_insert_with(|| Wanted {
+                id: id.clone(),
+                gate: watch.gate.clone(),
+            });
+    }
+    wanted
+}
+
 /// The driver of [`Inner::source`].
 async fn drive(inner: Arc<Inner>) {
     match inner.source.clone() {
@@ -395,9 +594,14 @@ async fn drive(inner: Arc<Inner>) {
 }
 
 /// The `XREAD` driver: blocks over the wanted keys, interrupts and blocks again when they change,
-/// times waits out, wakes the shards Redis names.
+/// times waits out, wakes the shards Redis names. In strict mode, when every wanted shard names
+/// its gate, it blocks in the strict `XREADGROUP` instead and hands the entries it reads over.
 async fn drive_xread(inner: Arc<Inner>) {
     let mut blocking: Option<(Waiter, i64)> = None;
+    // After a strict wait refused (a gate missing: nothing was read), the next wait is a plain
+    // `XREAD`, so that a gate that cannot be created (at `maxmemory`) costs one refusal per wake,
+    // not a loop of them.
+    let mut wake_only = false;
     loop {
         let wanted = inner.wanted();
         if wanted.is_empty() {
@@ -411,7 +615,7 @@ async fn drive_xread(inner: Arc<Inner>) {
                 Ok(connected) => blocking = Some(connected),
                 Err(error) => {
                     let keys: Vec<String> = wanted.into_keys().collect();
-                    if !fail(&inner, &keys, &error).await {
+                    if !fail(&inner, &keys, &error, false).await {
                         return;
                     }
                     continue;
@@ -421,23 +625,45 @@ async fn drive_xread(inner: Arc<Inner>) {
         let Some((waiter, client_id)) = blocking.as_mut() else {
             continue;
         };
-        let shards: Vec<(String, String)> = wanted.into_iter().collect();
-        let Some(result) = block_once(&inner, waiter, *client_id, &shards).await else {
+        let reading = !std::mem::take(&mut wake_only)
+            && inner.group_read.is_some()
+            && wanted.values().all(|w| w.gate.is_some());
+        let keys: Vec<String> = wanted.keys().cloned().collect();
+        let Some(result) = block_once(&inner, waiter, *client_id, &wanted, reading).await else {
             return;
         };
         match result {
             Ok(Blocked::Returned(woken)) => inner.wake(&woken),
-            // The interrupt failed: closing the blocking connection frees the blocked `XREAD`
+            // Handed out already (`block_once`).
+            Ok(Blocked::Delivered(_)) => {}
+            // The interrupt failed: closing the blocking connection frees the blocked command
             // on the server; block again at once, over the new set, on a new connection.
             Ok(Blocked::Abandoned) => blocking = None,
+            // Redis refused the strict wait (a gate missing or deleted, a group gone): nothing
+            // was read. The shards read, which checks their fences and opens their gates.
+            Err(error) if reading && is_refusal(&error) => {
+                tracing::debug!(error = %crate::report::Chain(&error), "the strict wait was refused; its shards read first");
+                inner.wake(&keys);
+                wake_only = true;
+            }
             Err(error) => {
                 blocking = None;
-                let keys: Vec<String> = shards.into_iter().map(|(key, _)| key).collect();
-                if !fail(&inner, &keys, &error).await {
+                if !fail(&inner, &keys, &error, reading).await {
                     return;
                 }
             }
         }
+    }
+}
+
+/// Whether `error` is Redis's refusal of the command (an error reply), not a failure of the
+/// connection after which the command may have run.
+fn is_refusal(error: &DataPlaneError) -> bool {
+    match error {
+        DataPlaneError::Redis { source, .. } => {
+            source.code().is_some() && !source.is_io_error() && !source.is_timeout()
+        }
+        _ => false,
     }
 }
 
@@ -458,11 +684,14 @@ async fn connect(inner: &Inner) -> Result<(Waiter, i64), DataPlaneError> {
     Ok((waiter, client_id))
 }
 
-/// A failed connect or wait: every shard of it reads once, and the driver pauses. `false` when
-/// stopped.
-async fn fail(inner: &Inner, keys: &[String], error: &DataPlaneError) -> bool {
+/// A failed connect or wait: every shard of it reads once, and the driver pauses (after a
+/// strict wait, `reading`, its shards were told to read their pending entries first already:
+/// [`block_once`]). `false` when stopped.
+async fn fail(inner: &Inner, keys: &[String], error: &DataPlaneError, reading: bool) -> bool {
     tracing::warn!(error = %crate::report::Chain(error), shards = keys.len(), "the shared wait for new entries failed; its shards read once, and it waits again after a pause");
-    inner.wake(keys);
+    if !reading {
+        inner.wake(keys);
+    }
     tokio::select! {
         () = tokio::time::sleep(ERROR_PAUSE) => true,
         () = inner.stop.cancelled() => false,
@@ -473,42 +702,109 @@ async fn fail(inner: &Inner, keys: &[String], error: &DataPlaneError) -> bool {
 enum Blocked {
     /// The `XREAD` returned: the keys with new entries (none after a timeout or an interrupt).
     Returned(Vec<String>),
+    /// The strict `XREADGROUP` returned: each shard with entries and its entries, now in the
+    /// member's PEL (none after a timeout or an interrupt).
+    Delivered(Vec<(String, redis::Value)>),
     /// It had to be interrupted and `CLIENT UNBLOCK` failed (refused, or never found it
     /// blocked): the caller drops the connection.
     Abandoned,
 }
 
-/// One `XREAD BLOCK` over `shards`, interrupted when the wanted keys change, timing waits out
-/// meanwhile. `None` when stopped.
+/// One `XREAD BLOCK` over `wanted`, or the strict `XREADGROUP` over it when `reading` (every
+/// key has a gate), interrupted when the wanted keys change, timing waits out meanwhile. `None`
+/// when stopped.
 async fn block_once(
     inner: &Inner,
     waiter: &mut Waiter,
     client_id: i64,
-    shards: &[(String, String)],
+    wanted: &BTreeMap<String, Wanted>,
+    reading: bool,
 ) -> Option<Result<Blocked, DataPlaneError>> {
-    let blocked: BTreeMap<String, String> = shards.iter().cloned().collect();
-    inner.lock().blocked = blocked.keys().cloned().collect();
-    let result = block_interruptibly(inner, waiter, client_id, shards, &blocked).await;
-    inner.lock().blocked.clear();
+    if !inner.start_blocking(wanted, reading) {
+        // The set changed since it was read: no command, the caller reads it again.
+        return Some(Ok(Blocked::Returned(Vec::new())));
+    }
+    let result = block_interruptibly(inner, waiter, client_id, wanted, reading).await;
+    // Handed out before the command counts as returned, so that a task settling its shard
+    // finds what was read for it.
+    let result = result.map(|result| match result {
+        Ok(Blocked::Delivered(delivered)) => {
+            inner.deliver(delivered);
+            Ok(Blocked::Delivered(Vec::new()))
+        }
+        // A strict wait that ended without its reply (the connection failed or was dropped)
+        // may have read entries: the shards read their pending entries first.
+        Ok(Blocked::Abandoned) if reading => {
+            inner.lose_reply(&keys_of(wanted));
+            Ok(Blocked::Abandoned)
+        }
+        Err(error) if reading && !is_refusal(&error) => {
+            inner.lose_reply(&keys_of(wanted));
+            Err(error)
+        }
+        other => other,
+    });
+    inner.end_blocking();
     result
 }
 
-/// [`block_once`]'s `XREAD`, its interrupt and the waits' deadlines.
+fn keys_of(wanted: &BTreeMap<String, Wanted>) -> Vec<String> {
+    wanted.keys().cloned().collect()
+}
+
+/// The blocking command of [`block_once`].
+async fn block(
+    inner: &Inner,
+    waiter: &mut Waiter,
+    wanted: &BTreeMap<String, Wanted>,
+    reading: bool,
+) -> Result<Blocked, DataPlaneError> {
+    match inner.group_read.as_ref().filter(|_| reading) {
+        Some(read) => {
+            let shards: Vec<(String, String)> = wanted
+                .iter()
+                .filter_map(|(key, w)| Some((key.clone(), w.gate.clone()?)))
+                .collect();
+            waiter
+                .read_group(
+                    &read.group,
+                    &read.consumer,
+                    read.count,
+                    &shards,
+                    inner.max_block,
+                )
+                .await
+                .map(Blocked::Delivered)
+        }
+        None => {
+            let shards: Vec<(String, String)> = wanted
+                .iter()
+                .map(|(key, w)| (key.clone(), w.id.clone()))
+                .collect();
+            waiter
+                .wait(&shards, inner.max_block)
+                .await
+                .map(Blocked::Returned)
+        }
+    }
+}
+
+/// [`block_once`]'s command, its interrupt and the waits' deadlines.
 async fn block_interruptibly(
     inner: &Inner,
     waiter: &mut Waiter,
     client_id: i64,
-    shards: &[(String, String)],
-    blocked: &BTreeMap<String, String>,
+    blocked: &BTreeMap<String, Wanted>,
+    reading: bool,
 ) -> Option<Result<Blocked, DataPlaneError>> {
-    let wait = waiter.wait(shards, inner.max_block);
+    let wait = block(inner, waiter, blocked, reading);
     tokio::pin!(wait);
     let mut interrupted = false;
     let mut unblocking: Option<Pin<Box<dyn Future<Output = bool> + Send + '_>>> = None;
     loop {
         let deadline = inner.next_deadline();
         tokio::select! {
-            result = &mut wait => return Some(result.map(Blocked::Returned)),
+            result = &mut wait => return Some(result),
             () = inner.stop.cancelled() => return None,
             () = inner.changed.notified(), if !interrupted => {
                 if inner.wanted() != *blocked {
@@ -574,3 +870,6 @@ mod keyspace;
 
 #[cfg(all(test, feature = "testing"))]
 mod tests;
+
+#[cfg(all(test, feature = "testing"))]
+mod strict_tests;

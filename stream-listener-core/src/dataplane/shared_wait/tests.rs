@@ -407,6 +407,9 @@ async fn stress(
                     match end {
                         WaitEnd::Woken => break,
                         WaitEnd::TimedOut => {}
+                        WaitEnd::Delivered(_) | WaitEnd::ReadPending => {
+                            unreachable!("a wait without a gate never reads")
+                        }
                         WaitEnd::Unavailable => {
                             // The poller's `wait_alone`.
                             fell_back.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
