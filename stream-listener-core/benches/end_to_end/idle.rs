@@ -62,7 +62,7 @@ pub(crate) async fn idle(target: RedisTarget, servers: Servers, label: &str) {
         load_average()
     );
     println!(
-        "| shards | connections | ratio | commands/s (processed) | ratio | `XREAD`/s | `EVALSHA`+`EVAL`/s |"
+        "| shards | connections | ratio | commands/s (processed) | ratio | waits/s (`XREAD` + `XREADGROUP`: idle, only the strict waits) | `EVALSHA`+`EVAL`/s |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for (shards, cost) in &rows {
@@ -73,7 +73,7 @@ pub(crate) async fn idle(target: RedisTarget, servers: Servers, label: &str) {
             cost.connections as f64 / base.connections as f64,
             cost.commands_per_s,
             cost.commands_per_s / base.commands_per_s,
-            rate("xread"),
+            rate("xread") + rate("xreadgroup"),
             rate("evalsha") + rate("eval"),
         );
     }
