@@ -227,7 +227,7 @@ async fn a_consumer_with_pending_entries_is_never_deleted_and_an_idle_one_is() {
         "the fence's token keeps its gate: its holder's wait goes on"
     );
     let listed: Vec<String> = conn.smembers(keys.gate_registry(0)).await.unwrap();
-    assert_eq!(listed, [current.clone()]);
+    assert_eq!(listed, std::slice::from_ref(&current));
     let after = consumers(&mut conn, 0).await;
     assert_eq!(
         after,

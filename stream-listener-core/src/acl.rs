@@ -212,6 +212,8 @@ fn listener_checks(
         // UNBLOCK when a shard joins or leaves it (docs/design.md §8.4).
         Check::new("wait for new entries", &["CLIENT", "ID"]),
         Check::new("wait for new entries", &["CLIENT", "UNBLOCK", "0"]),
+        // A strict wait that lost its reply is killed before its shards read on (§8.4).
+        Check::new("wait for new entries", &["CLIENT", "KILL", "ID", "0"]),
         Check::on("ack entries", &["XACK", g, "0-1"], &shard, &shards),
         Check::on(
             "take over a shard's pending entries",

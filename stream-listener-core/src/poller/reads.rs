@@ -47,7 +47,14 @@ impl ShardTask {
         }
         // The member's strict wait may still name this shard (its own wait timed out): out of
         // it first, and what it read for the shard, in its PEL, before anything newer.
-        if self.wait_slot.settle().await {
+        // (Waits while a lost strict wait's connection is being killed: a revoke or a stop
+        // ends that.)
+        let unread = tokio::select! {
+            unread = self.wait_slot.settle() => unread,
+            _ = self.revoke.cancelled() => return Ok(()),
+            _ = self.stop.cancelled() => return Ok(()),
+        };
+        if unread {
             self.phase = Phase::Pending("0".into());
             return Ok(());
         }

@@ -31,7 +31,9 @@ impl World {
     }
 
     /// A reply lost (the command ran), the connection dropped with commands not yet run (a
-    /// transaction whose `EXEC` had not run never executes), or the connection stalls.
+    /// transaction whose `EXEC` had not run never executes), or the connection stalls; with
+    /// blocking waits, the same on a member's wait connection (its stalls are drawn as a wait is
+    /// sent, `wait.rs`).
     fn connection_fault(&mut self) {
         let alive: Vec<usize> = (0..self.procs.len())
             .filter(|i| self.procs[*i].can_act(self.now))
@@ -39,6 +41,14 @@ impl World {
         let Some(i) = self.pick(alive) else {
             return;
         };
+        if self.faults.strict_waits && self.rng.random_bool(0.3) {
+            if self.rng.random_bool(0.5) {
+                self.procs[i].lose_next_wait_reply = true;
+            } else {
+                self.drop_wait_connection(i);
+            }
+            return;
+        }
         match self.rng.random_range(0..3u32) {
             0 => self.procs[i].lose_next_reply = true,
             1 => self.drop_connection(i),
@@ -55,6 +65,12 @@ impl World {
         let lease = super::us(self.procs[i].config.member_lease_ttl);
         let until = self.now + self.rng.random_range(lease * 3 / 2..=3 * lease);
         self.procs[i].paused_until = self.procs[i].paused_until.max(until);
+        // Its waits not yet on the wire go out as it resumes too.
+        for wait in &mut self.data.wait_wire {
+            if wait.proc == i && wait.arrives_at <= self.now {
+                wait.arrives_at = until;
+            }
+        }
         self.log.push(format!(
             "t={} {} pauses until {} with {} commands unsent",
             self.now / MS,
@@ -62,6 +78,28 @@ impl World {
             until / MS,
             self.procs[i].pipeline.len()
         ));
+        // Now and then the fence of one of its shards is lost while it is paused: the next
+        // owner's raise finds no token, and the gates the paused member's late commands name
+        // must be closed all the same.
+        if self.faults.fence_loss && self.rng.random_bool(0.5) {
+            // A shard it waits on, if it sent a wait, else any of its shards.
+            let waited: Vec<ShardIndex> = self
+                .data
+                .wait_wire
+                .iter()
+                .filter(|w| w.proc == i)
+                .flat_map(|w| w.shards.iter().map(|(s, _)| *s))
+                .collect();
+            let shards = if waited.is_empty() {
+                self.procs[i].tasks.keys().copied().collect()
+            } else {
+                waited
+            };
+            if !shards.is_empty() {
+                let shard = shards[self.rng.random_range(0..shards.len())];
+                self.lose_fence_of(shard);
+            }
+        }
         // Now and then the history's script flush or `maxmemory` period starts as it resumes:
         // a bias toward the windows where a zombie's late check meets them (any such history
         // could happen).
@@ -175,7 +213,13 @@ impl World {
             return;
         }
         let shard = shards[self.rng.random_range(0..shards.len())];
-        self.fences.remove(&shard);
+        self.lose_fence_of(shard);
+    }
+
+    fn lose_fence_of(&mut self, shard: ShardIndex) {
+        if self.fences.remove(&shard).is_none() {
+            return;
+        }
         let key = self.data.fence_keys.entry(shard).or_default();
         let whole = self.rng.random_bool(0.5);
         if whole {

@@ -21,6 +21,9 @@ impl World {
             self.produce();
         }
         self.run_late_commands();
+        if self.faults.strict_waits {
+            self.flush_wait_traffic();
+        }
         for i in 0..self.procs.len() {
             if self.procs[i].alive {
                 self.work_shards(i);
@@ -80,6 +83,9 @@ impl World {
             while self.runnable(i) {
                 self.run_next(i);
             }
+            if self.faults.strict_waits {
+                self.flush_wait_traffic();
+            }
             if !sent {
                 break;
             }
@@ -102,7 +108,7 @@ impl World {
     }
 
     /// Every task with something to do (or every ready one, `idle_too`) sends its next
-    /// command; whether one did.
+    /// command, or its wait; whether one did.
     fn send_all(&mut self, i: usize, idle_too: bool) -> bool {
         let now = self.now;
         let proc = &self.procs[i];
@@ -116,7 +122,12 @@ impl World {
             .map(|(shard, _)| *shard)
             .collect();
         for shard in &due {
-            self.send_task_command(i, &[*shard], 3);
+            let waits = self.faults.strict_waits && self.procs[i].tasks[shard].wait_next;
+            if waits && self.procs[i].tasks[shard].phase == Phase::New {
+                self.send_wait(i, &[*shard], 3);
+            } else {
+                self.send_task_command(i, &[*shard], 3);
+            }
         }
         !due.is_empty()
     }

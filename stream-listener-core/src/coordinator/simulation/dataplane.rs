@@ -1,23 +1,38 @@
 //! The data plane in the simulation (docs/design.md §8), member side: producers append, shard
-//! tasks send their next command, handlers take entries, held ids are acked (plain `XACK`, any
-//! time, by zombies too). Redis's side of each command is in `redis_side.rs`, the data plane's
-//! faults in `data_faults.rs`, the invariants in `entry_checks.rs`.
+//! tasks send their next command (or a blocking wait, `wait.rs`), handlers take entries, held ids
+//! are acked (plain `XACK`, any time, by zombies too). Redis's side of each command is in
+//! `redis_side.rs`, the read gates in `gates.rs`, the data plane's faults in `data_faults.rs`,
+//! the invariants in `entry_checks.rs`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use rand::Rng;
 
 use super::entries::ShardEntries;
 use super::entry_checks::Ledger;
 use super::fence_key::FenceKey;
+use super::gates::Gates;
 use super::pipeline::Op;
 use super::shard_task::{Phase, ShardTask};
 use super::transaction::{ReadTx, Server, TxStage};
+use super::wait::{Blocked, Wait, WaitReply};
 use super::{ReadVariant, World};
+use crate::fence::FenceToken;
 use crate::model::{Micros, ShardIndex, ShardState};
 
 /// Most entries one read or claim returns.
 const MAX_BATCH: u64 = 3;
+
+/// What a shard task sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sent {
+    /// A read of new entries (a round, or a read alone).
+    Read,
+    /// A blocking wait.
+    Wait,
+    /// Another command, or nothing.
+    Other,
+}
 
 /// The data plane's Redis state beside the world's `fences`, and the record of what was handled.
 #[derive(Debug, Clone)]
@@ -27,10 +42,16 @@ pub(super) struct DataPlane {
     pub(super) shards: BTreeMap<ShardIndex, ShardEntries>,
     /// Each shard's fence key, beside this group's field.
     pub(super) fence_keys: BTreeMap<ShardIndex, FenceKey>,
-    /// The shards whose read gate exists (docs/design.md §8.16): opened by a passing check of a
-    /// round that starts with the shard, deleted by a refusing one, by consumer hygiene after a
-    /// takeover's claims, and with a retired shard.
-    pub(super) open_gates: BTreeSet<ShardIndex>,
+    /// The read gates that exist, one per shard and token (docs/design.md §8.16, `gates.rs`).
+    pub(super) gates: Gates,
+    /// Per shard, the token the last accepted raise wrote: what a lost fence field held, and
+    /// what the gates the registry still lists belong to.
+    pub(super) last_raised: BTreeMap<ShardIndex, FenceToken>,
+    /// Blocking waits (`wait.rs`): on their way to Redis, blocked there, and their replies on
+    /// their way back.
+    pub(super) wait_wire: Vec<Wait>,
+    pub(super) blocked: Vec<Blocked>,
+    pub(super) wait_replies: Vec<WaitReply>,
     pub(super) server: Server,
     /// Another consumer group reads the stream: its raises write to the same fence hashes.
     pub(super) other_groups: bool,
@@ -54,7 +75,11 @@ impl DataPlane {
             variant,
             shards: BTreeMap::new(),
             fence_keys: BTreeMap::new(),
-            open_gates: BTreeSet::new(),
+            gates: Gates::default(),
+            last_raised: BTreeMap::new(),
+            wait_wire: Vec::new(),
+            blocked: Vec::new(),
+            wait_replies: Vec::new(),
             server: Server {
                 scripts_loaded: true,
                 oom: false,
@@ -102,11 +127,17 @@ impl World {
             15..=39 => {
                 let senders = (0..n).filter(|i| !self.sendable(*i).is_empty()).collect();
                 if let Some(i) = self.pick(senders) {
-                    let read = self.send_next(i);
-                    if read
+                    // A member paused right after it sent a read of new entries, or a wait
+                    // (more often: its late wait is what the per-token gates are for).
+                    let pause = match self.send_next(i) {
+                        Sent::Read => 0.03,
+                        Sent::Wait => 0.1,
+                        Sent::Other => 0.0,
+                    };
+                    if pause > 0.0
                         && self.faulty
                         && self.faults.connection_faults
-                        && self.rng.random_bool(0.03)
+                        && self.rng.random_bool(pause)
                     {
                         self.pause_sender(i);
                     }
@@ -114,7 +145,17 @@ impl World {
                     while self.runnable(i) && self.rng.random_bool(0.5) {
                         self.run_next(i);
                     }
+                    if self.faults.strict_waits
+                        && self.rng.random_bool(0.5)
+                        && let Some(k) = self.wait_arrivable(i)
+                    {
+                        let wait = self.data.wait_wire.remove(k);
+                        self.wait_arrives(wait);
+                    }
                 }
+            }
+            40..=74 if self.faults.strict_waits && self.rng.random_bool(0.3) => {
+                self.wait_traffic();
             }
             40..=74 => self.run_some_pipeline(),
             75..=94 => {
@@ -156,6 +197,7 @@ impl World {
         };
         self.data.shards.entry(shard).or_default().append(count);
         self.stats.appended += count;
+        self.serve_blocked(shard);
     }
 
     /// Keeps a process's shard tasks in step with its reconciler: a task per owned shard, a new
@@ -218,23 +260,38 @@ impl World {
     /// Process `i` sends the next command of one of its shard tasks, if it may use the shard now
     /// (owned, lease not passed): the held ids' `XACK` first, then the phase's command. A read of
     /// new entries may be a round over several of its shards (one transaction), or the read
-    /// script of one shard that reads alone. Whether it sent such a read.
-    pub(super) fn send_next(&mut self, i: usize) -> bool {
+    /// script of one shard that reads alone; a shard whose last read found nothing waits instead
+    /// (with [`super::Faults::strict_waits`]), with others that wait too.
+    pub(super) fn send_next(&mut self, i: usize) -> Sent {
         let ready = self.sendable(i);
         if ready.is_empty() {
-            return false;
+            return Sent::Other;
         }
         let shard = ready[self.rng.random_range(0..ready.len())];
         let task = &self.procs[i].tasks[&shard];
         let phase = task.phase;
+        let strict_waits = self.faults.strict_waits;
+        let waits = |t: &ShardTask| strict_waits && t.phase == Phase::New && t.wait_next;
         // A shard that reads alone joins no round.
-        let round = if phase == Phase::New && !task.read_alone {
+        let joins = |t: &ShardTask| t.phase == Phase::New && !t.read_alone && !waits(t);
+        let waiting = waits(task);
+        let round = if waiting || joins(task) {
             let tasks = &self.procs[i].tasks;
-            let mut round: Vec<ShardIndex> = ready
+            let others: Vec<ShardIndex> = ready
                 .iter()
-                .filter(|s| **s != shard && tasks[*s].phase == Phase::New && !tasks[*s].read_alone)
-                .filter(|_| self.rng.random_bool(0.5))
+                .filter(|s| **s != shard)
+                .filter(|s| {
+                    if waiting {
+                        waits(&tasks[*s])
+                    } else {
+                        joins(&tasks[*s])
+                    }
+                })
                 .copied()
+                .collect();
+            let mut round: Vec<ShardIndex> = others
+                .into_iter()
+                .filter(|_| self.rng.random_bool(0.5))
                 .collect();
             round.insert(0, shard);
             round
@@ -242,8 +299,17 @@ impl World {
             vec![shard]
         };
         let count = self.rng.random_range(1..=MAX_BATCH);
-        self.send_task_command(i, &round, count);
-        phase == Phase::New
+        if waiting {
+            self.send_wait(i, &round, count);
+            Sent::Wait
+        } else {
+            self.send_task_command(i, &round, count);
+            if phase == Phase::New {
+                Sent::Read
+            } else {
+                Sent::Other
+            }
+        }
     }
 
     /// The command of the tasks of `shards` (one, or a round of tasks reading new entries), after
@@ -289,6 +355,7 @@ impl World {
                 count,
                 stage: TxStage::Sent,
             }),
+            Phase::KillWait { wait } => Op::KillWait { shard, wait },
             Phase::Parked => return,
         };
         for shard in shards {
@@ -300,7 +367,7 @@ impl World {
     }
 
     /// Puts a command no task waits for (an ack) in process `i`'s pipeline.
-    fn send(&mut self, i: usize, op: Op) {
+    pub(super) fn send(&mut self, i: usize, op: Op) {
         self.data.last_op += 1;
         self.procs[i].pipeline.push_back((self.data.last_op, op));
     }
@@ -348,14 +415,16 @@ impl World {
         }
     }
 
-    /// Retirement deletes a shard's stream, its fence and its read gate (docs/design.md §10.2
-    /// step 4).
+    /// Retirement deletes a shard's stream, its fence, its read gates and their registry
+    /// (docs/design.md §10.2 step 4): the waits blocked on them end with an error.
     pub(super) fn delete_shard(&mut self, shard: ShardIndex) {
         self.fences.remove(&shard);
+        self.data.last_raised.remove(&shard);
         self.data.fence_keys.entry(shard).or_default().lose();
-        self.data.open_gates.remove(&shard);
+        self.data.gates.close_others(shard, None);
         // The stream goes too; retirement checked that its group had read and acked everything,
         // so a scale-out that creates it again starts with nothing to read.
+        self.unblock_closed();
     }
 
     /// Whether the shard's group has read and acked everything (retirement's check).

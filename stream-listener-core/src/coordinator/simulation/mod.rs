@@ -28,11 +28,22 @@
 //!
 //! With [`Faults::entries`] the data plane is modelled too (docs/design.md §8): each shard's
 //! stream, consumer group and PEL; shard tasks that take over (raise, claim, own pending entries
-//! from `0`) and read new entries by transaction (`MULTI`, the check with the read gate,
+//! from `0`) and read new entries by transaction (`MULTI`, the check with the read gates,
 //! `XREADGROUP`, `EXEC`), or alone with the fenced read script; handlers, and plain `XACK`s that a
-//! zombie may send late. Its
-//! invariants (no loss, no zombie reads or claims, first handlings in id order, and everything
-//! handled after the fault-free phase) are checked after every step (`entry_checks.rs`).
+//! zombie may send late. Read gates are per shard and fencing token (`{p:i}:gate:<group>:<token>`,
+//! `gates.rs`), listed in the shard's registry: a check that passes creates its round's gates, one
+//! that refuses deletes them, and a raise closes every other token's gate of its shard, also when
+//! the fence field it replaced was lost (the registry, not the fence, lists them). With
+//! [`Faults::strict_waits`] a task whose read found nothing waits with a blocking `XREADGROUP` on
+//! its gate and its shard (`wait.rs`): Redis serves it when an entry arrives, ends it with an
+//! error when the gate is deleted, answers it empty after its block time; a paused or dead
+//! member's wait keeps being served (only its gate stops it), and requests and replies travel
+//! late. Its invariants (no loss, no zombie reads or claims, first handlings in id order, and
+//! everything handled after the fault-free phase) are checked after every step
+//! (`entry_checks.rs`); a wait that puts entries into the PEL of a member whose token the fence
+//! does not hold is a zombie read, handed over or not (a field lost since the last raise counts as
+//! holding that raise's token: no one else can read before the next raise, which closes the
+//! gate).
 //!
 //! Replay a failing seed with `SIM_SEED=<seed> cargo test -p stream-listener-core simulation`;
 //! `SIM_SEEDS=<n>` runs more seeds; `SIM_STEPS=<n>` sets the steps of a history; `SIM_LOG=<n>`
@@ -49,6 +60,7 @@ mod dataplane;
 mod entries;
 mod entry_checks;
 mod fence_key;
+mod gates;
 mod heartbeats;
 mod members;
 mod pipeline;
@@ -60,6 +72,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 mod transaction;
+mod wait;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -173,6 +186,11 @@ flags! {
         /// refused command, or whose `EXEC` is refused, aborts), and the period can start or end
         /// between any two steps of a transaction.
         busy_scripts,
+        /// Strict mode's blocking wait (with the data plane, docs/design.md §8.16): a shard task
+        /// whose read of new entries found nothing sends a blocking `XREADGROUP` on its gate
+        /// (`wait.rs`) instead of reading again. Not a fault: the member's way of waiting, on in
+        /// [`Faults::with_data_plane`].
+        strict_waits,
         /// The whole faulty phase is calm (with the data plane): heartbeats go through on the
         /// members' schedules, so members hold their shards and read, and every other fault
         /// (pauses above all) hits members at work. Without it the faulty phase has calm
@@ -212,6 +230,7 @@ impl Faults {
             script_flush: true,
             connection_faults: true,
             busy_scripts: true,
+            strict_waits: true,
             ..self
         }
     }
@@ -219,8 +238,8 @@ impl Faults {
 
 flags! {
     /// Known-wrong rules of the data plane's reads (docs/design.md §8.16, the transaction with
-    /// the check and the read gate inside it), re-introduced one at a time to show the simulation
-    /// catches each hazard the design closes.
+    /// the check and the read gates inside it, and the blocking wait on a gate), re-introduced one
+    /// at a time to show the simulation catches each hazard the design closes.
     pub(crate) struct ReadVariant {
         /// The previous pipeline: `WATCH` the fences, the check outside the transaction (a
         /// refusal trips the `EXEC` with `PEXPIRE` + `PERSIST` of a watched key), then `MULTI`,
@@ -247,6 +266,28 @@ flags! {
         /// The member acks entries as they are read (as `NOACK` would), before its handler has
         /// them: invariant (a) must see an ack remove an unhandled entry.
         ack_on_read,
+        /// One read gate per shard, not per token (`{p:i}:gate:<group>`), named by the blocking
+        /// wait too, and deleted by the raise of a new value: the new owner's first check
+        /// creates it again, and a zombie's wait that reaches Redis after that reads.
+        fixed_gate,
+        /// The raise leaves the other tokens' gates open: a zombie's wait blocked on its gate
+        /// keeps being served after its shard moved on.
+        raise_keeps_gates,
+        /// The raise closes only the gate of the token it replaces (no registry): after the fence
+        /// field was lost, a raise finds no token and closes nothing, and the old owner's blocked
+        /// wait keeps reading (with [`Faults::fence_loss`]).
+        raise_from_empty_keeps_gates,
+        /// After a blocking wait whose outcome it cannot know (given up on after its response
+        /// timeout, its connection dropped, its reply lost), the member reads its own pending
+        /// entries from `0` at once, without killing the wait's connection first: the wait, still
+        /// on its way, reaches Redis after that read and reads through the task's own gate, and
+        /// its entries sit unseen in the member's PEL while it reads on.
+        wait_lost_without_kill,
+        /// Redis leaves a wait blocked when its gate is deleted and, when an entry arrives,
+        /// serves it from the shard without looking at the gate again (Redis before 7.0, which
+        /// woke no `XREADGROUP` on a deleted key, redis#10306; before 7.2 a woken command was
+        /// not run again, redis#11012): a zombie's wait blocked before the raise keeps reading.
+        blocked_wait_outlives_its_gate,
     }
 }
 
@@ -288,14 +329,24 @@ pub(crate) struct Stats {
     /// Entries appended, and handled at least once.
     appended: u64,
     handled: u64,
-    /// Read transactions whose `EXEC` ran or aborted, checks that refused (and closed the gate),
-    /// and reads that failed closed on a gate they could not create.
+    /// Read transactions whose `EXEC` ran or aborted, checks that refused (and closed their
+    /// round's gates), and checks that could not create a missing gate (`NOGATE`).
     execs: u64,
     aborted_execs: u64,
     refused_checks: u64,
     gate_failures: u64,
+    /// Blocking waits (`wait.rs`): sent; served (with the entries they delivered); ended with an
+    /// error on a gate or stream missing or deleted (or `BUSY`); timed out at Redis; and lost
+    /// (reply lost, connection dropped, given up on).
+    waits_sent: u64,
+    waits_served: u64,
+    wait_entries: u64,
+    waits_closed: u64,
+    waits_timed_out: u64,
+    waits_lost: u64,
     /// Invariant (b)'s counts: entries handed to a handler from a delivery made while the fence
-    /// held another token, and claims made so; both must stay 0.
+    /// held another token (or put into a member's PEL so by its wait), and claims made so; both
+    /// must stay 0.
     zombie_reads: u64,
     zombie_claims: u64,
 }
@@ -314,6 +365,12 @@ impl Stats {
         self.aborted_execs += other.aborted_execs;
         self.refused_checks += other.refused_checks;
         self.gate_failures += other.gate_failures;
+        self.waits_sent += other.waits_sent;
+        self.waits_served += other.waits_served;
+        self.wait_entries += other.wait_entries;
+        self.waits_closed += other.waits_closed;
+        self.waits_timed_out += other.waits_timed_out;
+        self.waits_lost += other.waits_lost;
         self.zombie_reads += other.zombie_reads;
         self.zombie_claims += other.zombie_claims;
     }

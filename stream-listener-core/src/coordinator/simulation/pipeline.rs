@@ -49,6 +49,10 @@ pub(super) enum Op {
     },
     /// The transaction that reads new entries of a round (`transaction.rs`).
     Read(ReadTx),
+    /// `CLIENT KILL ID` of the connection of blocking wait `wait` (`wait.rs`), whose outcome the
+    /// member cannot know: once it ran (or found the connection gone), that wait never runs, so
+    /// the pending read queued after it on this connection sees whatever it read.
+    KillWait { shard: ShardIndex, wait: u64 },
 }
 
 impl Op {
@@ -69,6 +73,7 @@ impl Op {
                 "EXEC {:?}",
                 tx.shards.iter().map(|(s, _)| s).collect::<Vec<_>>()
             ),
+            Op::KillWait { shard, wait } => format!("CLIENT KILL wait {wait} of {shard}"),
         }
     }
 }

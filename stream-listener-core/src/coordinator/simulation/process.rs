@@ -68,6 +68,11 @@ pub(super) struct Proc {
     pub(super) stalled_until: Micros,
     /// The reply of the next command Redis completes is lost (the command ran).
     pub(super) lose_next_reply: bool,
+    /// The blocking waits it sent and has no reply for yet, with when it gives up on each
+    /// (`wait.rs`).
+    pub(super) waits: BTreeMap<u64, Micros>,
+    /// The next reply of a wait is lost (the wait ran).
+    pub(super) lose_next_wait_reply: bool,
 }
 
 impl Proc {
@@ -109,6 +114,8 @@ impl Proc {
             pipeline: VecDeque::new(),
             stalled_until: 0,
             lose_next_reply: false,
+            waits: BTreeMap::new(),
+            lose_next_wait_reply: false,
         }
     }
 

@@ -8,6 +8,7 @@ use rand::Rng;
 
 use super::MS;
 use super::World;
+use super::gates::Gates;
 use super::pipeline::{Op, ReadReply, ScriptReply};
 use super::process::ShardFence;
 use super::shard_task::{Phase, ShardTask};
@@ -107,6 +108,15 @@ impl World {
                 let reply = if lost { ScriptReply::Error } else { reply };
                 self.reply_to_script(i, id, shard, reply, |t, r, v| t.on_read_alone(r, v));
             }
+            Op::KillWait { shard, wait } => {
+                self.kill_wait(i, wait);
+                let reply = if lost {
+                    ScriptReply::Error
+                } else {
+                    ScriptReply::Passed(Vec::new())
+                };
+                self.reply_to_script(i, id, shard, reply, |t, r, _| t.on_kill(r));
+            }
             Op::Read(_) => {}
         }
     }
@@ -185,21 +195,16 @@ impl World {
                 if refused.is_some() || server.busy {
                     (None, true)
                 } else {
-                    let first = tx.shards[0].0;
-                    let mut gate = self.data.open_gates.contains(&first);
                     let check = transaction::check_in_exec(
                         &tx.shards,
                         &self.fences,
-                        &mut gate,
+                        &mut self.data.gates,
                         server,
                         variant,
                     );
-                    if gate {
-                        self.data.open_gates.insert(first);
-                    } else {
-                        self.data.open_gates.remove(&first);
-                    }
-                    let read = transaction::read_runs(gate, variant);
+                    let (first, token) = &tx.shards[0];
+                    let gate = Gates::key(*first, token, variant);
+                    let read = transaction::read_runs(&self.data.gates, &gate, variant);
                     (Some(check), !read)
                 }
             }
@@ -244,8 +249,8 @@ impl World {
                         ReadReply::Error // NOGROUP: read alone, it reports its own
                     }
                 }
-                // Nothing read: the EXEC aborted, or the read failed on the missing gate.
-                Some(Check::NoGate) => ReadReply::Error,
+                // Nothing read: the read failed on the missing gate.
+                Some(Check::NoGate) if aborted => ReadReply::Error,
                 Some(Check::Ran { .. }) if aborted => match verdict {
                     Some(FenceVerdict::Equal) | None => ReadReply::Aborted,
                     refused => ReadReply::NotHanded(refused),
@@ -263,6 +268,9 @@ impl World {
                     let ids = entries.read_new(&consumer, tx.count);
                     match &check {
                         Some(check) if check.passed() => ReadReply::Handed(ids),
+                        // Another shard's gate could not be created and the read ran through
+                        // the first one's: the poller takes the reply for an error.
+                        Some(Check::NoGate) => ReadReply::Error,
                         _ => ReadReply::NotHanded(match verdict {
                             Some(FenceVerdict::Equal) => None,
                             other => other,
@@ -283,6 +291,8 @@ impl World {
             let reply = if lost { ReadReply::Error } else { reply };
             self.reply_to_read(i, id, shard, &token, reply);
         }
+        // A refusing check deleted gates: the waits blocked on them end.
+        self.unblock_closed();
     }
 
     /// A plain `XACK`: the ids leave whichever PEL holds them. A lost reply keeps them held (the
@@ -302,14 +312,25 @@ impl World {
         }
     }
 
-    /// The raise script: `NOGROUP` on a retired shard, else `HSET` of a strictly higher token;
-    /// the same token again writes nothing. It runs at `maxmemory` too (`allow-oom`).
-    fn run_raise(&mut self, shard: ShardIndex, token: &FenceToken) -> ScriptReply {
+    /// The raise script: `NOGROUP` on a retired shard, else `HSET` of a strictly higher token
+    /// (or into a missing field); the same token again writes nothing new. When it writes, it
+    /// first closes every other token's gate of the shard that the registry lists (`gates.rs`),
+    /// which ends the waits blocked on them. It runs at `maxmemory` too (`allow-oom`).
+    pub(super) fn run_raise(&mut self, shard: ShardIndex, token: &FenceToken) -> ScriptReply {
         if !self.stream_exists(shard) {
             return ScriptReply::Gone;
         }
-        let (verdict, value) = token.raise(self.fences.get(&shard));
-        if self.fences.get(&shard) != Some(&value) {
+        let stored = self.fences.get(&shard).cloned();
+        let (verdict, value) = token.raise(stored.as_ref());
+        if verdict == FenceVerdict::Equal {
+            let variant = self.data.variant;
+            self.data
+                .gates
+                .on_raise(shard, stored.as_ref(), token, variant);
+            self.data.last_raised.insert(shard, value.clone());
+            self.unblock_closed();
+        }
+        if stored.as_ref() != Some(&value) {
             self.fences.insert(shard, value);
             self.data.fence_keys.entry(shard).or_default().touch();
         }
@@ -420,6 +441,9 @@ impl World {
                     t.on_read_alone(r, v);
                 });
             }
+            Op::KillWait { shard, .. } => {
+                self.reply_to_script(i, id, shard, ScriptReply::Error, |t, r, _| t.on_kill(r));
+            }
         }
     }
 
@@ -452,9 +476,7 @@ impl World {
         react(task, &reply, variant);
         let handed: Vec<u64> = task.in_hand.iter().skip(in_hand_before).copied().collect();
         if claiming && task.phase == (Phase::Pending { after: 0 }) {
-            // The claims are done: consumer hygiene deletes the shard's read gate (harmless at
-            // any time: the next passing check creates it again).
-            self.data.open_gates.remove(&shard);
+            self.consumer_hygiene(shard, &token);
         }
         match reply {
             ScriptReply::Passed(_) => self.note_verdict(i, shard, &token, FenceVerdict::Equal),
@@ -492,6 +514,17 @@ impl World {
             }
             ReadReply::NotHanded(Some(verdict)) => self.note_verdict(i, shard, token, verdict),
             ReadReply::Aborted | ReadReply::NotHanded(None) | ReadReply::Error => {}
+        }
+    }
+
+    /// The claims are done: consumer hygiene (docs/design.md §8.15) closes the shard's other
+    /// tokens' gates with the consumers that strict reads left in them (harmless at any time:
+    /// a gate of the current token is created again by the next check that passes). Best
+    /// effort: half the time it fails, and reading goes on.
+    fn consumer_hygiene(&mut self, shard: ShardIndex, token: &FenceToken) {
+        if self.rng.random_bool(0.5) {
+            self.data.gates.on_hygiene(shard, token, self.data.variant);
+            self.unblock_closed();
         }
     }
 

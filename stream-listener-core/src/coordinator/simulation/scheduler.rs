@@ -144,6 +144,9 @@ impl World {
     fn after_step(&mut self) -> Result<(), String> {
         if self.faults.entries {
             self.scheduled_faults();
+            if self.faults.strict_waits {
+                self.wait_clock();
+            }
             for _ in 0..DATA_STEPS {
                 self.data_step();
             }

@@ -1,14 +1,15 @@
 //! A member's shard task as the poller runs it (docs/design.md §8.3–§8.5, §8.10): the takeover
 //! (raise the fence → claim other consumers' pending entries → the member's own pending entries
 //! from `0`) and then reads of new entries, one command at a time; the entries read and not yet
-//! handled; and the member's rules for every reply. A new token (a new assignment, a correction
-//! round) starts a new task, with a new takeover.
+//! handled; and the member's rules for every reply, a blocking wait's (`wait.rs`) among them. A
+//! new token (a new assignment, a correction round) starts a new task, with a new takeover.
 
 use std::collections::VecDeque;
 
 use super::ReadVariant;
 use super::entries::EntryId;
 use super::pipeline::{ReadReply, ScriptReply};
+use super::wait::WaitEnd;
 use crate::fence::{FenceToken, FenceVerdict};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,8 +23,13 @@ pub(super) enum Phase {
     /// read): after the takeover's claims, and after any error of a read of new entries (its
     /// entries may sit unseen in the member's PEL).
     Pending { after: EntryId },
-    /// Read new entries (`>`) by transaction, in rounds of the member's shards.
+    /// Read new entries (`>`) by transaction, in rounds of the member's shards, or wait for
+    /// them (`wait.rs`).
     New,
+    /// Kill the connection of a blocking wait whose outcome is unknown (`CLIENT KILL ID`), then
+    /// read the member's own pending entries from `0`: that wait may still reach Redis and read
+    /// through the task's own gate, after a pending read that did not wait for the kill.
+    KillWait { wait: u64 },
     /// The fence holds a higher token, or the stream is gone: read nothing more with this token.
     Parked,
 }
@@ -40,6 +46,10 @@ pub(super) struct ShardTask {
     /// In [`Phase::New`]: the last round read nothing for this shard, which reads on its own next
     /// (the fenced read script), as `ShardClient::round_reply` does for `PartRead::ReadAlone`.
     pub(super) read_alone: bool,
+    /// In [`Phase::New`]: the last read found nothing for this shard (or a wait timed out), so
+    /// it waits for new entries with a blocking wait on its gate next (with
+    /// `Faults::strict_waits`), rather than reading again.
+    pub(super) wait_next: bool,
 }
 
 impl ShardTask {
@@ -50,6 +60,7 @@ impl ShardTask {
             in_hand: VecDeque::new(),
             waiting: None,
             read_alone: false,
+            wait_next: false,
         }
     }
 
@@ -125,6 +136,7 @@ impl ShardTask {
         if self.phase != Phase::New {
             return;
         }
+        self.wait_next = matches!(reply, ReadReply::Handed(ids) if ids.is_empty());
         match reply {
             ReadReply::Handed(ids) => self.in_hand.extend(ids),
             ReadReply::Aborted | ReadReply::NotHanded(Some(FenceVerdict::Equal)) => {
@@ -146,12 +158,60 @@ impl ShardTask {
             return;
         }
         self.read_alone = false;
+        self.wait_next = matches!(reply, ScriptReply::Passed(ids) if ids.is_empty());
         match reply {
             ScriptReply::Passed(ids) => self.in_hand.extend(ids),
             ScriptReply::Refused(verdict) => self.refused(*verdict),
             ScriptReply::Gone => self.phase = Phase::Parked,
             ScriptReply::Error if variant.error_reads_on => {}
             ScriptReply::Error => self.phase = Phase::Pending { after: 0 },
+        }
+    }
+}
+
+impl ShardTask {
+    /// The reply of the `CLIENT KILL` of a wait's connection: killed or already gone, on to the
+    /// member's own pending entries; an error sends it again.
+    pub(super) fn on_kill(&mut self, reply: &ScriptReply) {
+        if !matches!(self.phase, Phase::KillWait { .. }) {
+            return;
+        }
+        if *reply != ScriptReply::Error {
+            self.phase = Phase::Pending { after: 0 };
+        }
+    }
+
+    /// This shard's part of a blocking wait's reply. Entries served go to the handler when the
+    /// task still holds the shard by its lease (`holds`); else they stay in the member's PEL, and
+    /// the task reads its own pending entries from `0` if it goes on. An error (a gate closed,
+    /// the stream gone) is followed by a read by transaction, whose check comes before any
+    /// further wait; a timeout, or a reply with nothing for this shard, by another wait or (the
+    /// member's choice, `wait_again`) a read; an unknown outcome by the kill of the wait's
+    /// connection and the member's own pending entries from `0`, as after any read of new
+    /// entries (docs/design.md §8.10).
+    pub(super) fn on_wait(
+        &mut self,
+        wait: u64,
+        end: &WaitEnd,
+        holds: bool,
+        wait_again: bool,
+        variant: ReadVariant,
+    ) {
+        if self.phase != Phase::New {
+            return;
+        }
+        self.wait_next = false;
+        match end {
+            WaitEnd::Served(ids) if ids.is_empty() => self.wait_next = true,
+            WaitEnd::Served(ids) if holds => self.in_hand.extend(ids),
+            WaitEnd::Served(_) => self.phase = Phase::Pending { after: 0 },
+            WaitEnd::TimedOut => self.wait_next = wait_again,
+            WaitEnd::Refused => {}
+            WaitEnd::Lost if variant.error_reads_on => {}
+            WaitEnd::Lost if variant.wait_lost_without_kill => {
+                self.phase = Phase::Pending { after: 0 };
+            }
+            WaitEnd::Lost => self.phase = Phase::KillWait { wait },
         }
     }
 }
@@ -208,5 +268,38 @@ mod tests {
         task.on_read(&ReadReply::NotHanded(Some(FenceVerdict::Higher)), design);
         assert_eq!(task.phase, Phase::Parked);
         assert!(!task.ready());
+    }
+
+    #[test]
+    fn a_wait_follows_an_empty_read_and_an_unknown_one_kills_its_connection_first() {
+        let design = ReadVariant::default();
+        let mut task = ShardTask::new(token(1, 5, "a"));
+        task.phase = Phase::New;
+        task.on_read(&ReadReply::Handed(vec![]), design);
+        assert!(task.wait_next);
+        // Served while the lease holds: to the handler; a read by transaction comes next.
+        task.on_wait(1, &WaitEnd::Served(vec![4, 5]), true, false, design);
+        assert_eq!((task.in_hand.len(), task.wait_next), (2, false));
+        task.in_hand.clear();
+        task.wait_next = true;
+        task.on_wait(2, &WaitEnd::TimedOut, true, true, design);
+        assert!(task.wait_next, "a timeout may wait again");
+        task.on_wait(3, &WaitEnd::Refused, true, true, design);
+        assert_eq!(
+            (task.phase, task.wait_next),
+            (Phase::New, false),
+            "a check first"
+        );
+        // Served after the lease passed: nothing handed, its own pending entries next.
+        task.on_wait(4, &WaitEnd::Served(vec![6]), false, true, design);
+        assert_eq!(task.phase, Phase::Pending { after: 0 });
+        assert!(task.in_hand.is_empty());
+        task.phase = Phase::New;
+        task.on_wait(5, &WaitEnd::Lost, true, true, design);
+        assert_eq!(task.phase, Phase::KillWait { wait: 5 });
+        task.on_kill(&ScriptReply::Error);
+        assert_eq!(task.phase, Phase::KillWait { wait: 5 }, "sent again");
+        task.on_kill(&ScriptReply::Passed(vec![]));
+        assert_eq!(task.phase, Phase::Pending { after: 0 });
     }
 }

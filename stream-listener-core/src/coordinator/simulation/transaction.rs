@@ -1,16 +1,18 @@
 //! The fenced read of new entries (docs/design.md §8.16): one pipeline on one connection,
-//! `MULTI`, `EVAL check` (the round's fence keys and its read gate), `XREADGROUP … >` of the
-//! round's shards and the gate, `EXEC`. Redis reaches it in three steps that other clients'
-//! commands interleave with: `MULTI` and the queued check, the queued read, the `EXEC`.
+//! `MULTI`, `EVAL check` (the round's fence keys, its gates and their registries), `XREADGROUP …
+//! >` of the round's shards and the first shard's gate, `EXEC`. Redis reaches it in three steps
+//! that other clients' commands interleave with: `MULTI` and the queued check, the queued read,
+//! the `EXEC`.
 //!
 //! A command refused while queued (`BUSY` while another client's script runs too long, `OOM` at
 //! `maxmemory`) makes the `EXEC` abort, and so does an `EXEC` refused for `BUSY`: nothing runs.
 //! Otherwise the `EXEC` runs the check and the read back to back. The check compares each
 //! shard's fence field with the member's token: when every one holds it, the check makes sure
-//! the round's gate (the gate of its first shard) exists, creating it if needed (a deny-oom write,
-//! refused at `maxmemory`: the read then fails, nothing is read); on any refusal it deletes the
-//! gate (`DEL`, never refused). The read names the gate, so it fails as a whole (`NOGROUP`)
-//! whenever the gate is missing.
+//! the gate of every shard of the round for its token exists (`gates.rs`), creating the missing
+//! ones (a deny-oom write, refused at `maxmemory`: `NOGATE`, nothing created); on any refusal it
+//! deletes them all (`DEL`, never refused). The read names the first shard's gate, so it fails
+//! as a whole (`NOGROUP`) whenever that gate is missing; the others are the gates the shards'
+//! blocking waits name (`wait.rs`).
 //!
 //! The known-wrong [`ReadVariant`]s bring back the hazards this closes, the previous order of the
 //! pipeline among them ([`ReadVariant::check_outside_transaction`]: `WATCH`, the check with its
@@ -20,6 +22,7 @@ use std::collections::BTreeMap;
 
 use super::ReadVariant;
 use super::fence_key::FenceKey;
+use super::gates::{GateKey, Gates};
 use crate::fence::{FenceToken, FenceVerdict};
 use crate::model::ShardIndex;
 
@@ -27,7 +30,7 @@ use crate::model::ShardIndex;
 #[derive(Debug, Clone)]
 pub(super) struct ReadTx {
     /// The round's shards, each with the token its task reads under. The first one's gate is
-    /// the round's.
+    /// the one the read names.
     pub(super) shards: Vec<(ShardIndex, FenceToken)>,
     /// The `COUNT` of the `XREADGROUP`.
     pub(super) count: u64,
@@ -58,8 +61,10 @@ pub(super) enum Check {
         verdicts: Vec<FenceVerdict>,
         unfenced: bool,
     },
-    /// Every verdict was `EQUAL`, but the gate was missing and its creation was refused (`OOM`):
-    /// the read fails, nothing is read (fail closed).
+    /// Every verdict was `EQUAL`, but a gate of the round was missing and its creation was
+    /// refused (`OOM`, the script's first write): nothing was created. The read fails (nothing
+    /// read, fail closed) when it was the first shard's gate; else it runs, and the poller takes
+    /// the reply for an error.
     NoGate,
     /// The script did not run, or failed before it could stop the read: `NOSCRIPT` (`EVALSHA` on
     /// a server that lost its scripts), `OOM` (the gate closed with a deny-oom write at
@@ -98,13 +103,13 @@ impl Check {
     }
 }
 
-/// The check inside the transaction, run by the `EXEC` right before the read. `gate_open`: the
-/// round's gate exists (in and out). Every verdict `EQUAL`: the gate is created if missing
-/// (refused at `maxmemory`: [`Check::NoGate`]); any refusal deletes it.
+/// The check inside the transaction, run by the `EXEC` right before the read. Every verdict
+/// `EQUAL`: the round's missing gates are created (refused at `maxmemory`: [`Check::NoGate`]);
+/// any refusal deletes every gate of the round.
 pub(super) fn check_in_exec(
     shards: &[(ShardIndex, FenceToken)],
     fences: &BTreeMap<ShardIndex, FenceToken>,
-    gate_open: &mut bool,
+    gates: &mut Gates,
     server: Server,
     variant: ReadVariant,
 ) -> Check {
@@ -119,28 +124,39 @@ pub(super) fn check_in_exec(
         verdicts,
         unfenced: false,
     };
+    if variant.no_gate {
+        return ran;
+    }
+    let keys: Vec<GateKey> = shards
+        .iter()
+        .map(|(shard, token)| Gates::key(*shard, token, variant))
+        .collect();
     if ran.passed() {
-        if !*gate_open && !variant.no_gate {
-            if server.oom {
-                return Check::NoGate;
-            }
-            *gate_open = true;
+        let missing: Vec<GateKey> = keys.into_iter().filter(|k| !gates.is_open(k)).collect();
+        if !missing.is_empty() && server.oom {
+            // The first missing gate's `SADD` is the script's first write: refused.
+            return Check::NoGate;
         }
-    } else if !variant.no_gate {
+        for key in missing {
+            gates.open(key);
+        }
+    } else {
         if variant.denyoom_gate && server.oom {
-            // The script's first write, deny-oom, refused at maxmemory: it fails, the gate
-            // stays as it was.
+            // The script's first write, deny-oom, refused at maxmemory: it fails, the gates
+            // stay as they were.
             return Check::Failed("OOM");
         }
-        *gate_open = false;
+        for key in &keys {
+            gates.close(key);
+        }
     }
     ran
 }
 
-/// Whether the read after the check runs: the gate exists (a read without a gate, in
-/// [`ReadVariant::no_gate`], always runs).
-pub(super) fn read_runs(gate_open: bool, variant: ReadVariant) -> bool {
-    gate_open || variant.no_gate
+/// Whether the read after the check runs: the gate it names (the first shard's, `first`) exists
+/// (a read without a gate, in [`ReadVariant::no_gate`], always runs).
+pub(super) fn read_runs(gates: &Gates, first: &GateKey, variant: ReadVariant) -> bool {
+    gates.is_open(first) || variant.no_gate
 }
 
 /// `WATCH` of the round's fence keys (the check outside the transaction): the versions the
@@ -230,9 +246,13 @@ mod tests {
     ) -> (Check, bool) {
         let shards = vec![(0, token(1, 5, "a"))];
         let fences: BTreeMap<ShardIndex, FenceToken> = fence.into_iter().map(|t| (0, t)).collect();
-        let mut gate = gate_open;
-        let check = check_in_exec(&shards, &fences, &mut gate, server, variant);
-        (check, read_runs(gate, variant))
+        let key = Gates::key(0, &shards[0].1, variant);
+        let mut gates = Gates::default();
+        if gate_open {
+            gates.open(key.clone());
+        }
+        let check = check_in_exec(&shards, &fences, &mut gates, server, variant);
+        (check, read_runs(&gates, &key, variant))
     }
 
     fn ran(verdict: FenceVerdict) -> Check {
@@ -255,6 +275,32 @@ mod tests {
         // Every fence lost: LOWER, and the gate closes like on any refusal.
         let (check, read) = run(None, true, CALM, design);
         assert_eq!((check, read), (ran(FenceVerdict::Lower), false));
+    }
+
+    #[test]
+    fn a_round_opens_or_closes_the_gate_of_each_of_its_shards_for_its_token() {
+        let design = ReadVariant::default();
+        let shards = vec![(0, token(1, 5, "a")), (1, token(1, 5, "a"))];
+        let keys: Vec<GateKey> = shards
+            .iter()
+            .map(|(s, t)| Gates::key(*s, t, design))
+            .collect();
+        let mut fences: BTreeMap<ShardIndex, FenceToken> = shards.iter().cloned().collect();
+        let mut gates = Gates::default();
+        let check = check_in_exec(&shards, &fences, &mut gates, CALM, design);
+        assert!(check.passed() && keys.iter().all(|k| gates.is_open(k)));
+        // At maxmemory a missing second gate fails the check, and the first one's read runs.
+        gates.close(&keys[1]);
+        let oom = Server { oom: true, ..CALM };
+        let check = check_in_exec(&shards, &fences, &mut gates, oom, design);
+        assert_eq!(check, Check::NoGate);
+        assert!(read_runs(&gates, &keys[0], design) && !gates.is_open(&keys[1]));
+        // One shard refused: every gate of the round closes.
+        fences.insert(1, token(1, 6, "b"));
+        gates.open(keys[1].clone());
+        let check = check_in_exec(&shards, &fences, &mut gates, CALM, design);
+        assert_eq!(check.verdict(1), Some(FenceVerdict::Higher));
+        assert!(keys.iter().all(|k| !gates.is_open(k)));
     }
 
     #[test]

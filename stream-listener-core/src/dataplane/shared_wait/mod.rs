@@ -732,20 +732,53 @@ async fn block_once(
             inner.deliver(delivered);
             Ok(Blocked::Delivered(Vec::new()))
         }
-        // A strict wait that ended without its reply (the connection failed or was dropped)
-        // may have read entries: the shards read their pending entries first.
-        Ok(Blocked::Abandoned) if reading => {
-            inner.lose_reply(&keys_of(wanted));
-            Ok(Blocked::Abandoned)
-        }
-        Err(error) if reading && !is_refusal(&error) => {
-            inner.lose_reply(&keys_of(wanted));
-            Err(error)
-        }
         other => other,
     });
+    // A strict wait that ended without its reply (the connection failed or was dropped) may
+    // have read entries, or may still reach Redis and read them later (a command stalled on
+    // its way, or in the server's input buffer). Its connection is killed first, so that it
+    // can read nothing after the shards' tasks read their pending entries, which they do next.
+    let lost = match &result {
+        Some(Ok(Blocked::Abandoned)) => true,
+        Some(Err(error)) => !is_refusal(error),
+        _ => false,
+    };
+    if reading && lost {
+        if !kill_waiter(inner, client_id).await {
+            return None;
+        }
+        inner.lose_reply(&keys_of(wanted));
+    }
     inner.end_blocking();
     result
+}
+
+/// `CLIENT KILL ID <client_id>` on the control connection, until Redis answers (killed, or no
+/// such client: gone already). Once it has, the killed connection runs no command any more, so
+/// a read sent after it finds in the member's PEL whatever that connection's wait read. Retried
+/// after a pause while Redis fails or refuses (a permission removed at runtime: the shards wait
+/// rather than read out of order). `false` when stopped.
+async fn kill_waiter(inner: &Inner, client_id: i64) -> bool {
+    let mut conn = inner.control.clone();
+    loop {
+        let reply: redis::RedisResult<redis::Value> = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(client_id)
+            .query_async(&mut conn)
+            .await;
+        match reply {
+            Ok(_) => return true,
+            Err(error) if error.to_string().contains("No such client") => return true,
+            Err(error) => {
+                tracing::warn!(error = %error, "killing the connection of a strict wait that lost its reply failed; its shards wait until it is done");
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(ERROR_PAUSE) => {}
+            () = inner.stop.cancelled() => return false,
+        }
+    }
 }
 
 fn keys_of(wanted: &BTreeMap<String, Wanted>) -> Vec<String> {
