@@ -267,3 +267,76 @@ async fn settle_takes_the_shard_out_of_the_wait_and_reports_what_it_read() {
         "not read by the wait"
     );
 }
+
+/// A strict wait whose reply is lost (the server holds it past the wait connection's response
+/// timeout: `CLIENT PAUSE … WRITE` keeps the `XREADGROUP` from running): the driver kills that
+/// connection on the control connection before anyone reads on, and the waiting task is told to
+/// read its pending entries first ([`WaitEnd::ReadPending`]). Once writes resume, the killed
+/// wait reads nothing: an entry published then stays for the task's own read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_lost_its_reply_is_killed_before_its_shard_reads_on() {
+    let (_server, target, mut conn) = setup(1).await;
+    let token = token_of("m", 1);
+    let mut client = client_of(&conn, "m");
+    let last = take_over(&mut client, 0, &token).await;
+    let gate = client.gate(0, &token);
+    // Blocks of 100 ms: the wait connection's response timeout is 2 × 100 ms + 1 s.
+    let wait = Arc::new(
+        SharedWait::new(
+            WakeSource::Xread,
+            target.clone(),
+            conn.clone(),
+            Duration::from_millis(100),
+            tracing::Span::none(),
+        )
+        .with_group_read(GroupRead {
+            group: GROUP.into(),
+            consumer: "m".into(),
+            count: 10,
+        }),
+    );
+    let slot = wait.register(key(0));
+    let clients_before = client_count(&mut conn).await;
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(4_000)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(
+        Duration::from_secs(3),
+        slot.wait_reading(&last, &gate, LONG),
+    )
+    .await
+    .unwrap();
+    assert_eq!(end, WaitEnd::ReadPending, "the reply was lost");
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    drop(slot);
+    assert!(
+        client_count(&mut conn).await <= clients_before,
+        "the wait's connection is gone"
+    );
+    xadd(&mut conn, &key(0)).await;
+    assert_eq!(
+        pending_of(&mut conn, 0, "m").await,
+        0,
+        "the killed wait read nothing"
+    );
+}
+
+async fn client_count(conn: &mut RedisConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("connected_clients:"))
+        .map(|n| n.trim().parse().unwrap())
+        .unwrap()
+}
