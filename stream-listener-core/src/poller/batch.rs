@@ -14,6 +14,7 @@ use super::handler_run::{Cause, Ran};
 use super::reads::Waited;
 use super::{Phase, ShardTask};
 use crate::batch::{AnyHandler, BatchError, ErasedBatchHandler};
+use crate::dataplane::shared_wait::Settled;
 use crate::dataplane::{DataPlaneError, DeadLetterReason, ReadOutcome, ShardEntry};
 use crate::fence::FenceToken;
 use crate::handler::HandlerError;
@@ -283,10 +284,18 @@ impl ShardTask {
                 }
                 Waited::Woken | Waited::TimedOut => {}
             }
-            if self.wait_slot.settle().await {
-                // A strict wait read more of the shard: after this batch, from the PEL.
-                self.phase = Phase::Pending("0".into());
-                break;
+            match self.settle().await {
+                None => break,
+                Some(Settled::Clear) => {}
+                Some(Settled::Stashed(reply)) => {
+                    entries.extend(self.client.delivered_entries(self.shard, reply)?);
+                    continue;
+                }
+                // A strict wait lost its reply: after this batch, from the PEL.
+                Some(Settled::ReadPending) => {
+                    self.phase = Phase::Pending("0".into());
+                    break;
+                }
             }
             match self
                 .client

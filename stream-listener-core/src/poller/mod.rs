@@ -38,7 +38,7 @@ use tracing::Instrument;
 
 use crate::batch::AnyHandler;
 use crate::connection::{RedisConnection, RedisTarget};
-use crate::dataplane::shared_wait::{GroupRead, SharedWait, WaitSlot, WakeSource};
+use crate::dataplane::shared_wait::{GroupRead, Settled, SharedWait, WaitSlot, WakeSource};
 use crate::dataplane::{FencingMode, ShardClient, Waiter};
 use crate::fence::FenceToken;
 use crate::hooks::HookKind;
@@ -459,6 +459,11 @@ impl ShardTask {
             // heartbeats go on, so the shard stays owned (docs/design.md §14.4).
             if self.paused() {
                 self.flush_acks().await;
+                // Out of the member's strict wait, which would read on: what it read is in
+                // the PEL, read from `0` after the pause.
+                if !matches!(self.settle().await, None | Some(Settled::Clear)) {
+                    self.phase = Phase::Pending("0".into());
+                }
                 self.wait_while_paused().await;
                 continue;
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::rounds::{ReadRounds, Request, RoundResult};
 use super::{ERROR_PAUSE, Phase, ShardTask, holds};
-use crate::dataplane::shared_wait::WaitEnd;
+use crate::dataplane::shared_wait::{Settled, WaitEnd};
 use crate::dataplane::{DataPlaneError, FencingMode, ReadOutcome, ShardEntry, Waiter};
 use crate::fence::FenceToken;
 use crate::model::ShardIndex;
@@ -46,17 +46,15 @@ impl ShardTask {
             return Ok(());
         }
         // The member's strict wait may still name this shard (its own wait timed out): out of
-        // it first, and what it read for the shard, in its PEL, before anything newer.
-        // (Waits while a lost strict wait's connection is being killed: a revoke or a stop
-        // ends that.)
-        let unread = tokio::select! {
-            unread = self.wait_slot.settle() => unread,
-            _ = self.revoke.cancelled() => return Ok(()),
-            _ = self.stop.cancelled() => return Ok(()),
-        };
-        if unread {
-            self.phase = Phase::Pending("0".into());
-            return Ok(());
+        // it first, and what it read for the shard before anything newer.
+        match self.settle().await {
+            None => return Ok(()),
+            Some(Settled::Clear) => {}
+            Some(Settled::ReadPending) => {
+                self.phase = Phase::Pending("0".into());
+                return Ok(());
+            }
+            Some(Settled::Stashed(reply)) => return self.handle_delivered(token, reply).await,
         }
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
@@ -187,18 +185,35 @@ impl ShardTask {
             Waited::TimedOut => self.idle_from = Some(last_id),
             Waited::Woken => {}
             Waited::ReadPending => self.phase = Phase::Pending("0".into()),
-            Waited::Delivered(reply) => {
-                let entries = self.client.delivered_entries(self.shard, reply)?;
-                let last = entries.last().map(|entry| entry.id.clone());
-                let behind = self.handle_new(token, entries).await?;
-                if !behind && self.phase == Phase::New {
-                    // Nothing is known after the last one: wait from it (an entry that came
-                    // meanwhile answers the next wait at once).
-                    self.idle_from = last;
-                }
-            }
+            Waited::Delivered(reply) => self.handle_delivered(token, reply).await?,
         }
         Ok(())
+    }
+
+    /// Handles what the strict wait read for the shard; unless it was a full batch, the next
+    /// wait starts after it, without a read (an entry that came meanwhile answers it at once).
+    async fn handle_delivered(
+        &mut self,
+        token: &FenceToken,
+        reply: redis::Value,
+    ) -> Result<(), DataPlaneError> {
+        let entries = self.client.delivered_entries(self.shard, reply)?;
+        let last = entries.last().map(|entry| entry.id.clone());
+        let behind = self.handle_new(token, entries).await?;
+        if !behind && self.phase == Phase::New {
+            self.idle_from = last;
+        }
+        Ok(())
+    }
+
+    /// [`crate::dataplane::shared_wait::WaitSlot::settle`], ended by a revoke or a stop
+    /// (`None`): it waits while a lost strict wait's connection is being killed.
+    pub(super) async fn settle(&self) -> Option<Settled> {
+        tokio::select! {
+            settled = self.wait_slot.settle() => Some(settled),
+            _ = self.revoke.cancelled() => None,
+            _ = self.stop.cancelled() => None,
+        }
     }
 
     /// Blocks until a new entry arrives after `last_id`, the block time or the lease runs out,

@@ -126,6 +126,11 @@ impl ShardTask {
         token: &FenceToken,
         after: &str,
     ) -> Result<(), DataPlaneError> {
+        // Out of the member's strict wait first: whatever it read for the shard is in the PEL,
+        // which this read goes through (what it stashed would be handled twice).
+        if self.settle().await.is_none() {
+            return Ok(());
+        }
         let batch = self.ctx.options.batch_size;
         let mode = self.ctx.options.fencing;
         match self

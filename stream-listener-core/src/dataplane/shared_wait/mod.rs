@@ -70,11 +70,24 @@ pub(crate) enum WaitEnd {
     Unavailable,
     /// Only for [`WaitSlot::wait_reading`]: the strict wait read these entries of the shard into
     /// the member's PEL through the shard's gate, so while the fence held the member's token
-    /// (docs/design.md §8.16). Shaped as a one-stream `XREADGROUP` reply, `[[key, entries]]`.
+    /// (docs/design.md §8.16), now or while the task was not waiting. Shaped as a one-stream
+    /// `XREADGROUP` reply, `[[key, entries]]`.
     Delivered(redis::Value),
-    /// Only for [`WaitSlot::wait_reading`]: the strict wait may have read entries of the shard
-    /// that no task received (its task was not waiting then, or the wait failed without a
-    /// reply): read this consumer's pending entries from the start before new ones.
+    /// Only for [`WaitSlot::wait_reading`]: a strict wait lost its reply, so it may have read
+    /// entries of the shard that no task received: read this consumer's pending entries from
+    /// the start before new ones.
+    ReadPending,
+}
+
+/// What [`WaitSlot::settle`] found that the strict wait read for the shard.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Settled {
+    /// Nothing the task has not received.
+    Clear,
+    /// Entries read while the task was not waiting (a one-stream `XREADGROUP` reply, as
+    /// [`WaitEnd::Delivered`]): handle them before reading on.
+    Stashed(redis::Value),
+    /// A wait lost its reply: read the pending entries first.
     ReadPending,
 }
 
@@ -175,6 +188,10 @@ struct Watch {
     /// A strict wait read entries of the shard while its task was not waiting, or failed
     /// without a reply: the task's next wait answers [`WaitEnd::ReadPending`].
     unread: bool,
+    /// What a strict wait read for the shard while its task was not waiting: handed to the
+    /// task's next wait or settle, so that it is handled as read, without a re-read from the
+    /// PEL (which would count a second delivery, docs/design.md §8.9).
+    stash: Option<redis::Value>,
     /// The task reads the shard itself ([`WaitSlot::settle`]): out of every blocking command
     /// until it waits again.
     withdrawn: bool,
@@ -242,6 +259,7 @@ impl SharedWait {
                 waiter: None,
                 gate: None,
                 unread: false,
+                stash: None,
                 withdrawn: false,
                 generation: 0,
             },
@@ -304,19 +322,21 @@ impl WaitSlot {
         self.wait_with(last_id, Some(gate), block).await
     }
 
-    /// Takes the shard out of the member's strict wait before its task reads new entries
-    /// itself, so that the two never read the shard at once (the task's `>` read could get
-    /// later entries than the wait, and handle them first): when a strict `XREADGROUP` in
-    /// flight names the shard (the task's own wait timed out, the key stayed in it), interrupts
-    /// it and waits until it returned and what it read was handed out. Returns `true` when the
-    /// wait read entries of the shard that its task has not received (they are in its PEL: read
-    /// its pending entries first). The shard stays out of the wait until its task waits again.
-    /// Does nothing without a strict wait (acks mode, keyspace notifications).
-    pub(crate) async fn settle(&self) -> bool {
+    /// Takes the shard out of the member's strict wait before its task reads the shard itself
+    /// (new entries or its own pending ones), so that the two never read it at once (the
+    /// task's `>` read could get later entries than the wait, and handle them first): when a
+    /// strict `XREADGROUP` in flight names the shard (the task's own wait timed out, the key
+    /// stayed in it), interrupts it and waits until it returned and what it read was handed
+    /// out. Then answers what the wait read for the shard that its task has not received:
+    /// [`Settled::Stashed`] (handle these first), [`Settled::ReadPending`] (a wait lost its
+    /// reply: read the pending entries first), or [`Settled::Clear`]. The shard stays out of the
+    /// wait until its task waits again. Answers `Clear` at once without a strict wait (acks mode,
+    /// keyspace notifications).
+    pub(crate) async fn settle(&self) -> Settled {
         let strict =
             self.inner.group_read.is_some() && matches!(self.inner.source, WakeSource::Xread);
         if !strict {
-            return false;
+            return Settled::Clear;
         }
         loop {
             let returned = self.inner.returned.notified();
@@ -327,12 +347,16 @@ impl WaitSlot {
                 let in_flight = state.reading;
                 let blocked = state.blocked.clone();
                 let Some(watch) = state.watches.get_mut(&self.slot) else {
-                    return false;
+                    return Settled::Clear;
                 };
                 // Out of every command computed from now on.
                 watch.withdrawn = true;
                 if !in_flight || !blocked.contains(&watch.key) {
-                    return std::mem::take(&mut watch.unread);
+                    let stash = watch.stash.take();
+                    if std::mem::take(&mut watch.unread) {
+                        return Settled::ReadPending;
+                    }
+                    return stash.map_or(Settled::Clear, Settled::Stashed);
                 }
             }
             self.inner.changed.notify_one();
@@ -362,10 +386,15 @@ impl WaitSlot {
                     return WaitEnd::Woken;
                 }
             } else if watch.unread {
-                // Read while the task was not waiting: its own pending entries hold them.
+                // A wait lost its reply: its own pending entries hold what it read.
                 watch.unread = false;
+                watch.stash = None;
                 watch.woken = false;
                 return WaitEnd::ReadPending;
+            } else if let Some(stash) = watch.stash.take() {
+                // Read for the task while it was not waiting.
+                watch.woken = false;
+                return WaitEnd::Delivered(stash);
             } else if same_id && watch.woken {
                 // Woken while the task was not waiting: read now.
                 watch.woken = false;
@@ -465,8 +494,8 @@ impl Inner {
         }
     }
 
-    /// Hands what a strict wait read to the shards' waiting tasks; a shard whose task is not
-    /// waiting keeps them in its PEL, and its task reads its pending entries next.
+    /// Hands what a strict wait read to the shards' waiting tasks; for a shard whose task is not
+    /// waiting it is stashed until the task's next wait or settle.
     fn deliver(&self, delivered: Vec<(String, redis::Value)>) {
         let mut state = self.lock();
         for (key, entries) in delivered {
@@ -480,10 +509,16 @@ impl Inner {
                 if handed {
                     finish(watch, WaitEnd::Woken);
                 } else if let Some(pending) = watch.waiter.take() {
-                    handed = pending.done.send(WaitEnd::Delivered(reply.clone())).is_ok();
-                    watch.unread = !handed;
+                    // The task stopped waiting meanwhile: kept for its next wait or settle.
+                    if let Err(WaitEnd::Delivered(reply)) =
+                        pending.done.send(WaitEnd::Delivered(reply.clone()))
+                    {
+                        watch.stash = Some(reply);
+                    }
+                    handed = true;
                 } else {
-                    watch.unread = true;
+                    watch.stash = Some(reply.clone());
+                    handed = true;
                 }
             }
         }
@@ -496,6 +531,7 @@ impl Inner {
             if keys.contains(&watch.key) {
                 watch.woken = true;
                 watch.unread = true;
+                watch.stash = None;
                 finish(watch, WaitEnd::ReadPending);
             }
         }
@@ -598,10 +634,10 @@ async fn drive(inner: Arc<Inner>) {
 /// its gate, it blocks in the strict `XREADGROUP` instead and hands the entries it reads over.
 async fn drive_xread(inner: Arc<Inner>) {
     let mut blocking: Option<(Waiter, i64)> = None;
-    // After a strict wait refused (a gate missing: nothing was read), the next wait is a plain
-    // `XREAD`, so that a gate that cannot be created (at `maxmemory`) costs one refusal per wake,
-    // not a loop of them.
-    let mut wake_only = false;
+    // After a strict wait is refused (a gate missing: nothing was read), the waits are plain
+    // `XREAD`s for one block time, so that a gate that cannot be created (at `maxmemory`, or
+    // damaged by hand) costs one refusal per block time, not a loop of them.
+    let mut wake_only_until: Option<Instant> = None;
     loop {
         let wanted = inner.wanted();
         if wanted.is_empty() {
@@ -625,7 +661,7 @@ async fn drive_xread(inner: Arc<Inner>) {
         let Some((waiter, client_id)) = blocking.as_mut() else {
             continue;
         };
-        let reading = !std::mem::take(&mut wake_only)
+        let reading = wake_only_until.is_none_or(|until| Instant::now() >= until)
             && inner.group_read.is_some()
             && wanted.values().all(|w| w.gate.is_some());
         let keys: Vec<String> = wanted.keys().cloned().collect();
@@ -641,10 +677,13 @@ async fn drive_xread(inner: Arc<Inner>) {
             Ok(Blocked::Abandoned) => blocking = None,
             // Redis refused the strict wait (a gate missing or deleted, a group gone): nothing
             // was read. The shards read, which checks their fences and opens their gates.
+            // A new connection too: a refusal such as `READONLY` after a Sentinel failover means
+            // the connection moved on its own, and its client id (for `CLIENT KILL`) with it.
             Err(error) if reading && is_refusal(&error) => {
                 tracing::debug!(error = %crate::report::Chain(&error), "the strict wait was refused; its shards read first");
                 inner.wake(&keys);
-                wake_only = true;
+                wake_only_until = Some(Instant::now() + inner.max_block);
+                blocking = None;
             }
             Err(error) => {
                 blocking = None;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{GroupRead, SharedWait, WaitEnd, WakeSource};
+use super::{GroupRead, Settled, SharedWait, WaitEnd, WakeSource};
 use crate::connection::{RedisConnection, RedisTarget};
 use crate::dataplane::{FencingMode, ReadOutcome, ShardClient};
 use crate::fence::FenceToken;
@@ -217,10 +217,11 @@ async fn a_raise_ends_a_zombies_strict_wait_and_nothing_after_it_is_read() {
 }
 
 /// A task whose own wait timed out leaves its shard in the member's strict `XREADGROUP` (no
-/// interrupt per timeout). An entry read for it then stays in its PEL, and `settle`, which
-/// the task calls before it reads the shard itself, reports it (read your pending entries
-/// first). Settling while the command blocks interrupts it and takes the shard out, so that the
-/// task's own read and the wait never read the shard at once.
+/// interrupt per timeout). An entry read for it then is stashed (it is in the PEL), and
+/// `settle`, which the task calls before it reads the shard itself, hands it over, once, as
+/// read (not re-read from the PEL, which would count a second delivery). Settling while the
+/// command blocks interrupts it and takes the shard out, so that the task's own read and the
+/// wait never read the shard at once.
 #[tokio::test]
 async fn settle_takes_the_shard_out_of_the_wait_and_reports_what_it_read() {
     let (_server, target, mut conn) = setup(2).await;
@@ -240,24 +241,28 @@ async fn settle_takes_the_shard_out_of_the_wait_and_reports_what_it_read() {
         slots.push(slot);
     }
     until_blocked(&mut conn, 1).await;
-    xadd(&mut conn, &key(0)).await;
+    let id = xadd(&mut conn, &key(0)).await;
     // Read by the wait into the PEL, nobody waiting to receive it.
     let end = tokio::time::Instant::now() + PROMPT;
     while pending_of(&mut conn, 0, "m").await == 0 {
         assert!(tokio::time::Instant::now() < end, "never read");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(
-        slots[0].settle().await,
-        "read for shard 0: its pending entries first"
+    let Settled::Stashed(reply) = slots[0].settle().await else {
+        panic!("read for shard 0: handed over by settle");
+    };
+    let entries = client.delivered_entries(0, reply).unwrap();
+    assert_eq!(
+        entries.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        [id]
     );
-    assert!(!slots[0].settle().await, "reported once");
+    assert_eq!(slots[0].settle().await, Settled::Clear, "handed over once");
 
     // Shard 1 is in the command blocked now: settling interrupts it and takes shard 1 out, so
     // an entry published after it is left for the task's own read.
     until_blocked(&mut conn, 1).await;
     let settled = tokio::time::timeout(PROMPT, slots[1].settle()).await;
-    assert!(!settled.unwrap(), "nothing read for shard 1");
+    assert_eq!(settled.unwrap(), Settled::Clear, "nothing read for shard 1");
     // Both shards out: no command blocks any more, so nothing can read what comes next.
     until_blocked(&mut conn, 0).await;
     xadd(&mut conn, &key(1)).await;
