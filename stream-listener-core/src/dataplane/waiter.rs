@@ -66,6 +66,23 @@ impl Waiter {
         self.max_block
     }
 
+    /// On a cluster, [`DataPlaneError::CrossSlot`] unless the keys of `shards` (first of each
+    /// pair) are all in one hash slot: one blocking command covers one slot there.
+    fn check_one_slot(&self, shards: &[(String, String)]) -> Result<(), DataPlaneError> {
+        let Some((first, _)) = shards.first() else {
+            return Ok(());
+        };
+        if self.conn.is_cluster() {
+            let slot = key_slot(first);
+            if shards.iter().any(|(key, _)| key_slot(key) != slot) {
+                return Err(DataPlaneError::CrossSlot {
+                    keys: shards.iter().map(|(key, _)| key.clone()).collect(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Blocks until one of `shards` — `(shard stream key, last id seen)` pairs, the id usually
     /// [`super::ReadOutcome::Empty::last_id`] — has an entry after its id, or `block` (clamped to
     /// 1 ms..=[`Waiter::max_block`]; Redis's `BLOCK 0` = forever is never sent) passes. Returns
@@ -84,17 +101,10 @@ impl Waiter {
         block: Duration,
     ) -> Result<Vec<String>, DataPlaneError> {
         const OP: &str = "wait";
-        let Some((first, _)) = shards.first() else {
+        if shards.is_empty() {
             return Ok(Vec::new());
-        };
-        if self.conn.is_cluster() {
-            let slot = key_slot(first);
-            if shards.iter().any(|(key, _)| key_slot(key) != slot) {
-                return Err(DataPlaneError::CrossSlot {
-                    keys: shards.iter().map(|(key, _)| key.clone()).collect(),
-                });
-            }
         }
+        self.check_one_slot(shards)?;
         let block = block.clamp(Duration::from_millis(1), self.max_block);
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT")
@@ -166,17 +176,10 @@ impl Waiter {
         block: Duration,
     ) -> Result<Vec<(String, Value)>, DataPlaneError> {
         const OP: &str = "wait_read";
-        let Some((first, _)) = shards.first() else {
+        if shards.is_empty() {
             return Ok(Vec::new());
-        };
-        if self.conn.is_cluster() {
-            let slot = key_slot(first);
-            if shards.iter().any(|(key, _)| key_slot(key) != slot) {
-                return Err(DataPlaneError::CrossSlot {
-                    keys: shards.iter().map(|(key, _)| key.clone()).collect(),
-                });
-            }
         }
+        self.check_one_slot(shards)?;
         let block = block.clamp(Duration::from_millis(1), self.max_block);
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")

@@ -49,11 +49,21 @@ async fn setup(shards: u32) -> (RedisServer, RedisTarget, RedisConnection) {
 
 /// The member `member`'s strict wait (the listener's in strict mode).
 fn strict_wait(target: &RedisTarget, conn: &RedisConnection, member: &str) -> Arc<SharedWait> {
+    strict_wait_blocking(target, conn, member, LONG)
+}
+
+/// [`strict_wait`] with blocks of up to `max_block`.
+fn strict_wait_blocking(
+    target: &RedisTarget,
+    conn: &RedisConnection,
+    member: &str,
+    max_block: Duration,
+) -> Arc<SharedWait> {
     let wait = SharedWait::new(
         WakeSource::Xread,
         target.clone(),
         conn.clone(),
-        LONG,
+        max_block,
         tracing::Span::none(),
     )
     .with_group_read(GroupRead {
@@ -286,20 +296,7 @@ async fn a_wait_that_lost_its_reply_is_killed_before_its_shard_reads_on() {
     let last = take_over(&mut client, 0, &token).await;
     let gate = client.gate(0, &token);
     // Blocks of 100 ms: the wait connection's response timeout is 2 × 100 ms + 1 s.
-    let wait = Arc::new(
-        SharedWait::new(
-            WakeSource::Xread,
-            target.clone(),
-            conn.clone(),
-            Duration::from_millis(100),
-            tracing::Span::none(),
-        )
-        .with_group_read(GroupRead {
-            group: GROUP.into(),
-            consumer: "m".into(),
-            count: 10,
-        }),
-    );
+    let wait = strict_wait_blocking(&target, &conn, "m", Duration::from_millis(100));
     let slot = wait.register(key(0));
     let clients_before = client_count(&mut conn).await;
     let () = redis::cmd("CLIENT")
