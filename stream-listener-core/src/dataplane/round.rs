@@ -20,6 +20,16 @@
 //! 3. The read: `XREADGROUP GROUP <g> <consumer> COUNT <n> STREAMS <k1> … <kN> [<gate>] > … >`.
 //! 4. `WAIT` last, when acks wait for replicas (`min_replica_acks`).
 //!
+//! **Through the gates.** A gate exists only while its shard's fence holds its token, so a read
+//! that names every shard's gate is fenced by the gates alone, as the strict wait is
+//! (docs/design.md §8.4). Once a shard's last read under its token was vouched for (the check
+//! passed, or the gates answered), its part says so ([`FencePart::gate_open`]), and a round whose
+//! every part says so is a plain `XREADGROUP GROUP <g> <consumer> COUNT <n> STREAMS <k1> … <kN>
+//! <gate 1> … <gate N> > … >`: no transaction, no script, the cost of an unfenced read. When it
+//! fails (a gate closed by a raise, a group missing, `BUSY`), Redis read nothing, and the round
+//! sends the transaction above at once, which opens the gates again or gives each shard its
+//! verdict.
+//!
 //! A round spanning several shards (standalone servers only) reads through the gate of its first
 //! shard. On a cluster every round has one shard: its stream, fence and gate share a hash slot, so the whole
 //! pipeline goes to that slot's master (redis-rs routes a pipeline by its keyed commands).
@@ -68,17 +78,24 @@ pub(crate) struct FencePart {
     pub(crate) incarnation: Micros,
     /// The token's member epoch.
     pub(crate) epoch: Epoch,
+    /// The shard's last read under this token was vouched for (its check passed, or it read
+    /// through its gate): the gate is believed open, and a round of such parts reads through the
+    /// gates without the check. A wrong belief costs a round trip, never a fence: Redis fails a
+    /// read that names a missing gate.
+    pub(crate) gate_open: bool,
 }
 
 impl FencePart {
     /// The check of fence key `key` against `token`, encoded as `encoded`, with the shard's read
-    /// gate `gate` for that token and its gate registry `registry`.
+    /// gate `gate` for that token and its gate registry `registry`; `gate_open`: see
+    /// [`FencePart::gate_open`].
     pub(crate) fn new(
         key: String,
         gate: String,
         registry: String,
         token: &FenceToken,
         encoded: String,
+        gate_open: bool,
     ) -> Self {
         FencePart {
             key,
@@ -87,6 +104,7 @@ impl FencePart {
             encoded,
             incarnation: token.incarnation,
             epoch: token.member_epoch,
+            gate_open,
         }
     }
 }
@@ -104,7 +122,8 @@ pub(crate) struct PartReply {
 #[derive(Debug)]
 pub(crate) enum PartRead {
     /// Shaped as a one-stream `XREADGROUP` reply: `[[key, entries]]`, or nil when nothing was new.
-    /// In strict mode only when the fence check said `OK` for the round.
+    /// In strict mode only when the fence check said `OK` for the round, or the read named every
+    /// shard's gate.
     Entries(Value),
     /// The fence refused this shard (strict mode): the check deleted the gate, and the read
     /// failed with `NOGROUP` before it read anything.
@@ -143,11 +162,46 @@ impl PartReply {
     }
 }
 
+/// How a round reads.
+enum ReadKind {
+    /// Acks mode: a plain `XREADGROUP`.
+    Plain,
+    /// Strict, every gate believed open: a plain `XREADGROUP` naming every part's gate.
+    ThroughGates(Vec<String>),
+    /// Strict: the transaction with the check, reading through the first part's gate.
+    Checked(String),
+}
+
+impl ReadKind {
+    fn of(parts: &[RoundPart]) -> Self {
+        let fences: Vec<&FencePart> = parts.iter().filter_map(|p| p.fence.as_ref()).collect();
+        match fences.first() {
+            None => ReadKind::Plain,
+            // A part without a fence in a fenced round gets no verdict: its share is then
+            // unexpected (the transaction's reply decides).
+            Some(_) if fences.len() == parts.len() && fences.iter().all(|f| f.gate_open) => {
+                ReadKind::ThroughGates(fences.iter().map(|f| f.gate.clone()).collect())
+            }
+            Some(first) => ReadKind::Checked(first.gate.clone()),
+        }
+    }
+
+    /// How many replies the read has in the pipeline.
+    fn replies(&self) -> usize {
+        match self {
+            ReadKind::Checked(_) => 4,
+            ReadKind::Plain | ReadKind::ThroughGates(_) => 1,
+        }
+    }
+}
+
 /// Sends the plain acks of `parts` and one read of up to `count` new entries per shard, for
 /// consumer `consumer` of group `group`, as one pipeline (the module docs give its commands);
-/// fenced by a transaction when the parts carry a [`FencePart`] (all of them, as one member's
-/// parts do). More than one part: standalone servers only (one command spans all the keys).
-/// Never blocks. Returns one [`PartReply`] per part, in order.
+/// fenced when the parts carry a [`FencePart`] (all of them, as one member's parts do): through
+/// the gates when every part believes its gate open, else by the transaction with the check, which
+/// also follows a read through the gates that failed. More than one part: standalone servers
+/// only (one command spans all the keys). Never blocks. Returns one [`PartReply`] per part, in
+/// order.
 ///
 /// # Errors
 /// The [`redis::RedisError`] of the pipeline as a whole (connection lost, response timeout):
@@ -161,11 +215,7 @@ pub(crate) async fn read_round(
     parts: Vec<RoundPart>,
     wait: Option<&crate::replication::AckWaits>,
 ) -> redis::RedisResult<Vec<PartReply>> {
-    // A part without a fence in a fenced round gets no verdict: its share is then unexpected.
-    let gate = parts
-        .iter()
-        .find_map(|p| p.fence.as_ref())
-        .map(|f| f.gate.clone());
+    let kind = ReadKind::of(&parts);
     let acked = parts.iter().filter(|p| !p.ack.is_empty()).count();
     let mut pipe = redis::pipe();
     for part in &parts {
@@ -173,9 +223,14 @@ pub(crate) async fn read_round(
             pipe.cmd("XACK").arg(&part.key).arg(group).arg(&part.ack);
         }
     }
-    match &gate {
-        Some(gate) => add_strict_read(&mut pipe, group, consumer, count, &parts, gate),
-        None => _ = pipe.add_command(read_cmd(group, consumer, count, &parts, None)),
+    match &kind {
+        ReadKind::Plain => {
+            _ = pipe.add_command(read_cmd(group, consumer, count, &parts, &[] as &[&str]))
+        }
+        ReadKind::ThroughGates(gates) => {
+            _ = pipe.add_command(read_cmd(group, consumer, count, &parts, gates));
+        }
+        ReadKind::Checked(gate) => add_strict_read(&mut pipe, group, consumer, count, &parts, gate),
     }
     pipe.ignore_errors();
     // The acks' WAIT last (`min_replica_acks`): it covers the acks before it.
@@ -190,7 +245,7 @@ pub(crate) async fn read_round(
         let ids = parts.iter().map(|p| p.ack.len()).sum();
         turn.finish(replies.pop().as_ref(), ids);
     }
-    let expected = acked + if gate.is_some() { 4 } else { 1 };
+    let expected = acked + kind.replies();
     if replies.len() != expected {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Parse,
@@ -203,10 +258,18 @@ pub(crate) async fn read_round(
     for part in &parts {
         acks.push((!part.ack.is_empty()).then(|| replies.next().map(into_result)));
     }
-    let keys: Vec<String> = parts.into_iter().map(|p| p.key).collect();
-    let reads = match gate {
-        Some(gate) => strict_shares(replies.collect(), &keys, &gate),
-        None => plain_shares(replies.next(), &keys),
+    let keys: Vec<String> = parts.iter().map(|p| p.key.clone()).collect();
+    let reads = match kind {
+        ReadKind::Plain => plain_shares(replies.next(), &keys),
+        ReadKind::Checked(gate) => strict_shares(replies.collect(), &keys, &gate),
+        ReadKind::ThroughGates(gates) => match replies.next() {
+            // A gate closed (or a group missing, or BUSY): nothing was read. The check decides.
+            Some(Value::ServerError(_)) => {
+                checked_read(conn, group, consumer, count, &parts).await?
+            }
+            Some(reply) => entries_per_key(reply, &keys, &gates),
+            None => unexpected(&keys, "no read reply"),
+        },
     };
     Ok(acks
         .into_iter()
@@ -216,6 +279,29 @@ pub(crate) async fn read_round(
             read,
         })
         .collect())
+}
+
+/// The transaction with the check alone (no acks): after a read through the gates failed.
+async fn checked_read(
+    conn: &mut RedisConnection,
+    group: &str,
+    consumer: &str,
+    count: usize,
+    parts: &[RoundPart],
+) -> redis::RedisResult<Vec<PartRead>> {
+    let keys: Vec<String> = parts.iter().map(|p| p.key.clone()).collect();
+    let Some(gate) = parts
+        .iter()
+        .find_map(|p| p.fence.as_ref())
+        .map(|f| f.gate.clone())
+    else {
+        return Ok(unexpected(&keys, "no fence"));
+    };
+    let mut pipe = redis::pipe();
+    add_strict_read(&mut pipe, group, consumer, count, parts, &gate);
+    pipe.ignore_errors();
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    Ok(strict_shares(replies, &keys, &gate))
 }
 
 /// The strict read (docs/design.md §8.16): `MULTI`, the `EVAL` of the check over the fences of
@@ -250,17 +336,17 @@ fn add_strict_read(
             .arg(fence.incarnation)
             .arg(fence.epoch);
     }
-    pipe.add_command(read_cmd(group, consumer, count, parts, Some(gate)));
+    pipe.add_command(read_cmd(group, consumer, count, parts, &[gate]));
     pipe.cmd("EXEC");
 }
 
-/// `XREADGROUP GROUP <group> <consumer> COUNT <count> STREAMS <shards…> [<gate>] > … >`.
+/// `XREADGROUP GROUP <group> <consumer> COUNT <count> STREAMS <shards…> <gates…> > … >`.
 fn read_cmd(
     group: &str,
     consumer: &str,
     count: usize,
     parts: &[RoundPart],
-    gate: Option<&str>,
+    gates: &[impl AsRef<str>],
 ) -> redis::Cmd {
     let mut read = redis::cmd("XREADGROUP");
     read.arg("GROUP")
@@ -272,10 +358,10 @@ fn read_cmd(
     for part in parts {
         read.arg(&part.key);
     }
-    if let Some(gate) = gate {
-        read.arg(gate);
+    for gate in gates {
+        read.arg(gate.as_ref());
     }
-    for _ in 0..parts.len() + usize::from(gate.is_some()) {
+    for _ in 0..parts.len() + gates.len() {
         read.arg(">");
     }
     read
@@ -304,7 +390,7 @@ pub(crate) fn strict_read_commands(
 fn plain_shares(reply: Option<Value>, keys: &[String]) -> Vec<PartRead> {
     match reply {
         Some(Value::ServerError(_)) => keys.iter().map(|_| PartRead::ReadAlone).collect(),
-        Some(reply) => entries_per_key(reply, keys, None),
+        Some(reply) => entries_per_key(reply, keys, &[] as &[&str]),
         None => unexpected(keys, "no read reply"),
     }
 }
@@ -357,7 +443,7 @@ pub(crate) fn exec_shares(exec: Value, keys: &[String], gate: &str) -> Vec<PartR
         };
     };
     match (check, delivered) {
-        (Checked::Open, Some(read)) => entries_per_key(read, keys, Some(gate)),
+        (Checked::Open, Some(read)) => entries_per_key(read, keys, &[gate]),
         (Checked::Open, None) => keys.iter().map(|_| PartRead::ReadAlone).collect(),
         (Checked::NoGate(detail), None) => keys
             .iter()
@@ -448,9 +534,9 @@ fn unexpected(keys: &[String], what: &str) -> Vec<PartRead> {
 }
 
 /// Each shard's share of a (multi-stream) `XREADGROUP` reply, shaped as a one-stream reply.
-/// `gate`: the read's gate, whose share (always empty: nothing writes to it) is left out.
-fn entries_per_key(reply: Value, keys: &[String], gate: Option<&str>) -> Vec<PartRead> {
-    let Some(mut shares) = split_by_stream(reply, keys, gate) else {
+/// `gates`: the read's gates, whose shares (always empty: nothing writes to them) are left out.
+fn entries_per_key(reply: Value, keys: &[String], gates: &[impl AsRef<str>]) -> Vec<PartRead> {
+    let Some(mut shares) = split_by_stream(reply, keys, gates) else {
         return unexpected(keys, "read reply");
     };
     keys.iter()
@@ -470,11 +556,11 @@ fn entries_per_key(reply: Value, keys: &[String], gate: Option<&str>) -> Vec<Par
 /// The entry list of each of `keys` in a multi-stream `XREADGROUP` reply (RESP2
 /// `[[key, entries], ...]` or RESP3 `{key: entries}`; streams with nothing new are left out, and
 /// a nil reply means nothing was new anywhere). `None` when the reply has another shape. The
-/// share of `gate` is dropped.
+/// shares of `gates` are dropped.
 fn split_by_stream(
     reply: Value,
     keys: &[String],
-    gate: Option<&str>,
+    gates: &[impl AsRef<str>],
 ) -> Option<Vec<Option<Value>>> {
     let pairs: Vec<(Value, Value)> = match reply {
         Value::Nil => Vec::new(),
@@ -493,7 +579,10 @@ fn split_by_stream(
         let Value::BulkString(key) = key else {
             return None;
         };
-        if gate.is_some_and(|gate| gate.as_bytes() == key.as_slice()) {
+        if gates
+            .iter()
+            .any(|gate| gate.as_ref().as_bytes() == key.as_slice())
+        {
             continue;
         }
         let i = keys.iter().position(|k| k.as_bytes() == key.as_slice())?;

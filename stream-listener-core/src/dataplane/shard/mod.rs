@@ -44,6 +44,10 @@ pub struct ShardClient {
     max_entry_bytes: u64,
     /// The last token used and its encoding (`FenceToken::encode`), reused while it holds.
     encoded_token: Option<(FenceToken, String)>,
+    /// The shard and token whose last read of new entries was vouched for (a passed check, or a
+    /// read through the gates): the next round reads through the gate without the check
+    /// ([`crate::dataplane::round`]).
+    gate_open: Option<(ShardIndex, FenceToken)>,
     /// The `WAIT` sent after each ack (`min_replica_acks`), if any.
     replica_wait: Option<crate::replication::AckWaits>,
 }
@@ -117,6 +121,7 @@ impl ShardClient {
             dead_letters,
             max_entry_bytes: 0,
             encoded_token: None,
+            gate_open: None,
             replica_wait: None,
         })
     }

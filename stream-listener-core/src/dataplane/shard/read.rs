@@ -141,12 +141,17 @@ impl ShardClient {
                 let encoded = self.encoded(token).to_owned();
                 let gate = self.keys.gate(shard, &self.group_keys, &encoded);
                 let registry = self.keys.gate_registry(shard);
+                let gate_open = self
+                    .gate_open
+                    .as_ref()
+                    .is_some_and(|(s, t)| *s == shard && t == token);
                 Some(FencePart::new(
                     self.keys.fence(shard),
                     gate,
                     registry,
                     token,
                     encoded,
+                    gate_open,
                 ))
             }
             FencingMode::Acks => None,
@@ -159,7 +164,8 @@ impl ShardClient {
     }
 
     /// What a read round returned for this shard, as [`ShardClient::ack_and_read_new`] reports
-    /// it: the number of ids acked, and the read. A refused fence check is
+    /// it: the number of ids acked, and the read. Entries vouched for (strict mode) mark the
+    /// shard's gate open for `token`, so its next round reads through it without the check. A refused fence check is
     /// [`ReadOutcome::Fenced`] (its read failed with `NOGROUP` on the closed gate: that is the
     /// refusal, not an error). A round that delivered nothing for the shard (an aborted
     /// transaction, another shard's refusal, a failed multi-stream read) is followed by the
@@ -178,6 +184,11 @@ impl ShardClient {
         mode: FencingMode,
         reply: PartReply,
     ) -> Result<(usize, ReadOutcome), DataPlaneError> {
+        // Vouched-for entries (a passed check, or the gates): the gate is open for the next
+        // round. Anything else: the next round checks.
+        self.gate_open = (mode == FencingMode::Strict
+            && matches!(reply.read, PartRead::Entries(_)))
+        .then(|| (shard, token.clone()));
         let acked = match reply.ack {
             Some(ack) => ack_count(shard, ack)?,
             None => 0,
@@ -201,6 +212,10 @@ impl ShardClient {
                 return Err(DataPlaneError::unexpected(READ_NEW, Some(shard), what));
             }
         };
+        if matches!(read, ReadOutcome::Fenced(_)) {
+            // An empty read's script found the fence raised: the gate is gone with the raise.
+            self.gate_open = None;
+        }
         Ok((acked, read))
     }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use redis::Value;
 
 use super::tests::{
-    CONSUMER, GROUP, entry_ids, fenced_client, key, pending, setup, shard_client, token,
+    CONSUMER, GROUP, command_calls, entry_ids, fenced_client, key, pending, setup, shard_client,
+    token,
 };
 use super::*;
 use crate::connection::{RedisFailure, RedisTarget};
@@ -753,4 +754,128 @@ async fn a_raise_closes_the_groups_other_gates_even_over_a_lost_fence() {
     let mut expected = vec![gate(&owner_token()), other];
     expected.sort();
     assert_eq!(registry(&mut conn).await, expected);
+}
+
+/// Appends `n` entries to shard `shard`.
+async fn append(conn: &mut RedisConnection, shard: ShardIndex, n: usize) {
+    for i in 0..n {
+        let _: String = redis::cmd("XADD")
+            .arg(key(shard))
+            .arg("*")
+            .arg("n")
+            .arg(i)
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Entries of a round's share, 0 for any other read.
+fn share_len(read: &ReadOutcome) -> usize {
+    match read {
+        ReadOutcome::Entries(entries) => entries.len(),
+        _ => 0,
+    }
+}
+
+/// Once a round's check passed for every shard, the next round reads through the gates: one
+/// plain `XREADGROUP` naming each shard's gate, no transaction and no script, and it reads what
+/// the check would have let through. A shard whose last read was not vouched for (a new client,
+/// as after a new token) brings the check back for its round.
+#[tokio::test]
+async fn once_its_check_passed_a_round_reads_through_the_gates_without_the_check() {
+    let (_server, mut conn) = setup(2, 3).await;
+    let mut clients = [fenced_client(&mut conn, 2).await, shard_client(&conn)];
+    let round = async |conn: &mut RedisConnection, clients: &mut [ShardClient; 2]| {
+        let parts = (0..2u32)
+            .map(|s| clients[s as usize].round_part(s, &token(), &[], FencingMode::Strict))
+            .collect();
+        let replies = crate::dataplane::round::read_round(conn, GROUP, CONSUMER, 10, parts, None)
+            .await
+            .unwrap();
+        let mut counts = Vec::new();
+        for (s, reply) in replies.into_iter().enumerate() {
+            let (_, read) = clients[s]
+                .round_reply(s as u32, &token(), 10, FencingMode::Strict, reply)
+                .await
+                .unwrap();
+            counts.push(share_len(&read));
+        }
+        counts
+    };
+    let (evals, execs) = (
+        command_calls(&mut conn, "eval").await,
+        command_calls(&mut conn, "exec").await,
+    );
+    assert_eq!(round(&mut conn, &mut clients).await, vec![3, 3]);
+    assert_eq!(command_calls(&mut conn, "eval").await, evals + 1, "checked");
+    append(&mut conn, 0, 2).await;
+    append(&mut conn, 1, 1).await;
+    assert_eq!(round(&mut conn, &mut clients).await, vec![2, 1]);
+    assert_eq!(
+        (
+            command_calls(&mut conn, "eval").await,
+            command_calls(&mut conn, "exec").await
+        ),
+        (evals + 1, execs + 1),
+        "the second round ran no check and no transaction"
+    );
+    assert_eq!(
+        (pending(&mut conn, 0).await, pending(&mut conn, 1).await),
+        (5, 4)
+    );
+    // Shard 1's task starts again (a new client knows no open gate): the round checks.
+    clients[1] = shard_client(&conn);
+    append(&mut conn, 1, 1).await;
+    assert_eq!(round(&mut conn, &mut clients).await, vec![0, 1]);
+    assert_eq!(
+        command_calls(&mut conn, "eval").await,
+        evals + 2,
+        "checked again"
+    );
+}
+
+/// A member whose gate was open reads through it; the new owner's raise deletes it, so the
+/// member's next read through the gate fails and reads nothing, and the check that follows at
+/// once gives the shard its verdict (`HIGHER`): the refusal, not an error. The entries added
+/// after the raise stay undelivered, for the owner.
+#[tokio::test]
+async fn a_read_through_a_gate_the_raise_deleted_reads_nothing_and_gets_the_verdict() {
+    let (_server, mut conn) = setup(1, 2).await;
+    let mut zombie = fenced_client(&mut conn, 1).await;
+    let (_, read) = zombie
+        .ack_and_read_new(0, &token(), &[], 10, FencingMode::Strict)
+        .await
+        .unwrap();
+    assert_eq!(share_len(&read), 2, "{read:?}");
+    let mut owner = client_of(&conn, "owner");
+    assert_eq!(owner.raise_fence(0, &owner_token()).await.unwrap(), Ok(()));
+    assert!(
+        !gate_open(&mut conn, &token()).await,
+        "the raise deleted it"
+    );
+    append(&mut conn, 0, 3).await;
+    let before = last_delivered(&mut conn, 0).await;
+    let (reads, evals) = (
+        command_calls(&mut conn, "xreadgroup").await,
+        command_calls(&mut conn, "eval").await,
+    );
+    let (_, read) = zombie
+        .ack_and_read_new(0, &token(), &[], 10, FencingMode::Strict)
+        .await
+        .unwrap();
+    assert!(
+        matches!(read, ReadOutcome::Fenced(Fenced::Higher { found: Some(_) })),
+        "{read:?}"
+    );
+    assert_eq!(
+        (
+            command_calls(&mut conn, "xreadgroup").await,
+            command_calls(&mut conn, "eval").await
+        ),
+        (reads + 2, evals + 1),
+        "the read through the gate, then the checked transaction"
+    );
+    assert_eq!(last_delivered(&mut conn, 0).await, before, "nothing read");
+    assert_eq!(pending(&mut conn, 0).await, 2, "the zombie's first 2 only");
 }
