@@ -1,5 +1,6 @@
 //! The data plane in the simulation (docs/design.md §8), member side: producers append, shard
-//! tasks send their next command (or a blocking wait, `wait.rs`), handlers take entries, held ids
+//! tasks send their next command (a transaction, a gate read, `gate_read.rs`, or a blocking wait,
+//! `wait.rs`), handlers take entries, held ids
 //! are acked (plain `XACK`, any time, by zombies too). Redis's side of each command is in
 //! `redis_side.rs`, the read gates in `gates.rs`, the data plane's faults in `data_faults.rs`,
 //! the invariants in `entry_checks.rs`.
@@ -26,8 +27,10 @@ const MAX_BATCH: u64 = 3;
 /// What a shard task sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Sent {
-    /// A read of new entries (a round, or a read alone).
+    /// A read of new entries (a round's transaction, or a read alone).
     Read,
+    /// A gate read.
+    GateRead,
     /// A blocking wait.
     Wait,
     /// Another command, or nothing.
@@ -131,7 +134,7 @@ impl World {
                     // (more often: its late wait is what the per-token gates are for).
                     let pause = match self.send_next(i) {
                         Sent::Read => 0.03,
-                        Sent::Wait => 0.1,
+                        Sent::Wait | Sent::GateRead => 0.1,
                         Sent::Other => 0.0,
                     };
                     if pause > 0.0
@@ -260,8 +263,9 @@ impl World {
     /// Process `i` sends the next command of one of its shard tasks, if it may use the shard now
     /// (owned, lease not passed): the held ids' `XACK` first, then the phase's command. A read of
     /// new entries may be a round over several of its shards (one transaction), or the read
-    /// script of one shard that reads alone; a shard whose last read found nothing waits instead
-    /// (with [`super::Faults::strict_waits`]), with others that wait too.
+    /// script of one shard that reads alone, or a gate read of a round whose every task believes
+    /// its gate open; a shard whose last read found nothing waits instead (with
+    /// [`super::Faults::strict_waits`]), with others that wait too.
     pub(super) fn send_next(&mut self, i: usize) -> Sent {
         let ready = self.sendable(i);
         if ready.is_empty() {
@@ -269,7 +273,6 @@ impl World {
         }
         let shard = ready[self.rng.random_range(0..ready.len())];
         let task = &self.procs[i].tasks[&shard];
-        let phase = task.phase;
         let strict_waits = self.faults.strict_waits;
         let waits = |t: &ShardTask| strict_waits && t.phase == Phase::New && t.wait_next;
         // A shard that reads alone joins no round.
@@ -303,18 +306,20 @@ impl World {
             self.send_wait(i, &round, count);
             Sent::Wait
         } else {
-            self.send_task_command(i, &round, count);
-            if phase == Phase::New {
-                Sent::Read
-            } else {
-                Sent::Other
-            }
+            self.send_task_command(i, &round, count)
         }
     }
 
     /// The command of the tasks of `shards` (one, or a round of tasks reading new entries), after
-    /// the `XACK` of their held ids in the same pipeline.
-    pub(super) fn send_task_command(&mut self, i: usize, shards: &[ShardIndex], count: u64) {
+    /// the `XACK` of their held ids in the same pipeline; what it sent. A round reads new entries
+    /// with a gate read (with [`super::Faults::gate_reads`]) when every task of it believes its
+    /// gate open, else with the transaction.
+    pub(super) fn send_task_command(
+        &mut self,
+        i: usize,
+        shards: &[ShardIndex],
+        count: u64,
+    ) -> Sent {
         for shard in shards {
             if let Some(ids) = self.procs[i].held_acks.remove(shard) {
                 let ack = Op::Ack {
@@ -326,9 +331,15 @@ impl World {
         }
         self.data.last_op += 1;
         let id = self.data.last_op;
+        let gate_reads = self.faults.gate_reads;
         let proc = &mut self.procs[i];
         let first = &proc.tasks[&shards[0]];
         let (shard, token) = (shards[0], first.token.clone());
+        let round: Vec<(ShardIndex, FenceToken)> = shards
+            .iter()
+            .map(|s| (*s, proc.tasks[s].token.clone()))
+            .collect();
+        let believed = shards.iter().all(|s| proc.tasks[s].gate_open);
         let op = match first.phase {
             Phase::Raise { .. } => Op::Raise { shard, token },
             Phase::Claim => Op::Claim {
@@ -347,23 +358,33 @@ impl World {
                 token,
                 count,
             },
+            Phase::New if gate_reads && believed => Op::GateRead {
+                shards: round,
+                count,
+            },
             Phase::New => Op::Read(ReadTx {
-                shards: shards
-                    .iter()
-                    .map(|s| (*s, proc.tasks[s].token.clone()))
-                    .collect(),
+                shards: round,
                 count,
                 stage: TxStage::Sent,
             }),
             Phase::KillWait { wait } => Op::KillWait { shard, wait },
-            Phase::Parked => return,
+            Phase::Parked => return Sent::Other,
         };
         for shard in shards {
             if let Some(task) = proc.tasks.get_mut(shard) {
                 task.waiting = Some(id);
             }
         }
+        let sent = match op {
+            Op::GateRead { .. } => Sent::GateRead,
+            Op::Read(_) | Op::ReadAlone { .. } => Sent::Read,
+            _ => Sent::Other,
+        };
         proc.pipeline.push_back((id, op));
+        if sent == Sent::GateRead {
+            self.stats.gate_reads_sent += 1;
+        }
+        sent
     }
 
     /// Puts a command no task waits for (an ack) in process `i`'s pipeline.

@@ -5,9 +5,9 @@
 //!   handled by someone. Entries leave a PEL only by `XACK`, so each acked id is checked after
 //!   the step that acked it: an ack never removes an unhandled entry.
 //! - (b) **No zombie reads or claims**: a process hands an entry to its handler only if the fence
-//!   held its own token when its `EXEC` (or fenced script) delivered it, a blocking wait delivers
-//!   entries into a member's PEL only while the fence holds the member's token (handed over or
-//!   not), and a claim moves entries only while the fence holds the claimer's token.
+//!   held its own token when its `EXEC` (or fenced script) delivered it, a blocking wait or a
+//!   gate read delivers entries into a member's PEL only while the fence holds the member's token
+//!   (handed over or not), and a claim moves entries only while the fence holds the claimer's token.
 //! - (c) **Order**: per shard, entries are first handled in id order.
 //! - (d) At the end of the fault-free phase, every appended entry has been handled and no PEL
 //!   holds anything.
@@ -82,6 +82,22 @@ impl Ledger {
         self.violate(format!(
             "zombie read: {who}'s blocking wait read entry {id} of shard {shard} into its PEL \
              while the fence held {fence}"
+        ));
+    }
+
+    /// (b): `who`'s gate read put `id` into its PEL while the fence held `fence`, not the
+    /// token whose gates the read named (or should have).
+    pub(super) fn zombie_gate_read(
+        &mut self,
+        shard: ShardIndex,
+        id: EntryId,
+        who: &str,
+        fence: &str,
+    ) {
+        self.zombie_reads += 1;
+        self.violate(format!(
+            "zombie read: {who}'s gate read read entry {id} of shard {shard} into its PEL while \
+             the fence held {fence}"
         ));
     }
 

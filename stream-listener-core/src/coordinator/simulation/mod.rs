@@ -38,10 +38,14 @@
 //! its gate and its shard (`wait.rs`): Redis serves it when an entry arrives, ends it with an
 //! error when the gate is deleted, answers it empty after its block time; a paused or dead
 //! member's wait keeps being served (only its gate stops it), and requests and replies travel
-//! late. Its invariants (no loss, no zombie reads or claims, first handlings in id order, and
-//! everything handled after the fault-free phase) are checked after every step
-//! (`entry_checks.rs`); a wait that puts entries into the PEL of a member whose token the fence
-//! does not hold is a zombie read, handed over or not (a field lost since the last raise counts as
+//! late. With [`Faults::gate_reads`] a task whose last read of new entries was handed over (its
+//! transaction's check passed, or a gate read succeeded) reads next with the gate read
+//! (`gate_read.rs`): a plain `XREADGROUP` naming every gate of its round, failed by Redis as a
+//! whole when one is missing, after which the transaction reads. Its invariants (no loss, no
+//! zombie reads or claims, first handlings in id order, and everything handled after the
+//! fault-free phase) are checked after every step (`entry_checks.rs`); a wait or a gate read that
+//! puts entries into the PEL of a member whose token the fence does not hold is a zombie read,
+//! handed over or not (a field lost since the last raise counts as
 //! holding that raise's token: no one else can read before the next raise, which closes the
 //! gate).
 //!
@@ -60,6 +64,7 @@ mod dataplane;
 mod entries;
 mod entry_checks;
 mod fence_key;
+mod gate_read;
 mod gates;
 mod heartbeats;
 mod members;
@@ -191,6 +196,12 @@ flags! {
         /// (`wait.rs`) instead of reading again. Not a fault: the member's way of waiting, on in
         /// [`Faults::with_data_plane`].
         strict_waits,
+        /// The gate read (with the data plane, docs/design.md §8.16): a shard task whose last
+        /// read of new entries under its token was handed over (its transaction's check passed,
+        /// or a gate read succeeded) reads new entries next with a plain `XREADGROUP` naming
+        /// every gate of its round (`gate_read.rs`), when every shard of the round believes so.
+        /// Not a fault: on in [`Faults::with_data_plane`].
+        gate_reads,
         /// The whole faulty phase is calm (with the data plane): heartbeats go through on the
         /// members' schedules, so members hold their shards and read, and every other fault
         /// (pauses above all) hits members at work. Without it the faulty phase has calm
@@ -231,6 +242,7 @@ impl Faults {
             connection_faults: true,
             busy_scripts: true,
             strict_waits: true,
+            gate_reads: true,
             ..self
         }
     }
@@ -288,6 +300,14 @@ flags! {
         /// woke no `XREADGROUP` on a deleted key, redis#10306; before 7.2 a woken command was
         /// not run again, redis#11012): a zombie's wait blocked before the raise keeps reading.
         blocked_wait_outlives_its_gate,
+        /// The gate read names no gate: a plain `XREADGROUP` of the round's shards that trusts
+        /// the member's belief that its gates are open. A paused member's gate read that reaches
+        /// Redis after its shard moved on reads it.
+        gate_read_without_gates,
+        /// The gate read names only the first shard's gate, as the transaction's read does: a
+        /// round over a shard whose fence still holds the token and one that moved on reads
+        /// the second one too.
+        gate_read_first_gate_only,
     }
 }
 
@@ -344,6 +364,13 @@ pub(crate) struct Stats {
     waits_closed: u64,
     waits_timed_out: u64,
     waits_lost: u64,
+    /// Gate reads (`gate_read.rs`): sent; served (every named gate and stream there, with the
+    /// entries they delivered); failed (a gate or stream missing, `BUSY`: nothing read, a
+    /// transaction next).
+    gate_reads_sent: u64,
+    gate_reads_served: u64,
+    gate_read_entries: u64,
+    gate_reads_failed: u64,
     /// Invariant (b)'s counts: entries handed to a handler from a delivery made while the fence
     /// held another token (or put into a member's PEL so by its wait), and claims made so; both
     /// must stay 0.
@@ -371,6 +398,10 @@ impl Stats {
         self.waits_closed += other.waits_closed;
         self.waits_timed_out += other.waits_timed_out;
         self.waits_lost += other.waits_lost;
+        self.gate_reads_sent += other.gate_reads_sent;
+        self.gate_reads_served += other.gate_reads_served;
+        self.gate_read_entries += other.gate_read_entries;
+        self.gate_reads_failed += other.gate_reads_failed;
         self.zombie_reads += other.zombie_reads;
         self.zombie_claims += other.zombie_claims;
     }

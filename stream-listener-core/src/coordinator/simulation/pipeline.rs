@@ -49,6 +49,14 @@ pub(super) enum Op {
     },
     /// The transaction that reads new entries of a round (`transaction.rs`).
     Read(ReadTx),
+    /// The gate read of a round (`gate_read.rs`): a plain `XREADGROUP GROUP <g> <member> COUNT
+    /// <n> STREAMS <shard…> <gate…> > … >` naming every shard's gate of its token, sent when
+    /// every task of the round believes its gate open. One step at Redis, never refused at
+    /// `maxmemory` (not deny-oom).
+    GateRead {
+        shards: Vec<(ShardIndex, FenceToken)>,
+        count: u64,
+    },
     /// `CLIENT KILL ID` of the connection of blocking wait `wait` (`wait.rs`), whose outcome the
     /// member cannot know: once it ran (or found the connection gone), that wait never runs, so
     /// the pending read queued after it on this connection sees whatever it read.
@@ -72,6 +80,10 @@ impl Op {
             Op::Read(tx) => format!(
                 "EXEC {:?}",
                 tx.shards.iter().map(|(s, _)| s).collect::<Vec<_>>()
+            ),
+            Op::GateRead { shards, .. } => format!(
+                "gate read {:?}",
+                shards.iter().map(|(s, _)| s).collect::<Vec<_>>()
             ),
             Op::KillWait { shard, wait } => format!("CLIENT KILL wait {wait} of {shard}"),
         }
@@ -106,5 +118,18 @@ pub(super) enum ReadReply {
     NotHanded(Option<FenceVerdict>),
     /// No usable reply: lost, the connection dropped before the `EXEC`, or the read failed closed
     /// on a gate that could not be created (a typed error for the poller).
+    Error,
+}
+
+/// One shard's part of a gate read's reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum GateReply {
+    /// Every named gate and stream existed: the entries read (maybe none), vouched for by the
+    /// gates.
+    Handed(Vec<EntryId>),
+    /// Redis refused it (`NOGROUP`: a gate or a stream missing; `BUSY`): nothing read. The
+    /// task's belief is gone, and its next read is the transaction.
+    Refused,
+    /// No usable reply: lost, or the connection dropped. It may have read.
     Error,
 }

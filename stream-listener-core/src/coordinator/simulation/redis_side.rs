@@ -9,7 +9,7 @@ use rand::Rng;
 use super::MS;
 use super::World;
 use super::gates::Gates;
-use super::pipeline::{Op, ReadReply, ScriptReply};
+use super::pipeline::{GateReply, Op, ReadReply, ScriptReply};
 use super::process::ShardFence;
 use super::shard_task::{Phase, ShardTask};
 use super::transaction::{self, Check, ReadTx, TxStage};
@@ -54,6 +54,12 @@ impl World {
         if let Op::Read(tx) = op {
             let lost = std::mem::take(&mut self.procs[i].lose_next_reply);
             self.run_exec(i, id, tx, lost);
+            return;
+        }
+        if let Op::GateRead { shards, count } = op {
+            // `BUSY` is a refusal with a reply: the transaction next (`gate_read.rs`).
+            let lost = std::mem::take(&mut self.procs[i].lose_next_reply);
+            self.run_gate_read(i, id, &shards, count, lost);
             return;
         }
         if self.data.server.busy {
@@ -117,7 +123,7 @@ impl World {
                 };
                 self.reply_to_script(i, id, shard, reply, |t, r, _| t.on_kill(r));
             }
-            Op::Read(_) => {}
+            Op::Read(_) | Op::GateRead { .. } => {}
         }
     }
 
@@ -444,12 +450,22 @@ impl World {
             Op::KillWait { shard, .. } => {
                 self.reply_to_script(i, id, shard, ScriptReply::Error, |t, r, _| t.on_kill(r));
             }
+            Op::GateRead { shards, .. } => {
+                for (shard, _) in shards {
+                    self.reply_to_gate_read(i, id, shard, &GateReply::Error);
+                }
+            }
         }
     }
 
     /// The task of `shard` that waits for command `id`, if it still runs and still waits (a
     /// new token is a new task; a timed-out command's reply is ignored).
-    fn task_waiting(&mut self, i: usize, id: u64, shard: ShardIndex) -> Option<&mut ShardTask> {
+    pub(super) fn task_waiting(
+        &mut self,
+        i: usize,
+        id: u64,
+        shard: ShardIndex,
+    ) -> Option<&mut ShardTask> {
         let proc = &mut self.procs[i];
         if !proc.alive {
             return None;

@@ -1,14 +1,15 @@
 //! A member's shard task as the poller runs it (docs/design.md §8.3–§8.5, §8.10): the takeover
 //! (raise the fence → claim other consumers' pending entries → the member's own pending entries
 //! from `0`) and then reads of new entries, one command at a time; the entries read and not yet
-//! handled; and the member's rules for every reply, a blocking wait's (`wait.rs`) among them. A
-//! new token (a new assignment, a correction round) starts a new task, with a new takeover.
+//! handled; and the member's rules for every reply, a blocking wait's (`wait.rs`) and a gate
+//! read's (`gate_read.rs`) among them. A new token (a new assignment, a correction round) starts
+//! a new task, with a new takeover, and without the belief that its gate is open.
 
 use std::collections::VecDeque;
 
 use super::ReadVariant;
 use super::entries::EntryId;
-use super::pipeline::{ReadReply, ScriptReply};
+use super::pipeline::{GateReply, ReadReply, ScriptReply};
 use super::wait::WaitEnd;
 use crate::fence::{FenceToken, FenceVerdict};
 
@@ -50,6 +51,11 @@ pub(super) struct ShardTask {
     /// it waits for new entries with a blocking wait on its gate next (with
     /// `Faults::strict_waits`), rather than reading again.
     pub(super) wait_next: bool,
+    /// In [`Phase::New`]: the task's last read of new entries under its token was handed over
+    /// (its transaction's check passed for it, or a gate read succeeded), so it believes its
+    /// gate open, and reads next with a gate read (`gate_read.rs`) when every shard of the round
+    /// believes so too (with `Faults::gate_reads`). Any other outcome of any read clears it.
+    pub(super) gate_open: bool,
 }
 
 impl ShardTask {
@@ -61,6 +67,7 @@ impl ShardTask {
             waiting: None,
             read_alone: false,
             wait_next: false,
+            gate_open: false,
         }
     }
 
@@ -81,6 +88,7 @@ impl ShardTask {
     /// The raise script's reply. After a `LOWER`, the takeover starts again with the claims,
     /// unless the member follows [`ReadVariant::lower_retries_without_takeover`].
     pub(super) fn on_raise(&mut self, reply: &ScriptReply, variant: ReadVariant) {
+        self.gate_open = false;
         let Phase::Raise { after_lower } = self.phase else {
             return;
         };
@@ -97,6 +105,7 @@ impl ShardTask {
 
     /// The claim script's reply: the next batch, or on to the member's own pending entries.
     pub(super) fn on_claim(&mut self, reply: &ScriptReply) {
+        self.gate_open = false;
         if self.phase != Phase::Claim {
             return;
         }
@@ -111,6 +120,7 @@ impl ShardTask {
     /// The pending-read script's reply: the entries go to the handler; an empty page ends the
     /// takeover. An error repeats the page.
     pub(super) fn on_pending(&mut self, reply: &ScriptReply) {
+        self.gate_open = false;
         if !matches!(self.phase, Phase::Pending { .. }) {
             return;
         }
@@ -133,12 +143,16 @@ impl ShardTask {
     /// the shard's read alone; any error, or a check that did not vouch for what was read, sends
     /// the task back to its own pending entries from `0` (the read may have run).
     pub(super) fn on_read(&mut self, reply: &ReadReply, variant: ReadVariant) {
+        self.gate_open = false;
         if self.phase != Phase::New {
             return;
         }
         self.wait_next = matches!(reply, ReadReply::Handed(ids) if ids.is_empty());
         match reply {
-            ReadReply::Handed(ids) => self.in_hand.extend(ids),
+            ReadReply::Handed(ids) => {
+                self.gate_open = true;
+                self.in_hand.extend(ids);
+            }
             ReadReply::Aborted | ReadReply::NotHanded(Some(FenceVerdict::Equal)) => {
                 self.read_alone = true;
             }
@@ -154,6 +168,7 @@ impl ShardTask {
     /// the next read goes in a round again. An error sends the task back to its own pending
     /// entries from `0`, as after any read of new entries.
     pub(super) fn on_read_alone(&mut self, reply: &ScriptReply, variant: ReadVariant) {
+        self.gate_open = false;
         if self.phase != Phase::New {
             return;
         }
@@ -173,6 +188,7 @@ impl ShardTask {
     /// The reply of the `CLIENT KILL` of a wait's connection: killed or already gone, on to the
     /// member's own pending entries; an error sends it again.
     pub(super) fn on_kill(&mut self, reply: &ScriptReply) {
+        self.gate_open = false;
         if !matches!(self.phase, Phase::KillWait { .. }) {
             return;
         }
@@ -197,6 +213,7 @@ impl ShardTask {
         wait_again: bool,
         variant: ReadVariant,
     ) {
+        self.gate_open = false;
         if self.phase != Phase::New {
             return;
         }
@@ -212,6 +229,31 @@ impl ShardTask {
                 self.phase = Phase::Pending { after: 0 };
             }
             WaitEnd::Lost => self.phase = Phase::KillWait { wait },
+        }
+    }
+}
+
+impl ShardTask {
+    /// This shard's part of a gate read's reply. Entries read go to the handler (the gates
+    /// vouched for them) and the belief stays; a refusal (a gate or a stream missing, `BUSY`:
+    /// nothing read) clears it, so the next read is the transaction, whose check comes first; an
+    /// unknown outcome sends the task back to its own pending entries from `0`, as after a
+    /// transaction's lost reply (docs/design.md §8.10).
+    pub(super) fn on_gate_read(&mut self, reply: &GateReply, variant: ReadVariant) {
+        self.gate_open = false;
+        if self.phase != Phase::New {
+            return;
+        }
+        self.read_alone = false;
+        self.wait_next = matches!(reply, GateReply::Handed(ids) if ids.is_empty());
+        match reply {
+            GateReply::Handed(ids) => {
+                self.gate_open = true;
+                self.in_hand.extend(ids);
+            }
+            GateReply::Refused => {}
+            GateReply::Error if variant.error_reads_on => {}
+            GateReply::Error => self.phase = Phase::Pending { after: 0 },
         }
     }
 }
@@ -301,5 +343,39 @@ mod tests {
         assert_eq!(task.phase, Phase::KillWait { wait: 5 }, "sent again");
         task.on_kill(&ScriptReply::Passed(vec![]));
         assert_eq!(task.phase, Phase::Pending { after: 0 });
+    }
+
+    #[test]
+    fn a_passed_check_or_gate_read_opens_the_belief_and_any_other_outcome_clears_it() {
+        let design = ReadVariant::default();
+        let mut task = ShardTask::new(token(1, 5, "a"));
+        assert!(!task.gate_open, "a new token starts without it");
+        task.phase = Phase::New;
+        task.on_read(&ReadReply::Handed(vec![1]), design);
+        assert!(task.gate_open);
+        task.in_hand.clear();
+        task.on_gate_read(&GateReply::Handed(vec![2, 3]), design);
+        assert!(task.gate_open && task.in_hand == [2, 3]);
+        task.in_hand.clear();
+        // Refused: nothing read, the transaction next (not a read alone, not a wait).
+        task.on_gate_read(&GateReply::Refused, design);
+        assert!(!task.gate_open && !task.read_alone && !task.wait_next);
+        assert_eq!(task.phase, Phase::New);
+        task.on_read(&ReadReply::Handed(vec![]), design);
+        assert!(task.gate_open && task.wait_next);
+        task.on_wait(1, &WaitEnd::Served(vec![4]), true, false, design);
+        assert!(!task.gate_open, "a wait is another read");
+        task.in_hand.clear();
+        task.on_read(&ReadReply::Handed(vec![5]), design);
+        task.in_hand.clear();
+        // Lost: its own pending entries from 0, as after a transaction's lost reply.
+        task.on_gate_read(&GateReply::Error, design);
+        assert_eq!(
+            (task.phase, task.gate_open),
+            (Phase::Pending { after: 0 }, false)
+        );
+        task.phase = Phase::New;
+        task.on_read(&ReadReply::Aborted, design);
+        assert!(!task.gate_open && task.read_alone);
     }
 }

@@ -27,7 +27,6 @@
 use rand::Rng;
 
 use super::entries::EntryId;
-use super::gates::Gates;
 use super::{MS, World};
 use crate::fence::FenceToken;
 use crate::model::{Micros, ShardIndex};
@@ -300,18 +299,10 @@ impl World {
         self.procs[i].tasks.values().any(|t| t.waiting == Some(id))
     }
 
-    /// What makes Redis fail a wait of these shards: a stream or a gate missing.
+    /// What makes Redis fail a wait of these shards: a stream or a gate missing (it names every
+    /// shard's gate).
     fn wait_blocker(&self, wait: &Wait) -> Option<&'static str> {
-        let variant = self.data.variant;
-        wait.shards.iter().find_map(|(shard, token)| {
-            if !self.stream_exists(*shard) {
-                Some("NOGROUP stream")
-            } else if !self.data.gates.is_open(&Gates::key(*shard, token, variant)) {
-                Some("NOGROUP gate")
-            } else {
-                None
-            }
-        })
+        self.missing_key(&wait.shards, wait.shards.len())
     }
 
     /// Whether one of the wait's shards has entries after its group's last-delivered id.
@@ -551,6 +542,7 @@ impl World {
 mod tests {
     use super::*;
     use crate::coordinator::Variant;
+    use crate::coordinator::simulation::gates::Gates;
     use crate::coordinator::simulation::{Faults, ReadVariant};
     use crate::testing::fixtures::fence_token as token;
 
