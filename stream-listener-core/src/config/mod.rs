@@ -29,7 +29,7 @@
 //! [listeners.on_order]                    # overrides for the listener named `on_order`
 //! concurrency = 4
 //! runtime_max_concurrency = 1
-//! batch_size = 128
+//! batch_size = 500
 //! block = "2s"
 //! max_attempts = 3
 //! backoff = "200ms"

@@ -229,7 +229,7 @@ pub struct ListenerConfig {
     pub concurrency: Option<u32>,
     /// `runtime_max_concurrency`: local workers per member (≥ 1, default 1).
     pub runtime_max_concurrency: Option<u32>,
-    /// `batch_size`: entries per read (≥ 1, default 128).
+    /// `batch_size`: entries per read and shard (≥ 1, default 500).
     pub batch_size: Option<usize>,
     /// `block`: longest wait for new entries (> 0, default 2 s).
     #[serde(with = "humantime_serde")]

@@ -18,7 +18,8 @@ pub struct ListenerOptions {
     pub concurrency: u32,
     /// Local workers per member (default 1); the assignor's weight. Never caps shards owned.
     pub runtime_max_concurrency: u32,
-    /// Entries per read (default 128: fewer round trips per entry; BENCHMARKS.md item 1).
+    /// Entries per read and shard (default 500, as Kafka's `max.poll.records`: fewer round trips
+    /// per entry; BENCHMARKS.md item 1).
     pub batch_size: usize,
     /// Longest wait for new entries in one `XREAD BLOCK` (default 2 s), capped by the lease.
     pub block: Duration,
@@ -122,7 +123,7 @@ impl Default for ListenerOptions {
             name: "listener".into(),
             concurrency: 1,
             runtime_max_concurrency: 1,
-            batch_size: 128,
+            batch_size: 500,
             block: Duration::from_secs(2),
             max_attempts: 3,
             backoff: Duration::from_millis(200),

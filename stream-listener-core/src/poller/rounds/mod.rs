@@ -4,6 +4,9 @@
 //! a read gate ([`crate::dataplane::round`], docs/design.md §8.16) — instead of one round trip
 //! per shard (BENCHMARKS.md compares the two).
 //!
+//! A round reads at most [`MAX_ROUND_ENTRIES`] entries (shards × `batch_size`): the requests
+//! beyond it wait, first in line, for the next round.
+//!
 //! When a round is sent: no round of the member is in flight, and every shard that got entries
 //! from the last round has either asked for the next one or stopped holding it up. A shard
 //! holds rounds up (it has a [`Turn`]) only while it handles its batch without waiting for
@@ -30,6 +33,12 @@ use crate::model::ShardIndex;
 mod turn;
 
 pub(crate) use turn::{Turn, TurnSlot};
+
+/// The most entries one round may return (its shards × `batch_size`; a round has at least one
+/// shard). Redis builds a command's whole reply before it runs anything else, and the member
+/// holds it at once: a member behind on hundreds of shards would otherwise read hundreds of
+/// batches in one command (512 shards × 500 entries: about 100 MB and a long stall of the server).
+pub(crate) const MAX_ROUND_ENTRIES: usize = 4096;
 
 /// Whether the member may use a shard with a token now (owned, lease valid).
 pub(crate) type Holds<'a> = dyn Fn(ShardIndex, &FenceToken) -> bool + Sync + 'a;
@@ -96,13 +105,21 @@ impl State {
         !self.in_flight && self.expected.is_empty() && !self.queued.is_empty()
     }
 
-    /// When the next round may go: the queued requests, for the caller to send (it leads).
-    fn start(&mut self) -> Option<Vec<Queued>> {
+    /// When the next round may go: the first `max_parts` queued requests, for the caller to send
+    /// (it leads).
+    fn start(&mut self, max_parts: usize) -> Option<Vec<Queued>> {
         if !self.ready() {
             return None;
         }
         self.in_flight = true;
-        Some(std::mem::take(&mut self.queued))
+        Some(self.take_round(max_parts))
+    }
+
+    /// The first `max_parts` queued requests, in arrival order: one round's. The rest wait for
+    /// the next round, first in line.
+    fn take_round(&mut self, max_parts: usize) -> Vec<Queued> {
+        let n = self.queued.len().min(max_parts.max(1));
+        self.queued.drain(..n).collect()
     }
 
     /// When the next round may go: tells the first queued task that is still waiting to send it.
@@ -175,6 +192,11 @@ impl ReadRounds {
         })
     }
 
+    /// The most shards one round reads: [`MAX_ROUND_ENTRIES`] entries at `count` per shard.
+    fn max_parts(&self) -> usize {
+        (MAX_ROUND_ENTRIES / self.count.max(1)).max(1)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Nothing under this lock can panic halfway through a change that matters.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -202,7 +224,7 @@ impl ReadRounds {
                 state.expected.retain(|&s| s != shard);
             }
             state.queued.push(Queued { request, reply });
-            state.start()
+            state.start(self.max_parts())
         };
         if let Some(round) = lead {
             self.send(conn, round, InFlight(Some(self.clone())), holds)
@@ -219,7 +241,7 @@ impl ReadRounds {
                     let round = {
                         let mut state = self.lock();
                         state.queued.insert(0, Queued { request, reply });
-                        std::mem::take(&mut state.queued)
+                        state.take_round(self.max_parts())
                     };
                     self.send(conn, round, in_flight, holds).await;
                 }

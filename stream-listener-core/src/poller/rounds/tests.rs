@@ -337,3 +337,36 @@ async fn a_failed_read_is_reported_to_every_shard_and_the_acks_still_run() {
     );
     assert_eq!(pending(&mut conn, 0).await, 0, "shard 0's entries acked");
 }
+
+/// A round reads at most [`MAX_ROUND_ENTRIES`] entries: with `count` at half of it, two shards
+/// per round, the first two queued; the third is first in line for the next round.
+#[test]
+fn a_round_takes_at_most_its_entry_budget_in_arrival_order() {
+    let rounds = rounds_of(MAX_ROUND_ENTRIES / 2);
+    assert_eq!(rounds.max_parts(), 2);
+    assert_eq!(
+        rounds_of(MAX_ROUND_ENTRIES * 2).max_parts(),
+        1,
+        "one shard at least"
+    );
+    let mut state = State::default();
+    let mut replies = Vec::new();
+    for shard in [4, 1, 7] {
+        let (reply, waiting) = oneshot::channel();
+        replies.push(waiting);
+        state.queued.push(Queued {
+            request: request(shard),
+            reply,
+        });
+    }
+    let round: Vec<ShardIndex> = state
+        .start(rounds.max_parts())
+        .unwrap()
+        .iter()
+        .map(|q| q.request.shard)
+        .collect();
+    assert_eq!(round, vec![4, 1]);
+    assert!(state.in_flight);
+    let left: Vec<ShardIndex> = state.queued.iter().map(|q| q.request.shard).collect();
+    assert_eq!(left, vec![7]);
+}
