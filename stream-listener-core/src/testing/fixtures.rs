@@ -76,7 +76,9 @@ pub fn fence_token(incarnation: Micros, epoch: Epoch, member: &str) -> FenceToke
 }
 
 #[cfg(feature = "testing")]
-pub use redis_setup::{create_active_stream, create_stream, last_xread_keys, pause_writes};
+pub use redis_setup::{
+    command_calls, create_active_stream, create_stream, last_xread_keys, pause_writes,
+};
 
 #[cfg(feature = "testing")]
 mod redis_setup {
@@ -132,6 +134,21 @@ mod redis_setup {
             .await
             .expect("CLIENT PAUSE WRITE");
     }
+    /// How many times the server ran `command` (lower case, `client|unblock` for a
+    /// subcommand), from `INFO commandstats`; 0 when it never ran. Panics on a Redis error.
+    pub async fn command_calls(conn: &mut RedisConnection, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .expect("INFO commandstats");
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().expect("a call count"))
+    }
+
     /// The shard keys of the most recent shared wait the server finished — an `XREAD`, or in
     /// strict mode an `XREADGROUP … BLOCK` over the shards and their read gates (the gates left
     /// out) — from its `SLOWLOG` (set `slowlog-log-slower-than 0` first so that every command

@@ -184,12 +184,27 @@ impl ShardClient {
         shard: ShardIndex,
         token: &FenceToken,
     ) -> ScriptCall {
+        self.script_call_with(script, shard, token, None)
+    }
+
+    /// [`ShardClient::script_call`] with a third key after the shard and its fence (one of the
+    /// shard's companion keys, in its slot): `KEYS[3]` of the script.
+    fn script_call_with(
+        &mut self,
+        script: &'static Script,
+        shard: ShardIndex,
+        token: &FenceToken,
+        third_key: Option<String>,
+    ) -> ScriptCall {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
-            .arg(2)
+            .arg(2 + usize::from(third_key.is_some()))
             .arg(self.keys.shard(shard))
-            .arg(self.keys.fence(shard))
-            .arg(&self.group);
+            .arg(self.keys.fence(shard));
+        if let Some(key) = third_key {
+            cmd.arg(key);
+        }
+        cmd.arg(&self.group);
         cmd.arg(self.encoded(token));
         cmd.arg(token.incarnation).arg(token.member_epoch);
         ScriptCall { script, cmd }

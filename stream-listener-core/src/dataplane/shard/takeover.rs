@@ -5,7 +5,7 @@ use redis::Value;
 
 use super::MAX_CLAIM_BATCH;
 use super::reply::{int, parse_entries};
-use super::{Reply, ScriptCall, ShardClient, fenced_flag};
+use super::{Reply, ShardClient, fenced_flag};
 use crate::dataplane::error::DataPlaneError;
 use crate::dataplane::{ClaimReport, Fenced, FencingMode, ReadOutcome, scripts};
 use crate::fence::FenceToken;
@@ -31,18 +31,9 @@ impl ShardClient {
         token: &FenceToken,
     ) -> Result<Result<(), Fenced>, DataPlaneError> {
         const OP: &str = "raise_fence";
-        let script = scripts::raise();
-        let mut cmd = redis::cmd("EVALSHA");
         // A third key, the gate registry: the raise closes the other tokens' read gates.
-        cmd.arg(script.get_hash())
-            .arg(3)
-            .arg(self.keys.shard(shard))
-            .arg(self.keys.fence(shard))
-            .arg(self.keys.gate_registry(shard))
-            .arg(&self.group);
-        cmd.arg(self.encoded(token));
-        cmd.arg(token.incarnation).arg(token.member_epoch);
-        let call = ScriptCall { script, cmd };
+        let registry = self.keys.gate_registry(shard);
+        let call = self.script_call_with(scripts::raise(), shard, token, Some(registry));
         let reply = self.run(OP, shard, call).await?;
         match reply {
             Reply::Refused(fenced) => Ok(Err(fenced)),
@@ -75,19 +66,10 @@ impl ShardClient {
     ) -> Result<Result<ClaimReport, Fenced>, DataPlaneError> {
         const OP: &str = "claim_others";
         let batch = batch.clamp(1, MAX_CLAIM_BATCH);
-        let script = scripts::claim_others();
-        let mut cmd = redis::cmd("EVALSHA");
         // A third key, the attempt hash: the counts of ids dropped as trimmed go with them.
-        cmd.arg(script.get_hash())
-            .arg(3)
-            .arg(self.keys.shard(shard))
-            .arg(self.keys.fence(shard))
-            .arg(self.keys.attempts(shard))
-            .arg(&self.group);
-        cmd.arg(self.encoded(token));
-        cmd.arg(token.incarnation).arg(token.member_epoch);
-        cmd.arg(&self.consumer).arg(batch);
-        let call = ScriptCall { script, cmd };
+        let attempts = self.keys.attempts(shard);
+        let mut call = self.script_call_with(scripts::claim_others(), shard, token, Some(attempts));
+        call.cmd.arg(&self.consumer).arg(batch);
         let reply = self.run(OP, shard, call).await?;
         let rest = match reply.ok(OP, shard, 3)? {
             Ok(rest) => rest,

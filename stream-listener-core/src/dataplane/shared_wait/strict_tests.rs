@@ -12,6 +12,7 @@ use crate::dataplane::{FencingMode, ReadOutcome, ShardClient};
 use crate::fence::FenceToken;
 use crate::keys::StreamKeys;
 use crate::testing::RedisServer;
+use crate::testing::fixtures::command_calls;
 
 const GROUP: &str = "g";
 const LONG: Duration = Duration::from_secs(30);
@@ -341,4 +342,44 @@ async fn client_count(conn: &mut RedisConnection) -> u64 {
         .find_map(|line| line.strip_prefix("connected_clients:"))
         .map(|n| n.trim().parse().unwrap())
         .unwrap()
+}
+
+/// A strict wait whose gate is missing and stays missing (the check cannot create it at
+/// `maxmemory`, or it was deleted by hand) is refused once: its shard is told to read
+/// ([`WaitEnd::Woken`]), and the member's waits are then plain `XREAD`s for one block time,
+/// which wake on a new entry without reading it. The first version sent the next strict wait at
+/// once after each refusal: a loop of refusals as fast as Redis answered them.
+#[tokio::test]
+async fn a_refused_strict_wait_waits_with_plain_xreads_for_a_block_time() {
+    let (_server, target, mut conn) = setup(1).await;
+    let token = token_of("m", 1);
+    // Never opened: no check ran for this token.
+    let gate = client_of(&conn, "m").gate(0, &token);
+    let wait = strict_wait(&target, &conn, "m");
+    let slot = wait.register(key(0));
+    let strict_before = command_calls(&mut conn, "xreadgroup").await;
+    let first = tokio::time::timeout(PROMPT, slot.wait_reading("0-0", &gate, LONG))
+        .await
+        .unwrap();
+    assert_eq!(first, WaitEnd::Woken, "refused: the shard reads");
+    // The shard read (its check refused, say) and waits again from a later id, with the same
+    // missing gate.
+    let again = {
+        let gate = gate.clone();
+        tokio::spawn(async move { slot.wait_reading("0-1", &gate, LONG).await })
+    };
+    until_blocked(&mut conn, 1).await;
+    assert_eq!(
+        command_calls(&mut conn, "xreadgroup").await,
+        strict_before + 1,
+        "one refusal, no loop"
+    );
+    assert!(
+        command_calls(&mut conn, "xread").await >= 1,
+        "a plain XREAD blocks"
+    );
+    xadd(&mut conn, &key(0)).await;
+    let end = tokio::time::timeout(PROMPT, again).await.unwrap().unwrap();
+    assert_eq!(end, WaitEnd::Woken, "woken, not read");
+    assert_eq!(pending_of(&mut conn, 0, "m").await, 0, "nothing read");
 }

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use super::{SharedWait, WaitEnd, WaitSlot, compare_ids};
 use crate::connection::{RedisConnection, RedisTarget};
 use crate::testing::RedisServer;
-use crate::testing::fixtures::last_xread_keys;
+use crate::testing::fixtures::{command_calls as calls, last_xread_keys};
 
 const LONG: Duration = Duration::from_secs(30);
 /// Far below [`LONG`], far above a round trip.
@@ -58,20 +58,6 @@ async fn xadd(conn: &mut RedisConnection, key: &str) -> String {
         .query_async(conn)
         .await
         .unwrap()
-}
-
-/// `calls` of `command` in `INFO commandstats` (`client|unblock` for a subcommand).
-async fn calls(conn: &mut RedisConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
 }
 
 async fn info_field(conn: &mut RedisConnection, section: &str, field: &str) -> u64 {

@@ -7,14 +7,14 @@ use std::time::Duration;
 use redis::Value;
 
 use super::tests::{
-    CONSUMER, GROUP, command_calls, entry_ids, fenced_client, key, pending, setup, shard_client,
-    token,
+    CONSUMER, GROUP, entry_ids, fenced_client, key, pending, setup, shard_client, token,
 };
 use super::*;
 use crate::connection::{RedisFailure, RedisTarget};
 use crate::dataplane::round::{PartRead, PartReply};
 use crate::dataplane::{DataPlaneError, Fenced, FencingMode, ReadOutcome, ShardClient};
 use crate::testing::RedisServer;
+use crate::testing::fixtures::command_calls;
 
 /// The gate of shard 0 for group `g` and `token` (`StreamKeys::gate`).
 fn gate(token: &FenceToken) -> String {

@@ -199,22 +199,8 @@ pub(super) async fn pending(conn: &mut RedisConnection, shard: ShardIndex) -> i6
     }
 }
 
-/// How many times the server ran `command` (lower case, `INFO commandstats`).
-pub(super) async fn command_calls(conn: &mut RedisConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 async fn xreadgroup_calls(conn: &mut RedisConnection) -> u64 {
-    command_calls(conn, "xreadgroup").await
+    crate::testing::fixtures::command_calls(conn, "xreadgroup").await
 }
 
 /// A shard that got entries holds the next round up until it asks again (then both shards
