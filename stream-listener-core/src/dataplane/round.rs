@@ -30,8 +30,9 @@
 //! sends the transaction above at once, which opens the gates again or gives each shard its
 //! verdict.
 //!
-//! A round spanning several shards (standalone servers only) reads through the gate of its first
-//! shard. On a cluster every round has one shard: its stream, fence and gate share a hash slot, so the whole
+//! A checked round spanning several shards (standalone servers only) names the gate of its first
+//! shard (the check vouches for the others); a round through the gates names every shard's. On a
+//! cluster every round has one shard: its stream, fence and gate share a hash slot, so the whole
 //! pipeline goes to that slot's master (redis-rs routes a pipeline by its keyed commands).
 //!
 //! The replies are handed back per shard ([`PartReply`]), for the shard's own
@@ -66,8 +67,9 @@ pub(crate) struct FencePart {
     /// The fence hash `{<prefix>:<i>}:fence`.
     pub(crate) key: String,
     /// The shard's read gate for the token, `{<prefix>:<i>}:gate:<group>:<token>`
-    /// ([`crate::keys::StreamKeys::gate`]): the check opens every shard's (for its wait), and the
-    /// read names the first shard's.
+    /// ([`crate::keys::StreamKeys::gate`]): the check opens every shard's (for its wait and the
+    /// reads through the gates), and its read names the first shard's; a read through the gates
+    /// names every shard's.
     pub(crate) gate: String,
     /// The shard's gate registry `{<prefix>:<i>}:gates`
     /// ([`crate::keys::StreamKeys::gate_registry`]).

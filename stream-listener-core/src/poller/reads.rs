@@ -28,7 +28,8 @@ pub(super) enum Waited {
 
 impl ShardTask {
     /// Acks the previous batch and reads the next one in the same round trip (one pipeline, the
-    /// plain ack first; in strict mode the read is fenced by a transaction). A failed ack fails
+    /// plain ack first; in strict mode the read is fenced by the shard's read gate, and by a
+    /// transaction with the check until the gate is known open). A failed ack fails
     /// the whole round trip: the ids are held again and the shard re-reads its own pending
     /// entries.
     pub(super) async fn read_new(&mut self, token: &FenceToken) -> Result<(), DataPlaneError> {

@@ -93,8 +93,9 @@ impl ShardClient {
     }
 
     /// Acks `ids` on `shard` with a plain `XACK` and reads up to `count` new entries, in one
-    /// round trip ([`crate::dataplane::round`]: in strict mode the read is a transaction with the
-    /// fence check and the shard's read gate inside it, and the entries never pass through Lua).
+    /// round trip ([`crate::dataplane::round`]: in strict mode the read names the shard's read
+    /// gate, inside a transaction with the fence check until the gate is known open; the
+    /// entries never pass through Lua).
     /// Returns how many of `ids` were pending, and what the read returned. The ack is not
     /// fenced: a member acks only what it handled, and `XACK` is idempotent (docs/design.md
     /// §8.2). With no ids only the read is sent.

@@ -1,7 +1,8 @@
 //! Read rounds: on a standalone server, in both fencing modes, the shard tasks of one member
 //! that read new entries share one round trip — the plain acks of their previous batches and
-//! one multi-stream `XREADGROUP`, in strict mode inside a transaction with the fence check and
-//! a read gate ([`crate::dataplane::round`], docs/design.md §8.16) — instead of one round trip
+//! one multi-stream `XREADGROUP`, in strict mode naming the shards' read gates, or inside a
+//! transaction with the fence check until the gates are open ([`crate::dataplane::round`],
+//! docs/design.md §8.16) — instead of one round trip
 //! per shard (BENCHMARKS.md compares the two).
 //!
 //! A round reads at most [`MAX_ROUND_ENTRIES`] entries (shards × `batch_size`): the requests
