@@ -210,3 +210,62 @@ fn a_holders_conflict_at_or_below_the_current_epoch_is_evidence() {
         );
     }
 }
+
+/// docs/design.md §6.6, "Evidence during a round" (found by the simulation, seed 1668 of the
+/// long run): lost writes can put the group back inside a correction round that had already
+/// ended in the lost timeline, after members were given shards with tokens of the round's own
+/// incarnation. Such a token cannot exist while the round runs (no one starts a shard during a
+/// round, and its incarnation is above every fence found when it began), nor can a member epoch
+/// above the stored group epoch: both are evidence of lost writes, and start a new round with a
+/// higher incarnation, whose end gives every holder a new token. Ignoring them left two members
+/// parked on `HIGHER` for good, with their shards read by nobody. A conflict below the round's
+/// incarnation (raised before the round) is not evidence during the round.
+#[test]
+fn during_a_correction_round_a_token_of_its_own_incarnation_is_evidence_of_lost_writes() {
+    let mut f = Fixture::owned_by_a(2);
+    f.advance_ms(1000);
+    let evidence = HeartbeatRequest {
+        request_seq: 99,
+        ..request("a", "p-a", 5, &[0, 1])
+    };
+    assert_eq!(f.transition(&evidence), Ok(Transition::NeedsFences));
+    let ctx = Context {
+        now: f.now,
+        stream: &f.stream,
+    };
+    let r =
+        heartbeat_with_fences(&mut f.group, &evidence, &ctx, &BTreeMap::new(), &f.config).unwrap();
+    f.seqs.insert("p-a".into(), evidence.request_seq);
+    assert_eq!(r.status, HeartbeatStatus::SyncMetadata);
+    let round = f.group.meta.incarnation;
+    assert!(f.group.meta.correction_round.is_some());
+    f.advance_ms(1000);
+    let with_conflict = |incarnation, seq| HeartbeatRequest {
+        request_seq: seq,
+        fence_conflicts: vec![FenceConflict {
+            shard_index: 1,
+            incarnation,
+            epoch: r.member_epoch,
+        }],
+        ..request("a", "p-a", r.member_epoch, &[0, 1])
+    };
+    assert_ne!(
+        f.transition(&with_conflict(round - 1, 100)),
+        Ok(Transition::NeedsFences),
+        "a fence from before the round is no evidence during it"
+    );
+    assert_eq!(
+        f.transition(&with_conflict(round, 101)),
+        Ok(Transition::NeedsFences),
+        "a token of the round's own incarnation"
+    );
+    let above = HeartbeatRequest {
+        request_seq: 102,
+        ..request("a", "p-a", f.group.meta.group_epoch + 1, &[0, 1])
+    };
+    assert_eq!(
+        f.transition(&above),
+        Ok(Transition::NeedsFences),
+        "a member epoch above the stored group epoch"
+    );
+}

@@ -53,6 +53,20 @@ pub(super) fn is_lost_metadata_evidence(
     })
 }
 
+/// Evidence, during a correction round, that the round itself was restored by lost writes
+/// after it had ended (or that a later round was lost): an epoch or version above the stored
+/// ones, or a fence raised at or above the round's incarnation (no one starts a shard while the
+/// round runs, and the round's incarnation is above every fence found when it started).
+pub(super) fn is_lost_round_evidence(group: &Group, request: &HeartbeatRequest) -> bool {
+    let meta = &group.meta;
+    request.metadata_version > meta.metadata_version
+        || request.member_epoch > meta.group_epoch
+        || request
+            .fence_conflicts
+            .iter()
+            .any(|c| c.incarnation >= meta.incarnation)
+}
+
 /// Starts a new incarnation above every token found, with epochs restarting above any found,
 /// lasting at least one lease TTL (the longest of the known members' own TTLs and this
 /// transition's) and until every live member has heartbeated on it.

@@ -133,9 +133,12 @@ fn prepare(
         finish(group, ctx.now);
         return Ok(Prepared::Answered(stored));
     }
-    if group.meta.correction_round.is_none()
-        && is_lost_metadata_evidence(group, request, ctx.now, config)
-    {
+    let evidence = if group.meta.correction_round.is_none() {
+        is_lost_metadata_evidence(group, request, ctx.now, config)
+    } else {
+        correction::is_lost_round_evidence(group, request)
+    };
+    if evidence {
         return Ok(Prepared::LostMetadata);
     }
     Ok(Prepared::Proceed)
