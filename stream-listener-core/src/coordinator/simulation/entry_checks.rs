@@ -69,10 +69,11 @@ impl Ledger {
         ));
     }
 
-    /// (b): `who`'s blocking wait put `id` into its PEL while the fence held `fence`, not the
-    /// token whose gate the wait named.
-    pub(super) fn zombie_wait_read(
+    /// (b): `who`'s `read` (its blocking wait, or its read through the gates) put `id` into
+    /// its PEL while the fence held `fence`, not the token whose gates it named (or should have).
+    pub(super) fn zombie_gated_read(
         &mut self,
+        read: &str,
         shard: ShardIndex,
         id: EntryId,
         who: &str,
@@ -80,24 +81,8 @@ impl Ledger {
     ) {
         self.zombie_reads += 1;
         self.violate(format!(
-            "zombie read: {who}'s blocking wait read entry {id} of shard {shard} into its PEL \
-             while the fence held {fence}"
-        ));
-    }
-
-    /// (b): `who`'s gate read put `id` into its PEL while the fence held `fence`, not the
-    /// token whose gates the read named (or should have).
-    pub(super) fn zombie_gate_read(
-        &mut self,
-        shard: ShardIndex,
-        id: EntryId,
-        who: &str,
-        fence: &str,
-    ) {
-        self.zombie_reads += 1;
-        self.violate(format!(
-            "zombie read: {who}'s gate read read entry {id} of shard {shard} into its PEL while \
-             the fence held {fence}"
+            "zombie read: {who}'s {read} read entry {id} of shard {shard} into its PEL while the \
+             fence held {fence}"
         ));
     }
 

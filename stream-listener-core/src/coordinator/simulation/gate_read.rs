@@ -98,9 +98,13 @@ impl World {
                 if !ids.is_empty() && holder != Some(token) {
                     let fence = format!("{:?}", self.fences.get(shard));
                     for id in &ids {
-                        self.data
-                            .ledger
-                            .zombie_gate_read(*shard, *id, &process, &fence);
+                        self.data.ledger.zombie_gated_read(
+                            "gate read",
+                            *shard,
+                            *id,
+                            &process,
+                            &fence,
+                        );
                     }
                 }
                 self.stats.gate_read_entries += ids.len() as u64;

@@ -361,7 +361,9 @@ impl World {
                 let fence = format!("{:?}", self.fences.get(shard));
                 let who = self.procs[wait.proc].process_id.clone();
                 for id in &ids {
-                    self.data.ledger.zombie_wait_read(*shard, *id, &who, &fence);
+                    self.data
+                        .ledger
+                        .zombie_gated_read("blocking wait", *shard, *id, &who, &fence);
                 }
             }
             self.stats.wait_entries += ids.len() as u64;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::tests::{
-    CONSUMER, GROUP, entry_ids, fenced_client, key, pending, setup, shard_client, token,
+    CONSUMER, GROUP, append, entry_ids, fenced_client, key, pending, setup, shard_client, token,
 };
 use super::*;
 use crate::connection::{RedisFailure, RedisTarget};
@@ -754,20 +754,6 @@ async fn a_raise_closes_the_groups_other_gates_even_over_a_lost_fence() {
     let mut expected = vec![gate(&owner_token()), other];
     expected.sort();
     assert_eq!(registry(&mut conn).await, expected);
-}
-
-/// Appends `n` entries to shard `shard`.
-async fn append(conn: &mut RedisConnection, shard: ShardIndex, n: usize) {
-    for i in 0..n {
-        let _: String = redis::cmd("XADD")
-            .arg(key(shard))
-            .arg("*")
-            .arg("n")
-            .arg(i)
-            .query_async(conn)
-            .await
-            .unwrap();
-    }
 }
 
 /// Entries of a round's share, 0 for any other read.

@@ -47,18 +47,23 @@ pub(super) async fn setup(shards: u32, entries: usize) -> (RedisServer, RedisCon
                 stream_created: true
             }
         );
-        for n in 0..entries {
-            let _: String = redis::cmd("XADD")
-                .arg(key(shard))
-                .arg("*")
-                .arg("n")
-                .arg(n)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
+        append(&mut conn, shard, entries).await;
     }
     (server, conn)
+}
+
+/// Appends `n` entries (field `n`: 0, 1, …) to shard `shard`.
+pub(super) async fn append(conn: &mut RedisConnection, shard: ShardIndex, n: usize) {
+    for i in 0..n {
+        let _: String = redis::cmd("XADD")
+            .arg(key(shard))
+            .arg("*")
+            .arg("n")
+            .arg(i)
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
 }
 
 /// [`setup`], and the member's read rounds on it, `count` entries per shard per round.
