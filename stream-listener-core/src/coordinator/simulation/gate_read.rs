@@ -148,21 +148,16 @@ impl World {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::Variant;
+    use crate::coordinator::simulation::ReadVariant;
+    use crate::coordinator::simulation::gates::one_member_holding;
     use crate::coordinator::simulation::shard_task::{Phase, ShardTask};
-    use crate::coordinator::simulation::{Faults, ReadVariant};
     use crate::testing::fixtures::fence_token as token;
 
     /// A world with one member process that believes the gates of shards 0 and 1 open for
     /// `mine`, which both fences hold, with entries on both; the gates are open.
     fn believing(variant: ReadVariant, mine: &FenceToken) -> World {
-        let faults = Faults::default().with_data_plane();
-        let mut world = World::new(1, Variant::default(), variant, faults);
-        world.spawn_member();
+        let mut world = one_member_holding(variant, mine, &[0, 1]);
         for shard in [0, 1] {
-            world.fences.insert(shard, mine.clone());
-            world.data.last_raised.insert(shard, mine.clone());
-            world.data.gates.open(Gates::key(shard, mine, variant));
             world.data.shards.entry(shard).or_default().append(2);
             let mut task = ShardTask::new(mine.clone());
             task.phase = Phase::New;

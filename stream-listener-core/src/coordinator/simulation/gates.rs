@@ -113,6 +113,25 @@ impl Gates {
     }
 }
 
+/// A world for the gates' unit tests (`wait.rs`, `gate_read.rs`): one member process, and
+/// `shards` whose fences hold `token` (as its last raise) with the token's gate open.
+#[cfg(test)]
+pub(super) fn one_member_holding(
+    variant: ReadVariant,
+    token: &FenceToken,
+    shards: &[ShardIndex],
+) -> super::World {
+    let faults = super::Faults::default().with_data_plane();
+    let mut world = super::World::new(1, crate::coordinator::Variant::default(), variant, faults);
+    world.spawn_member();
+    for &shard in shards {
+        world.fences.insert(shard, token.clone());
+        world.data.last_raised.insert(shard, token.clone());
+        world.data.gates.open(Gates::key(shard, token, variant));
+    }
+    world
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -543,20 +543,14 @@ impl World {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::Variant;
-    use crate::coordinator::simulation::gates::Gates;
-    use crate::coordinator::simulation::{Faults, ReadVariant};
+    use crate::coordinator::simulation::ReadVariant;
+    use crate::coordinator::simulation::gates::{Gates, one_member_holding};
     use crate::testing::fixtures::fence_token as token;
 
     /// A world with one member process and shard 0, whose fence holds `zombie` and whose gate for
     /// it is open: the zombie's wait on it has blocked.
     fn blocked_zombie(variant: ReadVariant, zombie: &FenceToken) -> World {
-        let faults = Faults::default().with_data_plane();
-        let mut world = World::new(1, Variant::default(), variant, faults);
-        world.spawn_member();
-        world.fences.insert(0, zombie.clone());
-        world.data.last_raised.insert(0, zombie.clone());
-        world.data.gates.open(Gates::key(0, zombie, variant));
+        let mut world = one_member_holding(variant, zombie, &[0]);
         world.wait_arrives(wait(zombie));
         assert_eq!(world.data.blocked.len(), 1, "no entry yet: it blocks");
         world
