@@ -267,7 +267,7 @@ pub(crate) async fn read_round(
         ReadKind::ThroughGates(gates) => match replies.next() {
             // A gate closed (or a group missing, or BUSY): nothing was read. The check decides.
             Some(Value::ServerError(_)) => {
-                checked_read(conn, group, consumer, count, &parts).await?
+                checked_read(conn, group, consumer, count, &parts, &keys, &gates[0]).await?
             }
             Some(reply) => entries_per_key(reply, &keys, &gates),
             None => unexpected(&keys, "no read reply"),
@@ -283,27 +283,22 @@ pub(crate) async fn read_round(
         .collect())
 }
 
-/// The transaction with the check alone (no acks): after a read through the gates failed.
+/// The transaction with the check alone (no acks), reading through `gate` (the first part's):
+/// after a read through the gates failed.
 async fn checked_read(
     conn: &mut RedisConnection,
     group: &str,
     consumer: &str,
     count: usize,
     parts: &[RoundPart],
+    keys: &[String],
+    gate: &str,
 ) -> redis::RedisResult<Vec<PartRead>> {
-    let keys: Vec<String> = parts.iter().map(|p| p.key.clone()).collect();
-    let Some(gate) = parts
-        .iter()
-        .find_map(|p| p.fence.as_ref())
-        .map(|f| f.gate.clone())
-    else {
-        return Ok(unexpected(&keys, "no fence"));
-    };
     let mut pipe = redis::pipe();
-    add_strict_read(&mut pipe, group, consumer, count, parts, &gate);
+    add_strict_read(&mut pipe, group, consumer, count, parts, gate);
     pipe.ignore_errors();
     let replies: Vec<Value> = pipe.query_async(conn).await?;
-    Ok(strict_shares(replies, &keys, &gate))
+    Ok(strict_shares(replies, keys, gate))
 }
 
 /// The strict read (docs/design.md §8.16): `MULTI`, the `EVAL` of the check over the fences of
