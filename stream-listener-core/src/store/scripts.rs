@@ -150,3 +150,68 @@ return {'1', response}
     });
     &SCRIPT
 }
+
+/// The combiner lease of a group hash (docs/design.md §5.7), shared by the submit and poll
+/// scripts: `try_lease(h, token, ttl)` takes the field `combiner` (`<token>|<expiry µs>`) when it
+/// is absent, expired or unreadable, and returns whether it did. The lease only saves work: the
+/// compare-and-set of the batch is what keeps two combiners from both writing.
+const COMBINER_LEASE_LUA: &str = r"
+local function try_lease(h, token, ttl)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local held = redis.call('HGET', h, 'combiner')
+  local expiry = held and tonumber(string.match(held, '|(%d+)$'))
+  if expiry and expiry > now then return '0' end
+  redis.call('HSET', h, 'combiner', token .. '|' .. string.format('%.0f', now + tonumber(ttl)))
+  return '1'
+end
+";
+
+/// Queues a full heartbeat for the group's combiner (docs/design.md §5.7). KEYS[1] group hash.
+/// ARGV: request id, request JSON, combiner token, combiner lease (µs), queue bound.
+/// Returns {'1', '1' when this caller took the combiner lease else '0'} when queued, {'0'} when
+/// not: no group hash (the caller's own transition reports it) or the queue holds the bound
+/// already. A `reqseq` or `reqdone` that is no integer fails the call (`HINCRBY`, `tonumber`):
+/// the caller then runs the transition itself, which names what is corrupt when it matters.
+/// Not `allow-oom`: a refused queue falls back to the caller's own transition, which is.
+pub(crate) fn group_submit() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(&format!(
+            "{COMBINER_LEASE_LUA}{}",
+            r"
+local h = KEYS[1]
+if redis.call('TYPE', h).ok ~= 'hash' then return {'0'} end
+local done = tonumber(redis.call('HGET', h, 'reqdone') or '0')
+local last = tonumber(redis.call('HGET', h, 'reqseq') or '0')
+if last - done >= tonumber(ARGV[5]) then return {'0'} end
+local n = redis.call('HINCRBY', h, 'reqseq', 1)
+redis.call('HSET', h, 'req:' .. n, ARGV[1] .. '\n' .. ARGV[2])
+return {'1', try_lease(h, ARGV[3], ARGV[4])}
+"
+        ))
+    });
+    &SCRIPT
+}
+
+/// A queued heartbeat's wait (docs/design.md §5.7). KEYS[1] group hash. ARGV: request id,
+/// combiner token, combiner lease (µs). Returns {'1', answer} and deletes it when the combiner
+/// has answered (`<expiry µs>|<response JSON>`, or `<expiry µs>|solo`); else {'0', '1' when this
+/// caller took the combiner lease else '0'}; {'2'} when the group hash is gone.
+pub(crate) fn group_poll() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(&format!(
+            "{COMBINER_LEASE_LUA}{}",
+            r"
+local h = KEYS[1]
+if redis.call('TYPE', h).ok ~= 'hash' then return {'2'} end
+local answer = redis.call('HGET', h, 'resp:' .. ARGV[1])
+if answer then
+  redis.call('HDEL', h, 'resp:' .. ARGV[1])
+  return {'1', answer}
+end
+return {'0', try_lease(h, ARGV[2], ARGV[3])}
+"
+        ))
+    });
+    &SCRIPT
+}

@@ -10,9 +10,12 @@
 //! A full heartbeat loads everything and Redis `TIME` with one script, runs the pure
 //! [`crate::coordinator::heartbeat`], and writes only the changed fields with a compare-and-set
 //! script that checks `revision` and `leaseRevision`; conflicts retry with jitter, then `RETRY`.
+//! Full heartbeats are queued in the hash and applied in batches by whichever requester holds
+//! the combiner lease (`combining`); a requester runs its own only for what a batch leaves.
 //! A steady-state heartbeat is one script that answers exactly what the full transition would
 //! and only moves the lease (bumping `leaseRevision`, so a concurrent full transition notices).
 
+mod combining;
 mod decode;
 mod decoded;
 mod fast_path;
@@ -57,7 +60,8 @@ pub struct HeartbeatOutcome {
     pub response: HeartbeatResponse,
     /// Answered by the steady-state fast path (one script).
     pub fast_path: bool,
-    /// Compare-and-set attempts of the full transition (0 on the fast path).
+    /// Compare-and-set attempts of the requester's own full transition (0 on the fast path, 1
+    /// when a combined batch answered it, docs/design.md §5.7).
     pub attempts: u32,
 }
 
@@ -179,8 +183,10 @@ impl GroupStore {
         })
     }
 
-    /// Runs one heartbeat: the fast path when it applies, else the full transition under
-    /// compare-and-set, retried with jitter up to a bound and then answered `RETRY`.
+    /// Runs one heartbeat: the fast path when it applies; else the full transition, queued for
+    /// the group's combiner and applied in a batch (docs/design.md §5.7), or, for what a batch
+    /// does not answer, run by this requester under compare-and-set, retried with jitter up to
+    /// a bound and then answered `RETRY`.
     ///
     /// # Errors
     /// [`StoreError::Coordinator`] for a malformed or stale request; [`StoreError::MissingStream`],
@@ -200,6 +206,25 @@ impl GroupStore {
             });
         }
         let mut stream = self.read_stream_view(Some(stream_version)).await?;
+        if let combining::Combined::Answered(response) = self.combined(request, &mut stream).await?
+        {
+            return Ok(HeartbeatOutcome {
+                response,
+                fast_path: false,
+                attempts: 1,
+            });
+        }
+        self.own_transition(request, stream).await
+    }
+
+    /// The full transition run by the requester itself, under compare-and-set, retried with
+    /// jitter up to a bound and then answered `RETRY`: for what a combined batch does not
+    /// answer (docs/design.md §5.7).
+    async fn own_transition(
+        &mut self,
+        request: &HeartbeatRequest,
+        mut stream: StreamView,
+    ) -> Result<HeartbeatOutcome, StoreError> {
         for attempt in 1..=MAX_ATTEMPTS {
             let loaded = self.load().await?;
             if loaded.group.meta.metadata_version > stream.metadata_version {

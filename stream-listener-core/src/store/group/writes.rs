@@ -71,6 +71,16 @@ impl Writes {
             && self.history.is_empty()
     }
 
+    /// Sets `field` to `value` whatever the loaded hash holds.
+    pub(super) fn set(&mut self, field: String, value: String) {
+        self.set.push((field, value));
+    }
+
+    /// Deletes `field` of the group hash.
+    pub(super) fn delete(&mut self, field: String) {
+        self.delete.push(field);
+    }
+
     /// Sets `field` to `value` unless the loaded hash holds exactly that; whether it was set.
     fn set_if_changed(&mut self, loaded: &LoadedGroup, field: String, value: String) -> bool {
         if loaded.fields.get(&field) == Some(&value) {
