@@ -16,6 +16,7 @@
 #[macro_use]
 mod flags;
 
+mod batch;
 mod error;
 mod transition;
 
@@ -29,6 +30,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+pub(crate) use batch::heartbeat_batch;
 pub use error::{CoordinatorError, TimingsError};
 pub use transition::{
     Transition, advance, heartbeat, heartbeat_with_fences, next_deadline, request_fingerprint,

@@ -15,12 +15,11 @@
 //! (`<request id>\n<requester's timings>\n<request JSON>`), `resp:<request id>` (`<expiry µs>|<response JSON>` or
 //! `<expiry µs>|solo`) and `combiner` (`<token>|<expiry µs>`).
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::writes::Writes;
 use super::{GroupStore, LoadedGroup, MAX_ATTEMPTS, duration_us, jitter};
-use crate::coordinator::{self, Context, CoordinatorConfig, StreamView, Transition};
+use crate::coordinator::{self, Context, CoordinatorConfig, StreamView};
 use crate::model::{HeartbeatRequest, HeartbeatResponse, Micros};
 use crate::store::{StoreError, scripts};
 
@@ -126,7 +125,12 @@ impl GroupStore {
                 // As in the requester's own transition (`GroupStore::heartbeat`).
                 *stream = self.read_stream_view(None).await?;
             }
-            let (group, answers) = apply_batch(&loaded, &queue.requests, stream);
+            let ctx = Context {
+                now: loaded.now,
+                stream,
+            };
+            let (group, answers) =
+                coordinator::heartbeat_batch(&loaded.group, &queue.requests, &ctx);
             let mut writes = Writes::diff(&loaded, &group, &self.config)?;
             queue.write_answers(&loaded, &answers, &mut writes)?;
             if self.compare_and_set(&loaded, &writes).await? {
@@ -200,18 +204,13 @@ fn decode_timings(text: &str, combiner: &CoordinatorConfig) -> Option<Coordinato
     Some(config)
 }
 
-/// One queued heartbeat.
-struct Queued {
-    /// The requester's id for the answer.
-    id: String,
-    /// The request and its requester's timings; `None` when the stored text does not read:
-    /// answered `solo`.
-    request: Option<(HeartbeatRequest, CoordinatorConfig)>,
-}
-
 /// The queue as loaded: the heartbeats to apply, in order, and what the batch's write removes.
 struct Queue {
-    requests: Vec<Queued>,
+    /// The requesters' ids for the answers, in queue order.
+    ids: Vec<String>,
+    /// Each request with its requester's timings, in queue order; `None` when the stored text
+    /// does not read (answered `solo`).
+    requests: Vec<Option<(HeartbeatRequest, CoordinatorConfig)>>,
     /// The number of the last request in `requests` (the new `reqdone`).
     last: u64,
     /// `req:` fields to delete: those in `requests`, and leftovers at or below `reqdone` or
@@ -242,23 +241,20 @@ impl Queue {
         numbered.sort_unstable_by_key(|(n, ..)| *n);
         numbered.truncate(MAX_BATCH);
         let last = numbered.last().map_or(answered_up_to, |(n, ..)| *n);
-        let requests = numbered
-            .into_iter()
-            .map(|(_, field, id, body)| {
-                done.push(field.clone());
-                let request = body.split_once('\n').and_then(|(timings, json)| {
-                    Some((
-                        serde_json::from_str(json).ok()?,
-                        decode_timings(timings, combiner)?,
-                    ))
-                });
-                Queued {
-                    id: id.to_owned(),
-                    request,
-                }
-            })
-            .collect();
+        let mut ids = Vec::with_capacity(numbered.len());
+        let mut requests = Vec::with_capacity(numbered.len());
+        for (_, field, id, body) in numbered {
+            done.push(field.clone());
+            ids.push(id.to_owned());
+            requests.push(body.split_once('\n').and_then(|(timings, json)| {
+                Some((
+                    serde_json::from_str(json).ok()?,
+                    decode_timings(timings, combiner)?,
+                ))
+            }));
+        }
         Queue {
+            ids,
             requests,
             last,
             done,
@@ -274,13 +270,13 @@ impl Queue {
         writes: &mut Writes,
     ) -> Result<(), StoreError> {
         let expiry = loaded.now + duration_us(ANSWER_TTL);
-        for (queued, answer) in self.requests.iter().zip(answers) {
+        for (id, answer) in self.ids.iter().zip(answers) {
             let body = match answer {
                 Some(response) => serde_json::to_string(response)
                     .map_err(|e| StoreError::corrupt("group", ANSWER, e))?,
                 None => SOLO.to_owned(),
             };
-            writes.set(format!("{ANSWER}{}", queued.id), format!("{expiry}|{body}"));
+            writes.set(format!("{ANSWER}{id}"), format!("{expiry}|{body}"));
         }
         writes.set(ANSWERED_UP_TO.to_owned(), self.last.to_string());
         for field in &self.done {
@@ -302,44 +298,4 @@ fn answer_expired(value: &str, now: Micros) -> bool {
         .split_once('|')
         .and_then(|(expiry, _)| expiry.parse::<Micros>().ok())
         .is_none_or(|expiry| expiry <= now)
-}
-
-/// Applies `requests` in order, each with its requester's timings, to the loaded group at its
-/// `TIME`: the group after them and one answer per request, `None` for those answered `solo`. A request the pure coordinator refuses
-/// or that needs the fences may have advanced the group partly (`coordinator::heartbeat`), so
-/// the batch starts again from the load without it.
-fn apply_batch(
-    loaded: &LoadedGroup,
-    requests: &[Queued],
-    stream: &StreamView,
-) -> (coordinator::Group, Vec<Option<HeartbeatResponse>>) {
-    let ctx = Context {
-        now: loaded.now,
-        stream,
-    };
-    let mut solo: BTreeSet<usize> = requests
-        .iter()
-        .enumerate()
-        .filter(|(_, q)| q.request.is_none())
-        .map(|(i, _)| i)
-        .collect();
-    'replay: loop {
-        let mut group = loaded.group.clone();
-        let mut answers = Vec::with_capacity(requests.len());
-        for (i, queued) in requests.iter().enumerate() {
-            let Some((request, config)) = queued.request.as_ref().filter(|_| !solo.contains(&i))
-            else {
-                answers.push(None);
-                continue;
-            };
-            match coordinator::heartbeat(&mut group, request, &ctx, config) {
-                Ok(Transition::Done(response)) => answers.push(Some(response)),
-                Ok(Transition::NeedsFences) | Err(_) => {
-                    solo.insert(i);
-                    continue 'replay;
-                }
-            }
-        }
-        return (group, answers);
-    }
 }
