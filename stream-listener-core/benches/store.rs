@@ -916,7 +916,10 @@ fn process_cpu() -> f64 {
 /// `window`: (script, calls, usec), told apart by their keys and arguments (`EVALSHA sha numkeys
 /// …`: the load has 2 keys and no argument, the fast path 2 keys and arguments, the
 /// compare-and-set 3 keys). The SLOWLOG settings are restored afterwards.
-async fn script_sample(conn: &mut RedisConnection, window: Duration) -> Vec<(String, u64, u64)> {
+async fn script_sample(
+    conn: &mut RedisConnection,
+    window: Duration,
+) -> Vec<(String, u64, u64, u64)> {
     let get = |conn: &mut RedisConnection, name: &'static str| {
         let mut conn = conn.clone();
         async move {
@@ -958,7 +961,7 @@ async fn script_sample(conn: &mut RedisConnection, window: Duration) -> Vec<(Str
         .await;
     let _: redis::RedisResult<()> = redis::cmd("SLOWLOG").arg("RESET").query_async(conn).await;
     set(conn, "slowlog-max-len", len).await;
-    let mut by_script: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut by_script: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
     for entry in entries.unwrap_or_default() {
         // [id, timestamp, usec, [args…], client address, client name]
         let redis::Value::Array(fields) = entry else {
@@ -984,6 +987,8 @@ async fn script_sample(conn: &mut RedisConnection, window: Duration) -> Vec<(Str
                 (Some("2"), 5) => "script: load".to_owned(),
                 (Some("2"), _) => "script: fast path".to_owned(),
                 (Some("3"), _) => "script: compare-and-set".to_owned(),
+                (Some("1"), 8) => "script: submit (queue)".to_owned(),
+                (Some("1"), 6) => "script: poll (queue)".to_owned(),
                 (keys, _) => format!("script: other ({} keys)", keys.unwrap_or("?")),
             }
         } else {
@@ -992,10 +997,11 @@ async fn script_sample(conn: &mut RedisConnection, window: Duration) -> Vec<(Str
         let e = by_script.entry(name).or_default();
         e.0 += 1;
         e.1 += usec;
+        e.2 = e.2.max(usec);
     }
-    let mut scripts: Vec<(String, u64, u64)> = by_script
+    let mut scripts: Vec<(String, u64, u64, u64)> = by_script
         .into_iter()
-        .map(|(name, (calls, usec))| (name, calls, usec))
+        .map(|(name, (calls, usec, max))| (name, calls, usec, max))
         .collect();
     scripts.sort_by_key(|s| std::cmp::Reverse(s.2));
     scripts
@@ -1040,7 +1046,8 @@ struct Concurrent {
     redis_cpu: f64,
     bench_cpu: f64,
     commands: Vec<(String, u64, u64)>,
-    scripts: Vec<(String, u64, u64)>,
+    /// Per command: name, calls, total µs, the longest call's µs.
+    scripts: Vec<(String, u64, u64, u64)>,
 }
 
 /// Every member in its own task, heartbeating every `heartbeat_interval` on its own schedule,
@@ -1362,16 +1369,17 @@ fn print_concurrent(c: &Concurrent, config: &CoordinatorConfig, members: usize) 
             ""
         }
     );
-    // The load script reads Redis TIME: its calls count the group loads (the monitor's too),
-    // one per compare-and-set attempt of a full transition (and one more before a RETRY).
+    // The load script's HGETALL of the group hash counts the group loads (the monitor's too):
+    // one per batch of combined full transitions and per attempt of a requester's own (the
+    // combiner's submit and poll scripts read TIME as well, so TIME no longer counts them).
     let loads = c
         .commands
         .iter()
-        .find(|(name, _, _)| name == "time")
+        .find(|(name, _, _)| name == "hgetall")
         .map_or(0, |(_, calls, _)| *calls);
     println!(
-        "  group loads (TIME calls) {loads}: {:.1} per full transition; bench CPU {:.1} ms per \
-         load (the client's decode + transition of each attempt)",
+        "  group loads (HGETALL calls) {loads}: {:.2} per full transition; bench CPU {:.1} ms \
+         per load (the client's decode + the transitions of each batch or attempt)",
         loads as f64 / c.full.max(1) as f64,
         c.bench_cpu * c.wall.as_secs_f64() * 1e3 / loads.max(1) as f64
     );
@@ -1381,9 +1389,9 @@ fn print_concurrent(c: &Concurrent, config: &CoordinatorConfig, members: usize) 
         println!("  SLOWLOG sample of the scripts: none taken (converged first)");
     } else {
         println!("  SLOWLOG sample (1 s, a second after the last join), server time per command:");
-        for (name, calls, usec) in c.scripts.iter().take(6) {
+        for (name, calls, usec, max) in c.scripts.iter().take(8) {
             println!(
-                "    {name:<24} calls {calls:>7}  usec {usec:>10}  usec/call {:>8.2}",
+                "    {name:<24} calls {calls:>7}  usec {usec:>10}  usec/call {:>8.2}  max {max:>7}",
                 *usec as f64 / (*calls).max(1) as f64
             );
         }
