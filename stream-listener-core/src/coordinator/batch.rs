@@ -1,7 +1,7 @@
 //! A batch of heartbeats applied at one instant (docs/design.md §5.7): what the store's combiner
 //! runs on the group it loaded.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use super::{Context, CoordinatorConfig, Group, Transition, heartbeat};
 use crate::model::{HeartbeatRequest, HeartbeatResponse};
@@ -13,7 +13,12 @@ use crate::model::{HeartbeatRequest, HeartbeatResponse};
 /// the requester's own transition reports the error or reads the fences.
 ///
 /// The result is what applying the answered requests one after another at `ctx.now` gives, so
-/// every rule and invariant of a single heartbeat holds after each of them. A refused request may
+/// every rule and invariant of a single heartbeat holds after each of them, with one addition to
+/// rule 0 (a retried request gets the stored response): a request repeated within the batch (same
+/// member, process and `requestSeq`) gets the answer of its first copy, even when that one made
+/// the member leave. A requester whose batch failed to write (a Redis error) may send its request
+/// again while the first copy is still queued; it must get the answer the first copy got, not
+/// `UNKNOWN_MEMBER_ID` from a member its own leave removed. A refused request may
 /// have advanced the group partly ([`heartbeat`]), so the batch then starts again from `group`
 /// as given, without it: one clone of the group per such request, none otherwise.
 pub(crate) fn heartbeat_batch(
@@ -29,14 +34,27 @@ pub(crate) fn heartbeat_batch(
         .collect();
     'replay: loop {
         let mut after = group.clone();
-        let mut answers = Vec::with_capacity(requests.len());
+        let mut answers: Vec<Option<HeartbeatResponse>> = Vec::with_capacity(requests.len());
+        let mut first_copies: HashMap<(&str, &str, u64), usize> = HashMap::new();
         for (i, queued) in requests.iter().enumerate() {
             let Some((request, config)) = queued.as_ref().filter(|_| !left_out.contains(&i)) else {
                 answers.push(None);
                 continue;
             };
+            let copy_of = (
+                request.member_id.as_str(),
+                request.process_id.as_str(),
+                request.request_seq,
+            );
+            if let Some(&first) = first_copies.get(&copy_of) {
+                answers.push(answers[first].clone());
+                continue;
+            }
             match heartbeat(&mut after, request, ctx, config) {
-                Ok(Transition::Done(response)) => answers.push(Some(response)),
+                Ok(Transition::Done(response)) => {
+                    first_copies.insert(copy_of, i);
+                    answers.push(Some(response));
+                }
                 Ok(Transition::NeedsFences) | Err(_) => {
                     left_out.insert(i);
                     continue 'replay;

@@ -168,24 +168,32 @@ end
 ";
 
 /// Queues a full heartbeat for the group's combiner (docs/design.md §5.7). KEYS[1] group hash.
-/// ARGV: request id, request JSON, combiner token, combiner lease (µs), queue bound.
+/// ARGV: request id, request entry, combiner token, combiner lease (µs), queue bound.
 /// Returns {'1', '1' when this caller took the combiner lease else '0'} when queued, {'0'} when
 /// not: no group hash (the caller's own transition reports it) or the queue holds the bound
-/// already. A `reqseq` or `reqdone` that is no integer fails the call (`HINCRBY`, `tonumber`):
-/// the caller then runs the transition itself, which names what is corrupt when it matters.
-/// Not `allow-oom`: a refused queue falls back to the caller's own transition, which is.
+/// already. A `reqdone` that is not a whole number below 2^53 counts as 0 (the next batch
+/// rewrites it), and a `reqseq` that is not one, or is below `reqdone`, as `reqdone`: corrupt
+/// counters repair themselves, and the numbers stay exact as Lua doubles and print without an
+/// exponent (`%.0f`). Not `allow-oom`: a refused queue falls back to the caller's own
+/// transition, which is.
 pub(crate) fn group_submit() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(&format!(
             "{COMBINER_LEASE_LUA}{}",
             r"
+local function counter(field)
+  local n = tonumber(redis.call('HGET', KEYS[1], field) or '0')
+  if n and n >= 0 and n < 9007199254740992 and n == math.floor(n) then return n end
+  return nil
+end
 local h = KEYS[1]
 if redis.call('TYPE', h).ok ~= 'hash' then return {'0'} end
-local done = tonumber(redis.call('HGET', h, 'reqdone') or '0')
-local last = tonumber(redis.call('HGET', h, 'reqseq') or '0')
+local done = counter('reqdone') or 0
+local last = counter('reqseq')
+if not last or last < done then last = done end
 if last - done >= tonumber(ARGV[5]) then return {'0'} end
-local n = redis.call('HINCRBY', h, 'reqseq', 1)
-redis.call('HSET', h, 'req:' .. n, ARGV[1] .. '\n' .. ARGV[2])
+local n = string.format('%.0f', last + 1)
+redis.call('HSET', h, 'reqseq', n, 'req:' .. n, ARGV[1] .. '\n' .. ARGV[2])
 return {'1', try_lease(h, ARGV[3], ARGV[4])}
 "
         ))

@@ -1,6 +1,7 @@
 //! Scenario tests of the coordinator rules (docs/design.md §4–§6), one rule at a time, with the
 //! exact expected responses, one file per concept. Random histories are in `simulation/`.
 
+mod batch;
 mod expiry;
 mod json;
 mod lost_metadata;
