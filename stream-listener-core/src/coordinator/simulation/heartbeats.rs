@@ -12,10 +12,35 @@ use super::{MS, World, us};
 use super::{Message, Reply};
 use crate::coordinator::invariants::check_group;
 use crate::coordinator::{CoordinatorConfig, Group, StreamView};
-use crate::model::{HeartbeatRequest, HeartbeatResponse};
+use crate::model::{HeartbeatRequest, HeartbeatResponse, Micros};
+
+/// A heartbeat the fast path sent on to the full transition: what its transition needs, alone
+/// or in a combined batch, and the store as the fast path saw it (the fallback's check replays
+/// its transition alone there).
+pub(super) struct Fallback {
+    pub(super) message: Message,
+    pub(super) config: CoordinatorConfig,
+    /// The stream view its store applies (with stale views, the one its process read).
+    pub(super) view: StreamView,
+    /// The store when the fast path fell back, at Redis `TIME` `at`, and the check that sent it.
+    pub(super) before: Store,
+    pub(super) at: Micros,
+    pub(super) reason: &'static str,
+}
 
 impl World {
+    /// A heartbeat reaches the store alone: the fast path, else its own full transition.
     pub(super) fn deliver_to_coordinator(&mut self, message: Message) -> Result<(), String> {
+        match self.try_fast_path(message)? {
+            Some(fallback) => self.own_transition(fallback),
+            None => Ok(()),
+        }
+    }
+
+    /// The fast-path script on a heartbeat that reaches the store: its answer goes back to the
+    /// member (checked against the full transition's), or it falls back, returned for a full
+    /// transition.
+    pub(super) fn try_fast_path(&mut self, message: Message) -> Result<Option<Fallback>, String> {
         // Redis `TIME` moves on between two scripts (a group lost and re-provisioned in the same
         // µs as a correction round started would share its incarnation).
         self.now += 1;
@@ -42,42 +67,92 @@ impl World {
             FastAnswer::Stale { last } => Err(StoreFailure::Stale { last }),
             FastAnswer::Fallback(reason) => {
                 self.stats.full_transitions += 1;
-                // Every compare-and-set lost to concurrent writers: `RETRY`, nothing written.
-                let contended = self.faulty && self.rng.random_bool(0.02);
-                let outcome = if contended {
-                    self.store.retry_response(&config)
-                } else {
-                    let current = self.stream.view();
-                    self.store
-                        .full_transition(request, &config, &view, &current, &self.fences, now)
-                };
-                if let Err(StoreFailure::Refused(reason)) = &outcome {
-                    return Err(format!(
-                        "coordinator refused a well-formed request: {reason}"
-                    ));
-                }
-                if outcome == Err(StoreFailure::MissingGroup) {
-                    // `member/heartbeat.rs` re-provisions with its store's timings.
-                    let current = self.stream.view();
-                    self.now += 1;
-                    if self.store.provision(&current, self.now, true, &config) {
-                        self.log.push(format!(
-                            "t={} {} re-provisions the group, hold {}ms",
-                            now / MS,
-                            request.member_id,
-                            us(config.member_lease_ttl) / MS
-                        ));
-                    }
-                }
-                if !contended && !self.faults.effects_only {
-                    self.check_needless_fallback(&before, reason, request, &config, &outcome)?;
-                }
-                outcome
+                return Ok(Some(Fallback {
+                    message,
+                    config,
+                    view,
+                    before,
+                    at: now,
+                    reason,
+                }));
             }
         };
+        self.answer("coord", &message, &config, &view, &before, outcome)?;
+        Ok(None)
+    }
+
+    /// The requester's own full transition (`GroupStore::own_transition`) at Redis `TIME` now:
+    /// a heartbeat delivered alone, or one a combined batch left to it.
+    pub(super) fn own_transition(&mut self, fallback: Fallback) -> Result<(), String> {
+        let Fallback {
+            message,
+            config,
+            view,
+            ..
+        } = &fallback;
+        let request = &message.request;
+        let before = self.store.clone();
+        let now = self.now;
+        // Every compare-and-set lost to concurrent writers: `RETRY`, nothing written.
+        let contended = self.faulty && self.rng.random_bool(0.02);
+        let outcome = if contended {
+            self.store.retry_response(config)
+        } else {
+            let current = self.stream.view();
+            self.store
+                .full_transition(request, config, view, &current, &self.fences, now)
+        };
+        if let Err(StoreFailure::Refused(reason)) = &outcome {
+            return Err(format!(
+                "coordinator refused a well-formed request: {reason}"
+            ));
+        }
+        if outcome == Err(StoreFailure::MissingGroup) {
+            // `member/heartbeat.rs` re-provisions with its store's timings.
+            let current = self.stream.view();
+            self.now += 1;
+            if self.store.provision(&current, self.now, true, config) {
+                self.log.push(format!(
+                    "t={} {} re-provisions the group, hold {}ms",
+                    now / MS,
+                    request.member_id,
+                    us(config.member_lease_ttl) / MS
+                ));
+            }
+        }
+        if !contended && !self.faults.effects_only {
+            self.check_needless_fallback(&fallback)?;
+        }
+        self.answer("coord", message, config, view, &before, outcome)
+    }
+
+    /// The store's answer to one heartbeat, on a store that was `before` when it arrived: logged,
+    /// the checks on the store and on the answer, and the reply on its way to the member.
+    fn answer(
+        &mut self,
+        label: &str,
+        message: &Message,
+        config: &CoordinatorConfig,
+        view: &StreamView,
+        before: &Store,
+        outcome: Result<HeartbeatResponse, StoreFailure>,
+    ) -> Result<(), String> {
+        self.log_answer(label, &message.request, view, &outcome);
+        self.check_store_change(before, &[&message.request])?;
+        self.reply(message, config, outcome)
+    }
+
+    /// One line of the log for the store's answer to `request`.
+    pub(super) fn log_answer(
+        &mut self,
+        label: &str,
+        request: &HeartbeatRequest,
+        view: &StreamView,
+        outcome: &Result<HeartbeatResponse, StoreFailure>,
+    ) {
         self.log.push(format!(
-            "t={} coord {}({}) seq={} epoch={} mv={} owned={:?} rev={:?} -> {}",
-            now / MS,
+            "t={} {label} {}({}) seq={} epoch={} mv={} owned={:?} rev={:?} -> {}",
+            self.now / MS,
             request.member_id,
             request.process_id,
             request.request_seq,
@@ -89,7 +164,7 @@ impl World {
                 .iter()
                 .map(|r| (r.shard_index, r.state))
                 .collect::<Vec<_>>(),
-            match &outcome {
+            match outcome {
                 Ok(r) => format!(
                     "{:?} e={} a={:?} p={:?} ge={} inc={} hb={} ttl={}",
                     r.status,
@@ -104,8 +179,18 @@ impl World {
                 Err(e) => format!("{e:?}"),
             }
         ));
-        self.check_correction_round_cause(&before, request)?;
-        if self.store != before {
+    }
+
+    /// The checks on a store that was `before` the heartbeats `requests` (one, or a combined
+    /// batch's): the cause of a correction round that started, and when the store changed, the
+    /// coordinator's invariants (and a snapshot that lost writes may revert to).
+    pub(super) fn check_store_change(
+        &mut self,
+        before: &Store,
+        requests: &[&HeartbeatRequest],
+    ) -> Result<(), String> {
+        self.check_correction_round_cause(before, requests)?;
+        if self.store != *before {
             if self.store.group.is_some() {
                 self.snapshots.push(self.store.clone());
                 if self.snapshots.len() > 30 {
@@ -114,14 +199,24 @@ impl World {
             }
             self.check_coordinator()?;
         }
+        Ok(())
+    }
+
+    /// `outcome` on its way back to the requester of `message`, a response with its own timings.
+    pub(super) fn reply(
+        &mut self,
+        message: &Message,
+        config: &CoordinatorConfig,
+        outcome: Result<HeartbeatResponse, StoreFailure>,
+    ) -> Result<(), String> {
         if let Ok(response) = &outcome
             && !self.faults.effects_only
         {
-            check_timings(response, &config)?;
+            check_timings(response, config)?;
         }
         self.to_members.push(Reply {
             proc: message.proc,
-            seq: request.request_seq,
+            seq: message.request.request_seq,
             outcome,
         });
         Ok(())
@@ -134,7 +229,7 @@ impl World {
     fn check_correction_round_cause(
         &self,
         before: &Store,
-        request: &HeartbeatRequest,
+        requests: &[&HeartbeatRequest],
     ) -> Result<(), String> {
         if self.faults.lost_writes || self.faults.group_loss {
             return Ok(());
@@ -145,9 +240,18 @@ impl World {
         };
         let now = started(&self.store);
         if now.is_some() && now != started(before) {
+            let heartbeats: Vec<String> = requests
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} ({}) with fence conflicts {:?}",
+                        r.member_id, r.process_id, r.fence_conflicts
+                    )
+                })
+                .collect();
             return Err(format!(
-                "a correction round started without lost writes, on the heartbeat of {} ({}) with fence conflicts {:?}",
-                request.member_id, request.process_id, request.fence_conflicts
+                "a correction round started without lost writes, on the heartbeat of {}",
+                heartbeats.join(", ")
             ));
         }
         Ok(())
@@ -241,24 +345,31 @@ impl World {
     /// The fast path fell back after its steady marker matched, on a request matching the
     /// member's fast entry: the full transition must have had work to do (else the fast path is
     /// off for no reason, as after a re-provisioning whose hand-out hold never stops counting).
-    pub(super) fn check_needless_fallback(
-        &self,
-        before: &Store,
-        reason: &str,
-        request: &HeartbeatRequest,
-        config: &CoordinatorConfig,
-        outcome: &Result<HeartbeatResponse, StoreFailure>,
-    ) -> Result<(), String> {
+    /// Judged on the store the fast path saw, with the request's transition alone there: what a
+    /// combined batch ran with it, or before its own transition, is no reason for the fallback.
+    pub(super) fn check_needless_fallback(&self, fallback: &Fallback) -> Result<(), String> {
+        let Fallback {
+            message,
+            config,
+            view,
+            before,
+            at,
+            reason,
+        } = fallback;
+        let request = &message.request;
         // Only the deadline: a passed lease may be rescued by the outage re-arm, which changes
         // nothing visible when the requester holds the only lease, and the script cannot tell.
-        if reason != "deadline passed" {
+        if *reason != "deadline passed" {
             return Ok(());
         }
-        let Some((forced, response)) = before.forced_fast_path(request, config, self.now) else {
+        let Some((forced, response)) = before.forced_fast_path(request, config, *at) else {
             return Ok(());
         };
-        let same = outcome.as_ref() == Ok(&response)
-            && comparable(forced.load(config)) == comparable(self.store.load(config));
+        let mut alone = before.clone();
+        let current = self.stream.view();
+        let outcome = alone.full_transition(request, config, view, &current, &self.fences, *at);
+        let same = outcome == Ok(response)
+            && comparable(forced.load(config)) == comparable(alone.load(config));
         if same {
             return Err(format!(
                 "fast path fell back ({reason}, steady {:?}, handOutNotBefore {:?}) but the full \
@@ -365,7 +476,7 @@ fn check_timings(response: &HeartbeatResponse, config: &CoordinatorConfig) -> Re
 }
 
 /// What differs between two loaded groups (fast path first), for a report.
-fn difference(fast: Option<&Group>, full: Option<&Group>) -> String {
+pub(super) fn difference(fast: Option<&Group>, full: Option<&Group>) -> String {
     let (Some(fast), Some(full)) = (fast, full) else {
         return format!("{fast:?} / {full:?}");
     };
@@ -384,7 +495,7 @@ fn difference(fast: Option<&Group>, full: Option<&Group>) -> String {
 }
 
 /// A loaded group with the fields a transition stamps with the time alone cleared.
-fn comparable(group: Option<Group>) -> Option<Group> {
+pub(super) fn comparable(group: Option<Group>) -> Option<Group> {
     let mut group = group?;
     group.meta.updated_at.clear();
     // The metadataVersion a member last reported is descriptive only (read by nothing but

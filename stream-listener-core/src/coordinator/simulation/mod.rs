@@ -13,8 +13,11 @@
 //! the next member re-provisions it with a hand-out hold, as the runtime does.
 //!
 //! Heartbeats go through a model of the store ([`store`]): the fast-path script whenever the
-//! real one would answer, else the full transition and the writes of `Writes::diff`. Members
-//! raise and check per-shard fences as §8 says; a reverted snapshot does not revert them.
+//! real one would answer, else the full transition and the writes of `Writes::diff`. With
+//! [`Faults::batches`], a heartbeat the fast path does not answer is sometimes combined with
+//! others in flight (`batch.rs`, docs/design.md §5.7): one load, the real `heartbeat_batch`, one
+//! write, and the requests it leaves run their own transitions. Members raise and check
+//! per-shard fences as §8 says; a reverted snapshot does not revert them.
 //!
 //! After every step: the invariants of §4 on the coordinator ([`super::invariants`]); epochs
 //! never decrease; the group's `metadataVersion` never goes back; from the members' side, no
@@ -22,8 +25,10 @@
 //! lost, and through the fences always. After every heartbeat: a response carries the
 //! requester's own timings; a fast-path answer is what the full transition would answer and
 //! leaves what it would leave; the fast path does not fall back on a request whose full
-//! transition only renews the lease. Each history ends with a fault-free phase in which every
-//! member heartbeats on the schedule its responses give it: none may expire, the group must reach
+//! transition only renews the lease; a combined batch answers what its requests' own
+//! transitions one after another would (a request repeated within it, what its first copy got),
+//! and leaves what they would. Each history ends with a fault-free phase in which every member
+//! heartbeats on the schedule its responses give it: none may expire, the group must reach
 //! STABLE with every shard read by one member, and further heartbeats must change no epoch.
 //!
 //! With [`Faults::entries`] the data plane is modelled too (docs/design.md §8): each shard's
@@ -58,6 +63,7 @@
 //! `SIM_READ_VARIANT` (e.g. `evalsha_check`).
 
 mod admin;
+mod batch;
 mod data_faults;
 mod data_settle;
 mod dataplane;
@@ -163,6 +169,12 @@ flags! {
         /// A request's stream metadata is the one its process read when it sent it, which a later
         /// transition of another process may already have passed.
         stale_views,
+        /// Full heartbeats combined in batches (docs/design.md §5.7, `batch.rs`): a heartbeat
+        /// the fast path sends on, delivered while others are in flight, is sometimes applied in
+        /// one batch with some of them (`heartbeat_batch`, one load, one write), and what the
+        /// batch leaves runs its own transition. Not a fault: the store's way of running
+        /// concurrent full transitions, on in [`Faults::all`].
+        batches,
         /// Skip the checks that compare a fast-path answer with the full transition's, a fallback
         /// with its full transition, and a response's timings with the requester's: a defect must
         /// then show through what it breaks (two readers, a punctual member expired, no
@@ -219,8 +231,8 @@ impl Faults {
         Faults::all()
     }
 
-    /// Every fault of the control plane (`effects_only` is a way of checking, not a fault). The
-    /// data plane's are added by [`Faults::with_data_plane`].
+    /// Every fault of the control plane (`effects_only` is a way of checking, not a fault), and
+    /// combined batches. The data plane's are added by [`Faults::with_data_plane`].
     pub(crate) fn all() -> Self {
         Faults::with(&[
             "lost_writes",
@@ -229,6 +241,7 @@ impl Faults {
             "mixed_timings",
             "group_loss",
             "stale_views",
+            "batches",
         ])
     }
 
@@ -344,6 +357,15 @@ pub(crate) struct Stats {
     steps: u64,
     fast_answers: u64,
     full_transitions: u64,
+    /// Combined batches (`batch.rs`), those of more than one request, the requests queued in
+    /// them, those that ran their own transitions after (solo, or an answer that did not read),
+    /// and batches that differ from their requests' own transitions only by the reloads between
+    /// those (`World::check_batch`).
+    batches: u64,
+    shared_batches: u64,
+    batched: u64,
+    batch_solo: u64,
+    batch_reload_differences: u64,
     admin_ops: u64,
     group_losses: u64,
     /// Entries appended, and handled at least once.
@@ -384,6 +406,11 @@ impl Stats {
         self.steps += other.steps;
         self.fast_answers += other.fast_answers;
         self.full_transitions += other.full_transitions;
+        self.batches += other.batches;
+        self.shared_batches += other.shared_batches;
+        self.batched += other.batched;
+        self.batch_solo += other.batch_solo;
+        self.batch_reload_differences += other.batch_reload_differences;
         self.admin_ops += other.admin_ops;
         self.group_losses += other.group_losses;
         self.appended += other.appended;

@@ -52,7 +52,7 @@ impl World {
                     self.to_coordinator.swap_remove(i)
                 };
                 if self.rng.random_bool(0.9) {
-                    self.deliver_to_coordinator(message)?;
+                    self.deliver_among_others(message)?;
                 }
             }
             50..=62 if !self.to_members.is_empty() => {

@@ -1,8 +1,9 @@
 //! The group store of `store/group/`, modelled field by field for the simulation: what a full
 //! transition writes (`Writes::diff`), what a load reads back (`decode_group` with
 //! `apply_fast_path_state`), and what the fast-path Lua script (`scripts::group_fast_path`)
-//! checks and does. Each operation is atomic, as a script is; a compare-and-set that loses every
-//! attempt to concurrent writers is modelled by the caller as a `RETRY` answer.
+//! checks and does, and a combined batch of full transitions (`combining.rs`, with
+//! `heartbeat_batch`). Each operation is atomic, as a script is; a compare-and-set that loses
+//! every attempt to concurrent writers is modelled by the caller as a `RETRY` answer.
 //!
 //! Keep it in step with the real store: a change there that this model does not follow makes
 //! the simulation check something other than what runs.
@@ -11,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::coordinator::{
     Context, CoordinatorConfig, CoordinatorError, Group, StreamView, Transition, heartbeat,
-    heartbeat_with_fences, member_lease_ttl_us, next_deadline, request_fingerprint,
-    steady_fingerprint, steady_response,
+    heartbeat_batch, heartbeat_with_fences, member_lease_ttl_us, next_deadline,
+    request_fingerprint, steady_fingerprint, steady_response,
 };
 use crate::fence::FenceToken;
 use crate::model::{
@@ -247,13 +248,7 @@ impl Store {
         now: Micros,
     ) -> Result<HeartbeatResponse, StoreFailure> {
         let loaded = self.load(config).ok_or(StoreFailure::MissingGroup)?;
-        let stream = if loaded.meta.metadata_version > stream.metadata_version
-            && !config.variant.stale_view_applied
-        {
-            current
-        } else {
-            stream
-        };
+        let stream = applied_view(&loaded, stream, current, config);
         let mut group = loaded.clone();
         let ctx = Context { now, stream };
         let result = match heartbeat(&mut group, request, &ctx, config) {
@@ -281,6 +276,35 @@ impl Store {
         }
     }
 
+    /// A combined batch (`GroupStore::combine`): one load with the combiner's `config`, the
+    /// stream view the combiner read (`stream`, or `current` as in [`Store::full_transition`]),
+    /// `heartbeat_batch` on the queued `requests` at `now`, each with its requester's timings,
+    /// and one write of `Writes::diff` with the combiner's config. Per request its response, or
+    /// `None` ("solo"): its requester runs its own [`Store::full_transition`]. Without a group
+    /// hash every request is solo: the queue script does not queue into a missing hash. A batch
+    /// that answers nothing leaves the group as loaded, with nothing of it for `Writes::diff` to
+    /// write (only the answers and the end of the queue, which the model does not keep): the
+    /// coordinator state is not rewritten at an instant no transition advanced it to.
+    pub(super) fn combined_batch(
+        &mut self,
+        requests: &[Option<(HeartbeatRequest, CoordinatorConfig)>],
+        config: &CoordinatorConfig,
+        stream: &StreamView,
+        current: &StreamView,
+        now: Micros,
+    ) -> Vec<Option<HeartbeatResponse>> {
+        let Some(loaded) = self.load(config) else {
+            return vec![None; requests.len()];
+        };
+        let stream = applied_view(&loaded, stream, current, config);
+        let ctx = Context { now, stream };
+        let (group, answers) = heartbeat_batch(&loaded, requests, &ctx);
+        if answers.iter().any(Option::is_some) {
+            self.write(&loaded, group, config);
+        }
+        answers
+    }
+
     /// The `RETRY` answer of a heartbeat whose compare-and-set lost every attempt.
     pub(super) fn retry_response(
         &self,
@@ -298,7 +322,7 @@ impl Store {
     /// writer's `config`, the `steady` marker from `next_deadline`. A member's JSON is written
     /// only when the transition changed the member or its fast-path fields changed; otherwise
     /// the stored one stays (with its older lease and sequence, which the load brings up to date).
-    fn write(&mut self, loaded: &Group, mut group: Group, config: &CoordinatorConfig) {
+    pub(super) fn write(&mut self, loaded: &Group, mut group: Group, config: &CoordinatorConfig) {
         let steady =
             group.meta.state == GroupState::Stable && group.meta.correction_round.is_none();
         let mut fast_changed = BTreeSet::new();
@@ -367,5 +391,22 @@ impl Store {
         group.history.clear();
         self.group = Some(group);
         self.revision += 1;
+    }
+}
+
+/// The stream view a transition on `loaded` applies: the one its process read (`stream`), or the
+/// stream metadata now (`current`) when the loaded group's `metadataVersion` is above it, which
+/// the store reads again then (docs/design.md §5.4).
+pub(super) fn applied_view<'a>(
+    loaded: &Group,
+    stream: &'a StreamView,
+    current: &'a StreamView,
+    config: &CoordinatorConfig,
+) -> &'a StreamView {
+    if loaded.meta.metadata_version > stream.metadata_version && !config.variant.stale_view_applied
+    {
+        current
+    } else {
+        stream
     }
 }
