@@ -41,12 +41,35 @@ async fn redis_now(conn: &mut RedisConnection) -> u64 {
     secs * 1_000_000 + micros
 }
 
-/// Holds the combiner lease as a combiner that stopped would: `combiner` = `<token>|<expiry>`.
+/// Writes the combiner lease as a combiner that stopped would: `combiner` = `<token>|<expiry>`.
 async fn hold_lease(conn: &mut RedisConnection, expiry_us: u64) {
     let _: () = conn
         .hset(GROUP_KEY, "combiner", format!("stopped|{expiry_us}"))
         .await
         .unwrap();
+}
+
+/// A combiner that is alive but slow: it holds the lease, renewing it every 300 ms for 1.5 s
+/// ahead (no requester takes a lease ending more than 2 s ahead, and takes over one that
+/// does), until [`release`] stops it and lets the lease run out.
+async fn hold_lease_until_released(conn: &RedisConnection) -> JoinHandle<()> {
+    let mut conn = conn.clone();
+    let now = redis_now(&mut conn).await;
+    hold_lease(&mut conn, now + 1_500_000).await;
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let now = redis_now(&mut conn).await;
+            hold_lease(&mut conn, now + 1_500_000).await;
+        }
+    })
+}
+
+/// Stops [`hold_lease_until_released`] and lets the lease run out (an expiry in the past).
+async fn release(holder: JoinHandle<()>, conn: &mut RedisConnection) {
+    holder.abort();
+    let _ = holder.await;
+    hold_lease(conn, 0).await;
 }
 
 /// Waits until `count` requests are queued (`reqseq`), polling every 5 ms for up to 10 s.
@@ -100,8 +123,7 @@ async fn queue_fields(conn: &mut RedisConnection) -> Vec<String> {
 async fn queued_heartbeats_are_applied_in_one_batch_after_a_stopped_combiners_lease() {
     let server = RedisServer::start().unwrap();
     let (mut conn, store) = setup(&server).await;
-    let now = redis_now(&mut conn).await;
-    hold_lease(&mut conn, now + 60_000_000).await;
+    let holder = hold_lease_until_released(&conn).await;
     let members: Vec<String> = (0..20).map(|i| format!("m{i:02}")).collect();
     let tasks: Vec<_> = members
         .iter()
@@ -114,7 +136,7 @@ async fn queued_heartbeats_are_applied_in_one_batch_after_a_stopped_combiners_le
         .await
         .unwrap();
     // The lease runs out (its expiry is in the past now).
-    hold_lease(&mut conn, 0).await;
+    release(holder, &mut conn).await;
     let mut sent = BTreeSet::new();
     for task in tasks {
         let outcome = task.await.unwrap().unwrap();
@@ -164,15 +186,14 @@ async fn a_stopped_combiner_holds_the_queue_up_only_until_its_lease_expires() {
 async fn a_request_the_batch_refuses_gets_its_own_error_and_the_others_are_applied() {
     let server = RedisServer::start().unwrap();
     let (mut conn, store) = setup(&server).await;
-    let now = redis_now(&mut conn).await;
-    hold_lease(&mut conn, now + 60_000_000).await;
+    let holder = hold_lease_until_released(&conn).await;
     let good = spawn_heartbeat(&store, join("a"));
     wait_queued(&mut conn, 1).await;
     let mut malformed = join("b");
     malformed.owned_shards = vec![3, 3];
     let bad = spawn_heartbeat(&store, malformed);
     wait_queued(&mut conn, 2).await;
-    hold_lease(&mut conn, 0).await;
+    release(holder, &mut conn).await;
     let outcome = good.await.unwrap().unwrap();
     assert_eq!(outcome.response.status, HeartbeatStatus::Ok);
     assert_eq!(
@@ -222,4 +243,72 @@ async fn damaged_queue_entries_are_dropped_and_the_next_request_is_applied() {
         "{solo:?}"
     );
     assert_eq!(queue_fields(&mut conn).await, vec!["resp:feed".to_owned()]);
+}
+
+/// A queued request that disappears (the hash restored from an older copy, as after a restart
+/// from an older snapshot or a failover to a replica behind) is noticed at the next poll: its
+/// requester runs its own transition at once, instead of combining an empty queue in a hot loop
+/// until its timeout (thousands of group loads a second before the poll checked for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_lost_from_the_queue_runs_its_own_transition_without_a_hot_loop() {
+    let server = RedisServer::start().unwrap();
+    let (mut conn, store) = setup(&server).await;
+    let holder = hold_lease_until_released(&conn).await;
+    let before: Vec<u8> = redis::cmd("DUMP")
+        .arg(GROUP_KEY)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let join = spawn_heartbeat(&store, join("a"));
+    wait_queued(&mut conn, 1).await;
+    let _: () = redis::cmd("RESTORE")
+        .arg(GROUP_KEY)
+        .arg(0)
+        .arg(before)
+        .arg("REPLACE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    release(holder, &mut conn).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(10), join)
+        .await
+        .expect("answered, not stuck polling")
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome.response.status, HeartbeatStatus::Ok);
+    assert_eq!(
+        outcome.response.assigned_shards,
+        (0..SHARDS).collect::<Vec<_>>()
+    );
+    let loads = loads(&mut conn).await;
+    assert!(loads <= 2, "{loads} group loads");
+}
+
+/// A `reqseq` lost while a request is queued does not let the next request overwrite it: the
+/// submit passes over numbers whose `req:` field exists, and both are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reqseq_does_not_let_a_request_overwrite_a_queued_one() {
+    let server = RedisServer::start().unwrap();
+    let (mut conn, store) = setup(&server).await;
+    let holder = hold_lease_until_released(&conn).await;
+    let a = spawn_heartbeat(&store, join("a"));
+    wait_queued(&mut conn, 1).await;
+    let _: () = conn.hdel(GROUP_KEY, "reqseq").await.unwrap();
+    let b = spawn_heartbeat(&store, join("b"));
+    wait_queued(&mut conn, 2).await;
+    release(holder, &mut conn).await;
+    for task in [a, b] {
+        let outcome = tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("answered")
+            .unwrap()
+            .unwrap();
+        assert_eq!(outcome.response.status, HeartbeatStatus::Ok);
+    }
+    assert_eq!(queue_fields(&mut conn).await, Vec::<String>::new());
 }

@@ -296,8 +296,9 @@ fn cases() -> Vec<Case> {
             expect: Repairs,
         },
         // The queue of combined transitions (docs/design.md §5.7): counters that do not read
-        // count as `reqdone` (or 0), and the next batch rewrites `reqdone` and deletes entries
-        // it cannot apply.
+        // count as `reqdone` (or 0), the next submit rewrites `reqseq` and the next batch
+        // `reqdone`, deleting entries it cannot apply; a lease no requester could have taken
+        // (one ending more than 2 s ahead) is taken over.
         Case {
             name: "queue counter reqseq not a number",
             acts: &[HSet(Group, "reqseq", "many"), FULL],
@@ -316,6 +317,16 @@ fn cases() -> Vec<Case> {
         Case {
             name: "queue entry without a request id",
             acts: &[HSet(Group, "req:1", "no request id"), FULL],
+            expect: Repairs,
+        },
+        Case {
+            name: "queue counter reqdone above 2^53",
+            acts: &[HSet(Group, "reqdone", "9007199254740993"), FULL],
+            expect: Repairs,
+        },
+        Case {
+            name: "combiner lease expiring in a far future",
+            acts: &[HSet(Group, "combiner", "held|99999999999999999999"), FULL],
             expect: Repairs,
         },
         Case {

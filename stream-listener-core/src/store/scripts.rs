@@ -161,7 +161,8 @@ local function try_lease(h, token, ttl)
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local held = redis.call('HGET', h, 'combiner')
   local expiry = held and tonumber(string.match(held, '|(%d+)$'))
-  if expiry and expiry > now then return '0' end
+  -- No requester takes a lease longer than 2 s: a later expiry is corrupt, and is taken over.
+  if expiry and expiry > now and expiry <= now + 2000000 then return '0' end
   redis.call('HSET', h, 'combiner', token .. '|' .. string.format('%.0f', now + tonumber(ttl)))
   return '1'
 end
@@ -169,13 +170,14 @@ end
 
 /// Queues a full heartbeat for the group's combiner (docs/design.md §5.7). KEYS[1] group hash.
 /// ARGV: request id, request entry, combiner token, combiner lease (µs), queue bound.
-/// Returns {'1', '1' when this caller took the combiner lease else '0'} when queued, {'0'} when
-/// not: no group hash (the caller's own transition reports it) or the queue holds the bound
-/// already. A `reqdone` that is not a whole number below 2^53 counts as 0 (the next batch
-/// rewrites it), and a `reqseq` that is not one, or is below `reqdone`, as `reqdone`: corrupt
-/// counters repair themselves, and the numbers stay exact as Lua doubles and print without an
-/// exponent (`%.0f`). Not `allow-oom`: a refused queue falls back to the caller's own
-/// transition, which is.
+/// Returns {'1', '1' when this caller took the combiner lease else '0', the request's number}
+/// when queued, {'0'} when not: no group hash (the caller's own transition reports it), the queue
+/// holds the bound already, or the numbers would reach 2^53. A `reqdone` that is not a whole
+/// number below 2^53 counts as 0 (the next batch rewrites it), and a `reqseq` that is not one, or
+/// is below `reqdone`, as `reqdone`; a number whose `req:` field exists (a `reqseq` lost or
+/// damaged) is passed over, so no queued request is overwritten. The numbers stay exact as Lua
+/// doubles and print without an exponent (`%.0f`). Not `allow-oom`: a refused queue falls back
+/// to the caller's own transition, which is.
 pub(crate) fn group_submit() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(&format!(
@@ -192,9 +194,12 @@ local done = counter('reqdone') or 0
 local last = counter('reqseq')
 if not last or last < done then last = done end
 if last - done >= tonumber(ARGV[5]) then return {'0'} end
-local n = string.format('%.0f', last + 1)
+local n = last + 1
+while redis.call('HEXISTS', h, 'req:' .. string.format('%.0f', n)) == 1 do n = n + 1 end
+if n >= 9007199254740991 then return {'0'} end
+n = string.format('%.0f', n)
 redis.call('HSET', h, 'reqseq', n, 'req:' .. n, ARGV[1] .. '\n' .. ARGV[2])
-return {'1', try_lease(h, ARGV[3], ARGV[4])}
+return {'1', try_lease(h, ARGV[3], ARGV[4]), n}
 "
         ))
     });
@@ -202,9 +207,13 @@ return {'1', try_lease(h, ARGV[3], ARGV[4])}
 }
 
 /// A queued heartbeat's wait (docs/design.md §5.7). KEYS[1] group hash. ARGV: request id,
-/// combiner token, combiner lease (µs). Returns {'1', answer} and deletes it when the combiner
-/// has answered (`<expiry µs>|<response JSON>`, or `<expiry µs>|solo`); else {'0', '1' when this
-/// caller took the combiner lease else '0'}; {'2'} when the group hash is gone.
+/// combiner token, combiner lease (µs), the request's number. Returns {'1', answer} and deletes
+/// it when the combiner has answered (`<expiry µs>|<response JSON>`, or `<expiry µs>|solo`);
+/// {'3'} when there is neither the answer nor the queued request (the hash was restored from an
+/// older copy, a failover lost writes, a hand deleted it: the request will never be answered);
+/// else {'0', '1' when this caller took the combiner lease else '0'}; {'2'} when the group hash
+/// is gone. A batch writes an answer and deletes its request in one write, so one of them is
+/// always there until the requester collects the answer.
 pub(crate) fn group_poll() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(&format!(
@@ -217,6 +226,8 @@ if answer then
   redis.call('HDEL', h, 'resp:' .. ARGV[1])
   return {'1', answer}
 end
+local queued = redis.call('HGET', h, 'req:' .. ARGV[4])
+if not queued or string.sub(queued, 1, #ARGV[1] + 1) ~= ARGV[1] .. '\n' then return {'3'} end
 return {'0', try_lease(h, ARGV[2], ARGV[3])}
 "
         ))

@@ -77,8 +77,8 @@ impl GroupStore {
             .arg(MAX_QUEUED)
             .invoke_async(&mut self.conn)
             .await;
-        let mut leading = match submitted.as_deref() {
-            Ok([queued, leading]) if queued == "1" => leading == "1",
+        let (mut leading, number) = match submitted.as_deref() {
+            Ok([queued, leading, number]) if queued == "1" => (leading == "1", number.clone()),
             _ => return Ok(Combined::Solo),
         };
         let mut pause = Duration::from_millis(1);
@@ -91,11 +91,16 @@ impl GroupStore {
                 .arg(&id)
                 .arg(&id)
                 .arg(lease)
+                .arg(&number)
                 .invoke_async(&mut self.conn)
                 .await;
             match polled.as_deref() {
                 Ok([answered, answer]) if answered == "1" => return Ok(self.read_answer(answer)),
-                Ok([_, took_lease]) => leading = took_lease == "1",
+                Ok([waiting, took_lease]) if waiting == "0" => leading = took_lease == "1",
+                // The group is gone, the request was lost (neither it nor its answer is
+                // there), or the poll failed: the requester's own transition answers or says
+                // what is wrong. Polling on would never end, and combining an empty queue
+                // again and again would load the group in a hot loop.
                 _ => return Ok(Combined::Solo),
             }
             if !leading {
@@ -112,7 +117,7 @@ impl GroupStore {
         for attempt in 1..=MAX_ATTEMPTS {
             let loaded = self.load().await?;
             let queue = Queue::of(&loaded, &self.config);
-            if queue.requests.is_empty() {
+            if queue.requests.is_empty() && queue.done.is_empty() {
                 // Another combiner answered them between this one's lease and its load.
                 let _: redis::RedisResult<i64> = redis::cmd("HDEL")
                     .arg(self.keys.metadata())
@@ -222,10 +227,12 @@ struct Queue {
 
 impl Queue {
     fn of(loaded: &LoadedGroup, combiner: &CoordinatorConfig) -> Queue {
+        // As the submit script reads it: a number at or above 2^53 (not exact in Lua) is 0.
         let answered_up_to = loaded
             .fields
             .get(ANSWERED_UP_TO)
             .and_then(|v| v.parse::<u64>().ok())
+            .filter(|n| *n < 1 << 53)
             .unwrap_or(0);
         let mut numbered = Vec::new();
         let mut done = Vec::new();
