@@ -20,7 +20,13 @@ use crate::model::{HeartbeatRequest, HeartbeatResponse};
 /// again while the first copy is still queued; it must get the answer the first copy got, not
 /// `UNKNOWN_MEMBER_ID` from a member its own leave removed. A refused request may
 /// have advanced the group partly ([`heartbeat`]), so the batch then starts again from `group`
-/// as given, without it: one clone of the group per such request, none otherwise.
+/// as given, without it: one clone of the group and one replay per such request, none otherwise.
+/// After [`MAX_REPLAYS`] of them every request after the last one refused is left to its
+/// requester too, so a batch costs at most `MAX_REPLAYS + 1` passes over its requests, whatever
+/// it holds (a replay per refusal would grow with the square of the batch).
+/// Replays of a batch at most; see [`heartbeat_batch`].
+const MAX_REPLAYS: usize = 4;
+
 pub(crate) fn heartbeat_batch(
     group: &Group,
     requests: &[Option<(HeartbeatRequest, CoordinatorConfig)>],
@@ -32,6 +38,7 @@ pub(crate) fn heartbeat_batch(
         .filter(|(_, r)| r.is_none())
         .map(|(i, _)| i)
         .collect();
+    let mut replays = 0;
     'replay: loop {
         let mut after = group.clone();
         let mut answers: Vec<Option<HeartbeatResponse>> = Vec::with_capacity(requests.len());
@@ -57,6 +64,10 @@ pub(crate) fn heartbeat_batch(
                 }
                 Ok(Transition::NeedsFences) | Err(_) => {
                     left_out.insert(i);
+                    replays += 1;
+                    if replays >= MAX_REPLAYS {
+                        left_out.extend(i + 1..requests.len());
+                    }
                     continue 'replay;
                 }
             }

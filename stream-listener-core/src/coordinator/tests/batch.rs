@@ -61,3 +61,37 @@ fn a_request_repeated_within_a_batch_gets_the_answer_of_its_first_copy() {
         "the leave removed the member"
     );
 }
+
+/// A batch in which many requests are refused replays at most a few times: after the fourth
+/// refusal every later request is left to its requester, answered or not.
+#[test]
+fn a_batch_of_many_refused_requests_leaves_the_rest_to_their_requesters_after_four_replays() {
+    let f = Fixture::new(4);
+    let mut requests = Vec::new();
+    for i in 0..10 {
+        let mut bad = request(&format!("bad{i}"), &format!("p-bad{i}"), JOIN_EPOCH, &[]);
+        bad.owned_shards = vec![0, 0];
+        requests.push(with_defaults(bad));
+        requests.push(with_defaults(request(
+            &format!("ok{i}"),
+            &format!("p-ok{i}"),
+            JOIN_EPOCH,
+            &[],
+        )));
+    }
+    let ctx = Context {
+        now: f.now,
+        stream: &f.stream,
+    };
+    let (after, answers) = heartbeat_batch(&f.group, &requests, &ctx);
+    let answered: Vec<usize> = (0..answers.len())
+        .filter(|i| answers[*i].is_some())
+        .collect();
+    // Refused: 0, 2, 4, 6 (the fourth replay); the joins between them are applied, and every
+    // request after the fourth refusal is left out.
+    assert_eq!(answered, vec![1, 3, 5]);
+    assert_eq!(
+        after.members.keys().collect::<Vec<_>>(),
+        ["ok0", "ok1", "ok2"]
+    );
+}
