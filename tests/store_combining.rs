@@ -85,6 +85,15 @@ async fn wait_queued(conn: &mut RedisConnection, count: u64) {
     }
 }
 
+/// `CONFIG RESETSTAT`: [`loads`] counts from here.
+async fn reset_stats(conn: &mut RedisConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 /// The group loads since the last `CONFIG RESETSTAT`: each runs one `HGETALL` of the group hash,
 /// the only `HGETALL` of these tests.
 async fn loads(conn: &mut RedisConnection) -> u64 {
@@ -130,11 +139,7 @@ async fn queued_heartbeats_are_applied_in_one_batch_after_a_stopped_combiners_le
         .map(|m| spawn_heartbeat(&store, join(m)))
         .collect();
     wait_queued(&mut conn, 20).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    reset_stats(&mut conn).await;
     // The lease runs out (its expiry is in the past now).
     release(holder, &mut conn).await;
     let mut sent = BTreeSet::new();
@@ -269,11 +274,7 @@ async fn a_request_lost_from_the_queue_runs_its_own_transition_without_a_hot_loo
         .query_async(&mut conn)
         .await
         .unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    reset_stats(&mut conn).await;
     release(holder, &mut conn).await;
     let outcome = tokio::time::timeout(Duration::from_secs(10), join)
         .await
