@@ -13,6 +13,10 @@
 //! - `d`: 1,000 members × 10,000 shards, default timings (15 s lease), converged the way a
 //!   deployment does it: concurrently (step 3 below).
 //! - `e`: 100 members × 1,000 shards, as `d` (small: shows the concurrent driver converges).
+//! - `f`: a rolling restart of 250 processes × 4 static members (1,000 members × 10,000 shards,
+//!   default timings), converged as `d`, then step 4 below. Goal: "a rolling restart of all 250
+//!   processes (static membership, one every 2 s) moves no shard and keeps every shard read
+//!   within (lease + 2 heartbeats) of its owner's restart".
 //!
 //! Each scenario, on its server, in this order:
 //! 1. idle: nothing sent for a few seconds (Redis's own background CPU);
@@ -38,7 +42,30 @@
 //!    bench process's own CPU (`/proc/self/stat`; every member's client work runs in it).
 //!    Redis CPU there includes the monitor's own group load each interval and the SLOWLOG
 //!    sample (its `slowlog|get` shows in the command statistics);
-//! 4. steady state: every member heartbeats every 3 s with its own driver task, start times
+//! 4. `f` only, the rolling restart: every member back on its own schedule (as in step 3), then,
+//!    an interval and a second later, one process restarted every 2 s, in order, all of them.
+//!    A member id is stable per instance (`p<process>-m<slot>`, also its `instance_id`, as a
+//!    listener with an `instance_id` names its members); a restart is a new `processId` with the
+//!    same ids. Graceful (the default), as a listener shuts down: the old process's 4 members
+//!    stop their shards and send the static leave (`-2`) reporting nothing owned and every shard
+//!    `REVOKED`; 500 ms after the last leave is answered the new process's 4 members join
+//!    (epoch 0), each on a new connection, then heartbeat every 3 s on their own schedule. Hard
+//!    (`--hard-restart`): the old process just stops (kill -9: nothing sent), the new one joins
+//!    500 ms later. A monitor (own thread, runtime, connection) reads the target every 250 ms.
+//!    Printed: shards moved (the target's owner of every shard before the first restart against
+//!    after the last, and every change of owner the monitor saw in between); for each restarted
+//!    member the time from its old process's stop to the first answer that assigns the new one
+//!    every shard the old one owned (it reads them from then on), p50 / p99 / max and how many
+//!    took longer than lease + 2 heartbeats; the heartbeat figures of step 3 over the restart;
+//!    the group at the end, which must be `STABLE` with every member. To tell why a member
+//!    waited: where each restart's time went from the stop signal (old members stopped, leaves
+//!    answered, joins sent and answered), and how many joins came after the old process's
+//!    reservation had ended (a static leave renews no lease: the target stays reserved only
+//!    until the lease of the member's last heartbeat runs out). The restart ends when every
+//!    member got its shards back and the group is `STABLE` with every member converged, or
+//!    `--converge-limit` after the last restart (then every task is aborted: a collapsed group
+//!    answers too slowly to stop member by member, and the steady window is skipped);
+//! 5. steady state: every member heartbeats every 3 s with its own driver task, start times
 //!    spread evenly (100 members: one heartbeat every 30 ms); one heartbeat interval of warm-up,
 //!    then the measured window.
 //!
@@ -55,10 +82,14 @@
 //! - `--window <secs>` / `STORE_BENCH_WINDOW_SECS`: the measured steady window (default 30);
 //! - `--baseline-window <secs>` / `STORE_BENCH_BASELINE_SECS`: each baseline's window (default 10);
 //! - `--idle <secs>` / `STORE_BENCH_IDLE_SECS`: the idle window (default 5);
-//! - `--scenario a|b|c|d|e|all` / `STORE_BENCH_SCENARIO`: which scenarios, comma-separated
+//! - `--scenario a|b|c|d|e|f|all` / `STORE_BENCH_SCENARIO`: which scenarios, comma-separated
 //!   (default all);
 //! - `--converge-limit <secs>` / `STORE_BENCH_CONVERGE_SECS`: give up converging a scenario
-//!   after this long (default 300; its steady state is then not measured);
+//!   after this long (default 300; its steady state is then not measured), and give up waiting
+//!   for `f` to settle after its last restart after this long;
+//! - `--processes <n>` / `STORE_BENCH_PROCESSES`: `f` with `n` processes (`4n` members,
+//!   `40n` shards: 10 a member, as in the full one; default 250) for a quick check;
+//! - `--hard-restart` / `STORE_BENCH_HARD_RESTART=1`: `f`'s old processes stop without a leave;
 //! - `--lease-ttl <secs>` / `STORE_BENCH_LEASE_TTL_SECS`: `member_lease_ttl` of every scenario
 //!   (default: 15 s for `a`, `d`, `e`; 60 s for `b`, `c`; see [`SCENARIOS`]).
 
@@ -74,7 +105,8 @@ use stream_listener_core::internals::keys::{GroupKeys, StreamKeys};
 use stream_listener_core::internals::report::Chain;
 use stream_listener_core::internals::store::GroupStore;
 use stream_listener_core::model::{
-    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, RevokeState, ShardIndex,
+    GroupMetadata, GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, LEAVE_EPOCH,
+    RevokeState, STATIC_LEAVE_EPOCH, ShardIndex, TargetAssignment,
 };
 use stream_listener_core::testing::RedisServer;
 use stream_listener_core::testing::fixtures::{create_active_stream, heartbeat_request, revoking};
@@ -91,6 +123,18 @@ const CPU_GOAL: f64 = 0.05;
 const P99_GOAL: Duration = Duration::from_millis(10);
 /// Convergence gives up after this many rounds (a bug, not a slow machine).
 const MAX_ROUNDS: usize = 40;
+/// Scenario `f`: logical members per process (a listener's `concurrency`).
+const MEMBERS_PER_PROCESS: usize = 4;
+/// Scenario `f` with `--processes`: shards per member, as in the full scenario (10,000 / 1,000),
+/// so that each member's share, and what a restart hands back, stays the same.
+const SHARDS_PER_MEMBER: u32 = 10;
+/// Scenario `f`: one process restarted every this long, in order.
+const RESTART_EVERY: Duration = Duration::from_secs(2);
+/// Scenario `f`: from the old process's exit (its leaves answered) to the new one's joins.
+const START_UP_DELAY: Duration = Duration::from_millis(500);
+/// Scenario `f`: how often the monitor reads the target, to see any change of owner between the
+/// first restart and the last (a member's answers show only its own target, when it asks).
+const TARGET_SAMPLE: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Clone, Copy)]
 struct Scenario {
@@ -105,6 +149,9 @@ struct Scenario {
     /// Convergence drives every member in its own task on its own schedule
     /// ([`converge_concurrent`]) instead of one heartbeat at a time ([`converge`]).
     concurrent: bool,
+    /// Static members, [`MEMBERS_PER_PROCESS`] a process, restarted process by process after
+    /// convergence ([`rolling_restart`]).
+    rolling_restart: bool,
 }
 
 impl Scenario {
@@ -120,7 +167,7 @@ impl Scenario {
     }
 }
 
-const SCENARIOS: [Scenario; 5] = [
+const SCENARIOS: [Scenario; 6] = [
     Scenario {
         name: "a",
         members: 100,
@@ -128,6 +175,7 @@ const SCENARIOS: [Scenario; 5] = [
         lease_ttl: None,
         after_loss: false,
         concurrent: false,
+        rolling_restart: false,
     },
     Scenario {
         name: "b",
@@ -141,6 +189,7 @@ const SCENARIOS: [Scenario; 5] = [
         lease_ttl: Some(Duration::from_secs(60)),
         after_loss: false,
         concurrent: false,
+        rolling_restart: false,
     },
     Scenario {
         name: "c",
@@ -150,6 +199,7 @@ const SCENARIOS: [Scenario; 5] = [
         lease_ttl: Some(Duration::from_secs(60)),
         after_loss: true,
         concurrent: false,
+        rolling_restart: false,
     },
     Scenario {
         name: "d",
@@ -159,6 +209,7 @@ const SCENARIOS: [Scenario; 5] = [
         lease_ttl: None,
         after_loss: false,
         concurrent: true,
+        rolling_restart: false,
     },
     Scenario {
         name: "e",
@@ -168,6 +219,19 @@ const SCENARIOS: [Scenario; 5] = [
         lease_ttl: None,
         after_loss: false,
         concurrent: true,
+        rolling_restart: false,
+    },
+    Scenario {
+        name: "f",
+        // 250 processes × MEMBERS_PER_PROCESS (`--processes` changes both counts).
+        members: 1_000,
+        shards: 10_000,
+        // As deployed, as d: the goal is stated in the default timings (15 s lease, 3 s
+        // heartbeat: every shard read again within 21 s of its owner's restart).
+        lease_ttl: None,
+        after_loss: false,
+        concurrent: true,
+        rolling_restart: true,
     },
 ];
 
@@ -178,6 +242,8 @@ struct Options {
     idle: Duration,
     converge_limit: Duration,
     scenarios: Vec<Scenario>,
+    /// Scenario `f`: the old process stops without a leave (kill -9).
+    hard_restart: bool,
 }
 
 impl Options {
@@ -196,10 +262,20 @@ impl Options {
             .ok()
             .and_then(|v| v.parse::<f64>().ok());
         let mut which = std::env::var("STORE_BENCH_SCENARIO").unwrap_or_else(|_| "all".into());
+        let mut processes = std::env::var("STORE_BENCH_PROCESSES")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok());
+        let mut hard_restart =
+            std::env::var("STORE_BENCH_HARD_RESTART").is_ok_and(|v| !v.is_empty() && v != "0");
         // `cargo bench` passes `--bench` (and any filter); unknown arguments are ignored.
         let args: Vec<String> = std::env::args().skip(1).collect();
         let mut i = 0;
         while i < args.len() {
+            if args[i] == "--hard-restart" {
+                hard_restart = true;
+                i += 1;
+                continue;
+            }
             let value = args.get(i + 1);
             let secs = value.and_then(|v| v.parse::<f64>().ok());
             match (args[i].as_str(), secs) {
@@ -208,6 +284,7 @@ impl Options {
                 ("--idle", Some(s)) => idle = s,
                 ("--converge-limit", Some(s)) => converge = s,
                 ("--lease-ttl", Some(s)) => lease_ttl = Some(s),
+                ("--processes", Some(s)) => processes = Some(s),
                 ("--scenario", _) if value.is_some() => which = value.cloned().unwrap_or_default(),
                 _ => {
                     i += 1;
@@ -223,6 +300,10 @@ impl Options {
                 lease_ttl: lease_ttl.map(Duration::from_secs_f64).or(s.lease_ttl),
                 ..*s
             })
+            .map(|s| match processes {
+                Some(p) if s.rolling_restart => with_processes(s, p.max(1.0) as usize),
+                _ => s,
+            })
             .collect();
         Options {
             window: Duration::from_secs_f64(window.max(1.0)),
@@ -230,7 +311,18 @@ impl Options {
             idle: Duration::from_secs_f64(idle.max(0.5)),
             converge_limit: Duration::from_secs_f64(converge.max(1.0)),
             scenarios,
+            hard_restart,
         }
+    }
+}
+
+/// Scenario `f` with `processes` processes: the same members per process and shards per member.
+fn with_processes(scenario: Scenario, processes: usize) -> Scenario {
+    let members = processes * MEMBERS_PER_PROCESS;
+    Scenario {
+        members,
+        shards: u32::try_from(members).expect("few members") * SHARDS_PER_MEMBER,
+        ..scenario
     }
 }
 
@@ -267,6 +359,11 @@ trait Unit: Send + 'static {
 /// assigned by reporting it `REVOKED` once, rejoins with epoch 0 when fenced.
 struct Member {
     id: String,
+    /// `Some` for a static member (scenario `f`): its member id, as a listener with an
+    /// `instance_id` names its members (`<instance_id>-m<k>` both).
+    instance_id: Option<String>,
+    /// This incarnation's process: a restart is a new process with the same member id.
+    process_id: String,
     store: GroupStore,
     seq: u64,
     epoch: i64,
@@ -281,12 +378,31 @@ struct Member {
     max_gap: Duration,
     /// Failed heartbeats: the first is printed, all are counted in the tables (`errors`).
     failures: u64,
+    /// Answers to this process (its join's included).
+    answers: u32,
+    /// The last answer that renewed the lease: its request's start and the answer (the lease
+    /// runs a TTL from the renewal, which lies in between).
+    renewed: Option<(Instant, Instant)>,
+    /// A restarted member (scenario `f`): what its old process left.
+    predecessor: Option<Predecessor>,
+    /// Until the first answer that assigns this process all the predecessor's shards again.
+    awaiting: bool,
+    /// Set by that answer, taken by the driver: how long after the old process's stop, and the
+    /// how-manieth answer of this process it was (1: the join's).
+    restored: Option<(Duration, u32)>,
+    /// Set by a restarted member's first answer (its join's), taken by the driver.
+    rejoined: Option<Rejoin>,
+    /// `FENCED_INSTANCE_ID`: another process took the identity; the member stops for good.
+    stopped: bool,
 }
 
 impl Member {
     fn new(id: String, store: GroupStore) -> Self {
+        let process_id = format!("proc-{id}");
         Member {
             id,
+            instance_id: None,
+            process_id,
             store,
             seq: 0,
             epoch: 0,
@@ -298,11 +414,55 @@ impl Member {
             last_at: None,
             max_gap: Duration::ZERO,
             failures: 0,
+            answers: 0,
+            renewed: None,
+            predecessor: None,
+            awaiting: false,
+            restored: None,
+            rejoined: None,
+            stopped: false,
+        }
+    }
+
+    /// Member `slot` of process `process` (scenario `f`), in the process's first incarnation.
+    fn static_member(process: usize, slot: usize, store: GroupStore) -> Self {
+        let id = format!("p{process:03}-m{slot}");
+        Member {
+            instance_id: Some(id.clone()),
+            process_id: format!("p{process:03}-run0"),
+            ..Member::new(id, store)
+        }
+    }
+
+    /// This member in the restarted process `process_id`: same ids, nothing owned, epoch 0 (a
+    /// join); it waits for everything this one owned when its process stopped at `stopped_at`.
+    /// `ttl`: the lease TTL, to tell when this one's reservation ended.
+    fn restarted(
+        &self,
+        process_id: String,
+        store: GroupStore,
+        stopped_at: Instant,
+        ttl: Duration,
+    ) -> Self {
+        Member {
+            instance_id: self.instance_id.clone(),
+            process_id,
+            predecessor: Some(Predecessor {
+                stopped_at,
+                shards: self.owned.iter().copied().collect(),
+                reserved_until: self
+                    .renewed
+                    .map(|(sent, answered)| (sent + ttl, answered + ttl)),
+            }),
+            awaiting: true,
+            ..Member::new(self.id.clone(), store)
         }
     }
 
     fn request(&self) -> HeartbeatRequest {
         HeartbeatRequest {
+            instance_id: self.instance_id.clone(),
+            process_id: self.process_id.clone(),
             revoking_shards: revoking(&self.revoked, RevokeState::Revoked),
             ..heartbeat_request(
                 &self.id,
@@ -325,21 +485,68 @@ impl Member {
         })
     }
 
+    /// The leave of a graceful shutdown, as the reconciler's `leave_request`: `-2` for a static
+    /// member (`-1` otherwise), nothing owned, every shard it had reported `REVOKED` (a listener
+    /// stops its shard tasks before it leaves).
+    fn leave_request(&self) -> HeartbeatRequest {
+        let mut all: Vec<ShardIndex> = self.owned.iter().chain(&self.revoked).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        HeartbeatRequest {
+            member_epoch: if self.instance_id.is_some() {
+                STATIC_LEAVE_EPOCH
+            } else {
+                LEAVE_EPOCH
+            },
+            owned_shards: Vec::new(),
+            revoking_shards: revoking(&all, RevokeState::Revoked),
+            ..self.request()
+        }
+    }
+
     async fn heartbeat(&mut self) -> Sample {
         self.seq += 1;
         let request = self.request();
         self.reported = (self.owned.clone(), !self.revoked.is_empty());
+        let sample = self.send(&request).await;
+        if matches!(
+            sample.status,
+            Some(
+                HeartbeatStatus::Ok
+                    | HeartbeatStatus::SyncMetadata
+                    | HeartbeatStatus::RevokePending
+            )
+        ) {
+            self.renewed = Some((sample.start, sample.start + sample.latency));
+        }
+        sample
+    }
+
+    /// Leaves the group ([`Member::leave_request`]); the member is not used afterwards. A
+    /// leave renews no lease: a static member's reservation runs from its last heartbeat.
+    async fn leave(&mut self) -> Sample {
+        self.seq += 1;
+        let request = self.leave_request();
+        self.send(&request).await
+    }
+
+    async fn send(&mut self, request: &HeartbeatRequest) -> Sample {
         let start = Instant::now();
         if let Some(at) = self.last_at {
             self.max_gap = self.max_gap.max(start - at);
         }
         self.last_at = Some(start);
-        let result = self.store.heartbeat(&request).await;
+        let result = self.store.heartbeat(request).await;
         let latency = start.elapsed();
         match result {
             Ok(outcome) => {
                 let response = outcome.response;
                 self.apply(&response);
+                self.answers += 1;
+                if self.answers == 1 {
+                    self.note_rejoin(&response, start, start + latency);
+                }
+                self.check_restored(&response, start + latency);
                 let sample = Sample {
                     start,
                     latency,
@@ -405,10 +612,79 @@ impl Member {
                 self.revoked.clear();
             }
             HeartbeatStatus::FencedInstanceId => {
-                panic!("{}: FENCED_INSTANCE_ID without an instance id", self.id)
+                assert!(
+                    self.instance_id.is_some(),
+                    "{}: FENCED_INSTANCE_ID without an instance id",
+                    self.id
+                );
+                // Another process took the identity: a listener stops for good.
+                self.owned.clear();
+                self.revoked.clear();
+                self.stopped = true;
             }
         }
     }
+
+    /// A restarted member reads its old shards again from the answer that assigns all of them
+    /// to this process: records how long after the old process's stop that came.
+    fn check_restored(&mut self, response: &HeartbeatResponse, answered_at: Instant) {
+        let Some(old) = self.predecessor.as_ref().filter(|_| self.awaiting) else {
+            return;
+        };
+        let assigned: BTreeSet<ShardIndex> = response.assigned_shards.iter().copied().collect();
+        if response.status == HeartbeatStatus::Ok && old.shards.is_subset(&assigned) {
+            self.restored = Some((answered_at - old.stopped_at, self.answers));
+            self.awaiting = false;
+        }
+    }
+
+    /// A restarted member's join answered: when, against its predecessor's reservation.
+    fn note_rejoin(&mut self, response: &HeartbeatResponse, sent: Instant, answered: Instant) {
+        let Some(old) = &self.predecessor else {
+            return;
+        };
+        let assigned: BTreeSet<ShardIndex> = response.assigned_shards.iter().copied().collect();
+        self.rejoined = Some(Rejoin {
+            sent: sent - old.stopped_at,
+            answered: answered - old.stopped_at,
+            after_reservation: old.reserved_until.is_none_or(|(_, latest)| sent > latest),
+            maybe_after_reservation: old
+                .reserved_until
+                .is_none_or(|(earliest, _)| answered > earliest),
+            status: response.status,
+            old_shards_assigned: old.shards.intersection(&assigned).count(),
+            old_shards: old.shards.len(),
+        });
+    }
+}
+
+/// What a restarted member carries over from its old process (scenario `f`).
+#[derive(Debug, Clone)]
+struct Predecessor {
+    /// When the old process was told to stop (it reads nothing from then on).
+    stopped_at: Instant,
+    /// What it owned then.
+    shards: BTreeSet<ShardIndex>,
+    /// When its lease, and so a static leave's reservation of its target (the leave renews
+    /// nothing), ended: at the earliest and at the latest (its last renewal's request start and
+    /// answer plus the TTL). `None`: it never renewed.
+    reserved_until: Option<(Instant, Instant)>,
+}
+
+/// A restarted member's join (scenario `f`), timed from its old process's stop.
+#[derive(Debug, Clone)]
+struct Rejoin {
+    sent: Duration,
+    answered: Duration,
+    /// Sent after the predecessor's reservation had surely ended: the coordinator expires the
+    /// member first, its target goes to the others (the join then takes a share back).
+    after_reservation: bool,
+    /// Answered after the reservation may have ended.
+    maybe_after_reservation: bool,
+    status: HeartbeatStatus,
+    /// Of the predecessor's shards, those the join's answer assigned, and all of them.
+    old_shards_assigned: usize,
+    old_shards: usize,
 }
 
 impl Unit for Member {
@@ -791,6 +1067,66 @@ struct Live {
     max_lateness_us: AtomicU64,
     /// The full transitions' samples.
     full_samples: std::sync::Mutex<Vec<Sample>>,
+    /// `FENCED_INSTANCE_ID` (scenario `f`: another process took a static identity).
+    fenced_instance: AtomicU64,
+    /// Scenario `f`: processes whose new incarnation started.
+    restarted: AtomicU64,
+    /// Scenario `f`: the leaves answered `OK`, and the others (not applied, failed).
+    leaves_ok: AtomicU64,
+    leaves_other: AtomicU64,
+    /// Scenario `f`: the restarted members assigned all their old shards again.
+    restored: std::sync::Mutex<Vec<Restored>>,
+    /// Scenario `f`: member tasks of a stopping process that did not stop within [`STOP_GRACE`].
+    aborted: AtomicU64,
+    /// Scenario `f`: the restarted members' joins.
+    rejoins: std::sync::Mutex<Vec<Rejoin>>,
+    /// Scenario `f`: per restarted process, from the stop signal: its members stopped (their
+    /// in-flight heartbeats finished), and their leaves answered.
+    stops: std::sync::Mutex<Vec<(Duration, Duration)>>,
+    /// Scenario `f`: failed connects of a starting process (each retried).
+    connect_failures: AtomicU64,
+}
+
+/// A restarted member that got its shards back (scenario `f`).
+#[derive(Debug, Clone)]
+struct Restored {
+    member: String,
+    /// From its old process's stop to the answer.
+    wait: Duration,
+    /// The how-manieth answer of the new process it was (1: the join's).
+    answers: u32,
+}
+
+impl Live {
+    /// Counts one answered (or failed) request by path and status; `UNKNOWN_MEMBER_ID` is left
+    /// to the caller, which knows the member's previous heartbeat.
+    fn record(&self, sample: &Sample) {
+        if sample.error {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        } else if sample.fast_path {
+            self.fast.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.full.fetch_add(1, Ordering::Relaxed);
+        }
+        if sample.attempts > 1 {
+            self.conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        match sample.status {
+            Some(HeartbeatStatus::Retry) => {
+                self.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(HeartbeatStatus::FencedMemberEpoch) => {
+                self.fenced.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(HeartbeatStatus::FencedInstanceId) => {
+                self.fenced_instance.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        if !sample.fast_path && sample.status.is_some() {
+            self.full_samples.lock().expect("samples").push(*sample);
+        }
+    }
 }
 
 fn micros(d: Duration) -> u64 {
@@ -802,8 +1138,9 @@ fn load(counter: &AtomicU64) -> u64 {
 }
 
 /// One member on its own schedule: heartbeats at `first`, then every `interval` (a tick missed
-/// because a heartbeat took longer goes out at once), until `stop`. An in-flight heartbeat is
-/// finished, so the member's state stays consistent.
+/// because a heartbeat took longer goes out at once), until `stop` (or `FENCED_INSTANCE_ID`,
+/// which stops a listener for good). An in-flight heartbeat is finished, so the member's state
+/// stays consistent. A restarted member's answer that gives its shards back goes to `live`.
 #[allow(clippy::too_many_arguments)]
 async fn drive_member(
     mut member: Member,
@@ -843,36 +1180,28 @@ async fn drive_member(
                 }
             }
         }
-        if sample.error {
-            live.errors.fetch_add(1, Ordering::Relaxed);
-        } else if sample.fast_path {
-            live.fast.fetch_add(1, Ordering::Relaxed);
-        } else {
-            live.full.fetch_add(1, Ordering::Relaxed);
-        }
-        if sample.attempts > 1 {
-            live.conflicts.fetch_add(1, Ordering::Relaxed);
-        }
-        match sample.status {
-            Some(HeartbeatStatus::Retry) => {
-                live.retries.fetch_add(1, Ordering::Relaxed);
-            }
-            Some(HeartbeatStatus::UnknownMemberId) => {
-                live.unknown.fetch_add(1, Ordering::Relaxed);
-                if let Some((at, status)) = previous
-                    && sample.start - at < ttl
-                {
-                    live.unknown_on_time.fetch_add(1, Ordering::Relaxed);
-                    if status == Some(HeartbeatStatus::Retry) {
-                        live.unknown_on_time_after_retry
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
+        live.record(&sample);
+        if sample.status == Some(HeartbeatStatus::UnknownMemberId) {
+            live.unknown.fetch_add(1, Ordering::Relaxed);
+            if let Some((at, status)) = previous
+                && sample.start - at < ttl
+            {
+                live.unknown_on_time.fetch_add(1, Ordering::Relaxed);
+                if status == Some(HeartbeatStatus::Retry) {
+                    live.unknown_on_time_after_retry
+                        .fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Some(HeartbeatStatus::FencedMemberEpoch) => {
-                live.fenced.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {}
+        }
+        if let Some(rejoin) = member.rejoined.take() {
+            live.rejoins.lock().expect("rejoins").push(rejoin);
+        }
+        if let Some((wait, answers)) = member.restored.take() {
+            live.restored.lock().expect("restored").push(Restored {
+                member: member.id.clone(),
+                wait,
+                answers,
+            });
         }
         let now_converged = member.converged();
         if now_converged != converged {
@@ -885,9 +1214,13 @@ async fn drive_member(
             }
         }
         previous = Some((sample.start, sample.status));
-        if !sample.fast_path && sample.status.is_some() {
-            live.full_samples.lock().expect("samples").push(sample);
+        if member.stopped {
+            break;
         }
+    }
+    // A stopped task's member no longer counts (scenario `f` stops processes one by one).
+    if converged {
+        live.converged.fetch_sub(1, Ordering::Relaxed);
     }
     member
 }
@@ -1398,6 +1731,816 @@ fn print_concurrent(c: &Concurrent, config: &CoordinatorConfig, members: usize) 
     }
 }
 
+/// How long a stopped process's member may take to finish its in-flight heartbeat before its
+/// task is aborted (and counted): far beyond any answer's time.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// Scenario `f`: the monitor's progress lines (the phase lasts minutes).
+const RESTART_PROGRESS: Duration = Duration::from_secs(15);
+
+/// What the restart tasks of [`rolling_restart`] share.
+struct RestartContext {
+    target: RedisTarget,
+    stream_keys: StreamKeys,
+    group_keys: GroupKeys,
+    config: CoordinatorConfig,
+    live: Arc<Live>,
+    /// The start of the phase: the drivers' time base.
+    base: Instant,
+    /// The old process stops without a leave (kill -9).
+    hard: bool,
+    /// Every member task started, so that a phase that did not settle can be abandoned at
+    /// once: a collapsed group answers so slowly that stopping member by member takes hours.
+    started: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+/// One process incarnation: its members' driver tasks and their stop signal.
+struct Incarnation {
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<Member>>,
+}
+
+impl Incarnation {
+    /// Drives one process's `members`, each first at its instant ([`drive_member`]).
+    fn start(members: Vec<(Member, Instant)>, ctx: &RestartContext) -> Self {
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let tasks: Vec<_> = members
+            .into_iter()
+            .map(|(member, first)| {
+                tokio::spawn(drive_member(
+                    member,
+                    first,
+                    ctx.config.heartbeat_interval,
+                    ctx.config.member_lease_ttl,
+                    ctx.base,
+                    ctx.live.clone(),
+                    stop_rx.clone(),
+                ))
+            })
+            .collect();
+        ctx.started
+            .lock()
+            .expect("started")
+            .extend(tasks.iter().map(tokio::task::JoinHandle::abort_handle));
+        Incarnation { stop, tasks }
+    }
+
+    /// Signals the process to stop: each member finishes its in-flight heartbeat.
+    fn signal(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Stops the process ([`Incarnation::signal`]) and takes its members back by `deadline`
+    /// (a task still running then is aborted). Returns the members and how many were aborted.
+    async fn stop(self, deadline: tokio::time::Instant) -> (Vec<Member>, u64) {
+        self.signal();
+        let mut members = Vec::with_capacity(self.tasks.len());
+        let mut aborted = 0;
+        for mut task in self.tasks {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(member)) => members.push(member),
+                Ok(Err(e)) => panic!("member task: {e}"),
+                Err(_) => {
+                    task.abort();
+                    aborted += 1;
+                }
+            }
+        }
+        (members, aborted)
+    }
+}
+
+/// Restarts process `process` as a deployment does: stops its members (each after its in-flight
+/// heartbeat: nothing is read from then on, which is when the wait for the shards starts) and,
+/// unless `hard` (a kill sends nothing), sends their leaves together, as a listener's shutdown
+/// does; [`START_UP_DELAY`] after the old process is gone, the new process's members (the same
+/// ids, a new process id, a new connection each) join at once, then heartbeat every interval.
+/// Each remembers when the old process stopped and what it owned.
+async fn restart_process(
+    process: usize,
+    old: Incarnation,
+    ctx: Arc<RestartContext>,
+) -> Incarnation {
+    let stopped_at = Instant::now();
+    let (mut members, aborted) = old.stop(tokio::time::Instant::now() + STOP_GRACE).await;
+    let stopped = stopped_at.elapsed();
+    ctx.live.aborted.fetch_add(aborted, Ordering::Relaxed);
+    if !ctx.hard {
+        // A listener bounds its leave as every heartbeat, by a third of the lease: one not
+        // answered by then is not delivered, and the lease runs out instead.
+        let bound = ctx.config.member_lease_ttl / 3;
+        let leaves = members
+            .iter_mut()
+            .map(|m| tokio::time::timeout(bound, m.leave()));
+        let leaves = futures_util::future::join_all(leaves).await;
+        for sample in &leaves {
+            let Ok(sample) = sample else {
+                ctx.live.leaves_other.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            ctx.live.record(sample);
+            let counter = if sample.status == Some(HeartbeatStatus::Ok) {
+                &ctx.live.leaves_ok
+            } else {
+                &ctx.live.leaves_other
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    ctx.live
+        .stops
+        .lock()
+        .expect("stops")
+        .push((stopped, stopped_at.elapsed()));
+    tokio::time::sleep(START_UP_DELAY).await;
+    let process_id = format!("p{process:03}-run1");
+    let mut stores = Vec::with_capacity(members.len());
+    for _ in &members {
+        let conn = connect_retrying(&ctx.target, &ctx.live).await;
+        stores.push(GroupStore::new(
+            conn,
+            ctx.stream_keys.clone(),
+            ctx.group_keys.clone(),
+            ctx.config.clone(),
+        ));
+    }
+    let now = Instant::now();
+    let next = members
+        .iter()
+        .zip(stores)
+        .map(|(old, store)| {
+            let ttl = ctx.config.member_lease_ttl;
+            (
+                old.restarted(process_id.clone(), store, stopped_at, ttl),
+                now,
+            )
+        })
+        .collect();
+    ctx.live.restarted.fetch_add(1, Ordering::Relaxed);
+    Incarnation::start(next, &ctx)
+}
+
+/// A starting process's connection: a connect that fails (it times out when the machine is
+/// saturated) is retried a second later, as a process starting up would, and counted.
+async fn connect_retrying(target: &RedisTarget, live: &Live) -> RedisConnection {
+    loop {
+        match RedisConnection::connect(target, Duration::from_secs(10)).await {
+            Ok(conn) => return conn,
+            Err(e) => {
+                if live.connect_failures.fetch_add(1, Ordering::Relaxed) == 0 {
+                    eprintln!("  a restarted member's connect failed: {e} (retried; counted)");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// Shard → its owner (member id) in a target.
+type Owners = BTreeMap<ShardIndex, String>;
+
+fn owners(target: &TargetAssignment) -> Owners {
+    target
+        .members
+        .iter()
+        .flat_map(|(id, shards)| shards.iter().map(move |s| (*s, id.clone())))
+        .collect()
+}
+
+/// The stored target alone: the group hash's `meta` field (a full load decodes every member
+/// too, which the monitor need not pay every [`TARGET_SAMPLE`]).
+async fn read_owners(conn: &mut RedisConnection, key: &str) -> Option<Owners> {
+    let json: Option<String> = conn.hget(key, "meta").await.ok()?;
+    let meta: GroupMetadata = serde_json::from_str(&json?).ok()?;
+    Some(owners(&meta.target_assignment))
+}
+
+/// The shards whose owner differs between two targets (without one in either counts): shard,
+/// owner before, owner after.
+fn moved_shards<'a>(
+    before: &'a Owners,
+    after: &'a Owners,
+) -> Vec<(ShardIndex, Option<&'a str>, Option<&'a str>)> {
+    let shards: BTreeSet<ShardIndex> = before.keys().chain(after.keys()).copied().collect();
+    shards
+        .into_iter()
+        .filter_map(|s| {
+            let (was, is) = (
+                before.get(&s).map(String::as_str),
+                after.get(&s).map(String::as_str),
+            );
+            (was != is).then_some((s, was, is))
+        })
+        .collect()
+}
+
+/// What the rolling restart of scenario `f` gave.
+#[derive(Debug, Clone, Default)]
+struct Restarts {
+    processes: usize,
+    members: usize,
+    hard: bool,
+    limit: Duration,
+    /// From the start of the phase: the first restart's stop signal and the last one's.
+    first_restart: Duration,
+    last_restart: Duration,
+    /// From the start of the phase: when the monitor saw every member restored and the group
+    /// `STABLE` with every member converged; `None`: not within `limit` of the last restart.
+    settled_at: Option<Duration>,
+    /// The target before the first restart (the monitor's first read).
+    before: Option<Owners>,
+    /// Shards whose owner differs between `before` and the target at the end.
+    moved_overall: Option<usize>,
+    /// The monitor's reads of the target, those that differed from the read before, and the
+    /// shards that changed owner in them (a few described in `examples`).
+    target_samples: u64,
+    target_changes: u64,
+    moved_during: usize,
+    examples: Vec<String>,
+    /// Restarted members assigned all their old shards again.
+    waits: Vec<Restored>,
+    /// The restarted members' joins, and per process when its members stopped and left.
+    rejoins: Vec<Rejoin>,
+    stops: Vec<(Duration, Duration)>,
+    connect_failures: u64,
+    heartbeats: u64,
+    full: u64,
+    fast: u64,
+    conflicts: u64,
+    retries: u64,
+    unknown: u64,
+    unknown_on_time: u64,
+    fenced: u64,
+    fenced_instance: u64,
+    errors: u64,
+    leaves_ok: u64,
+    leaves_other: u64,
+    /// Member tasks that did not stop within [`STOP_GRACE`].
+    aborted: u64,
+    max_gap: Duration,
+    late_gaps: u64,
+    full_latency: Measured,
+    /// From the start of the phase until every task stopped; the stopping alone.
+    wall: Duration,
+    stopping: Duration,
+    /// Redis CPU over `wall`, fraction of one core; the bench process's, in cores.
+    redis_cpu: f64,
+    bench_cpu: f64,
+    commands: Vec<(String, u64, u64)>,
+    /// The group at the end: state, members, and how many of the driven members converged.
+    end_state: Option<GroupState>,
+    end_members: usize,
+    end_converged: usize,
+}
+
+impl Restarts {
+    /// Lease + 2 heartbeats: the goal's bound on a restarted member's wait.
+    fn wait_goal(config: &CoordinatorConfig) -> Duration {
+        config.member_lease_ttl + config.heartbeat_interval * 2
+    }
+
+    /// The waits, ascending.
+    fn sorted_waits(&self) -> Vec<Duration> {
+        let mut waits: Vec<Duration> = self.waits.iter().map(|r| r.wait).collect();
+        waits.sort_unstable();
+        waits
+    }
+
+    fn no_shard_moved(&self) -> bool {
+        self.moved_overall == Some(0) && self.moved_during == 0
+    }
+
+    /// Every member restored within the goal's bound.
+    fn every_shard_read_in_time(&self, config: &CoordinatorConfig) -> bool {
+        let goal = Restarts::wait_goal(config);
+        self.waits.len() == self.members && self.waits.iter().all(|r| r.wait <= goal)
+    }
+
+    fn stable_at_end(&self) -> bool {
+        self.end_state == Some(GroupState::Stable) && self.end_members == self.members
+    }
+}
+
+/// The `p`th percentile of ascending `values` (nearest rank), zero when empty.
+fn percentile_of(values: &[Duration], p: f64) -> Duration {
+    if values.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * values.len() as f64).ceil() as usize;
+    values[rank.clamp(1, values.len()) - 1]
+}
+
+/// Scenario `f`'s rolling restart of the converged `members` ([`MEMBERS_PER_PROCESS`] a
+/// process, in order): every member back on its own schedule, spread over an interval (as
+/// [`converge_concurrent`]); an interval and a second later (every member heartbeated once), one
+/// process restarted every [`RESTART_EVERY`] ([`restart_process`]), all of them. A monitor on a
+/// thread, runtime and connection of its own ([`restart_monitor`]) reads the target throughout
+/// and ends the phase once every restarted member got its shards back and the group is
+/// `STABLE` with every member converged, or `limit` after the last restart. Then every task
+/// stops after its in-flight heartbeat. Returns the new incarnations' members and the figures.
+async fn rolling_restart(
+    members: Vec<Member>,
+    target: &RedisTarget,
+    stream_keys: &StreamKeys,
+    store: &GroupStore,
+    config: &CoordinatorConfig,
+    hard: bool,
+    limit: Duration,
+) -> (Vec<Member>, Restarts) {
+    let interval = config.heartbeat_interval;
+    let n = members.len();
+    let processes = n.div_ceil(MEMBERS_PER_PROCESS);
+    let live = Arc::new(Live::default());
+    let mut conn = RedisConnection::connect(target, Duration::from_secs(10))
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+    let redis_before = redis_cpu(&mut conn).await;
+    let bench_before = process_cpu();
+    let base = Instant::now();
+    let ctx = Arc::new(RestartContext {
+        target: target.clone(),
+        stream_keys: stream_keys.clone(),
+        group_keys: store.keys().clone(),
+        config: config.clone(),
+        live: live.clone(),
+        base,
+        hard,
+        started: std::sync::Mutex::new(Vec::new()),
+    });
+    let step = interval / u32::try_from(n).expect("few members");
+    let mut scheduled: Vec<(Member, Instant)> = members
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| (m, base + step * u32::try_from(i).expect("few members")))
+        .collect();
+    let mut running: Vec<Option<Incarnation>> = Vec::with_capacity(processes);
+    while !scheduled.is_empty() {
+        let rest = scheduled.split_off(MEMBERS_PER_PROCESS.min(scheduled.len()));
+        running.push(Some(Incarnation::start(
+            std::mem::replace(&mut scheduled, rest),
+            &ctx,
+        )));
+    }
+    let first_restart = base + interval + Duration::from_secs(1);
+
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let monitor = {
+        let (target, live) = (target.clone(), live.clone());
+        let (stream_keys, group_keys, config) =
+            (stream_keys.clone(), store.keys().clone(), config.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("monitor runtime");
+            let figures = runtime.block_on(async move {
+                let conn = RedisConnection::connect(&target, Duration::from_secs(10))
+                    .await
+                    .expect("connect the monitor");
+                let store = GroupStore::new(conn.clone(), stream_keys, group_keys, config);
+                let give_up = first_restart
+                    + RESTART_EVERY * u32::try_from(processes).expect("few processes")
+                    + limit;
+                restart_monitor(conn, store, live, (n, processes), base, give_up).await
+            });
+            let _ = done_tx.send(figures);
+        })
+    };
+
+    let mut restarts = Vec::with_capacity(processes);
+    let (mut first_signal, mut last_signal) = (None, Duration::ZERO);
+    for (p, slot) in running.iter_mut().enumerate() {
+        let at = first_restart + RESTART_EVERY * u32::try_from(p).expect("few processes");
+        tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+        last_signal = base.elapsed();
+        first_signal.get_or_insert(last_signal);
+        let old = slot.take().expect("a running process");
+        restarts.push(tokio::spawn(restart_process(p, old, ctx.clone())));
+    }
+    let mut figures = done_rx.await.expect("monitor");
+    monitor.join().expect("monitor thread");
+    let stop_at = Instant::now();
+    let members = if figures.settled_at.is_some() {
+        let mut incarnations = Vec::with_capacity(processes);
+        for restart in restarts {
+            incarnations.push(restart.await.expect("restart task"));
+        }
+        stop_all(incarnations, &mut figures).await
+    } else {
+        abandon(restarts, &ctx, &mut figures)
+    };
+    figures.stopping = stop_at.elapsed();
+    figures.hard = hard;
+    figures.limit = limit;
+    figures.first_restart = first_signal.unwrap_or_default();
+    figures.last_restart = last_signal;
+    figures.redis_cpu = (figures.redis_cpu - redis_before) / figures.wall.as_secs_f64();
+    figures.bench_cpu = (figures.bench_cpu - bench_before) / figures.wall.as_secs_f64();
+    figures.heartbeats = load(&live.heartbeats);
+    figures.full = load(&live.full);
+    figures.fast = load(&live.fast);
+    figures.conflicts = load(&live.conflicts);
+    figures.retries = load(&live.retries);
+    figures.unknown = load(&live.unknown);
+    figures.unknown_on_time = load(&live.unknown_on_time);
+    figures.fenced = load(&live.fenced);
+    figures.fenced_instance = load(&live.fenced_instance);
+    figures.errors = load(&live.errors);
+    figures.leaves_ok = load(&live.leaves_ok);
+    figures.leaves_other = load(&live.leaves_other);
+    figures.aborted += load(&live.aborted);
+    figures.max_gap = Duration::from_micros(load(&live.max_gap_us));
+    figures.late_gaps = load(&live.late_gaps);
+    figures.waits = std::mem::take(&mut *live.restored.lock().expect("restored"));
+    figures.rejoins = std::mem::take(&mut *live.rejoins.lock().expect("rejoins"));
+    figures.stops = std::mem::take(&mut *live.stops.lock().expect("stops"));
+    figures.connect_failures = load(&live.connect_failures);
+    figures.full_latency = Measured {
+        samples: std::mem::take(&mut *live.full_samples.lock().expect("samples")),
+        wall: figures.wall,
+        ..Measured::default()
+    };
+    let loaded = store.clone().load().await.expect("load group");
+    figures.end_state = Some(loaded.group.meta.state);
+    figures.end_members = loaded.group.members.len();
+    figures.end_converged = members.iter().filter(|m| m.converged()).count();
+    if figures.settled_at.is_none() {
+        println!(
+            "  the phase did not settle: {} member tasks abandoned (aborted); the figures below \
+             are up to then",
+            figures.aborted
+        );
+    }
+    let after = owners(&loaded.group.meta.target_assignment);
+    figures.moved_overall = figures
+        .before
+        .as_ref()
+        .map(|before| moved_shards(before, &after).len());
+    (members, figures)
+}
+
+/// Stops every process of a settled phase, each member after its in-flight heartbeat, within
+/// [`STOP_GRACE`] in all; returns the members in process order.
+async fn stop_all(incarnations: Vec<Incarnation>, figures: &mut Restarts) -> Vec<Member> {
+    for incarnation in &incarnations {
+        incarnation.signal();
+    }
+    let deadline = tokio::time::Instant::now() + STOP_GRACE;
+    let mut members = Vec::new();
+    for incarnation in incarnations {
+        let (stopped, aborted) = incarnation.stop(deadline).await;
+        members.extend(stopped);
+        figures.aborted += aborted;
+    }
+    members
+}
+
+/// Abandons a phase that did not settle: aborts the restarts still running and every member
+/// task (counted in `aborted`; their members are lost, the steady window is skipped anyway).
+fn abandon(
+    restarts: Vec<tokio::task::JoinHandle<Incarnation>>,
+    ctx: &RestartContext,
+    figures: &mut Restarts,
+) -> Vec<Member> {
+    for restart in &restarts {
+        restart.abort();
+    }
+    for task in ctx.started.lock().expect("started").iter() {
+        if !task.is_finished() {
+            task.abort();
+            figures.aborted += 1;
+        }
+    }
+    Vec::new()
+}
+
+/// The monitor of [`rolling_restart`], on its own connection: reads the target every
+/// [`TARGET_SAMPLE`] (the first read is the target before the first restart) and counts every
+/// change of owner; prints progress every [`RESTART_PROGRESS`]; ends once all `processes`
+/// restarted, all `n` members got their shards back and the group is `STABLE` with every
+/// member converged, or at `give_up`. At the end: Redis's CPU seconds, the bench process's and
+/// the command statistics (cumulative: the caller subtracts the start).
+async fn restart_monitor(
+    mut conn: RedisConnection,
+    mut store: GroupStore,
+    live: Arc<Live>,
+    (n, processes): (usize, usize),
+    base: Instant,
+    give_up: Instant,
+) -> Restarts {
+    let meta_key = store.keys().metadata();
+    let mut figures = Restarts {
+        processes,
+        members: n,
+        ..Restarts::default()
+    };
+    let mut previous: Option<Owners> = None;
+    let mut next_progress = base + RESTART_PROGRESS;
+    let mut last_progress: Option<(Instant, f64, f64, u64)> = None;
+    loop {
+        tokio::time::sleep(TARGET_SAMPLE).await;
+        if let Ok(Some(owners)) =
+            tokio::time::timeout(MONITOR_TIMEOUT, read_owners(&mut conn, &meta_key)).await
+        {
+            figures.target_samples += 1;
+            match &previous {
+                None => figures.before = Some(owners.clone()),
+                Some(before) => note_moves(&mut figures, before, &owners, base),
+            }
+            previous = Some(owners);
+        }
+        let restarted = usize::try_from(load(&live.restarted)).unwrap_or(0);
+        let restored = live.restored.lock().expect("restored").len();
+        let converged = usize::try_from(live.converged.load(Ordering::Relaxed)).unwrap_or(0);
+        if restarted == processes
+            && restored == n
+            && converged == n
+            && let Ok(Ok(loaded)) = tokio::time::timeout(MONITOR_TIMEOUT, store.load()).await
+            && loaded.group.meta.state == GroupState::Stable
+            && loaded.group.members.len() == n
+        {
+            figures.settled_at = Some(base.elapsed());
+            break;
+        }
+        if Instant::now() >= next_progress {
+            next_progress += RESTART_PROGRESS;
+            let loaded = tokio::time::timeout(MONITOR_TIMEOUT, store.load()).await;
+            let now = Instant::now();
+            let redis = tokio::time::timeout(MONITOR_TIMEOUT, try_redis_cpu(&mut conn))
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(f64::NAN);
+            let bench = process_cpu();
+            let heartbeats = load(&live.heartbeats);
+            let last = last_progress.map_or_else(String::new, |(at, redis_then, bench_then, h)| {
+                let secs = (now - at).as_secs_f64();
+                format!(
+                    "; last {secs:.0}s: {:.0} answers/s, Redis CPU {:.0}%, bench CPU {:.2} cores",
+                    (heartbeats - h) as f64 / secs,
+                    (redis - redis_then) / secs * 100.0,
+                    (bench - bench_then) / secs,
+                )
+            });
+            let longest = live
+                .restored
+                .lock()
+                .expect("restored")
+                .iter()
+                .map(|r| r.wait)
+                .max()
+                .unwrap_or_default();
+            println!(
+                "  t {:>5.1}s: restarted {restarted}/{processes} processes, restored {restored}/{n} \
+                 members (longest wait {longest:.1?}), group {}, converged {converged}/{n}; full \
+                 {}, fast {}, CAS conflicts {}, RETRY {}, UNKNOWN_MEMBER_ID {}, FENCED_* {}; target \
+                 changes {} ({} shards){last}",
+                (now - base).as_secs_f64(),
+                match &loaded {
+                    Ok(Ok(l)) => format!(
+                        "{:?} with {} members",
+                        l.group.meta.state,
+                        l.group.members.len()
+                    ),
+                    Ok(Err(e)) => format!("load failed: {}", Chain(e)),
+                    Err(_) => format!("load not answered within {MONITOR_TIMEOUT:?}"),
+                },
+                load(&live.full),
+                load(&live.fast),
+                load(&live.conflicts),
+                load(&live.retries),
+                load(&live.unknown),
+                load(&live.fenced) + load(&live.fenced_instance),
+                figures.target_changes,
+                figures.moved_during,
+            );
+            if !redis.is_nan() {
+                last_progress = Some((now, redis, bench, heartbeats));
+            }
+        }
+        if Instant::now() >= give_up {
+            println!("  did not settle in time after the last restart: stopping the members");
+            break;
+        }
+    }
+    figures.wall = base.elapsed();
+    figures.redis_cpu = try_redis_cpu(&mut conn).await.unwrap_or(f64::NAN);
+    figures.bench_cpu = process_cpu();
+    figures.commands = command_stats(&mut conn).await;
+    figures
+}
+
+/// Counts the changes of owner between two reads of the target, describing the first few (a
+/// move is the goal's failure: which member took which shard, and when, says why).
+fn note_moves(figures: &mut Restarts, before: &Owners, after: &Owners, base: Instant) {
+    let moved = moved_shards(before, after);
+    if moved.is_empty() {
+        return;
+    }
+    figures.target_changes += 1;
+    figures.moved_during += moved.len();
+    if figures.examples.len() < 10 {
+        let (shard, was, is) = moved[0];
+        let members = |o: &Owners| o.values().cloned().collect::<BTreeSet<String>>();
+        let (then, now) = (members(before), members(after));
+        let list = |ids: Vec<&String>| {
+            let n = ids.len();
+            let shown: Vec<&str> = ids.into_iter().take(6).map(String::as_str).collect();
+            format!(
+                "{n} [{}{}]",
+                shown.join(", "),
+                if n > 6 { ", …" } else { "" }
+            )
+        };
+        figures.examples.push(format!(
+            "t {:.1}s: {} shards changed owner, e.g. shard {shard} {} -> {}; owners gone from \
+             the target {}, new owners {}",
+            base.elapsed().as_secs_f64(),
+            moved.len(),
+            was.unwrap_or("(none)"),
+            is.unwrap_or("(none)"),
+            list(then.difference(&now).collect()),
+            list(now.difference(&then).collect()),
+        ));
+    }
+}
+
+/// min / p50 / p99 / max of `values`.
+fn spread(mut values: Vec<Duration>) -> String {
+    values.sort_unstable();
+    format!(
+        "{:.2?} / {:.2?} / {:.2?} / {:.2?}",
+        values.first().copied().unwrap_or_default(),
+        percentile_of(&values, 50.0),
+        percentile_of(&values, 99.0),
+        values.last().copied().unwrap_or_default()
+    )
+}
+
+/// Where a restart's time goes, from the stop signal, and the joins against the old process's
+/// reservation (a static leave keeps the target reserved only while the lease of the member's
+/// last heartbeat runs: a join applied later finds the member expired and its shards moved).
+fn print_restart_timeline(r: &Restarts) {
+    let joins = &r.rejoins;
+    let count = |f: &dyn Fn(&Rejoin) -> bool| joins.iter().filter(|j| f(j)).count();
+    println!(
+        "  restart timeline from the stop signal (min / p50 / p99 / max): old members stopped \
+         (in-flight heartbeats done) {}; leaves answered {}; joins sent {}; joins answered {}",
+        spread(r.stops.iter().map(|s| s.0).collect()),
+        if r.hard {
+            "none sent (hard)".to_owned()
+        } else {
+            spread(r.stops.iter().map(|s| s.1).collect())
+        },
+        spread(joins.iter().map(|j| j.sent).collect()),
+        spread(joins.iter().map(|j| j.answered).collect()),
+    );
+    let statuses: BTreeMap<String, usize> = joins.iter().fold(BTreeMap::new(), |mut m, j| {
+        *m.entry(format!("{:?}", j.status)).or_default() += 1;
+        m
+    });
+    println!(
+        "  {} joins answered ({statuses:?}); {} assigned all the old shards at once, {} some, {} \
+         none; {} sent after the old process's reservation had surely ended (its last renewal's \
+         answer + lease TTL), {} answered after it may have; connect failures {}",
+        joins.len(),
+        count(&|j| j.old_shards_assigned == j.old_shards),
+        count(&|j| j.old_shards_assigned > 0 && j.old_shards_assigned < j.old_shards),
+        count(&|j| j.old_shards_assigned == 0 && j.old_shards > 0),
+        count(&|j| j.after_reservation),
+        count(&|j| j.maybe_after_reservation),
+        r.connect_failures,
+    );
+}
+
+/// The rolling restart's report ([`rolling_restart`]), with the goal's verdicts.
+fn print_restart(r: &Restarts, config: &CoordinatorConfig, shards: u32) {
+    let goal = Restarts::wait_goal(config);
+    println!(
+        "  ROLLING RESTART ({}) of {} processes x {MEMBERS_PER_PROCESS} members, one every \
+         {RESTART_EVERY:?}: stop signals from t {:.1?} to t {:.1?}; {}",
+        if r.hard {
+            "hard: the old process stops without a leave"
+        } else {
+            "graceful: static leaves, then the new process"
+        },
+        r.processes,
+        r.first_restart,
+        r.last_restart,
+        r.settled_at.map_or_else(
+            || format!("did NOT settle within {:?} of the last restart", r.limit),
+            |at| format!(
+                "settled {:.1?} after the last restart (every member restored, group STABLE, \
+                 every member converged)",
+                at.saturating_sub(r.last_restart)
+            )
+        ),
+    );
+    println!(
+        "  shards moved: {} of {shards} (target before the first restart vs at the end); target \
+         changes seen by the monitor: {} in {} reads (every {TARGET_SAMPLE:?}), {} shards \
+         changed owner in them",
+        r.moved_overall
+            .map_or_else(|| "? (no read before)".into(), |m| m.to_string()),
+        r.target_changes,
+        r.target_samples,
+        r.moved_during
+    );
+    for example in &r.examples {
+        println!("    {example}");
+    }
+    let waits = r.sorted_waits();
+    let over = waits.iter().filter(|w| **w > goal).count();
+    let on_join = r.waits.iter().filter(|w| w.answers == 1).count();
+    println!(
+        "  shards read again: {} of {} restarted members were assigned all their old shards; \
+         from the old process's stop: min {:.2?}, p50 {:.2?}, p99 {:.2?}, max {:.2?}; {over} over \
+         lease + 2 heartbeats ({goal:?}); {on_join} on the join's answer, {} later",
+        waits.len(),
+        r.members,
+        waits.first().copied().unwrap_or_default(),
+        percentile_of(&waits, 50.0),
+        percentile_of(&waits, 99.0),
+        waits.last().copied().unwrap_or_default(),
+        waits.len() - on_join,
+    );
+    let mut slowest = r.waits.clone();
+    slowest.sort_by_key(|w| std::cmp::Reverse(w.wait));
+    let slowest: Vec<String> = slowest
+        .iter()
+        .take(5)
+        .map(|w| format!("{} {:.2?} (answer {})", w.member, w.wait, w.answers))
+        .collect();
+    println!("    slowest: {}", slowest.join(", "));
+    print_restart_timeline(r);
+    println!(
+        "  leaves answered OK {}, otherwise {}; {} heartbeats (leaves included): full transitions \
+         {}, fast path {} ({:.1}%), CAS conflicts {}, RETRY {}, UNKNOWN_MEMBER_ID {} ({} on \
+         time), FENCED_MEMBER_EPOCH {}, FENCED_INSTANCE_ID {}, errors {}, tasks aborted {}",
+        r.leaves_ok,
+        r.leaves_other,
+        r.heartbeats + r.leaves_ok + r.leaves_other,
+        r.full,
+        r.fast,
+        100.0 * r.fast as f64 / (r.full + r.fast).max(1) as f64,
+        r.conflicts,
+        r.retries,
+        r.unknown,
+        r.unknown_on_time,
+        r.fenced,
+        r.fenced_instance,
+        r.errors,
+        r.aborted,
+    );
+    let full = &r.full_latency;
+    println!(
+        "  longest gap between two heartbeats of a member {:.1?} ({} over 1.5 intervals); full \
+         transitions, client side: p50 {}, p99 {}, max {} ({} samples)",
+        r.max_gap,
+        r.late_gaps,
+        ms(full.percentile(50.0)),
+        ms(full.percentile(99.0)),
+        ms(full.max()),
+        full.samples.len()
+    );
+    let loads = r
+        .commands
+        .iter()
+        .find(|(name, _, _)| name == "hgetall")
+        .map_or(0, |(_, calls, _)| *calls);
+    println!(
+        "  over {:.1?} (stopping took {:.1?}): Redis CPU {:.1}% of a core, bench process CPU \
+         {:.2} cores of {}; group loads (HGETALL) {loads}, {:.2} per full transition",
+        r.wall,
+        r.stopping,
+        r.redis_cpu * 100.0,
+        r.bench_cpu,
+        std::thread::available_parallelism().map_or(0, usize::from),
+        loads as f64 / r.full.max(1) as f64,
+    );
+    println!("  INFO commandstats of the rolling restart:");
+    print_commands(&r.commands, 8);
+    println!(
+        "  at the end: group {}, {} members; {} of {} members converged",
+        r.end_state.map_or_else(|| "?".into(), |s| format!("{s:?}")),
+        r.end_members,
+        r.end_converged,
+        r.members
+    );
+    println!(
+        "  GOAL: no shard moved {}; every shard read again within {goal:?} of its owner's \
+         restart {}; STABLE with {} members at the end {}",
+        yes_no(r.no_shard_moved()),
+        yes_no(r.every_shard_read_in_time(config)),
+        r.members,
+        yes_no(r.stable_at_end()),
+    );
+}
+
 /// The figures of one scenario.
 struct Report {
     scenario: Scenario,
@@ -1407,8 +2550,10 @@ struct Report {
     /// `None` when the group did not converge.
     steady: Option<Measured>,
     convergence: Duration,
-    /// The concurrent convergence's figures (scenarios d, e).
+    /// The concurrent convergence's figures (scenarios d, e, f).
     concurrent: Option<Concurrent>,
+    /// The rolling restart's figures (scenario f).
+    restart: Option<Restarts>,
 }
 
 async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
@@ -1502,7 +2647,12 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
                 group_keys.clone(),
                 config.clone(),
             );
-            own.push(Member::new(member_id(i), member_store));
+            own.push(if scenario.rolling_restart {
+                let (process, slot) = (i / MEMBERS_PER_PROCESS, i % MEMBERS_PER_PROCESS);
+                Member::static_member(process, slot, member_store)
+            } else {
+                Member::new(member_id(i), member_store)
+            });
         }
         drop(members);
         let convergence_start = Instant::now();
@@ -1528,10 +2678,41 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
                 steady: None,
                 convergence,
                 concurrent: Some(figures),
+                restart: None,
             };
         }
         members = driven;
-        return steady_state(
+        let mut restart = None;
+        if scenario.rolling_restart {
+            let (restarted, restarts) = rolling_restart(
+                members,
+                &target,
+                &stream_keys,
+                &store,
+                &config,
+                options.hard_restart,
+                options.converge_limit,
+            )
+            .await;
+            print_restart(&restarts, &config, scenario.shards);
+            let settled = restarts.settled_at.is_some() && restarts.aborted == 0;
+            members = restarted;
+            restart = Some(restarts);
+            if !settled {
+                println!("  steady window skipped: the group did not settle after the restarts");
+                return Report {
+                    scenario,
+                    idle,
+                    ping,
+                    renewal,
+                    steady: None,
+                    convergence,
+                    concurrent: Some(figures),
+                    restart,
+                };
+            }
+        }
+        let mut report = steady_state(
             scenario,
             options,
             (idle, ping, renewal),
@@ -1542,6 +2723,8 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
             (convergence, Some(figures)),
         )
         .await;
+        report.restart = restart;
+        return report;
     }
     println!("  convergence (round 0 = the joins):");
     let _: () = redis::cmd("CONFIG")
@@ -1576,6 +2759,7 @@ async fn run_scenario(scenario: Scenario, options: &Options) -> Report {
             steady: None,
             convergence,
             concurrent: None,
+            restart: None,
         };
     }
     steady_state(
@@ -1638,6 +2822,7 @@ async fn steady_state(
         steady: Some(steady),
         convergence,
         concurrent,
+        restart: None,
     }
 }
 
@@ -1704,9 +2889,15 @@ fn summary(reports: &[Report], options: &Options) {
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in reports {
         let Some(s) = &r.steady else {
+            let why = match &r.restart {
+                Some(restart) if restart.settled_at.is_none() || restart.aborted > 0 => {
+                    "the rolling restart did not settle".to_owned()
+                }
+                _ => format!("did not converge in {:.0?}", r.convergence),
+            };
             println!(
-                "| {} ({} members x {} shards) | did not converge in {:.0?}: not measured |",
-                r.scenario.name, r.scenario.members, r.scenario.shards, r.convergence
+                "| {} ({} members x {} shards) | {why}: not measured |",
+                r.scenario.name, r.scenario.members, r.scenario.shards
             );
             continue;
         };
@@ -1820,6 +3011,7 @@ fn summary(reports: &[Report], options: &Options) {
             c.bench_cpu,
         );
     }
+    summary_restarts(reports);
     for r in reports {
         println!(
             "scenario {}: lease TTL {:?}, convergence {} {:.1?}",
@@ -1831,6 +3023,73 @@ fn summary(reports: &[Report], options: &Options) {
                 "FAILED after"
             },
             r.convergence
+        );
+    }
+}
+
+/// The rolling restarts' table (scenario f).
+fn summary_restarts(reports: &[Report]) {
+    if reports.iter().all(|r| r.restart.is_none()) {
+        return;
+    }
+    println!(
+        "\nrolling restart (static members, {MEMBERS_PER_PROCESS} a process, one process every \
+         {RESTART_EVERY:?}; wait: from the old process's stop to the answer that assigns the new \
+         one all its old shards):"
+    );
+    println!(
+        "| scenario | restart | settled after the last restart | shards moved (before vs after; \
+         during) | wait p50 / p99 / max | restored (over lease + 2 heartbeats) | full transitions \
+         | fast path | CAS conflicts | RETRY | UNKNOWN_MEMBER_ID | FENCED_* | Redis CPU (% of a \
+         core) | bench CPU (cores) | at the end | goals met? |"
+    );
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- \
+         | --- |"
+    );
+    for r in reports {
+        let Some(f) = &r.restart else {
+            continue;
+        };
+        let config = r.scenario.config();
+        let goal = Restarts::wait_goal(&config);
+        let waits = f.sorted_waits();
+        println!(
+            "| {} ({} processes, {} members x {} shards) | {} | {} | {}; {} | {:.2?} / {:.2?} / \
+             {:.2?} | {} of {} ({}) | {} | {} ({:.1}%) | {} | {} | {} | {} | {:.1}% | {:.2} | {} \
+             with {} members | no move {}, read within {goal:?} {}, STABLE {} |",
+            r.scenario.name,
+            f.processes,
+            f.members,
+            r.scenario.shards,
+            if f.hard { "hard" } else { "graceful" },
+            f.settled_at.map_or_else(
+                || "did not settle".to_owned(),
+                |at| format!("{:.1?}", at.saturating_sub(f.last_restart))
+            ),
+            f.moved_overall
+                .map_or_else(|| "?".into(), |m| m.to_string()),
+            f.moved_during,
+            percentile_of(&waits, 50.0),
+            percentile_of(&waits, 99.0),
+            waits.last().copied().unwrap_or_default(),
+            waits.len(),
+            f.members,
+            waits.iter().filter(|w| **w > goal).count(),
+            f.full,
+            f.fast,
+            100.0 * f.fast as f64 / (f.full + f.fast).max(1) as f64,
+            f.conflicts,
+            f.retries,
+            f.unknown,
+            f.fenced + f.fenced_instance,
+            f.redis_cpu * 100.0,
+            f.bench_cpu,
+            f.end_state.map_or_else(|| "?".into(), |s| format!("{s:?}")),
+            f.end_members,
+            yes_no(f.no_shard_moved()),
+            yes_no(f.every_shard_read_in_time(&config)),
+            yes_no(f.stable_at_end()),
         );
     }
 }
