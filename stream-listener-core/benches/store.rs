@@ -1434,25 +1434,11 @@ async fn converge_concurrent(
         })
         .collect();
 
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let monitor = {
-        let (target, live) = (target.clone(), live.clone());
-        let (stream_keys, group_keys, config) =
-            (stream_keys.clone(), store.keys().clone(), config.clone());
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("monitor runtime");
-            let figures = runtime.block_on(async move {
-                // The monitor's connection, and its store's, are driven by its own runtime.
-                let conn = RedisConnection::connect(&target, Duration::from_secs(10))
-                    .await
-                    .expect("connect the monitor");
-                let store = GroupStore::new(conn.clone(), stream_keys, group_keys, config);
-                monitor(conn, store, live, n, base, interval, limit).await
-            });
-            let _ = done_tx.send(figures);
+    let (monitor, done_rx) = {
+        let live = live.clone();
+        let keys = (stream_keys.clone(), store.keys().clone(), config.clone());
+        spawn_monitor(target.clone(), keys, move |conn, store| {
+            monitor(conn, store, live, n, base, interval, limit)
         })
     };
     let mut figures = done_rx.await.expect("monitor");
@@ -2087,27 +2073,14 @@ async fn rolling_restart(
     }
     let first_restart = base + interval + Duration::from_secs(1);
 
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let monitor = {
-        let (target, live) = (target.clone(), live.clone());
-        let (stream_keys, group_keys, config) =
-            (stream_keys.clone(), store.keys().clone(), config.clone());
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("monitor runtime");
-            let figures = runtime.block_on(async move {
-                let conn = RedisConnection::connect(&target, Duration::from_secs(10))
-                    .await
-                    .expect("connect the monitor");
-                let store = GroupStore::new(conn.clone(), stream_keys, group_keys, config);
-                let give_up = first_restart
-                    + RESTART_EVERY * u32::try_from(processes).expect("few processes")
-                    + limit;
-                restart_monitor(conn, store, live, (n, processes), base, give_up).await
-            });
-            let _ = done_tx.send(figures);
+    let (monitor, done_rx) = {
+        let live = live.clone();
+        let keys = (stream_keys.clone(), store.keys().clone(), config.clone());
+        let give_up = first_restart
+            + RESTART_EVERY * u32::try_from(processes).expect("few processes")
+            + limit;
+        spawn_monitor(target.clone(), keys, move |conn, store| {
+            restart_monitor(conn, store, live, (n, processes), base, give_up)
         })
     };
 
@@ -3119,4 +3092,38 @@ fn main() {
         reports
     });
     summary(&reports, &options);
+}
+
+/// Runs `watch` on a thread, runtime and connection of its own, with a store of the group, so
+/// that the members' work does not starve it. Returns the thread and what `watch` comes to.
+fn spawn_monitor<T, F, Fut>(
+    target: RedisTarget,
+    (stream_keys, group_keys, config): (StreamKeys, GroupKeys, CoordinatorConfig),
+    watch: F,
+) -> (
+    std::thread::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<T>,
+)
+where
+    T: Send + 'static,
+    F: FnOnce(RedisConnection, GroupStore) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("monitor runtime");
+        let figures = runtime.block_on(async move {
+            // The monitor's connection, and its store's, are driven by its own runtime.
+            let conn = RedisConnection::connect(&target, Duration::from_secs(10))
+                .await
+                .expect("connect the monitor");
+            let store = GroupStore::new(conn.clone(), stream_keys, group_keys, config);
+            watch(conn, store).await
+        });
+        let _ = done_tx.send(figures);
+    });
+    (thread, done_rx)
 }
