@@ -14,6 +14,9 @@
 //!   one group, `now` advancing by 1 µs each. Goal: under 1 ms.
 //! - `heartbeat_join_1001st`: a 1,001st member joins the stable group (a new target by the
 //!   assignor). No goal.
+//! - `heartbeat_rejoin_new_process`: a member of the stable group joins again from a new process,
+//!   as a static member does in a rolling restart: the group epoch moves, the live set and so the
+//!   target do not (the assignor is skipped, `keeps_previous`). No goal; compare with the join.
 //!
 //! Run with `cargo bench -p stream-listener-core --bench coordinator`. After the criterion output a
 //! summary prints each median, its ratio to the yardstick and the goal (BENCHMARKS.md).
@@ -301,13 +304,36 @@ fn bench_heartbeat(c: &mut Criterion) {
         assert_eq!(check.target_of(&joiner.id).len(), 9);
     }
     group.bench_function("heartbeat_join_1001st", |b| sim.bench_one(b, &join, &ctx));
+
+    // (c) A member joins again from a new process: same live set, same target.
+    let mut restarted = sim.members[MEMBERS / 3].clone();
+    restarted.process_id = "process-restarted".to_owned();
+    restarted.epoch = 0;
+    let old_shards = std::mem::take(&mut restarted.owned);
+    let rejoin = restarted.next_request();
+    {
+        let (check, response) = sim.answer(&rejoin, &ctx);
+        assert_eq!(response.status, HeartbeatStatus::Ok);
+        assert_eq!(check.meta.assignment_epoch, sim.group.meta.group_epoch + 1);
+        assert_eq!(
+            check.meta.target_assignment.members,
+            sim.group.meta.target_assignment.members
+        );
+        assert_eq!(
+            response.pending_shards, old_shards,
+            "the old process's lease blocks them"
+        );
+    }
+    group.bench_function("heartbeat_rejoin_new_process", |b| {
+        sim.bench_one(b, &rejoin, &ctx)
+    });
     group.finish();
 }
 
 // ---- the summary: medians as ratios to the yardstick -----------------------------------------------
 
 /// Case, goal in ms (if any).
-const CASES: [(&str, Option<f64>); 8] = [
+const CASES: [(&str, Option<f64>); 9] = [
     (YARDSTICK, None),
     ("assign_from_scratch", Some(10.0)),
     ("assign_scale_out", Some(10.0)),
@@ -315,6 +341,7 @@ const CASES: [(&str, Option<f64>); 8] = [
     ("heartbeat_steady_one", Some(1.0)),
     ("heartbeat_steady_rotating", Some(1.0)),
     ("heartbeat_join_1001st", None),
+    ("heartbeat_rejoin_new_process", None),
     (YARDSTICK_AGAIN, None),
 ];
 

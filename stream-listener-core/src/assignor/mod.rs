@@ -33,7 +33,7 @@
 //! entries (a binary heap drives rule 4; there is no `S × M` scan).
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 
 /// One live member as the assignor sees it (docs/design.md §7: live members are `ACTIVE` members
 /// with a valid lease plus static members away within their lease).
@@ -154,6 +154,59 @@ pub fn assign(readable: &BTreeSet<u32>, members: &[AssignorMember], previous: &T
         .zip(owner)
         .map(|(&shard, rank)| (shard, sorted[rank].member_id.clone()))
         .collect()
+}
+
+/// Whether [`assign`] would return `previous` unchanged, answered without running it: `previous`
+/// (member id → its shards, the coordinator's target) covers every shard of `readable` exactly
+/// once and nothing else, every owner is one of `members` with at least one shard, and each
+/// member owns exactly its rule-1 quota. Then rule 2 keeps every shard where it is and rule 4 has
+/// nothing to place, so `assign(readable, members, previous) == previous` (property-tested).
+///
+/// This is the common case of a join that does not change the live set, such as a static member
+/// rejoining from a new process during a rolling restart: the group epoch moves, but the target
+/// does not. The check costs one pass over `previous` with a set lookup per shard and a sort of
+/// `members`, against the assignor's map building and string clones per shard (docs/design.md
+/// §7). Returns `false` whenever it cannot tell cheaply (duplicate member ids, shards outside
+/// `readable`, a shard owned twice): the caller then runs [`assign`].
+#[must_use]
+pub fn keeps_previous(
+    readable: &BTreeSet<u32>,
+    members: &[AssignorMember],
+    previous: &BTreeMap<String, BTreeSet<u32>>,
+) -> bool {
+    let mut sorted: Vec<&AssignorMember> = members.iter().collect();
+    sorted.sort_by(|a, b| a.member_id.cmp(&b.member_id));
+    sorted.dedup_by(|later, first| later.member_id == first.member_id);
+    if sorted.len() != members.len() {
+        return false;
+    }
+    if sorted.is_empty() {
+        return previous.is_empty();
+    }
+    let mut previous_count = vec![0u64; sorted.len()];
+    let mut owned = 0usize;
+    for (owner, shards) in previous {
+        let Ok(rank) = sorted.binary_search_by(|m| m.member_id.as_str().cmp(owner.as_str())) else {
+            return false;
+        };
+        if shards.is_empty() || !shards.iter().all(|s| readable.contains(s)) {
+            return false;
+        }
+        previous_count[rank] = shards.len() as u64;
+        owned += shards.len();
+    }
+    // Every owned shard is readable; with as many of them as readable shards and none owned
+    // twice, they are the readable set.
+    if owned != readable.len() || !owned_once(previous, owned) {
+        return false;
+    }
+    quotas(readable.len() as u64, &sorted, &previous_count) == previous_count
+}
+
+/// Whether no shard is in two of `previous`'s sets (`owned` shards in all).
+fn owned_once(previous: &BTreeMap<String, BTreeSet<u32>>, owned: usize) -> bool {
+    let mut seen: HashSet<u32> = HashSet::with_capacity(owned);
+    previous.values().flatten().all(|s| seen.insert(*s))
 }
 
 /// The number of shards that change owner between two targets: the shards of `next` whose owner

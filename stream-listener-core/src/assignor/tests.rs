@@ -488,4 +488,59 @@ proptest! {
         assert_balanced(&shrunk, &members, &next, equal);
         assert_sticky(&shrunk, &members, &stable, &next);
     }
+
+    #[test]
+    fn prop_keeps_previous_iff_assign_returns_it(
+        readable in readable_sets(), (members, _equal) in member_lists(), previous in previous_targets(),
+        change in 0usize..5, pick in any::<Index>(), weight in 1u32..=5,
+    ) {
+        // A random previous target rarely is a fixed point, so also try a fixed point and
+        // small changes to it (a member more or less, a weight, a shard more or less).
+        let stable = assign(&readable, &members, &previous);
+        let (mut members2, mut readable2) = (members.clone(), readable.clone());
+        match change {
+            0 => {}
+            1 => members2.push(AssignorMember { member_id: "new".into(), weight }),
+            2 if !members2.is_empty() => { members2.remove(pick.index(members.len())); }
+            3 if !members2.is_empty() => { members2[pick.index(members.len())].weight = weight; }
+            _ => { readable2.insert(400 + weight); }
+        }
+        for (readable, members, previous) in [
+            (&readable, &members, &previous),
+            (&readable, &members, &stable),
+            (&readable2, &members2, &stable),
+        ] {
+            let keeps = keeps_previous(readable, members, &by_member(previous));
+            prop_assert_eq!(keeps, &assign(readable, members, previous) == previous);
+        }
+        prop_assert!(keeps_previous(&readable, &members, &by_member(&stable)));
+    }
+}
+
+/// A target as the coordinator stores it: member id → its shards.
+fn by_member(target: &Target) -> BTreeMap<String, BTreeSet<u32>> {
+    let mut out: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    for (shard, owner) in target {
+        out.entry(owner.clone()).or_default().insert(*shard);
+    }
+    out
+}
+
+#[test]
+fn keeps_previous_refuses_a_shard_owned_twice_or_an_empty_entry() {
+    let m = members(&[("a", 1), ("b", 1)]);
+    let readable = shards(0..4);
+    let twice: BTreeMap<String, BTreeSet<u32>> =
+        [("a".into(), shards([0, 1])), ("b".into(), shards([1, 2]))].into();
+    assert!(!keeps_previous(&readable, &m, &twice));
+    let fixed: BTreeMap<String, BTreeSet<u32>> =
+        [("a".into(), shards([0, 1])), ("b".into(), shards([2, 3]))].into();
+    assert!(keeps_previous(&readable, &m, &fixed));
+    let mut with_empty = fixed.clone();
+    with_empty.insert("c".into(), BTreeSet::new());
+    assert!(!keeps_previous(
+        &readable,
+        &members(&[("a", 1), ("b", 1), ("c", 1)]),
+        &with_empty
+    ));
 }

@@ -1,6 +1,6 @@
 //! The target assignment and the response (rules 8–9 of docs/design.md §6).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::holdings::{blocked_among, is_live};
 use super::time::reported_within;
@@ -27,17 +27,14 @@ pub(super) fn recompute_target(group: &mut Group, now: Micros, config: &Coordina
                 weight: m.runtime_max_concurrency,
             })
             .collect();
-        let previous: assignor::Target = meta
-            .target_assignment
-            .members
-            .iter()
-            .flat_map(|(id, shards)| shards.iter().map(move |s| (*s, id.clone())))
-            .collect();
-        let next = assignor::assign(&meta.readable_shard_set, &live, &previous);
-        let mut members = std::collections::BTreeMap::<String, BTreeSet<ShardIndex>>::new();
-        for (shard, owner) in next {
-            members.entry(owner).or_default().insert(shard);
-        }
+        // A join that leaves the live set as it was (a static member back from a new process)
+        // moves the group epoch but not the target: skip the assignor's per-shard work.
+        let previous = &meta.target_assignment.members;
+        let members = if assignor::keeps_previous(&meta.readable_shard_set, &live, previous) {
+            std::mem::take(&mut meta.target_assignment.members)
+        } else {
+            sticky_target(&meta.readable_shard_set, &live, previous)
+        };
         meta.assignment_epoch = meta.group_epoch;
         meta.target_assignment = TargetAssignment {
             assignment_epoch: meta.group_epoch,
@@ -56,6 +53,23 @@ pub(super) fn recompute_target(group: &mut Group, now: Micros, config: &Coordina
             member.revoke_deadline = Some(now + member_rebalance_timeout_us(member, config));
         }
     }
+}
+
+/// The sticky assignor's target (docs/design.md §7) as the group stores it: member → shards.
+fn sticky_target(
+    readable: &BTreeSet<ShardIndex>,
+    live: &[AssignorMember],
+    previous: &BTreeMap<String, BTreeSet<ShardIndex>>,
+) -> BTreeMap<String, BTreeSet<ShardIndex>> {
+    let previous: assignor::Target = previous
+        .iter()
+        .flat_map(|(id, shards)| shards.iter().map(move |s| (*s, id.clone())))
+        .collect();
+    let mut members = BTreeMap::<String, BTreeSet<ShardIndex>>::new();
+    for (shard, owner) in assignor::assign(readable, live, &previous) {
+        members.entry(owner).or_default().insert(shard);
+    }
+    members
 }
 
 /// Rule 9: `assignedShards` = target shards held by no one else; `pendingShards` = the rest. The
