@@ -207,6 +207,87 @@ fn a_static_member_back_within_its_lease_moves_nothing() {
 }
 
 #[test]
+fn a_static_members_reservation_runs_one_lease_from_its_leave() {
+    // A pod that stops just before its next heartbeat is due, and takes most of a lease to come
+    // back: its reservation must run from the leave, not from the heartbeat before it.
+    let mut f = Fixture::new(4);
+    let with_instance = |r: HeartbeatRequest| HeartbeatRequest {
+        instance_id: Some("pod-s".into()),
+        ..r
+    };
+    f.send(with_instance(request("s", "p1", JOIN_EPOCH, &[])));
+    f.send(with_instance(request("s", "p1", 1, &[0, 1, 2, 3])));
+    f.join("b");
+    f.send(HeartbeatRequest {
+        revoking_shards: revoking(&[2, 3], RevokeState::Revoked),
+        ..with_instance(request("s", "p1", 1, &[0, 1]))
+    });
+    f.beat("b", 2, &[]);
+    f.beat("b", 2, &[2, 3]);
+    let target_before = f.group.meta.target_assignment.members.clone();
+    let epoch_before = f.group.meta.group_epoch;
+    f.advance_ms(2_900);
+    f.send(HeartbeatRequest {
+        revoking_shards: revoking(&[0, 1], RevokeState::Revoked),
+        ..with_instance(request("s", "p1", STATIC_LEAVE_EPOCH, &[]))
+    });
+    assert_eq!(f.member("s").member_lease_expires_at, f.now + LEASE);
+    // Past one lease from the last heartbeat, within one lease of the leave.
+    for _ in 0..4 {
+        f.advance_ms(3_500);
+        f.beat("b", 2, &[2, 3]);
+    }
+    let b = f.beat("b", 2, &[2, 3]);
+    assert_eq!((b.assigned_shards, b.pending_shards), (vec![2, 3], vec![]));
+    assert_eq!(f.member("s").state, MemberState::Active, "still reserved");
+    let back = f.send(with_instance(request("s", "p2", JOIN_EPOCH, &[])));
+    assert_eq!(
+        (back.assigned_shards, back.pending_shards),
+        (vec![0, 1], vec![])
+    );
+    assert_eq!(f.group.meta.target_assignment.members, target_before);
+    assert_eq!(
+        f.group.meta.group_epoch,
+        epoch_before + 1,
+        "only the rejoin's bump"
+    );
+}
+
+#[test]
+fn a_static_member_not_back_within_a_lease_of_its_leave_expires() {
+    let mut f = Fixture::new(2);
+    let with_instance = |r: HeartbeatRequest| HeartbeatRequest {
+        instance_id: Some("pod-s".into()),
+        ..r
+    };
+    f.send(with_instance(request("s", "p1", JOIN_EPOCH, &[])));
+    f.send(with_instance(request("s", "p1", 1, &[0, 1])));
+    f.join("b");
+    f.send(HeartbeatRequest {
+        revoking_shards: revoking(&[1], RevokeState::Revoked),
+        ..with_instance(request("s", "p1", 1, &[0]))
+    });
+    f.beat("b", 2, &[1]);
+    f.send(HeartbeatRequest {
+        revoking_shards: revoking(&[0], RevokeState::Revoked),
+        ..with_instance(request("s", "p1", STATIC_LEAVE_EPOCH, &[]))
+    });
+    // `b` heartbeats meanwhile (a group silent for half a lease looks like an outage, §5.2).
+    for _ in 0..5 {
+        f.advance_ms(3_000);
+        f.beat("b", 2, &[1]);
+    }
+    f.advance_ms(1);
+    let b = f.beat("b", 2, &[1]);
+    assert!(!f.group.members.contains_key("s"), "expired and retired");
+    assert_eq!(
+        f.group.target_of("b").iter().copied().collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert!(b.assigned_shards.contains(&1));
+}
+
+#[test]
 fn a_replaced_process_keeps_its_shards_blocked_until_its_lease_ends() {
     let mut f = Fixture::new(2);
     let with_instance = |r: HeartbeatRequest| HeartbeatRequest {

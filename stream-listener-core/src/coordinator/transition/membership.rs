@@ -120,7 +120,8 @@ pub(super) fn replace_process(
 }
 
 /// Leave (`-1`): `LEAVING`, target emptied, shards released as reported `REVOKED`, then `LEFT`.
-/// Static leave (`-2`, only with an `instanceId`): the target stays reserved while the lease runs.
+/// Static leave (`-2`, only with an `instanceId`): the lease is renewed from the leave and the
+/// target stays reserved while it runs.
 /// A replaced process leaving releases what it reports `REVOKED` from its old holdings.
 pub(super) fn leave(
     group: &mut Group,
@@ -148,7 +149,12 @@ pub(super) fn leave(
         .collect();
     member.assigned_shards.clear();
     match member.state {
-        MemberState::Active if static_leave => member.away = true,
+        MemberState::Active if static_leave => {
+            // The reservation runs one lease from the leave, not from the heartbeat before it:
+            // a pod that stops just before a heartbeat is due gets its whole lease to come back.
+            member.away = true;
+            renew_lease(member, now, config);
+        }
         MemberState::Active => {
             member.state = MemberState::Leaving;
             member.revoke_deadline = None;
