@@ -984,3 +984,102 @@ async fn a_full_transition_leaves_the_members_it_did_not_change_as_stored() {
     let b_reloaded = store.load().await.unwrap().group.members["b"].clone();
     assert_eq!(b_reloaded, b_loaded, "and it loads as before");
 }
+
+/// One protocol-following member of [`converged_members_stay_on_the_fast_path_while_others_reconcile`].
+struct Follower {
+    id: &'static str,
+    seq: u64,
+    epoch: i64,
+    owned: Vec<u32>,
+}
+
+impl Follower {
+    /// Sends the member's next heartbeat (releasing at once what it is no longer assigned) and
+    /// adopts the answer.
+    async fn beat(&mut self, store: &mut GroupStore) -> (bool, Vec<u32>) {
+        self.seq += 1;
+        let mut req = request(self.id, self.seq, self.epoch, &self.owned);
+        let outcome = store.heartbeat(&req).await.unwrap();
+        let response = outcome.response;
+        assert_eq!(response.status, HeartbeatStatus::Ok, "{}", self.id);
+        let released: Vec<u32> = self
+            .owned
+            .iter()
+            .filter(|s| !response.assigned_shards.contains(s))
+            .copied()
+            .collect();
+        self.epoch = response.member_epoch;
+        self.owned = response.assigned_shards.clone();
+        if !released.is_empty() {
+            self.seq += 1;
+            req = request(self.id, self.seq, self.epoch, &self.owned);
+            req.revoking_shards = released
+                .iter()
+                .map(|s| RevokingShard {
+                    shard_index: *s,
+                    state: RevokeState::Revoked,
+                })
+                .collect();
+            store.heartbeat(&req).await.unwrap();
+        }
+        (outcome.fast_path, response.pending_shards)
+    }
+}
+
+/// docs/design.md §5.3: the fast path answers a converged member whatever the group's state, so
+/// in a large group a join sends only the members it concerns to the full transition. Five
+/// members on 16 shards: the fifth takes three shards from three of the four, and the fourth,
+/// whose target is unchanged, stays on the fast path while the others reconcile; its answer
+/// carries the group's epochs of now (stored once, in `steady`).
+#[tokio::test]
+async fn converged_members_stay_on_the_fast_path_while_others_reconcile() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
+    create_active_stream(&mut conn, "orders", 16).await;
+    let mut store = group_store(&conn, "orders", "g").await;
+    let follower = |id| Follower {
+        id,
+        seq: 0,
+        epoch: 0,
+        owned: vec![],
+    };
+    let mut members: Vec<Follower> = ["a", "b", "c", "d"].into_iter().map(follower).collect();
+    for _ in 0..4 {
+        for m in &mut members {
+            m.beat(&mut store).await;
+        }
+    }
+    let group = store.load().await.unwrap().group;
+    assert_eq!(group.meta.state, GroupState::Stable);
+    let before = group.meta.target_assignment.members.clone();
+
+    let mut e = follower("e");
+    let (_, pending) = e.beat(&mut store).await;
+    assert_eq!(pending.len(), 3, "e waits for three shards to be released");
+    let group = store.load().await.unwrap().group;
+    assert_eq!(group.meta.state, GroupState::Reconciling);
+    let after = &group.meta.target_assignment.members;
+    let unchanged: Vec<&str> = ["a", "b", "c", "d"]
+        .into_iter()
+        .filter(|id| before.get(*id) == after.get(*id))
+        .collect();
+    assert_eq!(unchanged.len(), 1, "one member keeps its four shards");
+    for m in &mut members {
+        let (fast, _) = m.beat(&mut store).await;
+        assert_eq!(fast, unchanged.contains(&m.id), "{} on the fast path", m.id);
+    }
+    // The untouched member's answer on the fast path, mid-rebalance, with the epochs of now.
+    let keeper = members.iter_mut().find(|m| m.id == unchanged[0]).unwrap();
+    keeper.seq += 1;
+    let out = store
+        .heartbeat(&request(keeper.id, keeper.seq, keeper.epoch, &keeper.owned))
+        .await
+        .unwrap();
+    let group = store.load().await.unwrap().group;
+    assert!(out.fast_path);
+    assert_eq!(
+        (out.response.group_epoch, out.response.assignment_epoch),
+        (group.meta.group_epoch, group.meta.assignment_epoch)
+    );
+    assert_eq!(out.response.assigned_shards, keeper.owned);
+}

@@ -284,6 +284,22 @@ fn cases() -> Vec<Case> {
             expect: Repairs,
         },
         Case {
+            name: "steady without the group's epochs",
+            acts: &[Edit(Group, "steady", |v| {
+                let mut parts = v.split('|');
+                format!("{}|{}", parts.next().unwrap(), parts.next().unwrap())
+            })],
+            expect: Repairs,
+        },
+        Case {
+            name: "steady with an epoch too large for the response",
+            acts: &[Edit(Group, "steady", |v| {
+                let (head, _) = v.rsplit_once('|').unwrap();
+                format!("{head}|99999999999999999999")
+            })],
+            expect: Repairs,
+        },
+        Case {
             name: "fast entry without a newline",
             acts: &[HSet(Group, "fast:a", "proc-a|no newline")],
             expect: Repairs,

@@ -98,9 +98,13 @@ return 1
 /// The steady-state heartbeat (docs/design.md §5). KEYS[1] group hash, KEYS[2] leases.
 /// ARGV: member id, request fingerprint, requestSeq, lease TTL (µs), the stream's metadataVersion,
 /// activeConsumerWorkers (stored with the sequence: the only report a steady heartbeat changes).
-/// Returns {'1', response JSON} when answered, {'2', last seq} for a stale request, {'0'} when
-/// the full transition must run: the group is not STABLE, the stream changed, a deadline or the
-/// earliest lease has passed, the requester's own lease is older than half its TTL (the full
+/// Returns {'1', response JSON, groupEpoch, assignmentEpoch} when answered (the member's stored
+/// answer and the group's epochs from `steady`, `<metadataVersion>|<deadline>|<groupEpoch>|
+/// <assignmentEpoch>`), {'2', last seq} for a stale request, {'0'} when
+/// the full transition must run: no `steady` (a correction round or a group waiting for a new
+/// target), the stream changed, a deadline or the earliest lease has passed (for a repeat, a
+/// lease other than the requester's: its stored answer may be that of a later write, which
+/// time-based work due now would change), the requester's own lease is older than half its TTL (the full
 /// transition then decides whether there was an outage to re-arm: members may run different
 /// TTLs, and only the requester's is known here, docs/design.md §6.5), or the request differs from
 /// the member's steady fingerprint. A malformed `steady`, `fast:<id>`, `fastseq:<id>` or
@@ -115,10 +119,10 @@ pub(crate) fn group_fast_path() -> &'static Script {
 local h = KEYS[1]
 local steady = redis.call('HGET', h, 'steady')
 if not steady then return {'0'} end
-local sep = string.find(steady, '|', 1, true)
-if not sep then return {'0'} end
-if string.sub(steady, 1, sep - 1) ~= ARGV[5] then return {'0'} end
-local deadline = tonumber(string.sub(steady, sep + 1))
+local version, due, ge, ae = string.match(steady, '^([^|]*)|([^|]*)|(%d+)|(%d+)$')
+if not version or #ge > 18 or #ae > 18 then return {'0'} end
+if version ~= ARGV[5] then return {'0'} end
+local deadline = tonumber(due)
 if not deadline or not (deadline >= 0 and deadline < 9007199254740992) then return {'0'} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -133,7 +137,11 @@ local last = tonumber(redis.call('HGET', h, 'fastseq:' .. ARGV[1]) or '0')
 if not last or last >= 9007199254740992 then return {'0'} end
 if seq < last then return {'2', string.format('%.0f', last)} end
 local response = string.sub(entry, nl + 1)
-if seq == last then return {'1', response} end
+if seq == last then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 2)
+  for _, id in ipairs(due) do if id ~= ARGV[1] then return {'0'} end end
+  return {'1', response, ge, ae}
+end
 local ttl = tonumber(ARGV[4])
 local lr = redis.call('HGET', h, 'leaseRevision') or '0'
 if not string.match(lr, '^%d+$') or #lr > 18 then return {'0'} end
@@ -144,7 +152,7 @@ if not own or tonumber(own) < now + ttl / 2 then return {'0'} end
 redis.call('ZADD', KEYS[2], 'XX', string.format('%.0f', now + ttl), ARGV[1])
 redis.call('HSET', h, 'fastseq:' .. ARGV[1], ARGV[3], 'fastworkers:' .. ARGV[1], ARGV[6])
 redis.call('HINCRBY', h, 'leaseRevision', 1)
-return {'1', response}
+return {'1', response, ge, ae}
 "
         ))
     });

@@ -11,14 +11,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::coordinator::{
-    Context, CoordinatorConfig, CoordinatorError, Group, StreamView, Transition, heartbeat,
-    heartbeat_batch, heartbeat_with_fences, member_lease_ttl_us, next_deadline,
-    request_fingerprint, steady_fingerprint, steady_response,
+    Context, CoordinatorConfig, CoordinatorError, Group, SteadyMarker, StreamView, Transition,
+    heartbeat, heartbeat_batch, heartbeat_with_fences, member_lease_ttl_us, request_fingerprint,
+    steady_fingerprint, steady_response,
 };
 use crate::fence::FenceToken;
-use crate::model::{
-    GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, Micros, ShardIndex,
-};
+use crate::model::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, Micros, ShardIndex};
 
 /// A heartbeat the store did not answer with a response.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,9 +52,10 @@ pub(super) struct Store {
     pub(super) group: Option<Group>,
     /// `:leases`: member id → expiry (µs).
     pub(super) leases: BTreeMap<String, Micros>,
-    /// `steady`: `(metadataVersion, next deadline or 0)`.
-    pub(super) steady: Option<(u64, Micros)>,
-    /// `fast:<id>`: the steady fingerprint and the steady response.
+    /// `steady`: the stream version, the next deadline (0: none) and the group's epochs.
+    pub(super) steady: Option<SteadyMarker>,
+    /// `fast:<id>`: the steady fingerprint and the steady response without the group's epochs
+    /// (`SteadyMarker::member_part`).
     pub(super) fast: BTreeMap<String, (String, HeartbeatResponse)>,
     /// `fastseq:<id>`.
     pub(super) fast_seq: BTreeMap<String, u64>,
@@ -124,7 +123,11 @@ impl Store {
                 member.active_consumer_workers = *workers;
             }
             if let Some((_, response)) = entry {
-                member.last_response = Some(response.clone());
+                member.last_response = Some(HeartbeatResponse {
+                    group_epoch: group.meta.group_epoch,
+                    assignment_epoch: group.meta.assignment_epoch,
+                    ..response.clone()
+                });
             }
         }
         Some(group)
@@ -142,13 +145,13 @@ impl Store {
         let Some(print) = request_fingerprint(request) else {
             return FastAnswer::Fallback("not eligible");
         };
-        let Some((version, deadline)) = self.steady else {
+        let Some(marker) = self.steady else {
             return FastAnswer::Fallback("no steady marker");
         };
-        if version != stream_version {
+        if marker.metadata_version != stream_version {
             return FastAnswer::Fallback("stream metadataVersion changed");
         }
-        if deadline > 0 && now >= deadline {
+        if marker.deadline > 0 && now >= marker.deadline {
             return FastAnswer::Fallback("deadline passed");
         }
         let Some((stored_print, response)) = self.fast.get(&request.member_id) else {
@@ -157,13 +160,20 @@ impl Store {
         if *stored_print != print {
             return FastAnswer::Fallback("fingerprint differs");
         }
-        let response = response.clone();
+        let response = marker.complete(response.clone());
         let last = self.fast_seq.get(&request.member_id).copied().unwrap_or(0);
         let seq = request.request_seq;
         if seq < last {
             return FastAnswer::Stale { last };
         }
         if seq == last {
+            let others_due = self
+                .leases
+                .iter()
+                .any(|(id, lease)| *lease <= now && *id != request.member_id);
+            if others_due {
+                return FastAnswer::Fallback("another member's lease passed");
+            }
             return FastAnswer::Answered {
                 response,
                 renewed: false,
@@ -228,9 +238,16 @@ impl Store {
         if *stored_print != print || request.request_seq <= last {
             return None;
         }
+        // The group's epochs, which `steady` carries when it is there.
+        let meta = &self.group.as_ref()?.meta;
+        let response = HeartbeatResponse {
+            group_epoch: meta.group_epoch,
+            assignment_epoch: meta.assignment_epoch,
+            ..response.clone()
+        };
         let mut after = self.clone();
         after.renew(request, now, config);
-        Some((after, response.clone()))
+        Some((after, response))
     }
 
     /// The full transition (`GroupStore::heartbeat` after the fast path): load, the pure
@@ -323,11 +340,10 @@ impl Store {
     /// only when the transition changed the member or its fast-path fields changed; otherwise
     /// the stored one stays (with its older lease and sequence, which the load brings up to date).
     pub(super) fn write(&mut self, loaded: &Group, mut group: Group, config: &CoordinatorConfig) {
-        let steady =
-            group.meta.state == GroupState::Stable && group.meta.correction_round.is_none();
+        let marker = SteadyMarker::of(&group);
         let mut fast_changed = BTreeSet::new();
         for (id, member) in &group.members {
-            if !steady {
+            if marker.is_none() {
                 continue;
             }
             if let Some(response) = steady_response(&group, id, config) {
@@ -338,7 +354,7 @@ impl Store {
                     member.runtime_max_concurrency,
                     member.current_assignment.iter(),
                 );
-                let entry = (print, response);
+                let entry = (print, SteadyMarker::member_part(response));
                 if self.fast.get(id) != Some(&entry) {
                     self.fast.insert(id.clone(), entry);
                     fast_changed.insert(id.clone());
@@ -358,14 +374,7 @@ impl Store {
                 }
             }
         }
-        self.steady = if steady {
-            Some((
-                group.meta.metadata_version,
-                next_deadline(&group).unwrap_or(0),
-            ))
-        } else {
-            None
-        };
+        self.steady = marker;
         for id in loaded.members.keys() {
             if !group.members.contains_key(id) {
                 self.fast.remove(id);

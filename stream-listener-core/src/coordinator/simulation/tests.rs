@@ -249,13 +249,13 @@ const STRANDED: [&str; 2] = ["order:", "after the fault-free phase"];
 /// order keeps every invariant on the same seeds: it is the `BUSY` hole that is caught.
 #[test]
 fn catches_a_check_outside_the_transaction() {
-    assert_read_rule_caught("check_outside_transaction", 40, &STRANDED);
+    assert_read_rule_caught("check_outside_transaction", 60, &STRANDED);
     let variant = ReadVariant::with(&["check_outside_transaction"]);
     let calm = Faults {
         busy_scripts: false,
         ..data_plane_faults()
     };
-    let failure = (0..40)
+    let failure = (0..60)
         .find_map(|seed| run_history_with(seed, 250, Variant::default(), variant, calm).err());
     assert!(failure.is_none(), "caught without BUSY: {failure:?}");
 }
@@ -272,28 +272,29 @@ fn catches_a_check_outside_the_transaction() {
 /// (`fixed_gate`, one per shard, which the new owner's first check opens again). Each rule alone
 /// keeps every invariant on the history that catches both (only a round's first gate is named
 /// by its read, so a zombie's round over a shard that moved and one that did not would still
-/// need the check; the simulation has not met one in 1,500 histories). Pinned on seed 26 since
+/// need the check; the simulation has not met one in 1,500 histories). Pinned on seed 29 (26 until
+/// the fast path answered converged members of a reconciling group, which changed the histories) since
 /// gate reads: a fixed gate alone is caught in most histories (a zombie's gate read through it,
 /// as its wait), so the first failing seed of the pair no longer shows the check's hazard; on
-/// seed 26 a zombie's `EXEC` meets `NOSCRIPT` and strands entries (6 such seeds in 1,000).
+/// that seed a zombie's `EXEC` meets `NOSCRIPT` and strands entries (6 such seeds in 1,000).
 #[test]
 fn catches_a_check_sent_with_evalsha() {
-    assert_read_rules_caught_on(&["evalsha_check", "fixed_gate"], 26, &STRANDED);
-    assert_read_rules_pass(&["evalsha_check"], 26);
-    assert_read_rules_pass(&["fixed_gate"], 26);
+    assert_read_rules_caught_on(&["evalsha_check", "fixed_gate"], 29, &STRANDED);
+    assert_read_rules_pass(&["evalsha_check"], 29);
+    assert_read_rules_pass(&["fixed_gate"], 29);
 }
 
 /// docs/design.md §8.16: a refusing check that closed the gate with a deny-oom write would be
 /// refused at `maxmemory` (as the script's first write), fail, and leave the gate open: the same
 /// stranding as `NOSCRIPT`, when a zombie's transaction is queued and memory runs out before its
 /// `EXEC`. The design deletes the gate with `DEL`, which Redis runs at `maxmemory`. As with
-/// `EVALSHA`, a gate per token closes it too: caught with the gate of before, pinned on seed 4
-/// for the same reason (15 such seeds in 1,000).
+/// `EVALSHA`, a gate per token closes it too: caught with the gate of before, pinned on seed 94
+/// for the same reason (15 such seeds in 1,000; seed 4 before the fast path's change above).
 #[test]
 fn catches_a_gate_closed_with_a_denyoom_write() {
-    assert_read_rules_caught_on(&["denyoom_gate", "fixed_gate"], 4, &STRANDED);
-    assert_read_rules_pass(&["denyoom_gate"], 4);
-    assert_read_rules_pass(&["fixed_gate"], 4);
+    assert_read_rules_caught_on(&["denyoom_gate", "fixed_gate"], 94, &STRANDED);
+    assert_read_rules_pass(&["denyoom_gate"], 94);
+    assert_read_rules_pass(&["fixed_gate"], 94);
 }
 
 /// docs/design.md §8.16, the blocking strict wait: with one gate per shard, named by every
@@ -344,7 +345,8 @@ fn catches_a_server_that_keeps_a_wait_blocked_after_its_gate_is_deleted() {
 
 /// docs/design.md §8.10 for the blocking wait: a wait whose outcome the member cannot know (here
 /// its connection dropped right after it was sent, the request still on its way) still reaches
-/// Redis later, and the task's own gate lets it read. Seed 65 (250 steps, calm): process p1's
+/// Redis later, and the task's own gate lets it read. Pinned on seed 80 (250 steps, calm); the
+/// story, as it was on seed 65 before the fast path's change above: process p1's
 /// wait on shard 1 is lost with its connection, the task reads its own pending entries from `0`,
 /// the wait then puts entries 5 and 6 into its PEL, it reads on from `>`, and the next owner
 /// (p5) claims them and handles them after entry 18. The member kills the wait's connection
@@ -352,8 +354,8 @@ fn catches_a_server_that_keeps_a_wait_blocked_after_its_gate_is_deleted() {
 /// in 3,000), so pinned (seed 646 before gate reads changed the histories).
 #[test]
 fn catches_a_wait_given_up_on_without_killing_its_connection() {
-    assert_read_rules_pass(&[], 65);
-    assert_read_rules_caught_on(&["wait_lost_without_kill"], 65, &STRANDED);
+    assert_read_rules_pass(&[], 80);
+    assert_read_rules_caught_on(&["wait_lost_without_kill"], 80, &STRANDED);
 }
 
 /// docs/design.md §8.16, the gate read: a plain `XREADGROUP` that names no gate trusts the
@@ -367,15 +369,16 @@ fn catches_a_gate_read_without_gates() {
 }
 
 /// docs/design.md §8.16, the gate read names every shard's gate, not only the first one as the
-/// transaction's read does (whose check vouches for the others). Seed 776 (250 steps, calm):
+/// transaction's read does (whose check vouches for the others). Pinned on seed 143 (250 steps,
+/// calm); the story, as it was on seed 776 before the fast path's change above:
 /// process p1 pauses with a gate read of shards 1 and 4 unsent; while it is paused shard 4 moves
 /// to p2, whose raise deletes p1's gate there, and shard 1 stays p1's (its gate open); as p1
 /// resumes the read reaches Redis, and naming shard 1's gate alone, it puts entry 5 of shard 4
 /// into p1's PEL. Rare (33 calm histories in 5,000, the first at seed 776), so pinned.
 #[test]
 fn catches_a_gate_read_that_names_only_the_first_gate() {
-    assert_read_rules_pass(&[], 776);
-    assert_read_rules_caught_on(&["gate_read_first_gate_only"], 776, &["zombie read"]);
+    assert_read_rules_pass(&[], 143);
+    assert_read_rules_caught_on(&["gate_read_first_gate_only"], 143, &["zombie read"]);
 }
 
 /// The gate reads of the data plane's histories do what they are for: most are served (entries

@@ -32,7 +32,9 @@ use timings::record_timings;
 use validate::{repeated_request, validate};
 
 pub(crate) use assignment::base_response;
-pub use steady::{next_deadline, request_fingerprint, steady_fingerprint, steady_response};
+pub use steady::{
+    SteadyMarker, next_deadline, request_fingerprint, steady_fingerprint, steady_response,
+};
 pub(crate) use timings::member_lease_ttl_us;
 
 /// What one [`heartbeat`] came to.

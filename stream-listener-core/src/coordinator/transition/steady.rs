@@ -6,21 +6,24 @@ use super::correction::in_correction_round;
 use super::timings::with_own_timings;
 use crate::coordinator::{CoordinatorConfig, Group};
 use crate::model::{
-    Epoch, GroupState, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberState, Micros,
+    Epoch, HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberState, Micros,
     PROTOCOL_VERSION, ShardIndex,
 };
 
-/// The response a converged member of a STABLE group gets for a heartbeat that repeats its epoch
-/// and reports exactly its target as owned, with nothing revoking and no fence conflict: what
-/// [`heartbeat`](crate::coordinator::heartbeat) would answer when no time-based work is due. `None` when the group is not
-/// STABLE, a correction round runs, or the member is not converged. The store's fast path
-/// (docs/design.md §5) answers with it without running the full transition.
+/// The response a converged member gets for a heartbeat that repeats its epoch and reports
+/// exactly its target as owned, with nothing revoking and no fence conflict: what
+/// [`heartbeat`](crate::coordinator::heartbeat) would answer when no time-based work is due. `None` when a
+/// correction round runs, the group waits for a new target, or the member is not converged (away, not `ACTIVE`, or its target not
+/// yet both sent and reported). The group need not be STABLE: while other members reconcile, a
+/// converged member's answer is the same (its shards are held by no one else, it has no revoke
+/// deadline, and what would change it is time-based work the fast path falls back for). The
+/// store's fast path (docs/design.md §5.3) answers with it without running the full transition.
 pub fn steady_response(
     group: &Group,
     member_id: &str,
     config: &CoordinatorConfig,
 ) -> Option<HeartbeatResponse> {
-    if group.meta.state != GroupState::Stable || in_correction_round(group) {
+    if !fast_path_allowed(group) {
         return None;
     }
     let member = group.members.get(member_id)?;
@@ -41,6 +44,63 @@ pub fn steady_response(
         return converged.then_some(response);
     }
     converged.then(|| with_own_timings(response, member, config))
+}
+
+/// Whether the fast path may answer at all: not in a correction round, and not while the group
+/// waits for a new target (`groupEpoch > assignmentEpoch`, stored after a transition that only
+/// fenced its requester): the next full transition computes the target, and a converged member's
+/// answer may change with it.
+fn fast_path_allowed(group: &Group) -> bool {
+    !in_correction_round(group) && group.meta.group_epoch <= group.meta.assignment_epoch
+}
+
+/// What every fast answer of a group shares, stored once (the store's `steady` field,
+/// docs/design.md §5.3): the fast path runs only while it is present and its stream version and
+/// deadline hold, and it completes each member's stored answer with the group's epochs. Keeping
+/// the epochs here, not in every member's entry, means that a join or an expiry rewrites one
+/// field, not one per converged member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SteadyMarker {
+    /// The group's `metadataVersion`: a request of a process that read another falls back.
+    pub metadata_version: u64,
+    /// [`next_deadline`] (µs), 0 for none: the fast path falls back once it has passed.
+    pub deadline: Micros,
+    /// The group's `groupEpoch`, answered by the fast path.
+    pub group_epoch: Epoch,
+    /// The group's `assignmentEpoch`, answered by the fast path.
+    pub assignment_epoch: Epoch,
+}
+
+impl SteadyMarker {
+    /// The marker of `group` as a transition leaves it; `None` where every heartbeat must run
+    /// the full transition ([`fast_path_allowed`]).
+    pub fn of(group: &Group) -> Option<SteadyMarker> {
+        fast_path_allowed(group).then(|| SteadyMarker {
+            metadata_version: group.meta.metadata_version,
+            deadline: next_deadline(group).unwrap_or(0),
+            group_epoch: group.meta.group_epoch,
+            assignment_epoch: group.meta.assignment_epoch,
+        })
+    }
+
+    /// A member's stored answer ([`SteadyMarker::member_part`]) as the fast path sends it.
+    pub fn complete(&self, stored: HeartbeatResponse) -> HeartbeatResponse {
+        HeartbeatResponse {
+            group_epoch: self.group_epoch,
+            assignment_epoch: self.assignment_epoch,
+            ..stored
+        }
+    }
+
+    /// What a member's fast entry stores of its [`steady_response`]: everything but the group's
+    /// epochs (0), which the marker carries.
+    pub fn member_part(response: HeartbeatResponse) -> HeartbeatResponse {
+        HeartbeatResponse {
+            group_epoch: 0,
+            assignment_epoch: 0,
+            ..response
+        }
+    }
 }
 
 /// The earliest time-based trigger other than a member lease (µs): revoke deadlines, replaced

@@ -146,7 +146,7 @@ pub(super) fn decode_group(
             member.member_lease_expires_at = *lease;
             member.last_heartbeat_at = member.last_heartbeat_at.max(lease.saturating_sub(ttl));
         }
-        apply_fast_path_state(key, fields, id, &mut member)?;
+        apply_fast_path_state(key, fields, (id, &meta), &mut member)?;
         members.insert(id.to_owned(), member);
     }
     check_counters(key, &meta, &members, now)?;

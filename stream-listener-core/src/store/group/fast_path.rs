@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::{FAST, FAST_SEQ, FAST_WORKERS, GroupStore, duration_us};
 use crate::coordinator::{self, CoordinatorError};
-use crate::model::{HeartbeatRequest, HeartbeatResponse, MemberMetadata};
+use crate::model::{GroupMetadata, HeartbeatRequest, HeartbeatResponse, MemberMetadata};
 use crate::store::stream::parse_u64;
 use crate::store::{StoreError, scripts};
 
@@ -38,8 +38,14 @@ impl GroupStore {
         match reply.first().map(String::as_str) {
             Some("1") => {
                 let json = reply.get(1).map(String::as_str).unwrap_or_default();
+                // The script answers only with epochs it matched as at most 18 digits.
+                let epoch = |i: usize| reply.get(i).and_then(|v| v.parse().ok()).unwrap_or(0);
                 match serde_json::from_str(json) {
-                    Ok(response) => Ok(Some(response)),
+                    Ok(response) => Ok(Some(HeartbeatResponse {
+                        group_epoch: epoch(2),
+                        assignment_epoch: epoch(3),
+                        ..response
+                    })),
                     // Derived data: the full transition answers and writes it again.
                     Err(error) => {
                         tracing::warn!(
@@ -65,11 +71,13 @@ impl GroupStore {
     }
 }
 
-/// Requests the fast path accepted count as accepted: their sequence and (steady) response.
+/// Requests the fast path accepted count as accepted: their sequence and (steady) response,
+/// completed with the group's epochs from `meta` (written with the `steady` marker the fast path
+/// took them from).
 pub(super) fn apply_fast_path_state(
     key: &str,
     fields: &HashMap<String, String>,
-    id: &str,
+    (id, meta): (&str, &GroupMetadata),
     member: &mut MemberMetadata,
 ) -> Result<(), StoreError> {
     let seq_field = format!("{FAST_SEQ}{id}");
@@ -91,7 +99,11 @@ pub(super) fn apply_fast_path_state(
         return Ok(());
     }
     let response = match serde_json::from_str(json) {
-        Ok(response) => response,
+        Ok(response) => HeartbeatResponse {
+            group_epoch: meta.group_epoch,
+            assignment_epoch: meta.assignment_epoch,
+            ..response
+        },
         Err(error) => {
             tracing::warn!(key, %field, %error, "fast-path response is not JSON: ignored, the full transition rewrites it");
             return Ok(());

@@ -3,7 +3,7 @@
 //! `leaseRevision`.
 
 use super::{FAST, FAST_SEQ, FAST_WORKERS, GroupStore, LoadedGroup, MEMBER, META, STEADY};
-use crate::coordinator::{self, CoordinatorConfig, Group};
+use crate::coordinator::{self, CoordinatorConfig, Group, SteadyMarker};
 use crate::model::MemberMetadata;
 use crate::store::{StoreError, scripts};
 
@@ -90,9 +90,9 @@ impl Writes {
         true
     }
 
-    /// The fast-path fields of member `id` in a STABLE group: its steady answer and sequence,
-    /// or, with no steady answer now, the removal of an earlier steady write's entry. Returns
-    /// whether any of them changed.
+    /// The fast-path fields of member `id` outside a correction round: its steady answer
+    /// (without the group's epochs, which `steady` carries) and sequence, or, with no steady
+    /// answer now, the removal of an earlier write's entry. Returns whether any of them changed.
     fn steady_entry(
         &mut self,
         loaded: &LoadedGroup,
@@ -102,7 +102,7 @@ impl Writes {
     ) -> Result<bool, StoreError> {
         let Some(response) = coordinator::steady_response(group, id, config) else {
             // A member with no steady answer now (away after `-2`, not converged): an entry
-            // of an earlier steady write would let a late duplicate of an older request,
+            // of an earlier write would let a late duplicate of an older request,
             // above that old `fastseq`, renew its lease where the full transition says
             // stale (docs/design.md §5.3). Its JSON, written by the caller because this
             // changed, holds what the entry counted (`lastRequestSeq`, `lastResponse`,
@@ -124,7 +124,8 @@ impl Writes {
             member.runtime_max_concurrency,
             member.current_assignment.iter(),
         );
-        let json = serde_json::to_string(&response).map_err(|e| unserialisable(id, e))?;
+        let json = serde_json::to_string(&SteadyMarker::member_part(response))
+            .map_err(|e| unserialisable(id, e))?;
         let entry = self.set_if_changed(loaded, format!("{FAST}{id}"), format!("{print}\n{json}"));
         let seq = self.set_if_changed(
             loaded,
@@ -142,14 +143,13 @@ impl Writes {
         let mut writes = Writes::default();
         let meta = serde_json::to_string(&group.meta).map_err(|e| unserialisable(META, e))?;
         writes.set_if_changed(loaded, META.into(), meta);
-        let steady = group.meta.state == crate::model::GroupState::Stable
-            && group.meta.correction_round.is_none();
+        let marker = SteadyMarker::of(group);
         for (id, member) in &group.members {
-            let fast_fields_changed = if steady {
+            let fast_fields_changed = if marker.is_some() {
                 writes.steady_entry(loaded, group, (id, member), config)?
             } else {
-                // No `steady` marker: the fast path answers nothing, and the next steady write
-                // rewrites or removes these fields.
+                // A correction round: no `steady` marker, the fast path answers nothing, and
+                // the first write after the round rewrites or removes these fields.
                 false
             };
             // A member the transition left as loaded keeps its stored JSON: the next load
@@ -163,12 +163,17 @@ impl Writes {
                 writes.set_if_changed(loaded, format!("{MEMBER}{id}"), json);
             }
         }
-        if steady {
-            let deadline = coordinator::next_deadline(group).unwrap_or(0);
+        if let Some(marker) = marker {
+            let SteadyMarker {
+                metadata_version,
+                deadline,
+                group_epoch,
+                assignment_epoch,
+            } = marker;
             writes.set_if_changed(
                 loaded,
                 STEADY.into(),
-                format!("{}|{deadline}", group.meta.metadata_version),
+                format!("{metadata_version}|{deadline}|{group_epoch}|{assignment_epoch}"),
             );
         } else if loaded.fields.contains_key(STEADY) {
             writes.delete.push(STEADY.into());
