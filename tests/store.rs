@@ -21,7 +21,7 @@ use stream_listener::core::model::{
 };
 use stream_listener::testing::fixtures::{create_active_stream, timings};
 use stream_listener::testing::{RedisCluster, RedisServer};
-use support::heartbeat_request;
+use support::{heartbeat_request, loads, reset_stats};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
 
@@ -987,7 +987,7 @@ async fn a_full_transition_leaves_the_members_it_did_not_change_as_stored() {
 
 /// One protocol-following member of [`converged_members_stay_on_the_fast_path_while_others_reconcile`].
 struct Follower {
-    id: &'static str,
+    id: String,
     seq: u64,
     epoch: i64,
     owned: Vec<u32>,
@@ -998,7 +998,7 @@ impl Follower {
     /// adopts the answer.
     async fn beat(&mut self, store: &mut GroupStore) -> (bool, Vec<u32>) {
         self.seq += 1;
-        let mut req = request(self.id, self.seq, self.epoch, &self.owned);
+        let mut req = request(&self.id, self.seq, self.epoch, &self.owned);
         let outcome = store.heartbeat(&req).await.unwrap();
         let response = outcome.response;
         assert_eq!(response.status, HeartbeatStatus::Ok, "{}", self.id);
@@ -1012,7 +1012,7 @@ impl Follower {
         self.owned = response.assigned_shards.clone();
         if !released.is_empty() {
             self.seq += 1;
-            req = request(self.id, self.seq, self.epoch, &self.owned);
+            req = request(&self.id, self.seq, self.epoch, &self.owned);
             req.revoking_shards = released
                 .iter()
                 .map(|s| RevokingShard {
@@ -1037,8 +1037,8 @@ async fn converged_members_stay_on_the_fast_path_while_others_reconcile() {
     let mut conn = connect(RedisTarget::standalone(server.url())).await;
     create_active_stream(&mut conn, "orders", 16).await;
     let mut store = group_store(&conn, "orders", "g").await;
-    let follower = |id| Follower {
-        id,
+    let follower = |id: &str| Follower {
+        id: id.to_owned(),
         seq: 0,
         epoch: 0,
         owned: vec![],
@@ -1066,13 +1066,23 @@ async fn converged_members_stay_on_the_fast_path_while_others_reconcile() {
     assert_eq!(unchanged.len(), 1, "one member keeps its four shards");
     for m in &mut members {
         let (fast, _) = m.beat(&mut store).await;
-        assert_eq!(fast, unchanged.contains(&m.id), "{} on the fast path", m.id);
+        assert_eq!(
+            fast,
+            unchanged.contains(&m.id.as_str()),
+            "{} on the fast path",
+            m.id
+        );
     }
     // The untouched member's answer on the fast path, mid-rebalance, with the epochs of now.
     let keeper = members.iter_mut().find(|m| m.id == unchanged[0]).unwrap();
     keeper.seq += 1;
     let out = store
-        .heartbeat(&request(keeper.id, keeper.seq, keeper.epoch, &keeper.owned))
+        .heartbeat(&request(
+            &keeper.id,
+            keeper.seq,
+            keeper.epoch,
+            &keeper.owned,
+        ))
         .await
         .unwrap();
     let group = store.load().await.unwrap().group;
@@ -1082,4 +1092,79 @@ async fn converged_members_stay_on_the_fast_path_while_others_reconcile() {
         (group.meta.group_epoch, group.meta.assignment_epoch)
     );
     assert_eq!(out.response.assigned_shards, keeper.owned);
+}
+
+/// docs/design.md §5.1, §5.3: a full transition commits while members it does not write renew on
+/// the fast path between its load and its compare-and-set. Before, the compare-and-set checked
+/// one `leaseRevision` that every fast-path renewal bumped, so in a large group that stayed on
+/// the fast path while others reconciled, a join lost attempt after attempt (here: 3 s and
+/// dozens of group loads, against one). 40 members own the 40 shards and renew on the fast path
+/// as fast as Redis answers; a 41st joins, which changes no one's target (its quota is 0), so
+/// only the join's own batch loads the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_commits_while_other_members_renew_on_the_fast_path() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
+    create_active_stream(&mut conn, "orders", 40).await;
+    let mut store = group_store(&conn, "orders", "g").await;
+    let mut members: Vec<Follower> = (0..40)
+        .map(|i| Follower {
+            id: format!("m{i:02}"),
+            seq: 0,
+            epoch: 0,
+            owned: vec![],
+        })
+        .collect();
+    for _ in 0..4 {
+        for m in &mut members {
+            m.beat(&mut store).await;
+        }
+    }
+    assert_eq!(
+        store.load().await.unwrap().group.meta.state,
+        GroupState::Stable
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammer = {
+        let mut store = group_store(&conn, "orders", "g").await;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut full = 0u32;
+            let mut fast = 0u32;
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                for m in &mut members {
+                    let (on_fast_path, _) = m.beat(&mut store).await;
+                    if on_fast_path {
+                        fast += 1;
+                    } else {
+                        full += 1;
+                    }
+                }
+            }
+            (fast, full)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    reset_stats(&mut conn).await;
+    let joined = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.heartbeat(&request("joiner", 1, 0, &[])),
+    )
+    .await
+    .expect("the join is answered")
+    .unwrap();
+    let join_loads = loads(&mut conn).await;
+    stop.store(true, Ordering::Relaxed);
+    let (fast, full) = hammer.await.unwrap();
+    assert_eq!(joined.response.status, HeartbeatStatus::Ok);
+    assert!(joined.response.assigned_shards.is_empty());
+    assert_eq!(full, 0, "no one's target changed");
+    assert!(
+        fast > 100,
+        "the others renewed on the fast path meanwhile ({fast})"
+    );
+    assert_eq!(join_loads, 1, "one load, one compare-and-set");
+    let group = store.load().await.unwrap().group;
+    assert!(group.members.contains_key("joiner"));
 }

@@ -15,7 +15,7 @@ use stream_listener::core::internals::store::{GroupStore, HeartbeatOutcome, Stor
 use stream_listener::core::model::{HeartbeatRequest, HeartbeatStatus};
 use stream_listener::testing::RedisServer;
 use stream_listener::testing::fixtures::create_active_stream;
-use support::heartbeat_request;
+use support::{heartbeat_request, loads, reset_stats};
 use tokio::task::JoinHandle;
 
 const SHARDS: u32 = 16;
@@ -83,29 +83,6 @@ async fn wait_queued(conn: &mut RedisConnection, count: u64) {
         assert!(Instant::now() < deadline, "queued {queued:?} of {count}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-/// `CONFIG RESETSTAT`: [`loads`] counts from here.
-async fn reset_stats(conn: &mut RedisConnection) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await
-        .unwrap();
-}
-
-/// The group loads since the last `CONFIG RESETSTAT`: each runs one `HGETALL` of the group hash,
-/// the only `HGETALL` of these tests.
-async fn loads(conn: &mut RedisConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_hgetall:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
 }
 
 fn spawn_heartbeat(

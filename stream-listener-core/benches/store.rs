@@ -60,8 +60,8 @@
 //!    the group at the end, which must be `STABLE` with every member. To tell why a member
 //!    waited: where each restart's time went from the stop signal (old members stopped, leaves
 //!    answered, joins sent and answered), and how many joins came after the old process's
-//!    reservation had ended (a static leave renews no lease: the target stays reserved only
-//!    until the lease of the member's last heartbeat runs out). The restart ends when every
+//!    reservation had ended (the target stays reserved until the lease renewed by the member's
+//!    static leave, or by its last heartbeat on a hard restart, runs out). The restart ends when every
 //!    member got its shards back and the group is `STABLE` with every member converged, or
 //!    `--converge-limit` after the last restart (then every task is aborted: a collapsed group
 //!    answers too slowly to stop member by member, and the steady window is skipped);
@@ -523,11 +523,16 @@ impl Member {
     }
 
     /// Leaves the group ([`Member::leave_request`]); the member is not used afterwards. A
-    /// leave renews no lease: a static member's reservation runs from its last heartbeat.
+    /// static leave answered `OK` renews the lease: the member's reservation runs one lease from
+    /// the leave (docs/design.md §6.4, rule 5).
     async fn leave(&mut self) -> Sample {
         self.seq += 1;
         let request = self.leave_request();
-        self.send(&request).await
+        let sample = self.send(&request).await;
+        if sample.status == Some(HeartbeatStatus::Ok) && self.instance_id.is_some() {
+            self.renewed = Some((sample.start, sample.start + sample.latency));
+        }
+        sample
     }
 
     async fn send(&mut self, request: &HeartbeatRequest) -> Sample {
@@ -665,9 +670,9 @@ struct Predecessor {
     stopped_at: Instant,
     /// What it owned then.
     shards: BTreeSet<ShardIndex>,
-    /// When its lease, and so a static leave's reservation of its target (the leave renews
-    /// nothing), ended: at the earliest and at the latest (its last renewal's request start and
-    /// answer plus the TTL). `None`: it never renewed.
+    /// When its lease, and so a static leave's reservation of its target, ended: at the
+    /// earliest and at the latest (its last renewal's request start and answer plus the TTL; a
+    /// static leave is a renewal). `None`: it never renewed.
     reserved_until: Option<(Instant, Instant)>,
 }
 

@@ -1022,3 +1022,26 @@ impl Recorder {
 
 /// Serialises the timing-sensitive tests of one test binary (they share two cores).
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `CONFIG RESETSTAT`: [`loads`] counts from here.
+pub async fn reset_stats(conn: &mut RedisConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// The group loads since the last `CONFIG RESETSTAT`: each runs one `HGETALL` of the group hash,
+/// the only `HGETALL` of the tests that use it.
+pub async fn loads(conn: &mut RedisConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_hgetall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}

@@ -56,25 +56,31 @@ return 1
     &SCRIPT
 }
 
-/// Compare-and-set of a group: writes only the changed fields if `revision` and `leaseRevision`
-/// are still the loaded ones. KEYS[1] group hash, KEYS[2] leases, KEYS[3] history.
-/// ARGV: expected revision, expected lease revision, new revision, history cap, then counted
-/// lists: n, field/value pairs to HSET; n, fields to HDEL; n, member/score pairs to ZADD;
-/// n, members to ZREM; n, history entries to LPUSH (oldest first). Returns 1, 0 (conflict) or
-/// -1 when the leases or the history key holds another type (nothing written: a failing ZADD or
-/// LPUSH would leave the fields written before it).
+/// Compare-and-set of a group: writes only the changed fields if `revision` is still the loaded
+/// one and so is the `fastseq:<id>` of every member whose fields or lease it writes (the fast path
+/// moves a member's lease and `fastseq` together; docs/design.md §5.1). KEYS[1] group hash,
+/// KEYS[2] leases, KEYS[3] history. ARGV: expected revision, new revision, history cap, then
+/// counted lists: n, field/expected-value pairs to check (`''` for absent); n, field/value pairs
+/// to HSET; n, fields to HDEL; n, member/score pairs to ZADD; n, members to ZREM; n, history
+/// entries to LPUSH (oldest first). Returns 1, 0 (conflict) or -1 when the leases or the history
+/// key holds another type (nothing written: a failing ZADD or LPUSH would leave the fields
+/// written before it).
 pub(crate) fn group_cas() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(&format!(
             "{ALLOW_OOM}{}",
             r"
-local current = redis.call('HMGET', KEYS[1], 'revision', 'leaseRevision')
-if (current[1] or '') ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
+if (redis.call('HGET', KEYS[1], 'revision') or '') ~= ARGV[1] then return 0 end
+local i = 4
+local n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  if (redis.call('HGET', KEYS[1], ARGV[i]) or '') ~= ARGV[i + 1] then return 0 end
+  i = i + 2
+end
 local lt, ht = redis.call('TYPE', KEYS[2]).ok, redis.call('TYPE', KEYS[3]).ok
 if (lt ~= 'zset' and lt ~= 'none') or (ht ~= 'list' and ht ~= 'none') then return -1 end
-local i = 5
-local n = tonumber(ARGV[i]); i = i + 1
-local set = {'revision', ARGV[3]}
+n = tonumber(ARGV[i]); i = i + 1
+local set = {'revision', ARGV[2]}
 for _ = 1, n do
   set[#set + 1] = ARGV[i]; set[#set + 1] = ARGV[i + 1]; i = i + 2
 end
@@ -87,7 +93,7 @@ n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('ZREM', KEYS[2], ARGV[i]); i = i + 1 end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('LPUSH', KEYS[3], ARGV[i]); i = i + 1 end
-if n > 0 then redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[4]) - 1) end
+if n > 0 then redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[3]) - 1) end
 return 1
 "
         ))

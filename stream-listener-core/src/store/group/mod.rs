@@ -2,18 +2,21 @@
 //!
 //! `sl:{<prefix>:<group>}:group` is a hash: `schema`, `revision`, `leaseRevision`, `meta` (the
 //! group-level JSON), one `member:<id>` JSON per member, and the fast-path fields `steady`
-//! (`<metadataVersion>|<next deadline µs>`, present only while the group is STABLE),
+//! (`<metadataVersion>|<next deadline µs>|<groupEpoch>|<assignmentEpoch>`, absent in a
+//! correction round and while a new target is due),
 //! `fast:<id>` (`<fingerprint>\n<response JSON>`), `fastseq:<id>` and `fastworkers:<id>` (the
 //! `activeConsumerWorkers` of the request at `fastseq`). Leases live in the sorted
 //! set `:leases` (member id → expiry µs); the capped `:history` list keeps retired members.
 //!
 //! A full heartbeat loads everything and Redis `TIME` with one script, runs the pure
 //! [`crate::coordinator::heartbeat`], and writes only the changed fields with a compare-and-set
-//! script that checks `revision` and `leaseRevision`; conflicts retry with jitter, then `RETRY`.
+//! script that checks `revision` and the `fastseq:<id>` of each member it writes; conflicts
+//! retry with jitter, then `RETRY`.
 //! Full heartbeats are queued in the hash and applied in batches by whichever requester holds
 //! the combiner lease (`combining`); a requester runs its own only for what a batch leaves.
 //! A steady-state heartbeat is one script that answers exactly what the full transition would
-//! and only moves the lease (bumping `leaseRevision`, so a concurrent full transition notices).
+//! and only moves the lease and `fastseq` (so a concurrent full transition that writes the
+//! member notices).
 
 mod combining;
 mod decode;
@@ -73,7 +76,6 @@ pub struct LoadedGroup {
     /// Redis `TIME` of the load, µs.
     pub now: Micros,
     revision: u64,
-    lease_revision: u64,
     fields: HashMap<String, String>,
     leases: HashMap<String, Micros>,
 }
@@ -167,17 +169,18 @@ impl GroupStore {
         }
         check_schema(&key, fields.get("schema"))?;
         let revision = parse_u64(&key, "revision", fields.get("revision"))?;
-        let lease_revision = match fields.get("leaseRevision") {
-            Some(v) => parse_u64(&key, "leaseRevision", Some(v))?,
-            None => 0,
-        };
+        // The fast path still bumps `leaseRevision` for processes of the version before, whose
+        // compare-and-set checks it during a rolling upgrade; this one guards the members it
+        // writes instead (`Writes::guards`). A corrupt value is still named here.
+        if let Some(v) = fields.get("leaseRevision") {
+            parse_u64(&key, "leaseRevision", Some(v))?;
+        }
         let leases = decode_leases(&self.keys.leases(), leases, now)?;
         let group = decode_group(&key, &fields, &leases, &self.config, now, &self.decoded)?;
         Ok(LoadedGroup {
             group,
             now,
             revision,
-            lease_revision,
             fields,
             leases,
         })

@@ -1,6 +1,6 @@
 //! Writing a transition (docs/design.md §5.1): the changed fields of the group hash, the leases
-//! and the history, written by one compare-and-set script that checks `revision` and
-//! `leaseRevision`.
+//! and the history, written by one compare-and-set script that checks `revision` and the
+//! `fastseq:<id>` of every member the write touches.
 
 use super::{FAST, FAST_SEQ, FAST_WORKERS, GroupStore, LoadedGroup, MEMBER, META, STEADY};
 use crate::coordinator::{self, CoordinatorConfig, Group, SteadyMarker};
@@ -19,10 +19,10 @@ impl GroupStore {
             .key(self.keys.leases())
             .key(self.keys.history())
             .arg(loaded.revision)
-            .arg(loaded.lease_revision)
             .arg(loaded.revision + 1)
             .arg(self.config.history_capacity);
         // Each list as its length, then its items (a pair is two arguments).
+        counted(&mut invocation, &writes.guards(loaded));
         counted(&mut invocation, &writes.set);
         counted(&mut invocation, &writes.delete);
         counted(&mut invocation, &writes.leases);
@@ -63,6 +63,39 @@ pub(super) struct Writes {
 }
 
 impl Writes {
+    /// The `fastseq:<id>` of every member whose fields or lease this write touches, with its
+    /// loaded value (`""` when absent): the compare-and-set refuses if the fast path answered
+    /// one of them since the load. Members the write leaves alone may renew on the fast path
+    /// meanwhile: a renewal only extends a lease that the transition already saw as live and
+    /// recently renewed (the fast path runs only while no lease has passed and the requester's
+    /// own is fresh), so no decision of the transition depends on it (docs/design.md §5.1). A
+    /// check of every lease at once made each full transition of a large group that is partly
+    /// on the fast path lose to its 333 renewals a second.
+    fn guards(&self, loaded: &LoadedGroup) -> Vec<(String, String)> {
+        let members_of_fields = self
+            .set
+            .iter()
+            .map(|(field, _)| field)
+            .chain(&self.delete)
+            .filter_map(|field| {
+                [MEMBER, FAST, FAST_SEQ, FAST_WORKERS]
+                    .iter()
+                    .find_map(|prefix| field.strip_prefix(prefix))
+            });
+        let touched: std::collections::BTreeSet<&str> = members_of_fields
+            .chain(self.leases.iter().map(|(id, _)| id.as_str()))
+            .chain(self.lease_removals.iter().map(String::as_str))
+            .collect();
+        touched
+            .into_iter()
+            .map(|id| {
+                let field = format!("{FAST_SEQ}{id}");
+                let loaded_value = loaded.fields.get(&field).cloned().unwrap_or_default();
+                (field, loaded_value)
+            })
+            .collect()
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.set.is_empty()
             && self.delete.is_empty()
