@@ -33,8 +33,8 @@ use std::time::Duration;
 pub(crate) use batch::heartbeat_batch;
 pub use error::{CoordinatorError, TimingsError};
 pub use transition::{
-    SteadyMarker, Transition, advance, heartbeat, heartbeat_with_fences, next_deadline,
-    request_fingerprint, steady_fingerprint, steady_response,
+    ShardHolders, SteadyMarker, Transition, advance, heartbeat, heartbeat_with_fences,
+    next_deadline, request_fingerprint, steady_fingerprint, steady_response,
 };
 pub(crate) use transition::{base_response, member_lease_ttl_us};
 

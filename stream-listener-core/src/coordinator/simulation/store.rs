@@ -11,9 +11,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::coordinator::{
-    Context, CoordinatorConfig, CoordinatorError, Group, SteadyMarker, StreamView, Transition,
-    heartbeat, heartbeat_batch, heartbeat_with_fences, member_lease_ttl_us, request_fingerprint,
-    steady_fingerprint, steady_response,
+    Context, CoordinatorConfig, CoordinatorError, Group, ShardHolders, SteadyMarker, StreamView,
+    Transition, heartbeat, heartbeat_batch, heartbeat_with_fences, member_lease_ttl_us,
+    request_fingerprint, steady_fingerprint, steady_response,
 };
 use crate::fence::FenceToken;
 use crate::model::{HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, Micros, ShardIndex};
@@ -341,12 +341,13 @@ impl Store {
     /// the stored one stays (with its older lease and sequence, which the load brings up to date).
     pub(super) fn write(&mut self, loaded: &Group, mut group: Group, config: &CoordinatorConfig) {
         let marker = SteadyMarker::of(&group);
+        let holders = ShardHolders::of(&group);
         let mut fast_changed = BTreeSet::new();
         for (id, member) in &group.members {
             if marker.is_none() {
                 continue;
             }
-            if let Some(response) = steady_response(&group, id, config) {
+            if let Some(response) = steady_response(&group, id, config, &holders) {
                 let print = steady_fingerprint(
                     &member.process_id,
                     member.member_epoch,

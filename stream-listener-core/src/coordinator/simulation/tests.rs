@@ -681,3 +681,21 @@ fn a_round_restored_by_lost_writes_after_it_ended_still_converges() {
     );
     assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
 }
+
+/// docs/design.md §5.3: outside STABLE a member can be converged while someone else still holds
+/// one of its shards. Here, after a correction round, m15 still holds shard 0 by its last report
+/// while m14 has been sent it; the full transition answers m14 shard 0 pending, so the fast path
+/// must not answer it at all. Found by the long run (seed 593 of 2,000 steps) when the fast path
+/// began answering converged members of a reconciling group; `ShardHolders` closes it.
+#[test]
+fn a_converged_member_whose_shard_another_still_holds_is_not_answered_fast() {
+    let faults = Faults::survived().with_data_plane();
+    let outcome = run_history_with(
+        593,
+        2_000,
+        Variant::default(),
+        ReadVariant::default(),
+        faults,
+    );
+    assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
+}

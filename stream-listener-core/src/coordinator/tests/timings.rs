@@ -113,8 +113,8 @@ fn each_member_is_answered_with_its_own_timings() {
     );
     // The steady answers, computed by either member's transition, carry each member's own.
     for writer in [&short, &long] {
-        let a_steady = steady_response(&f.group, "a", writer).unwrap();
-        let b_steady = steady_response(&f.group, "b", writer).unwrap();
+        let a_steady = steady_response(&f.group, "a", writer, &ShardHolders::of(&f.group)).unwrap();
+        let b_steady = steady_response(&f.group, "b", writer, &ShardHolders::of(&f.group)).unwrap();
         assert_eq!(response_timings(&a_steady), (300, 1_500, 6_000));
         assert_eq!(response_timings(&b_steady), (1_000, 6_000, 20_000));
         assert_eq!(a_steady.assigned_shards, a.assigned_shards);
@@ -122,7 +122,7 @@ fn each_member_is_answered_with_its_own_timings() {
     // The known-wrong variant answers with the writer's timings, for the simulation.
     let mut wrong = short.clone();
     wrong.variant.writer_timings = true;
-    let b_steady = steady_response(&f.group, "b", &wrong).unwrap();
+    let b_steady = steady_response(&f.group, "b", &wrong, &ShardHolders::of(&f.group)).unwrap();
     assert_eq!(response_timings(&b_steady), (300, 1_500, 6_000));
 }
 
@@ -252,7 +252,7 @@ fn member_timings_are_recorded_in_camel_case_and_old_members_still_load() {
     );
     f.group.members.insert("a".into(), old);
     let long = timings(1_000, 6_000, 20_000);
-    let r = steady_response(&f.group, "a", &long);
+    let r = steady_response(&f.group, "a", &long, &ShardHolders::of(&f.group));
     // Not converged yet (nothing reported): check the full answer instead.
     assert!(r.is_none());
     let a = f.send_with(&long, request("a", "p-a", 1, &[]));

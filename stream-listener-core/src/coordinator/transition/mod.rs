@@ -33,7 +33,8 @@ use validate::{repeated_request, validate};
 
 pub(crate) use assignment::base_response;
 pub use steady::{
-    SteadyMarker, next_deadline, request_fingerprint, steady_fingerprint, steady_response,
+    ShardHolders, SteadyMarker, next_deadline, request_fingerprint, steady_fingerprint,
+    steady_response,
 };
 pub(crate) use timings::member_lease_ttl_us;
 

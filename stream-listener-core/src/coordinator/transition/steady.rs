@@ -1,6 +1,8 @@
 //! What the store's fast path needs of the rules (docs/design.md §5.3): the steady response,
 //! the next time-based deadline, and the fingerprint of a steady heartbeat.
 
+use std::collections::{BTreeSet, HashMap};
+
 use super::assignment::base_response;
 use super::correction::in_correction_round;
 use super::timings::with_own_timings;
@@ -12,17 +14,23 @@ use crate::model::{
 
 /// The response a converged member gets for a heartbeat that repeats its epoch and reports
 /// exactly its target as owned, with nothing revoking and no fence conflict: what
-/// [`heartbeat`](crate::coordinator::heartbeat) would answer when no time-based work is due. `None` when a
-/// correction round runs, the group waits for a new target, or the member is not converged (away, not `ACTIVE`, or its target not
-/// yet both sent and reported). The group need not be STABLE: while other members reconcile, a
-/// converged member's answer is the same (its shards are held by no one else, it has no revoke
-/// deadline, and what would change it is time-based work the fast path falls back for). The
+/// [`heartbeat`](crate::coordinator::heartbeat) would answer when no time-based work is due.
+/// `None` when a correction round runs, the group waits for a new target, the member is not
+/// converged (away, not `ACTIVE`, or its target not yet both sent and reported), or
+/// anyone else holds one of its target shards (`holders`, [`ShardHolders::of`] this group). The
+/// group need not be STABLE: while other members reconcile, such a member's answer is the same
+/// (it has no revoke deadline, nothing it is sent is blocked, and what would change its answer is
+/// a new target, written with its entry, or time-based work the fast path falls back for). The
 /// store's fast path (docs/design.md §5.3) answers with it without running the full transition.
 pub fn steady_response(
     group: &Group,
     member_id: &str,
     config: &CoordinatorConfig,
+    holders: &ShardHolders<'_>,
 ) -> Option<HeartbeatResponse> {
+    // A hand-out hold needs no check of its own: while it lasts nothing is sent, so only a
+    // member with an empty target is converged, and its answer is the same; the fast path falls
+    // back once the hold has ended (`next_deadline`).
     if !fast_path_allowed(group) {
         return None;
     }
@@ -32,7 +40,8 @@ pub fn steady_response(
         && !member.away
         && &member.assigned_shards == target
         && &member.current_assignment == target
-        && member.revoking.is_empty();
+        && member.revoking.is_empty()
+        && holders.held_only_by(target, member_id);
     let response = HeartbeatResponse {
         status: HeartbeatStatus::Ok,
         member_epoch: member.member_epoch,
@@ -44,6 +53,52 @@ pub fn steady_response(
         return converged.then_some(response);
     }
     converged.then(|| with_own_timings(response, member, config))
+}
+
+/// Who holds each shard by the group's records (docs/design.md §6.3: sent, reported owned or
+/// draining, or in a replaced process's holdings), leases aside: built once per write, so that
+/// [`steady_response`] costs each member its target, not the group's holdings. Leases aside
+/// makes it stricter than the full transition's blocked shards (a holder whose lease has passed
+/// still counts), so the fast path may fall back where the full transition would answer the same,
+/// never the other way. It matters outside STABLE: after a correction round, say, a member may
+/// still hold, by its last report, a shard another member has already been sent.
+#[derive(Debug, Default)]
+pub struct ShardHolders<'a> {
+    /// Shard → its one holder; `None` when several hold it, or a replaced process does.
+    holders: HashMap<ShardIndex, Option<&'a str>>,
+}
+
+impl<'a> ShardHolders<'a> {
+    /// The holders of every shard of `group`'s members and replaced processes.
+    pub fn of(group: &'a Group) -> Self {
+        let mut holders: HashMap<ShardIndex, Option<&'a str>> = HashMap::new();
+        for member in group.members.values() {
+            let held = member
+                .assigned_shards
+                .iter()
+                .chain(&member.current_assignment)
+                .chain(&member.revoking);
+            for shard in held {
+                let only = holders.entry(*shard).or_insert(Some(&member.member_id));
+                if *only != Some(member.member_id.as_str()) {
+                    *only = None;
+                }
+            }
+            for old in &member.old_process_holdings {
+                holders.extend(old.shards.iter().map(|shard| (*shard, None)));
+            }
+        }
+        ShardHolders { holders }
+    }
+
+    /// Whether no one but `member_id` holds any of `shards`.
+    fn held_only_by(&self, shards: &BTreeSet<ShardIndex>, member_id: &str) -> bool {
+        shards.iter().all(|shard| {
+            self.holders
+                .get(shard)
+                .is_none_or(|only| *only == Some(member_id))
+        })
+    }
 }
 
 /// Whether the fast path may answer at all: not in a correction round, and not while the group

@@ -3,7 +3,7 @@
 //! `fastseq:<id>` of every member the write touches.
 
 use super::{FAST, FAST_SEQ, FAST_WORKERS, GroupStore, LoadedGroup, MEMBER, META, STEADY};
-use crate::coordinator::{self, CoordinatorConfig, Group, SteadyMarker};
+use crate::coordinator::{self, CoordinatorConfig, Group, ShardHolders, SteadyMarker};
 use crate::model::MemberMetadata;
 use crate::store::{StoreError, scripts};
 
@@ -129,11 +129,11 @@ impl Writes {
     fn steady_entry(
         &mut self,
         loaded: &LoadedGroup,
-        group: &Group,
+        (group, holders): (&Group, &ShardHolders<'_>),
         (id, member): (&str, &MemberMetadata),
         config: &CoordinatorConfig,
     ) -> Result<bool, StoreError> {
-        let Some(response) = coordinator::steady_response(group, id, config) else {
+        let Some(response) = coordinator::steady_response(group, id, config, holders) else {
             // A member with no steady answer now (away after `-2`, not converged): an entry
             // of an earlier write would let a late duplicate of an older request,
             // above that old `fastseq`, renew its lease where the full transition says
@@ -177,9 +177,10 @@ impl Writes {
         let meta = serde_json::to_string(&group.meta).map_err(|e| unserialisable(META, e))?;
         writes.set_if_changed(loaded, META.into(), meta);
         let marker = SteadyMarker::of(group);
+        let holders = ShardHolders::of(group);
         for (id, member) in &group.members {
             let fast_fields_changed = if marker.is_some() {
-                writes.steady_entry(loaded, group, (id, member), config)?
+                writes.steady_entry(loaded, (group, &holders), (id, member), config)?
             } else {
                 // A correction round: no `steady` marker, the fast path answers nothing, and
                 // the first write after the round rewrites or removes these fields.
