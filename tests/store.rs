@@ -19,7 +19,7 @@ use stream_listener::core::model::{
     GroupState, HeartbeatRequest, HeartbeatStatus, RevokeState, RevokingShard, ShardInfo,
     ShardState,
 };
-use stream_listener::testing::fixtures::{create_active_stream, timings};
+use stream_listener::testing::fixtures::{create_active_stream, revoking, timings};
 use stream_listener::testing::{RedisCluster, RedisServer};
 use support::{heartbeat_request, loads, reset_stats};
 use tokio::io::AsyncWriteExt;
@@ -1013,13 +1013,7 @@ impl Follower {
         if !released.is_empty() {
             self.seq += 1;
             req = request(&self.id, self.seq, self.epoch, &self.owned);
-            req.revoking_shards = released
-                .iter()
-                .map(|s| RevokingShard {
-                    shard_index: *s,
-                    state: RevokeState::Revoked,
-                })
-                .collect();
+            req.revoking_shards = revoking(&released, RevokeState::Revoked);
             store.heartbeat(&req).await.unwrap();
         }
         (outcome.fast_path, response.pending_shards)
