@@ -59,6 +59,10 @@ enum Key {
 enum Act {
     /// `HSET key field value`.
     HSet(Key, &'static str, &'static str),
+    /// `HSET key field value` with bytes that need not be UTF-8.
+    HSetBytes(Key, &'static [u8], &'static [u8]),
+    /// `ZADD key score member` with a member that need not be UTF-8.
+    ZAddBytes(Key, &'static [u8], &'static str),
     /// `HDEL key field`.
     HDel(Key, &'static str),
     /// Rewrites a hash field's current value.
@@ -154,6 +158,24 @@ fn cases() -> Vec<Case> {
             expect: Stops(Some(Stream), "not a hash"),
         },
         // ---- group hash ----
+        Case {
+            name: "group member JSON not UTF-8",
+            acts: &[
+                HSetBytes(Group, b"member:a", b"{\"memberId\":\"\xff\xfe\"}"),
+                FULL,
+            ],
+            expect: Stops(Some(Group), "field member:a is not UTF-8"),
+        },
+        Case {
+            name: "group hash field name not UTF-8",
+            acts: &[HSetBytes(Group, b"member:\xff", b"{}"), FULL],
+            expect: Stops(Some(Group), "a field name that is not UTF-8"),
+        },
+        Case {
+            name: "lease of a member id that is not UTF-8",
+            acts: &[ZAddBytes(Leases, b"\xff\xfe", "1"), FULL],
+            expect: Stops(Some(Leases), "not UTF-8"),
+        },
         Case {
             name: "group meta of the wrong JSON shape",
             acts: &[HSet(Group, "meta", "[]"), FULL],
@@ -489,6 +511,8 @@ fn key_name(prefix: &str, key: Key) -> String {
 fn act_key(act: &Act) -> Key {
     match *act {
         Act::HSet(k, ..)
+        | Act::HSetBytes(k, ..)
+        | Act::ZAddBytes(k, ..)
         | Act::HDel(k, _)
         | Act::Edit(k, ..)
         | Act::ZAdd(k, ..)
@@ -509,6 +533,20 @@ async fn apply(
         Act::HSet(k, field, value) => {
             let _: () = conn.hset(&key, field, value).await.unwrap();
             Some((k, field, value.to_owned()))
+        }
+        Act::HSetBytes(_, field, value) => {
+            let _: () = conn.hset(&key, field, value).await.unwrap();
+            None
+        }
+        Act::ZAddBytes(_, member, score) => {
+            let _: () = redis::cmd("ZADD")
+                .arg(&key)
+                .arg(score)
+                .arg(member)
+                .query_async(conn)
+                .await
+                .unwrap();
+            None
         }
         Act::HDel(_, field) => {
             let _: () = conn.hdel(&key, field).await.unwrap();

@@ -11,19 +11,61 @@ use crate::model::{GroupMetadata, MemberMetadata, Micros};
 use crate::store::StoreError;
 use crate::store::stream::check_counter;
 
+/// The group hash as text. A field name that is not UTF-8 is not one of docs/design.md §3.2, and a
+/// `meta` or `member:<id>` value that is not UTF-8 is the group's state damaged: both fail closed,
+/// naming the key (a conversion error would name neither). Every other value is derived or checked
+/// by its own parser (the fast-path fields, the combining queue, the counters), so it is read with
+/// U+FFFD in place of the bad bytes: it then fails that parser and is rewritten or named there.
+pub(super) fn hash_text(
+    key: &str,
+    raw: Vec<(Vec<u8>, Vec<u8>)>,
+) -> Result<HashMap<String, String>, StoreError> {
+    raw.into_iter()
+        .map(|(name, value)| {
+            let name = String::from_utf8(name).map_err(|e| {
+                StoreError::malformed(
+                    key,
+                    format!(
+                        "the group hash holds a field name that is not UTF-8 ({:?}), which no field stream-listener writes is; delete it (HDEL)",
+                        String::from_utf8_lossy(e.as_bytes())
+                    ),
+                )
+            })?;
+            let value = if name == META || name.starts_with(MEMBER) {
+                String::from_utf8(value).map_err(|_| {
+                    StoreError::malformed(key, format!("field {name} is not UTF-8"))
+                })?
+            } else {
+                String::from_utf8(value)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+            };
+            Ok((name, value))
+        })
+        .collect()
+}
+
 /// The `:leases` scores as expiries in µs. A score is a double: one later than
 /// `now + MAX_TIMING` (no lease TTL is longer, so no real lease ends later; `+inf` included)
 /// would keep a dead member's shards forever, and is refused; a negative one is an expired
 /// lease (0): the member renews it or rejoins, so it is safe as it is.
 pub(super) fn decode_leases(
     key: &str,
-    leases: Vec<(String, f64)>,
+    leases: Vec<(Vec<u8>, f64)>,
     now: Micros,
 ) -> Result<HashMap<String, Micros>, StoreError> {
     let horizon = now.saturating_add(duration_us(MAX_TIMING));
     leases
         .into_iter()
         .map(|(member, score)| {
+            let member = String::from_utf8(member).map_err(|e| {
+                let member = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                StoreError::malformed(
+                    key,
+                    format!(
+                        "the lease of member {member:?} names a member id that is not UTF-8, which no member has; remove it (ZREM)"
+                    ),
+                )
+            })?;
             // Also refuses NaN (no ordering), though Redis never stores one.
             if !matches!(
                 score.partial_cmp(&(horizon as f64)),

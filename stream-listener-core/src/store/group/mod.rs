@@ -24,7 +24,7 @@ mod decoded;
 mod fast_path;
 mod writes;
 
-use decode::{Decoded, decode_group, decode_leases};
+use decode::{Decoded, decode_group, decode_leases, hash_text};
 use writes::Writes;
 
 use std::collections::{BTreeMap, HashMap};
@@ -42,8 +42,9 @@ use crate::model::{
     HeartbeatRequest, HeartbeatResponse, HeartbeatStatus, MemberMetadata, Micros, ShardIndex,
 };
 
-/// `TIME` seconds and µs, the group hash, the leases (member, score).
-type LoadReply = (u64, u64, HashMap<String, String>, Vec<(String, f64)>);
+/// `TIME` seconds and µs, the group hash (field, value), the leases (member, score), as bytes:
+/// text that is not UTF-8 is named by `decode` (docs/design.md §5.6).
+type LoadReply = (u64, u64, Vec<(Vec<u8>, Vec<u8>)>, Vec<(Vec<u8>, f64)>);
 
 /// Full transitions attempted before answering `RETRY`.
 const MAX_ATTEMPTS: u32 = 8;
@@ -145,8 +146,9 @@ impl GroupStore {
     /// # Errors
     /// [`StoreError::MissingGroup`] when the hash does not exist; [`StoreError::UnknownSchema`],
     /// [`StoreError::CorruptMetadata`], [`StoreError::Malformed`] when it cannot be read (fail
-    /// closed: a counter at or above [`crate::model::COUNTER_LIMIT`] and a lease later than any
-    /// TTL allows included); [`StoreError::WrongType`] when the group hash or `:leases` holds
+    /// closed: a counter at or above [`crate::model::COUNTER_LIMIT`], a lease later than any
+    /// TTL allows, and a field name, lease member, `meta` or `member:<id>` that is not UTF-8
+    /// included); [`StoreError::WrongType`] when the group hash or `:leases` holds
     /// another Redis type; [`StoreError::Redis`].
     pub async fn load(&mut self) -> Result<LoadedGroup, StoreError> {
         let reply: redis::RedisResult<LoadReply> = scripts::group_load()
@@ -160,6 +162,7 @@ impl GroupStore {
         };
         let now = secs * 1_000_000 + micros;
         let key = self.keys.metadata();
+        let fields = hash_text(&key, fields)?;
         if fields.is_empty() {
             return Err(StoreError::MissingGroup {
                 prefix: self.keys.prefix().to_owned(),
