@@ -358,13 +358,24 @@ async fn a_producer_lacking_one_permission_is_told_which() {
     }
 }
 
-/// The README's users with the cluster line on every node of a 3-master cluster: a listener
-/// consumes and dead-letters what the producer publishes, the admin user creates the stream, and
-/// no node refuses anything. Without `+cluster|slots` the listener does not start, naming it.
+/// The README's users with the cluster line on every node of a 3-master cluster with keyspace
+/// notifications on: a listener consumes and dead-letters what the producer publishes, the admin
+/// user creates the stream, and no node refuses anything. Without `+cluster|slots` the listener
+/// does not start, naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_users_run_a_group_on_a_cluster() {
     use stream_listener::testing::RedisCluster;
     let cluster = RedisCluster::start().unwrap();
+    // The members wait with keyspace notifications, as the README recommends: the rule's
+    // `+subscribe`, `+unsubscribe` and channel pattern are used, and the ACL log checked below.
+    for node in cluster.nodes() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kt")
+            .query(&mut node.client().get_connection().unwrap())
+            .unwrap();
+    }
     let rules = readme_rules();
     let apply = |rule: &AclRule| {
         for node in cluster.nodes() {

@@ -344,3 +344,83 @@ async fn on_a_cluster_four_members_on_512_shards_wait_with_keyspace_notification
     each_wakes_its_member_on(&mut conn, &recorder, &[on_paused]).await;
     listener.shutdown_and_wait().await.expect("clean shutdown");
 }
+
+/// On every master, the subscribers of each shard's keyspace channel and the pattern
+/// subscriptions: `(PUBSUB NUMSUB of each channel, PUBSUB NUMPAT)` per master.
+fn keyspace_subscribers(cluster: &RedisCluster, shards: u32) -> Vec<(Vec<i64>, i64)> {
+    (0..cluster.nodes().len())
+        .filter(|&i| cluster.is_master(i).unwrap_or(false))
+        .map(|i| {
+            let mut sync = cluster.node(i).unwrap().client().get_connection().unwrap();
+            let mut numsub = redis::cmd("PUBSUB");
+            numsub.arg("NUMSUB");
+            for shard in 0..shards {
+                numsub.arg(format!("__keyspace@0__:{{{STREAM}:{shard}}}"));
+            }
+            let pairs: Vec<(String, i64)> = numsub.query(&mut sync).unwrap();
+            let numpat: i64 = redis::cmd("PUBSUB").arg("NUMPAT").query(&mut sync).unwrap();
+            (pairs.into_iter().map(|(_, n)| n).collect(), numpat)
+        })
+        .collect()
+}
+
+/// Waits (bounded) until, on every master, each shard's channel has exactly one subscriber
+/// (its owner) and there is no pattern subscription.
+async fn until_each_channel_has_its_owner_only(cluster: &RedisCluster, shards: u32) {
+    let end = Instant::now() + Duration::from_secs(15);
+    loop {
+        let seen = keyspace_subscribers(cluster, shards);
+        if seen
+            .iter()
+            .all(|(numsub, numpat)| *numpat == 0 && numsub.iter().all(|&n| n == 1))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "subscribers per shard channel and pattern subscriptions, per master: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Each shard's `xadd` events go to the one member that owns it, also after a rebalance
+/// (docs/design.md §8.4). With a pattern over the prefix every entry went to every member of
+/// every group of the stream: on a busy stream the members drowned in events (BENCHMARKS.md
+/// item 2: the publish-to-handler p50 went to seconds at half the peak rate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_shards_keyspace_events_go_to_its_owner_only() {
+    let _serial = SERIAL.lock().await;
+    let shards = 8;
+    let cluster = RedisCluster::start().unwrap();
+    for node in cluster.nodes() {
+        let mut sync = node.client().get_connection().unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kt")
+            .query(&mut sync)
+            .unwrap();
+    }
+    let target = RedisTarget::cluster(cluster.urls());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, STREAM, shards)
+        .await
+        .unwrap();
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let mut opts = options(2);
+    opts.block = BLOCK;
+    let first = start_recording(&target, &recorder, opts.clone(), Duration::ZERO).await;
+    settle(&mut conn, 2, Duration::from_secs(60)).await;
+    until_each_channel_has_its_owner_only(&cluster, shards).await;
+    let all: Vec<u32> = (0..shards).collect();
+    each_wakes_its_member_on(&mut conn, &recorder, &all).await;
+
+    // Two more members: half the shards move, and their channels with them.
+    let second = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    settle(&mut conn, 4, Duration::from_secs(60)).await;
+    until_each_channel_has_its_owner_only(&cluster, shards).await;
+    each_wakes_its_member_on(&mut conn, &recorder, &all).await;
+    second.shutdown_and_wait().await.expect("clean shutdown");
+    first.shutdown_and_wait().await.expect("clean shutdown");
+}

@@ -123,9 +123,7 @@ impl ShardTaskContext {
             member_id = %member_id
         );
         let source = if conn.is_cluster() {
-            WakeSource::Keyspace {
-                prefix: stream.prefix().to_owned(),
-            }
+            WakeSource::Keyspace
         } else {
             WakeSource::Xread
         };

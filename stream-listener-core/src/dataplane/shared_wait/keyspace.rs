@@ -1,26 +1,32 @@
 //! The shared wait's driver on Redis Cluster: keyspace notifications (docs/design.md §8.4).
 //!
 //! One `XREAD` covers one hash slot, and every shard is its own slot, so a blocking read cannot
-//! cover a member's shards there. Instead the driver subscribes on every master with
-//! `PSUBSCRIBE __keyspace@0__:{<prefix>:*}`: Redis publishes an `xadd` event on the channel of
-//! the key an entry was added to, on the node that holds it, when the server's
-//! `notify-keyspace-events` has `K` (keyspace channels) and `t` (stream commands) or `A`. The
-//! event wakes the shard's task, which reads.
+//! cover a member's shards there. Instead the driver subscribes, on every master, to the keyspace
+//! channel `__keyspace@0__:<key>` of each shard registered with the member's wait (the shards it
+//! owns): Redis publishes an `xadd` event on the channel of the key an entry was added to, on the
+//! node that holds it, when the server's `notify-keyspace-events` has `K` (keyspace channels)
+//! and `t` (stream commands) or `A`. The event wakes the shard's task, which reads.
 //!
-//! - **Nothing missed at the start.** Every watch reads once under each new subscription
-//!   ([`super::Inner::set_available`]): its last read may have come before the subscription.
-//!   After that, an entry added after a task's read is published after it, so the task sees
-//!   either the entry in its read or the event.
+//! - **Only the owner hears a shard.** Each event goes to the one member that owns its shard.
+//!   A pattern over the prefix (`PSUBSCRIBE __keyspace@0__:{<prefix>:*}`, as before) sent every
+//!   entry to every member of every group of the stream: on a busy stream the members drowned
+//!   in events (BENCHMARKS.md item 2), and a 1,000-member group would get 1,000 events per entry.
+//!   The channels follow the registrations (a shard task starts, a revoked one stops); the
+//!   driver subscribes on every master, so a slot that moves between masters needs nothing.
+//! - **Nothing missed at the start.** A shard reads once after its channel's subscription is
+//!   confirmed on every master ([`super::Inner::subscribed`]): its last read may have come
+//!   before it. After that, an entry added after a task's read is published after it, so the
+//!   task sees either the entry in its read or the event.
 //! - **A subscription that ends** (on any one master: each master's events end with a marker)
 //!   means subscribing again on every master; the waiting tasks keep waiting, and the new
-//!   generation wakes them to read once. Every [`TOPOLOGY_CHECK`] the driver compares the masters
+//!   subscriptions wake them to read once. Every [`TOPOLOGY_CHECK`] the driver compares the masters
 //!   with `CLUSTER SLOTS` (a failover, a new node: subscribe again) and reads each master's
 //!   `notify-keyspace-events` again (turned off at runtime, the subscriptions would stay silent).
 //! - **Off, refused or failing: wait another way.** When a server does not publish the events,
 //!   the user may not read its configuration or subscribe, or subscribing fails, the wait is
 //!   unavailable: the waiting tasks wait on connections of their own, from their last id (which
 //!   covers an event lost meanwhile), until the driver, trying again after a pause, is back.
-//! - **Cost.** One connection per master per member; nothing per idle shard.
+//! - **Cost.** One connection per master per member; nothing per idle shard but its channel.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -28,6 +34,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::Value;
+use redis::aio::PubSubSink;
 
 use super::{ERROR_PAUSE, Inner, sleep_until};
 
@@ -58,14 +65,14 @@ enum Unavailable {
     Changed,
 }
 
-/// The driver: subscribes on every master, wakes the shards the events name, subscribes again
-/// after a failure or a change of masters. Returns when the shared wait is dropped.
-pub(super) async fn drive(inner: Arc<Inner>, prefix: String) {
-    let pattern = keyspace_pattern(&prefix);
+/// The driver: subscribes on every master to the channels of the registered shards, wakes the
+/// shards the events name, subscribes again after a failure or a change of masters. Returns when
+/// the shared wait is dropped.
+pub(super) async fn drive(inner: Arc<Inner>) {
     // One warning per stretch without notifications, not one per attempt.
     let mut warned = false;
     loop {
-        let outcome = match subscribe_all(&inner, &pattern).await {
+        let outcome = match subscribe_all(&inner).await {
             Ok(subscribed) => {
                 if warned {
                     tracing::info!(
@@ -73,15 +80,13 @@ pub(super) async fn drive(inner: Arc<Inner>, prefix: String) {
                     );
                 }
                 warned = false;
-                // A new generation: every shard reads once (an event may have been missed
-                // before these subscriptions, or between the last ones and these).
-                inner.set_available(true);
                 tracing::debug!(
                     masters = subscribed.masters.len(),
+                    shards = subscribed.keys.len(),
                     "waiting on keyspace notifications"
                 );
                 // On a change the waiting tasks keep waiting: subscribing again takes
-                // milliseconds, and the next generation wakes them. Only a failed attempt
+                // milliseconds, and the new subscriptions wake them. Only a failed attempt
                 // below sends them to connections of their own.
                 listen(&inner, subscribed).await
             }
@@ -111,46 +116,87 @@ pub(super) async fn drive(inner: Arc<Inner>, prefix: String) {
 /// Every master's events, merged; an item `None` when one master's subscription ended.
 type Events = futures_util::stream::BoxStream<'static, Option<redis::Msg>>;
 
-/// What [`subscribe_all`] set up: the masters and their merged events.
+/// What [`subscribe_all`] set up: the masters, a sink per master to change the channels, their
+/// merged events, and the shard keys whose channels are subscribed on every master.
 struct Subscribed {
     masters: BTreeSet<(String, u16)>,
+    sinks: Vec<PubSubSink>,
     events: Events,
+    keys: BTreeSet<String>,
+    /// [`Inner::registry_version`] the channels were last brought in line with.
+    version: u64,
 }
 
-/// The keyspace channel pattern of the shard streams `{<prefix>:<i>}`, with the prefix's glob
-/// characters escaped (a prefix `ord[e]rs` must match itself, not `orders`).
-fn keyspace_pattern(prefix: &str) -> String {
-    let mut escaped = String::with_capacity(prefix.len());
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    format!("__keyspace@0__:{{{escaped}:*}}")
+/// The keyspace channel of shard stream `key` (database 0: a cluster has no other). `SUBSCRIBE`
+/// takes it literally: a prefix's glob characters need no escaping.
+fn channel_of(key: &str) -> String {
+    format!("__keyspace@0__:{key}")
 }
 
-/// Checks every master's `notify-keyspace-events` and subscribes on each.
-async fn subscribe_all(inner: &Inner, pattern: &str) -> Result<Subscribed, Unavailable> {
+/// Checks every master's `notify-keyspace-events`, connects a subscription to each, and
+/// subscribes the registered shards' channels.
+async fn subscribe_all(inner: &Inner) -> Result<Subscribed, Unavailable> {
     use futures_util::StreamExt as _;
+    // Until every channel is subscribed again, no shard counts as subscribed: a task that
+    // waits meanwhile waits for the subscription, which then wakes it to read once.
+    inner.unsubscribed_all();
     let masters = masters(inner).await?;
+    let mut sinks = Vec::with_capacity(masters.len());
     let mut streams = Vec::with_capacity(masters.len());
     for (host, port) in &masters {
         check_events_on(inner, host, *port).await?;
         let client = inner.target.cluster_node_client(host, *port)?;
-        let mut pubsub = client.get_async_pubsub().await?;
-        pubsub.psubscribe(pattern).await?;
+        let (sink, stream) = client.get_async_pubsub().await?.split();
+        sinks.push(sink);
         // The end of one master's subscription must show: merged streams end only when all do.
-        let events = pubsub
-            .into_on_message()
+        let events = stream
             .map(Some)
             .chain(futures_util::stream::once(async { None }));
         streams.push(events.boxed());
     }
-    Ok(Subscribed {
+    inner.set_available(true);
+    let mut subscribed = Subscribed {
         masters,
+        sinks,
         events: futures_util::stream::select_all(streams).boxed(),
-    })
+        keys: BTreeSet::new(),
+        version: 0,
+    };
+    subscribed.follow_registrations(inner).await?;
+    Ok(subscribed)
+}
+
+impl Subscribed {
+    /// Brings the subscribed channels in line with the registered shards, on every master:
+    /// unsubscribes those of shards that left, subscribes those of new ones, which then read
+    /// once (an entry may have come between their last read and the subscription).
+    async fn follow_registrations(&mut self, inner: &Inner) -> Result<(), Unavailable> {
+        let Some((version, registered)) = inner.registered_keys(self.version) else {
+            return Ok(());
+        };
+        let left: Vec<String> = self.keys.difference(&registered).cloned().collect();
+        let new: Vec<String> = registered.difference(&self.keys).cloned().collect();
+        if !left.is_empty() {
+            inner.unsubscribed(&left);
+            let channels: Vec<String> = left.iter().map(|k| channel_of(k)).collect();
+            for sink in &mut self.sinks {
+                sink.unsubscribe(&channels).await?;
+            }
+            for key in &left {
+                self.keys.remove(key);
+            }
+        }
+        if !new.is_empty() {
+            let channels: Vec<String> = new.iter().map(|k| channel_of(k)).collect();
+            for sink in &mut self.sinks {
+                sink.subscribe(&channels).await?;
+            }
+            self.keys.extend(new.iter().cloned());
+            inner.subscribed(&new);
+        }
+        self.version = version;
+        Ok(())
+    }
 }
 
 /// `Off` unless the master at `host:port` publishes stream events on keyspace channels. Asked
@@ -229,21 +275,17 @@ fn masters_of(slots: &Value) -> BTreeSet<(String, u16)> {
         .collect()
 }
 
-/// Wakes the shards the events name, times waits out, and every [`TOPOLOGY_CHECK`] checks the
-/// masters and their `notify-keyspace-events`; returns why it stopped listening (`None`: the
-/// shared wait was dropped).
-async fn listen(inner: &Inner, subscribed: Subscribed) -> Option<Unavailable> {
-    let Subscribed {
-        masters,
-        mut events,
-    } = subscribed;
+/// Wakes the shards the events name, follows the registrations, times waits out, and every
+/// [`TOPOLOGY_CHECK`] checks the masters and their `notify-keyspace-events`; returns why it
+/// stopped listening (`None`: the shared wait was dropped).
+async fn listen(inner: &Inner, mut subscribed: Subscribed) -> Option<Unavailable> {
     let mut check = tokio::time::interval(TOPOLOGY_CHECK);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     check.tick().await;
     loop {
         let deadline = inner.next_deadline();
         tokio::select! {
-            event = events.next() => match event {
+            event = subscribed.events.next() => match event {
                 Some(Some(message)) => {
                     if let Some(key) = added_to(&message) {
                         inner.wake(&[key]);
@@ -254,11 +296,15 @@ async fn listen(inner: &Inner, subscribed: Subscribed) -> Option<Unavailable> {
                 Some(None) | None => return Some(Unavailable::Changed),
             },
             _ = check.tick() => {
-                if let Some(changed) = still_subscribed(inner, &masters).await {
+                if let Some(changed) = still_subscribed(inner, &subscribed.masters).await {
                     return Some(changed);
                 }
             }
-            () = inner.changed.notified() => {}
+            () = inner.changed.notified() => {
+                if let Err(error) = subscribed.follow_registrations(inner).await {
+                    return Some(error);
+                }
+            }
             () = sleep_until(deadline) => inner.time_out_due(),
             () = inner.stop.cancelled() => return None,
         }
@@ -302,12 +348,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_pattern_escapes_the_prefixs_glob_characters() {
-        assert_eq!(keyspace_pattern("orders"), "__keyspace@0__:{orders:*}");
-        assert_eq!(
-            keyspace_pattern("ord[e]rs*?\\x"),
-            "__keyspace@0__:{ord\\[e\\]rs\\*\\?\\\\x:*}"
-        );
+    fn a_shards_channel_is_its_keyspace_channel_taken_literally() {
+        assert_eq!(channel_of("{orders:7}"), "__keyspace@0__:{orders:7}");
+        assert_eq!(channel_of("{ord[e]rs*:0}"), "__keyspace@0__:{ord[e]rs*:0}");
     }
 
     #[test]

@@ -29,13 +29,14 @@
 //!
 //! On Redis Cluster one `XREAD` covers the keys of one hash slot only, and each shard is its own
 //! slot (docs/design.md §2, §8.4). There the driver listens to keyspace notifications instead
-//! ([`keyspace`]): one subscription per master, an `xadd` event wakes its shard. When the
+//! ([`keyspace`]): one subscription per master to the channels of the member's shards, an
+//! `xadd` event wakes its shard. When the
 //! servers do not publish them (`notify-keyspace-events` without `K` and `t`, or no permission),
 //! or while a subscription is down, [`WaitSlot::wait`] answers [`WaitEnd::Unavailable`] and the
 //! shard task waits on a connection of its own.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -108,12 +109,9 @@ pub(crate) struct GroupRead {
 pub(crate) enum WakeSource {
     /// One `XREAD BLOCK` over every waiting shard (standalone server, Sentinel master).
     Xread,
-    /// Keyspace notifications of the shard streams `{<prefix>:<i>}` from every master of a
-    /// cluster ([`keyspace`]).
-    Keyspace {
-        /// The stream prefix.
-        prefix: String,
-    },
+    /// Keyspace notifications of the registered shard streams from every master of a cluster
+    /// ([`keyspace`]).
+    Keyspace,
 }
 
 /// A member's shared wait for new entries: its driver task (started on the first wait) and the
@@ -161,11 +159,17 @@ struct State {
     blocked: Vec<String>,
     /// The command in flight is the strict `XREADGROUP`: it reads the shards it names.
     reading: bool,
-    /// Keyspace notifications: whether every master's subscription is up, and how many times
-    /// they came up. A watch first seen under a generation reads once (its last read may have
-    /// come before the subscription, so an entry since may have gone unnoticed).
+    /// Keyspace notifications: whether every master's subscription is up.
     available: bool,
+    /// Keyspace notifications: the last subscription generation handed out, and each shard key's
+    /// (set when its channel's subscription was confirmed on every master; absent while it is
+    /// not subscribed). A watch reads once under each generation of its key: its last read may
+    /// have come before the subscription, so an entry since may have gone unnoticed.
     generation: u64,
+    key_generations: HashMap<String, u64>,
+    /// Bumped by every registration and every drop of one: the keyspace driver follows the
+    /// registered keys with its channels only when it moved.
+    registry_version: u64,
     /// Keyspace notifications: the driver has tried to subscribe at least once (before that a
     /// task waits for the first attempt instead of waiting another way).
     tried: bool,
@@ -195,7 +199,8 @@ struct Watch {
     /// The task reads the shard itself ([`WaitSlot::settle`]): out of every blocking command
     /// until it waits again.
     withdrawn: bool,
-    /// The subscription generation this watch has read under (keyspace notifications).
+    /// The subscription generation of its key this watch has read under (keyspace
+    /// notifications).
     generation: u64,
 }
 
@@ -250,6 +255,7 @@ impl SharedWait {
         let mut state = self.inner.lock();
         let slot = state.next_slot;
         state.next_slot += 1;
+        state.registry_version += 1;
         state.watches.insert(
             slot,
             Watch {
@@ -366,10 +372,14 @@ impl WaitSlot {
 
     async fn wait_with(&self, last_id: &str, gate: Option<&str>, block: Duration) -> WaitEnd {
         let (done, ended) = oneshot::channel();
-        let keyspace = matches!(self.inner.source, WakeSource::Keyspace { .. });
+        let keyspace = matches!(self.inner.source, WakeSource::Keyspace);
         {
             let mut state = self.inner.lock();
-            let (available, generation, tried) = (state.available, state.generation, state.tried);
+            let (available, tried) = (state.available, state.tried);
+            let key_generation = state
+                .watches
+                .get(&self.slot)
+                .and_then(|w| state.key_generations.get(&w.key).copied());
             let Some(watch) = state.watches.get_mut(&self.slot) else {
                 return WaitEnd::Woken;
             };
@@ -379,10 +389,13 @@ impl WaitSlot {
                     return WaitEnd::Unavailable;
                 }
                 // An `xadd` event since the task last waited (it may have come after the task's
-                // read: a new id does not clear it), or the first wait under this subscription.
-                if watch.woken || watch.generation != generation {
+                // read: a new id does not clear it), or the first wait under its key's
+                // subscription. A key not subscribed yet waits for it (which wakes it).
+                if watch.woken || key_generation.is_some_and(|g| g != watch.generation) {
                     watch.woken = false;
-                    watch.generation = generation;
+                    if let Some(generation) = key_generation {
+                        watch.generation = generation;
+                    }
                     return WaitEnd::Woken;
                 }
             } else if watch.unread {
@@ -425,7 +438,10 @@ impl WaitSlot {
 
 impl Drop for WaitSlot {
     fn drop(&mut self) {
-        self.inner.lock().watches.remove(&self.slot);
+        let mut state = self.inner.lock();
+        state.watches.remove(&self.slot);
+        state.registry_version += 1;
+        drop(state);
         self.inner.changed.notify_one();
     }
 }
@@ -539,24 +555,60 @@ impl Inner {
 }
 
 impl Inner {
-    /// Keyspace notifications were (re)subscribed (`true`: a new generation, every waiting task
-    /// reads once, and every other at its next wait) or are down (`false`: every waiting task
-    /// waits another way, from its last id, which covers an event lost meanwhile).
+    /// Keyspace notifications are connected on every master (`true`: the shards' channels are
+    /// subscribed next, [`Inner::subscribed`]) or down (`false`: every waiting task waits another
+    /// way, from its last id, which covers an event lost meanwhile).
     fn set_available(&self, available: bool) {
         let mut state = self.lock();
         state.tried = true;
         state.available = available;
-        if available {
-            state.generation += 1;
+        if !available {
+            for watch in state.watches.values_mut() {
+                finish(watch, WaitEnd::Unavailable);
+            }
         }
-        let end = if available {
-            WaitEnd::Woken
-        } else {
-            WaitEnd::Unavailable
-        };
+    }
+
+    /// The registered shard keys and the registry's version, unless it is still `seen`.
+    fn registered_keys(&self, seen: u64) -> Option<(u64, BTreeSet<String>)> {
+        let state = self.lock();
+        if state.registry_version == seen {
+            return None;
+        }
+        let keys = state.watches.values().map(|w| w.key.clone()).collect();
+        Some((state.registry_version, keys))
+    }
+
+    /// The channels of `keys` are subscribed on every master: a new generation for them. Their
+    /// waiting tasks read once now, and their other tasks at their next wait.
+    fn subscribed(&self, keys: &[String]) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        state.generation += 1;
+        let generation = state.generation;
+        for key in keys {
+            state.key_generations.insert(key.clone(), generation);
+        }
+        let keys: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
         for watch in state.watches.values_mut() {
-            finish(watch, end.clone());
+            if keys.contains(watch.key.as_str()) && watch.waiter.is_some() {
+                watch.generation = generation;
+                finish(watch, WaitEnd::Woken);
+            }
         }
+    }
+
+    /// The channels of `keys` are being unsubscribed: no event is promised for them any more.
+    fn unsubscribed(&self, keys: &[String]) {
+        let mut state = self.lock();
+        for key in keys {
+            state.key_generations.remove(key);
+        }
+    }
+
+    /// Every subscription is being made again: no event is promised until then.
+    fn unsubscribed_all(&self) {
+        self.lock().key_generations.clear();
     }
 }
 
@@ -625,7 +677,7 @@ fn wanted_of(state: &State) -> BTreeMap<String, Wanted> {
 async fn drive(inner: Arc<Inner>) {
     match inner.source.clone() {
         WakeSource::Xread => drive_xread(inner).await,
-        WakeSource::Keyspace { prefix } => keyspace::drive(inner, prefix).await,
+        WakeSource::Keyspace => keyspace::drive(inner).await,
     }
 }
 

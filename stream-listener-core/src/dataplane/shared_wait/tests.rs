@@ -261,7 +261,7 @@ async fn stress_on_a_cluster(only: Option<usize>) {
         .await
         .unwrap();
     let wait = Arc::new(SharedWait::new(
-        super::WakeSource::Keyspace { prefix: "s".into() },
+        super::WakeSource::Keyspace,
         target.clone(),
         conn.clone(),
         LONG,
