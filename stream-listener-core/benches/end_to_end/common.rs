@@ -45,6 +45,21 @@ pub(crate) async fn connect(target: &RedisTarget) -> RedisConnection {
         .expect("connect to Redis")
 }
 
+/// `CONFIG SET notify-keyspace-events Kt` on each node: the keyspace events a cluster's shared
+/// waits subscribe to (docs/design.md §8.4; harmless on a standalone server).
+pub(crate) async fn notify_keyspace_events(nodes: &[RedisTarget]) {
+    for node in nodes {
+        let mut c = connect(node).await;
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kt")
+            .query_async(&mut c)
+            .await
+            .expect("CONFIG SET notify-keyspace-events");
+    }
+}
+
 /// Protocol timings of the benchmarks' listeners: heartbeat 1 s, lease 10 s (faster settling
 /// than the 3 s / 15 s defaults; a steady member's data path does not depend on them).
 pub(crate) fn coordination() -> CoordinatorConfig {

@@ -30,18 +30,10 @@ struct Cost {
 
 pub(crate) async fn idle(target: RedisTarget, servers: Servers, label: &str) {
     let mut conn = connect(&target).await;
+    notify_keyspace_events(&servers.nodes).await;
     let mut nodes = Vec::new();
     for node in &servers.nodes {
-        let mut c = connect(node).await;
-        // Keyspace notifications for the cluster's shared waits (harmless on a standalone server).
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("Kt")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        nodes.push(c);
+        nodes.push(connect(node).await);
     }
     let mut rows = Vec::new();
     for shards in [8u32, 512] {

@@ -34,6 +34,9 @@
 //!   (measured first, on 400,000 entries), against a raw consumer at the same rates on the same
 //!   server: 4 tasks, each a blocking `XREADGROUP ... BLOCK` over its 2 shards on a connection of
 //!   its own with the previous acks pipelined (on a cluster: one task and connection per shard).
+//!   The cluster runs twice: with `notify-keyspace-events Kt` (the listener's members wait with
+//!   keyspace notifications, as the README recommends) and without (each idle shard waits on a
+//!   connection of its own).
 //! - `memory`: resident memory (`VmRSS` from `/proc/self/status`) of a child process (this
 //!   program again) with one listener of 4 members owning 64 shards, idle; then with every shard
 //!   holding a read batch in flight (the handler never returns), for two batch sizes: the slope is
@@ -132,8 +135,23 @@ fn main() {
                         .await;
                     }
                     if cluster {
-                        let c = RedisCluster::start().expect("cluster");
-                        latency(RedisTarget::cluster(c.urls()), "cluster", None).await;
+                        // Twice: as the README recommends (`notify-keyspace-events Kt`: the
+                        // members wait with keyspace notifications), and without (each idle
+                        // shard waits on a connection of its own, docs/design.md §8.4).
+                        for keyspace in [true, false] {
+                            let c = RedisCluster::start().expect("cluster");
+                            if keyspace {
+                                let nodes: Vec<RedisTarget> =
+                                    c.urls().into_iter().map(RedisTarget::standalone).collect();
+                                notify_keyspace_events(&nodes).await;
+                            }
+                            let label = if keyspace {
+                                "cluster, notify-keyspace-events Kt"
+                            } else {
+                                "cluster, no keyspace notifications"
+                            };
+                            latency(RedisTarget::cluster(c.urls()), label, None).await;
+                        }
                     }
                 }
                 "memory" => memory().await,
