@@ -7,7 +7,11 @@
 //! node that holds it, when the server's `notify-keyspace-events` has `K` (keyspace channels)
 //! and `t` (stream commands) or `A`. The event wakes the shard's task, which reads.
 //!
-//! - **Only the owner hears a shard.** Each event goes to the one member that owns its shard.
+//! - **Only the owner hears a shard, and only while it waits.** Each event goes to the one member
+//!   that owns its shard. An event that finds the shard's task reading or handling marks the
+//!   shard busy ([`super::Inner::wake_on_event`]): its channel is unsubscribed until the task
+//!   waits again, so a busy shard's entries do not each send an event; the task's next wait
+//!   subscribes it again and reads once.
 //!   A pattern over the prefix (`PSUBSCRIBE __keyspace@0__:{<prefix>:*}`, as before) sent every
 //!   entry to every member of every group of the stream: on a busy stream the members drowned
 //!   in events (BENCHMARKS.md item 2), and a 1,000-member group would get 1,000 events per entry.
@@ -167,11 +171,12 @@ async fn subscribe_all(inner: &Inner) -> Result<Subscribed, Unavailable> {
 }
 
 impl Subscribed {
-    /// Brings the subscribed channels in line with the registered shards, on every master:
-    /// unsubscribes those of shards that left, subscribes those of new ones, which then read
-    /// once (an entry may have come between their last read and the subscription).
+    /// Brings the subscribed channels in line with the listening shards (registered, not busy),
+    /// on every master: unsubscribes those of shards that left or turned busy, subscribes those
+    /// of new ones and of shards caught up again, which then read once (an entry may have come
+    /// between their last read and the subscription).
     async fn follow_registrations(&mut self, inner: &Inner) -> Result<(), Unavailable> {
-        let Some((version, registered)) = inner.registered_keys(self.version) else {
+        let Some((version, registered)) = inner.listening_keys(self.version) else {
             return Ok(());
         };
         let left: Vec<String> = self.keys.difference(&registered).cloned().collect();
@@ -288,7 +293,7 @@ async fn listen(inner: &Inner, mut subscribed: Subscribed) -> Option<Unavailable
             event = subscribed.events.next() => match event {
                 Some(Some(message)) => {
                     if let Some(key) = added_to(&message) {
-                        inner.wake(&[key]);
+                        inner.wake_on_event(&key);
                     }
                 }
                 // A master's subscription ended (a killed connection, a restarted node, an

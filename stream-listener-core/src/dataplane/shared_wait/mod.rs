@@ -167,8 +167,8 @@ struct State {
     /// have come before the subscription, so an entry since may have gone unnoticed.
     generation: u64,
     key_generations: HashMap<String, u64>,
-    /// Bumped by every registration and every drop of one: the keyspace driver follows the
-    /// registered keys with its channels only when it moved.
+    /// Bumped by every registration, drop of one, and change of a watch's `busy`: the keyspace
+    /// driver follows the listening keys with its channels only when it moved.
     registry_version: u64,
     /// Keyspace notifications: the driver has tried to subscribe at least once (before that a
     /// task waits for the first attempt instead of waiting another way).
@@ -202,6 +202,10 @@ struct Watch {
     /// The subscription generation of its key this watch has read under (keyspace
     /// notifications).
     generation: u64,
+    /// Keyspace notifications: an event came while the task was not waiting (it was reading or
+    /// handling), so the shard is busy and its channel is unsubscribed until the task waits
+    /// again: a busy shard's entries then send no event each.
+    busy: bool,
 }
 
 struct Pending {
@@ -268,6 +272,7 @@ impl SharedWait {
                 stash: None,
                 withdrawn: false,
                 generation: 0,
+                busy: false,
             },
         );
         WaitSlot {
@@ -374,7 +379,8 @@ impl WaitSlot {
         let (done, ended) = oneshot::channel();
         let keyspace = matches!(self.inner.source, WakeSource::Keyspace);
         {
-            let mut state = self.inner.lock();
+            let mut guard = self.inner.lock();
+            let state = &mut *guard;
             let (available, tried) = (state.available, state.tried);
             let key_generation = state
                 .watches
@@ -419,6 +425,10 @@ impl WaitSlot {
             }
             watch.gate = gate.map(str::to_owned);
             watch.withdrawn = false;
+            if std::mem::take(&mut watch.busy) {
+                // Caught up again: its channel is subscribed again, which wakes it to read once.
+                state.registry_version += 1;
+            }
             watch.waiter = Some(Pending {
                 deadline: Instant::now() + block,
                 done,
@@ -510,6 +520,29 @@ impl Inner {
         }
     }
 
+    /// An `xadd` event for `key` (keyspace notifications): marks its watches woken and wakes
+    /// their waiting tasks; a watch whose task is not waiting (reading, handling) turns busy,
+    /// and the driver unsubscribes the channel until the task waits again.
+    fn wake_on_event(&self, key: &str) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let mut turned_busy = false;
+        for watch in state.watches.values_mut().filter(|w| w.key == key) {
+            watch.woken = true;
+            if watch.waiter.is_some() {
+                finish(watch, WaitEnd::Woken);
+            } else if !watch.busy {
+                watch.busy = true;
+                turned_busy = true;
+            }
+        }
+        if turned_busy {
+            state.registry_version += 1;
+            drop(guard);
+            self.changed.notify_one();
+        }
+    }
+
     /// Hands what a strict wait read to the shards' waiting tasks; for a shard whose task is not
     /// waiting it is stashed until the task's next wait or settle.
     fn deliver(&self, delivered: Vec<(String, redis::Value)>) {
@@ -569,13 +602,19 @@ impl Inner {
         }
     }
 
-    /// The registered shard keys and the registry's version, unless it is still `seen`.
-    fn registered_keys(&self, seen: u64) -> Option<(u64, BTreeSet<String>)> {
+    /// The listening shard keys (registered, with a watch that is not busy) and the registry's
+    /// version, unless it is still `seen`.
+    fn listening_keys(&self, seen: u64) -> Option<(u64, BTreeSet<String>)> {
         let state = self.lock();
         if state.registry_version == seen {
             return None;
         }
-        let keys = state.watches.values().map(|w| w.key.clone()).collect();
+        let keys = state
+            .watches
+            .values()
+            .filter(|w| !w.busy)
+            .map(|w| w.key.clone())
+            .collect();
         Some((state.registry_version, keys))
     }
 

@@ -477,3 +477,101 @@ async fn stress(
         let _ = task.await;
     }
 }
+
+/// `PUBSUB NUMSUB` of `key`'s keyspace channel, summed over the cluster's nodes.
+fn channel_subscribers(cluster: &crate::testing::RedisCluster, key: &str) -> i64 {
+    cluster
+        .nodes()
+        .iter()
+        .map(|node| {
+            let mut sync = node.client().get_connection().unwrap();
+            let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(format!("__keyspace@0__:{key}"))
+                .query(&mut sync)
+                .unwrap();
+            n
+        })
+        .sum()
+}
+
+/// Waits (bounded by [`PROMPT`]) until `key`'s channel has `n` subscribers over the cluster.
+async fn until_channel_subscribers(cluster: &crate::testing::RedisCluster, key: &str, n: i64) {
+    let end = tokio::time::Instant::now() + PROMPT;
+    loop {
+        let seen = channel_subscribers(cluster, key);
+        if seen == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "{key}: {seen} subscribers, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Keyspace notifications (docs/design.md §8.4): an event that finds the shard's task not
+/// waiting (reading, handling) marks the shard busy and its channel is unsubscribed, so a busy
+/// shard's entries send no event each; the task's next wait that blocks subscribes it again and
+/// is woken to read once (an entry may have come meanwhile), and after that an entry wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_busy_shards_channel_is_unsubscribed_until_its_task_waits_again() {
+    let cluster = crate::testing::RedisCluster::start().unwrap();
+    for node in cluster.nodes() {
+        let mut sync = node.client().get_connection().unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kt")
+            .query(&mut sync)
+            .unwrap();
+    }
+    let masters = (0..cluster.nodes().len())
+        .filter(|&i| cluster.is_master(i).unwrap())
+        .count() as i64;
+    let target = RedisTarget::cluster(cluster.urls());
+    let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let wait = SharedWait::new(
+        super::WakeSource::Keyspace,
+        target,
+        conn.clone(),
+        LONG,
+        tracing::Span::none(),
+    );
+    let shard = key(0);
+    let slot = Arc::new(wait.register(shard.clone()));
+    // The first wait waits for the subscription, which wakes it to read once.
+    let first = xadd(&mut conn, &shard).await;
+    assert_eq!(
+        tokio::time::timeout(PROMPT, slot.wait(&first, LONG)).await,
+        Ok(WaitEnd::Woken)
+    );
+    until_channel_subscribers(&cluster, &shard, masters).await;
+
+    // An entry while the task is not waiting: busy, the channel is unsubscribed.
+    let second = xadd(&mut conn, &shard).await;
+    until_channel_subscribers(&cluster, &shard, 0).await;
+    // The event was kept: the next wait ends at once (the task reads).
+    assert_eq!(
+        tokio::time::timeout(PROMPT, slot.wait(&second, LONG)).await,
+        Ok(WaitEnd::Woken)
+    );
+    // Caught up, the task waits: subscribed again, and woken to read once.
+    assert_eq!(
+        tokio::time::timeout(PROMPT, slot.wait(&second, LONG)).await,
+        Ok(WaitEnd::Woken)
+    );
+    assert_eq!(channel_subscribers(&cluster, &shard), masters);
+    // Now it blocks, and an entry wakes it.
+    let task = waiting(slot.clone(), &second, LONG);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished(), "the wait ended without an entry");
+    xadd(&mut conn, &shard).await;
+    assert_eq!(
+        tokio::time::timeout(PROMPT, task).await.unwrap().unwrap(),
+        WaitEnd::Woken
+    );
+}
