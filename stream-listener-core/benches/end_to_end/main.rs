@@ -65,7 +65,7 @@
 //!
 //! Environment: `E2E_MESSAGES` (default 1000000), `E2E_ROUNDS` (default 3), `E2E_BATCH` (default
 //! 32: the listener's `batch_size` and the raw loops' `COUNT`), `E2E_CLUSTER=0` skips the cluster
-//! runs, `E2E_PEAK` (msg/s) skips the latency part's peak measurement, `E2E_CASES` (comma-separated
+//! runs, `E2E_PEAK` (msg/s) skips the latency part's peak measurement (`E2E_CLUSTER_PEAK` on the cluster), `E2E_CASES` (comma-separated
 //! tags) picks the throughput cases, `E2E_RAW_OWN_CONNECTIONS` (`1`: each raw task its own
 //! connection, the default on a standalone server, as the listener's members; `0`: one shared
 //! connection, the default on a cluster), `E2E_PROFILE=1` prints a line when a clock starts (to attach `perf`).
@@ -150,7 +150,10 @@ fn main() {
                             } else {
                                 "cluster, no keyspace notifications"
                             };
-                            latency(RedisTarget::cluster(c.urls()), label, None).await;
+                            let peak = std::env::var("E2E_CLUSTER_PEAK")
+                                .ok()
+                                .and_then(|v| v.parse().ok());
+                            latency(RedisTarget::cluster(c.urls()), label, peak).await;
                         }
                     }
                 }
