@@ -48,12 +48,21 @@ const TOPOLOGY_CHECK: Duration = Duration::from_secs(5);
 /// How long the driver waits before checking again when the events are off on the servers.
 const OFF_PAUSE: Duration = Duration::from_secs(30);
 
+/// The longest a subscription connect or a channel change may take on one master. The driver
+/// waits for it, events of every master and its waits' deadlines included, so a master that
+/// stops answering (paused, cut off) must not hold the member's other shards for longer: past
+/// it the subscriptions count as down, and the shards wait on connections of their own.
+const CHANNEL_CHANGE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Why the notifications cannot be used now.
 #[derive(Debug, thiserror::Error)]
 enum Unavailable {
     /// Redis failed or refused (a node down, no permission to subscribe or to read the config).
     #[error("{0}")]
     Redis(#[from] redis::RedisError),
+    /// A master did not confirm a subscription change within [`CHANNEL_CHANGE_TIMEOUT`].
+    #[error("a master did not answer a subscription change within {CHANNEL_CHANGE_TIMEOUT:?}")]
+    NoAnswer,
     /// A master's `notify-keyspace-events` lacks `K` or `t`.
     #[error(
         "master {node} has notify-keyspace-events {flags:?}, without K and t: set `notify-keyspace-events Kt` (or add K and t to what is there) to let a member wait on all its shards with one connection per master"
@@ -104,7 +113,7 @@ pub(super) async fn drive(inner: Arc<Inner>) {
             Unavailable::Changed => Duration::ZERO,
             Unavailable::Off { .. } => OFF_PAUSE,
             Unavailable::Redis(error) if is_refusal(error) => OFF_PAUSE,
-            Unavailable::Redis(_) => ERROR_PAUSE,
+            Unavailable::Redis(_) | Unavailable::NoAnswer => ERROR_PAUSE,
         };
         if !warned && !matches!(error, Unavailable::Changed) {
             tracing::warn!(error = %error, "keyspace notifications are unavailable: each idle shard waits on a connection of its own until they are back");
@@ -131,6 +140,16 @@ struct Subscribed {
     version: u64,
 }
 
+/// `step` on one master, given up after [`CHANNEL_CHANGE_TIMEOUT`].
+async fn bounded<T>(
+    step: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, Unavailable> {
+    match tokio::time::timeout(CHANNEL_CHANGE_TIMEOUT, step).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(Unavailable::NoAnswer),
+    }
+}
+
 /// The keyspace channel of shard stream `key` (database 0: a cluster has no other). `SUBSCRIBE`
 /// takes it literally: a prefix's glob characters need no escaping.
 fn channel_of(key: &str) -> String {
@@ -150,7 +169,7 @@ async fn subscribe_all(inner: &Inner) -> Result<Subscribed, Unavailable> {
     for (host, port) in &masters {
         check_events_on(inner, host, *port).await?;
         let client = inner.target.cluster_node_client(host, *port)?;
-        let (sink, stream) = client.get_async_pubsub().await?.split();
+        let (sink, stream) = bounded(client.get_async_pubsub()).await?.split();
         sinks.push(sink);
         // The end of one master's subscription must show: merged streams end only when all do.
         let events = stream
@@ -185,7 +204,7 @@ impl Subscribed {
             inner.unsubscribed(&left);
             let channels: Vec<String> = left.iter().map(|k| channel_of(k)).collect();
             for sink in &mut self.sinks {
-                sink.unsubscribe(&channels).await?;
+                bounded(sink.unsubscribe(&channels)).await?;
             }
             for key in &left {
                 self.keys.remove(key);
@@ -194,7 +213,7 @@ impl Subscribed {
         if !new.is_empty() {
             let channels: Vec<String> = new.iter().map(|k| channel_of(k)).collect();
             for sink in &mut self.sinks {
-                sink.subscribe(&channels).await?;
+                bounded(sink.subscribe(&channels)).await?;
             }
             self.keys.extend(new.iter().cloned());
             inner.subscribed(&new);

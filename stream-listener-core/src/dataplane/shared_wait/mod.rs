@@ -520,18 +520,20 @@ impl Inner {
         }
     }
 
-    /// An `xadd` event for `key` (keyspace notifications): marks its watches woken and wakes
-    /// their waiting tasks; a watch whose task is not waiting (reading, handling) turns busy,
-    /// and the driver unsubscribes the channel until the task waits again.
+    /// An `xadd` event for `key` (keyspace notifications): wakes its waiting tasks, which read
+    /// next (so the event is spent). A watch whose task is not waiting (reading, handling) keeps
+    /// it (`woken`: its next wait ends at once) and turns busy: the driver unsubscribes the
+    /// channel until the task waits again.
     fn wake_on_event(&self, key: &str) {
         let mut guard = self.lock();
         let state = &mut *guard;
         let mut turned_busy = false;
         for watch in state.watches.values_mut().filter(|w| w.key == key) {
+            if tell(watch, WaitEnd::Woken) {
+                continue;
+            }
             watch.woken = true;
-            if watch.waiter.is_some() {
-                finish(watch, WaitEnd::Woken);
-            } else if !watch.busy {
+            if !watch.busy {
                 watch.busy = true;
                 turned_busy = true;
             }
@@ -630,9 +632,10 @@ impl Inner {
         }
         let keys: BTreeSet<&str> = keys.iter().map(String::as_str).collect();
         for watch in state.watches.values_mut() {
-            if keys.contains(watch.key.as_str()) && watch.waiter.is_some() {
+            // A task that stopped waiting reads at its next wait instead (its generation is
+            // then still the old one).
+            if keys.contains(watch.key.as_str()) && tell(watch, WaitEnd::Woken) {
                 watch.generation = generation;
-                finish(watch, WaitEnd::Woken);
             }
         }
     }
@@ -649,6 +652,15 @@ impl Inner {
     fn unsubscribed_all(&self) {
         self.lock().key_generations.clear();
     }
+}
+
+/// Tells a waiting task of a keyspace wait how its wait ended; `false` when no task is waiting
+/// (none, or it stopped waiting and dropped its receiver).
+fn tell(watch: &mut Watch, end: WaitEnd) -> bool {
+    watch
+        .waiter
+        .take()
+        .is_some_and(|pending| pending.done.send(end).is_ok())
 }
 
 fn finish(watch: &mut Watch, end: WaitEnd) {

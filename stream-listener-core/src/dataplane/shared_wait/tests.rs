@@ -575,3 +575,65 @@ async fn on_a_cluster_a_busy_shards_channel_is_unsubscribed_until_its_task_waits
         WaitEnd::Woken
     );
 }
+
+/// Keyspace notifications: a master that stops answering (SIGSTOP) while the driver changes the
+/// member's channels (here a new shard registers: `SUBSCRIBE` on every master) must not hold up
+/// the other masters' shards: the change gives up after a bound, and their waits end (here
+/// `Unavailable`: they wait on connections of their own until the subscriptions are back).
+/// Without the bound the driver waited for the paused master's confirmation, and no event,
+/// timeout or wake reached any shard of the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_paused_master_does_not_hold_up_the_other_masters_shards() {
+    let cluster = crate::testing::RedisCluster::start().unwrap();
+    for node in cluster.nodes() {
+        let mut sync = node.client().get_connection().unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("Kt")
+            .query(&mut sync)
+            .unwrap();
+    }
+    let master_of = |k: &str| cluster.master_of_key(k).unwrap();
+    // A shard on one master, and a master without it to pause.
+    let healthy = key(0);
+    let paused = (0..cluster.nodes().len())
+        .find(|&i| cluster.is_master(i).unwrap() && i != master_of(&healthy))
+        .unwrap();
+    let target = RedisTarget::cluster(cluster.urls());
+    let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let wait = SharedWait::new(
+        super::WakeSource::Keyspace,
+        target,
+        conn.clone(),
+        LONG,
+        tracing::Span::none(),
+    );
+    let slot = Arc::new(wait.register(healthy.clone()));
+    let id = xadd(&mut conn, &healthy).await;
+    // Subscribed: the first wait reads once.
+    assert_eq!(
+        tokio::time::timeout(PROMPT, slot.wait(&id, LONG)).await,
+        Ok(WaitEnd::Woken)
+    );
+    let task = waiting(slot.clone(), &id, LONG);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished(), "the wait ended without an entry");
+
+    cluster.pause_node(paused).unwrap();
+    let newcomer = waiting(Arc::new(wait.register(key(1))), "0-0", LONG);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    xadd(&mut conn, &healthy).await;
+    let ended = tokio::time::timeout(PROMPT, task).await;
+    cluster.resume_node(paused).unwrap();
+    let end = ended
+        .expect("the healthy master's shard waited on")
+        .unwrap();
+    assert!(
+        matches!(end, WaitEnd::Woken | WaitEnd::Unavailable),
+        "{end:?}"
+    );
+    newcomer.abort();
+}
