@@ -368,14 +368,7 @@ async fn readme_users_run_a_group_on_a_cluster() {
     let cluster = RedisCluster::start().unwrap();
     // The members wait with keyspace notifications, as the README recommends: the rule's
     // `+subscribe`, `+unsubscribe` and channel pattern are used, and the ACL log checked below.
-    for node in cluster.nodes() {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("Kt")
-            .query(&mut node.client().get_connection().unwrap())
-            .unwrap();
-    }
+    cluster.notify_keyspace_events().unwrap();
     let rules = readme_rules();
     let apply = |rule: &AclRule| {
         for node in cluster.nodes() {

@@ -282,15 +282,7 @@ async fn each_wakes_its_member_on(
 async fn on_a_cluster_four_members_on_512_shards_wait_with_keyspace_notifications() {
     let _serial = SERIAL.lock().await;
     let cluster = RedisCluster::start().unwrap();
-    for node in cluster.nodes() {
-        let mut sync = node.client().get_connection().unwrap();
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("Kt")
-            .query(&mut sync)
-            .unwrap();
-    }
+    cluster.notify_keyspace_events().unwrap();
     let target = RedisTarget::cluster(cluster.urls());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, STREAM, 512).await.unwrap();
@@ -393,15 +385,7 @@ async fn on_a_cluster_a_shards_keyspace_events_go_to_its_owner_only() {
     let _serial = SERIAL.lock().await;
     let shards = 8;
     let cluster = RedisCluster::start().unwrap();
-    for node in cluster.nodes() {
-        let mut sync = node.client().get_connection().unwrap();
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("Kt")
-            .query(&mut sync)
-            .unwrap();
-    }
+    cluster.notify_keyspace_events().unwrap();
     let target = RedisTarget::cluster(cluster.urls());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, STREAM, shards)

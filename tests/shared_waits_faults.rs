@@ -45,9 +45,7 @@ async fn keyspace_cluster(
     shards: u32,
 ) -> (RedisCluster, RedisTarget, RedisConnection) {
     let cluster = builder.start().unwrap();
-    for node in cluster.nodes() {
-        node_cmd(node, &["CONFIG", "SET", "notify-keyspace-events", "Kt"]);
-    }
+    cluster.notify_keyspace_events().unwrap();
     let target = RedisTarget::cluster(cluster.urls());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, prefix, shards)
@@ -826,9 +824,7 @@ async fn a_stopped_listener_leaves_no_wait_behind() {
     }
 
     let cluster = RedisCluster::start().unwrap();
-    for node in cluster.nodes() {
-        node_cmd(node, &["CONFIG", "SET", "notify-keyspace-events", "Kt"]);
-    }
+    cluster.notify_keyspace_events().unwrap();
     let target = RedisTarget::cluster(cluster.urls());
     let mut conn = connect(&target).await;
     admin::create_stream(&mut conn, STREAM, 8).await.unwrap();
@@ -983,9 +979,7 @@ async fn keyspace_notifications_cost_per_xadd() {
         );
     };
     pump("notifications off");
-    for node in cluster.nodes() {
-        node_cmd(node, &["CONFIG", "SET", "notify-keyspace-events", "Kt"]);
-    }
+    cluster.notify_keyspace_events().unwrap();
     pump("Kt, no subscriber");
     let recorder = Arc::new(Recorder::default());
     let mut listeners = Vec::new();

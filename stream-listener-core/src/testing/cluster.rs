@@ -235,6 +235,30 @@ impl RedisCluster {
         self.client.clone()
     }
 
+    /// `CONFIG SET notify-keyspace-events Kt` on every node: the keyspace events a listener's
+    /// members wait with on a cluster (docs/design.md §8.4). Not persisted: a restarted node
+    /// needs it again.
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::Redis`] when a node cannot be reached or refuses.
+    pub fn notify_keyspace_events(&self) -> Result<(), HarnessError> {
+        for node in &self.nodes {
+            let context = format!("CONFIG SET notify-keyspace-events Kt on {}", node.addr());
+            let mut conn = node
+                .client()
+                .get_connection()
+                .map_err(|e| HarnessError::redis(context.clone(), e))?;
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("notify-keyspace-events")
+                .arg("Kt")
+                .query::<()>(&mut conn)
+                .map_err(|e| HarnessError::redis(context, e))?;
+        }
+        Ok(())
+    }
+
     /// Freezes node `index` with `SIGSTOP` (see [`RedisServer::pause`]).
     ///
     /// # Errors

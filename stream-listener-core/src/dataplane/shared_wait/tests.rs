@@ -247,15 +247,7 @@ async fn stress_on_a_cluster_with_one_masters_subscription_killed() {
 /// every node are killed.
 async fn stress_on_a_cluster(only: Option<usize>) {
     let cluster = crate::testing::RedisCluster::start().unwrap();
-    for node in cluster.nodes() {
-        let mut sync = node.client().get_connection().unwrap();
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("Kt")
-            .query(&mut sync)
-            .unwrap();
-    }
+    cluster.notify_keyspace_events().unwrap();
     let target = RedisTarget::cluster(cluster.urls());
     let conn = RedisConnection::connect(&target, Duration::from_secs(5))
         .await
@@ -478,6 +470,22 @@ async fn stress(
     }
 }
 
+/// A connection to `cluster` and a shared wait woken by its keyspace notifications.
+async fn keyspace_wait(cluster: &crate::testing::RedisCluster) -> (RedisConnection, SharedWait) {
+    let target = RedisTarget::cluster(cluster.urls());
+    let conn = RedisConnection::connect(&target, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let wait = SharedWait::new(
+        super::WakeSource::Keyspace,
+        target,
+        conn.clone(),
+        LONG,
+        tracing::Span::none(),
+    );
+    (conn, wait)
+}
+
 /// `PUBSUB NUMSUB` of `key`'s keyspace channel, summed over the cluster's nodes.
 fn channel_subscribers(cluster: &crate::testing::RedisCluster, key: &str) -> i64 {
     cluster
@@ -518,29 +526,11 @@ async fn until_channel_subscribers(cluster: &crate::testing::RedisCluster, key: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_busy_shards_channel_is_unsubscribed_until_its_task_waits_again() {
     let cluster = crate::testing::RedisCluster::start().unwrap();
-    for node in cluster.nodes() {
-        let mut sync = node.client().get_connection().unwrap();
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("Kt")
-            .query(&mut sync)
-            .unwrap();
-    }
+    cluster.notify_keyspace_events().unwrap();
     let masters = (0..cluster.nodes().len())
         .filter(|&i| cluster.is_master(i).unwrap())
         .count() as i64;
-    let target = RedisTarget::cluster(cluster.urls());
-    let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let wait = SharedWait::new(
-        super::WakeSource::Keyspace,
-        target,
-        conn.clone(),
-        LONG,
-        tracing::Span::none(),
-    );
+    let (mut conn, wait) = keyspace_wait(&cluster).await;
     let shard = key(0);
     let slot = Arc::new(wait.register(shard.clone()));
     // The first wait waits for the subscription, which wakes it to read once.
@@ -585,32 +575,14 @@ async fn on_a_cluster_a_busy_shards_channel_is_unsubscribed_until_its_task_waits
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_paused_master_does_not_hold_up_the_other_masters_shards() {
     let cluster = crate::testing::RedisCluster::start().unwrap();
-    for node in cluster.nodes() {
-        let mut sync = node.client().get_connection().unwrap();
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg("Kt")
-            .query(&mut sync)
-            .unwrap();
-    }
+    cluster.notify_keyspace_events().unwrap();
     let master_of = |k: &str| cluster.master_of_key(k).unwrap();
     // A shard on one master, and a master without it to pause.
     let healthy = key(0);
     let paused = (0..cluster.nodes().len())
         .find(|&i| cluster.is_master(i).unwrap() && i != master_of(&healthy))
         .unwrap();
-    let target = RedisTarget::cluster(cluster.urls());
-    let mut conn = RedisConnection::connect(&target, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let wait = SharedWait::new(
-        super::WakeSource::Keyspace,
-        target,
-        conn.clone(),
-        LONG,
-        tracing::Span::none(),
-    );
+    let (mut conn, wait) = keyspace_wait(&cluster).await;
     let slot = Arc::new(wait.register(healthy.clone()));
     let id = xadd(&mut conn, &healthy).await;
     // Subscribed: the first wait reads once.
