@@ -62,7 +62,9 @@ return 1
 /// KEYS[2] leases, KEYS[3] history. ARGV: expected revision, new revision, history cap, then
 /// counted lists: n, field/expected-value pairs to check (`''` for absent); n, field/value pairs
 /// to HSET; n, fields to HDEL; n, member/score pairs to ZADD; n, members to ZREM; n, history
-/// entries to LPUSH (oldest first). Returns 1, 0 (conflict) or -1 when the leases or the history
+/// entries to LPUSH (oldest first); n, field/prefix pairs to HDEL only while the field's value
+/// starts with the prefix (a lease released by its holder alone: `combiner`, `<token>|`).
+/// Returns 1, 0 (conflict) or -1 when the leases or the history
 /// key holds another type (nothing written: a failing ZADD or LPUSH would leave the fields
 /// written before it).
 pub(crate) fn group_cas() -> &'static Script {
@@ -94,6 +96,12 @@ for _ = 1, n do redis.call('ZREM', KEYS[2], ARGV[i]); i = i + 1 end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('LPUSH', KEYS[3], ARGV[i]); i = i + 1 end
 if n > 0 then redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[3]) - 1) end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local held = redis.call('HGET', KEYS[1], ARGV[i])
+  if held and string.sub(held, 1, #ARGV[i + 1]) == ARGV[i + 1] then redis.call('HDEL', KEYS[1], ARGV[i]) end
+  i = i + 2
+end
 return 1
 "
         ))
@@ -181,6 +189,26 @@ local function try_lease(h, token, ttl)
   return '1'
 end
 ";
+
+/// Releases the combiner lease of a group hash (docs/design.md §5.7) when `ARGV[1]` holds it:
+/// deletes `combiner` only while it reads `<ARGV[1]>|…`. A combiner whose lease expired and
+/// passed to another must not free the new holder's, or a third requester would take it and
+/// two would combine at once. KEYS[1] group hash. Returns 1 when released, else 0.
+pub(crate) fn group_release_lease() -> &'static Script {
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+        Script::new(
+            r"
+local held = redis.call('HGET', KEYS[1], 'combiner')
+if held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+  redis.call('HDEL', KEYS[1], 'combiner')
+  return 1
+end
+return 0
+",
+        )
+    });
+    &SCRIPT
+}
 
 /// Queues a full heartbeat for the group's combiner (docs/design.md §5.7). KEYS[1] group hash.
 /// ARGV: request id, request entry, combiner token, combiner lease (µs), queue bound.

@@ -84,7 +84,7 @@ impl GroupStore {
         let mut pause = Duration::from_millis(1);
         loop {
             if leading {
-                self.combine(stream).await?;
+                self.combine(&id, stream).await?;
             }
             let polled: redis::RedisResult<Vec<String>> = scripts::group_poll()
                 .key(self.keys.metadata())
@@ -113,16 +113,17 @@ impl GroupStore {
     /// One batch: load, apply the queued heartbeats in order, and write the group, the answers
     /// and the end of the queue with one compare-and-set; on a conflict, again from the load
     /// (up to [`MAX_ATTEMPTS`], then the lease is left to expire and a waiter takes over).
-    async fn combine(&mut self, stream: &mut StreamView) -> Result<(), StoreError> {
+    async fn combine(&mut self, token: &str, stream: &mut StreamView) -> Result<(), StoreError> {
         for attempt in 1..=MAX_ATTEMPTS {
             let loaded = self.load().await?;
             let queue = Queue::of(&loaded, &self.config);
             if queue.requests.is_empty() && queue.done.is_empty() {
-                // Another combiner answered them between this one's lease and its load.
-                let _: redis::RedisResult<i64> = redis::cmd("HDEL")
-                    .arg(self.keys.metadata())
-                    .arg(COMBINER)
-                    .query_async(&mut self.conn)
+                // Another combiner answered them between this one's lease and its load. A
+                // failed release only leaves the lease to expire.
+                let _: redis::RedisResult<i64> = scripts::group_release_lease()
+                    .key(self.keys.metadata())
+                    .arg(token)
+                    .invoke_async(&mut self.conn)
                     .await;
                 return Ok(());
             }
@@ -137,7 +138,7 @@ impl GroupStore {
             let (group, answers) =
                 coordinator::heartbeat_batch(&loaded.group, &queue.requests, &ctx);
             let mut writes = Writes::diff(&loaded, &group, &self.config)?;
-            queue.write_answers(&loaded, &answers, &mut writes)?;
+            queue.write_answers(&loaded, &answers, token, &mut writes)?;
             if self.compare_and_set(&loaded, &writes).await? {
                 return Ok(());
             }
@@ -271,11 +272,13 @@ impl Queue {
     }
 
     /// Adds to `writes` the batch's answers, the end of the queue, the deletion of answers no
-    /// requester collected in time, and the release of the combiner lease.
+    /// requester collected in time, and the release of the combiner lease if `token` still
+    /// holds it.
     fn write_answers(
         &self,
         loaded: &LoadedGroup,
         answers: &[Option<HeartbeatResponse>],
+        token: &str,
         writes: &mut Writes,
     ) -> Result<(), StoreError> {
         let expiry = loaded.now + duration_us(ANSWER_TTL);
@@ -296,7 +299,7 @@ impl Queue {
                 writes.delete(field.clone());
             }
         }
-        writes.delete(COMBINER.to_owned());
+        writes.release(COMBINER.to_owned(), token);
         Ok(())
     }
 }
@@ -308,3 +311,6 @@ fn answer_expired(value: &str, now: Micros) -> bool {
         .and_then(|(expiry, _)| expiry.parse::<Micros>().ok())
         .is_none_or(|expiry| expiry <= now)
 }
+
+#[cfg(all(test, feature = "testing"))]
+mod tests;

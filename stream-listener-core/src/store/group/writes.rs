@@ -28,6 +28,7 @@ impl GroupStore {
         counted(&mut invocation, &writes.leases);
         counted(&mut invocation, &writes.lease_removals);
         counted(&mut invocation, &writes.history);
+        counted(&mut invocation, &writes.releases);
         let written: redis::RedisResult<i64> = invocation.invoke_async(&mut self.conn).await;
         match written {
             Ok(1) => Ok(true),
@@ -60,6 +61,9 @@ pub(super) struct Writes {
     leases: Vec<(String, String)>,
     lease_removals: Vec<String>,
     history: Vec<String>,
+    /// Fields deleted only while their value starts with the prefix: leases released by their
+    /// holder alone.
+    releases: Vec<(String, String)>,
 }
 
 impl Writes {
@@ -102,6 +106,7 @@ impl Writes {
             && self.leases.is_empty()
             && self.lease_removals.is_empty()
             && self.history.is_empty()
+            && self.releases.is_empty()
     }
 
     /// Sets `field` to `value` whatever the loaded hash holds.
@@ -112,6 +117,12 @@ impl Writes {
     /// Deletes `field` of the group hash.
     pub(super) fn delete(&mut self, field: String) {
         self.delete.push(field);
+    }
+
+    /// Deletes the lease `field` (`<holder>|<expiry µs>`) only while `holder` holds it: a holder
+    /// whose lease expired and passed to another leaves the new one's in place.
+    pub(super) fn release(&mut self, field: String, holder: &str) {
+        self.releases.push((field, format!("{holder}|")));
     }
 
     /// Sets `field` to `value` unless the loaded hash holds exactly that; whether it was set.
