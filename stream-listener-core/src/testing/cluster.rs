@@ -243,8 +243,20 @@ impl RedisCluster {
     ///
     /// [`HarnessError::Redis`] when a node cannot be reached or refuses.
     pub fn notify_keyspace_events(&self) -> Result<(), HarnessError> {
+        self.set_notify_keyspace_events("Kt")
+    }
+
+    /// `CONFIG SET notify-keyspace-events <flags>` on every node (`""` turns them off).
+    ///
+    /// # Errors
+    ///
+    /// [`HarnessError::Redis`] when a node cannot be reached or refuses.
+    pub fn set_notify_keyspace_events(&self, flags: &str) -> Result<(), HarnessError> {
         for node in &self.nodes {
-            let context = format!("CONFIG SET notify-keyspace-events Kt on {}", node.addr());
+            let context = format!(
+                "CONFIG SET notify-keyspace-events {flags:?} on {}",
+                node.addr()
+            );
             let mut conn = node
                 .client()
                 .get_connection()
@@ -252,7 +264,7 @@ impl RedisCluster {
             redis::cmd("CONFIG")
                 .arg("SET")
                 .arg("notify-keyspace-events")
-                .arg("Kt")
+                .arg(flags)
                 .query::<()>(&mut conn)
                 .map_err(|e| HarnessError::redis(context, e))?;
         }

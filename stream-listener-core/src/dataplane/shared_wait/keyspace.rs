@@ -24,34 +24,41 @@
 //! - **A subscription that ends** (on any one master: each master's events end with a marker)
 //!   means subscribing again on every master; the waiting tasks keep waiting, and the new
 //!   subscriptions wake them to read once. Every [`TOPOLOGY_CHECK`] the driver compares the masters
-//!   with `CLUSTER SLOTS` (a failover, a new node: subscribe again) and reads each master's
-//!   `notify-keyspace-events` again (turned off at runtime, the subscriptions would stay silent).
+//!   with `CLUSTER SLOTS` (a failover, a new node: subscribe again) and counts each master's
+//!   `CONFIG SET` calls (`INFO commandstats`): when they changed, `notify-keyspace-events` may
+//!   have been off for a moment, long enough to miss an entry's event, and the driver subscribes
+//!   again, which reads its configuration and makes every waiting shard read once. Reading only
+//!   the configuration would miss a change turned off and on again between two checks. The
+//!   check runs beside the events: a master that does not answer it holds nothing up.
 //! - **Off, refused or failing: wait another way.** When a server does not publish the events,
 //!   the user may not read its configuration or subscribe, or subscribing fails, the wait is
 //!   unavailable: the waiting tasks wait on connections of their own, from their last id (which
 //!   covers an event lost meanwhile), until the driver, trying again after a pause, is back.
 //! - **Cost.** One connection per master per member; nothing per idle shard but its channel.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use futures_util::future::{FusedFuture, FutureExt};
 use redis::Value;
 use redis::aio::PubSubSink;
 
 use super::{ERROR_PAUSE, Inner, sleep_until};
 
-/// How often the driver compares the cluster's masters with those it subscribed on.
-const TOPOLOGY_CHECK: Duration = Duration::from_secs(5);
+/// How often the driver compares the cluster's masters with those it subscribed on, and their
+/// `CONFIG SET` calls with those counted when it subscribed.
+pub(super) const TOPOLOGY_CHECK: Duration = Duration::from_secs(5);
 
 /// How long the driver waits before checking again when the events are off on the servers.
 const OFF_PAUSE: Duration = Duration::from_secs(30);
 
-/// The longest a subscription connect or a channel change may take on one master. The driver
-/// waits for it, events of every master and its waits' deadlines included, so a master that
-/// stops answering (paused, cut off) must not hold the member's other shards for longer: past
-/// it the subscriptions count as down, and the shards wait on connections of their own.
+/// The longest one step of subscribing may take on one master (the masters, a master's
+/// configuration, a connect, a channel change). The driver waits for it, events of every master
+/// and its waits' deadlines included, so a master that stops answering (paused, cut off) must
+/// not hold the member's other shards for longer: past it the subscriptions count as down, and
+/// the shards wait on connections of their own.
 const CHANNEL_CHANGE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Why the notifications cannot be used now.
@@ -60,8 +67,8 @@ enum Unavailable {
     /// Redis failed or refused (a node down, no permission to subscribe or to read the config).
     #[error("{0}")]
     Redis(#[from] redis::RedisError),
-    /// A master did not confirm a subscription change within [`CHANNEL_CHANGE_TIMEOUT`].
-    #[error("a master did not answer a subscription change within {CHANNEL_CHANGE_TIMEOUT:?}")]
+    /// A master did not answer a step of subscribing within [`CHANNEL_CHANGE_TIMEOUT`].
+    #[error("a master did not answer a subscription step within {CHANNEL_CHANGE_TIMEOUT:?}")]
     NoAnswer,
     /// A master's `notify-keyspace-events` lacks `K` or `t`.
     #[error(
@@ -73,8 +80,8 @@ enum Unavailable {
         /// The flags it has.
         flags: String,
     },
-    /// The masters changed or a subscription ended.
-    #[error("the cluster's masters changed or a subscription ended")]
+    /// The masters changed, a subscription ended, or a master's configuration may have changed.
+    #[error("the cluster's masters, a subscription or a master's configuration changed")]
     Changed,
 }
 
@@ -133,12 +140,18 @@ type Events = futures_util::stream::BoxStream<'static, Option<redis::Msg>>;
 /// merged events, and the shard keys whose channels are subscribed on every master.
 struct Subscribed {
     masters: BTreeSet<(String, u16)>,
+    /// Each master's `CONFIG SET` calls when its `notify-keyspace-events` was read; `None` where
+    /// `INFO` did not answer (the periodic check then reads the configuration itself).
+    config_sets: ConfigSets,
     sinks: Vec<PubSubSink>,
     events: Events,
     keys: BTreeSet<String>,
     /// [`Inner::registry_version`] the channels were last brought in line with.
     version: u64,
 }
+
+/// Each master's `CONFIG SET` calls, as counted by its `INFO commandstats`.
+type ConfigSets = BTreeMap<(String, u16), Option<u64>>;
 
 /// `step` on one master, given up after [`CHANNEL_CHANGE_TIMEOUT`].
 async fn bounded<T>(
@@ -163,11 +176,18 @@ async fn subscribe_all(inner: &Inner) -> Result<Subscribed, Unavailable> {
     // Until every channel is subscribed again, no shard counts as subscribed: a task that
     // waits meanwhile waits for the subscription, which then wakes it to read once.
     inner.unsubscribed_all();
-    let masters = masters(inner).await?;
+    let masters = bounded_answer(masters(inner)).await?;
     let mut sinks = Vec::with_capacity(masters.len());
     let mut streams = Vec::with_capacity(masters.len());
+    let mut config_sets = ConfigSets::new();
     for (host, port) in &masters {
-        check_events_on(inner, host, *port).await?;
+        // Counted before the configuration is read: a change after the read shows as a count
+        // that moved.
+        let sets = bounded_answer(config_sets_on(inner, host, *port))
+            .await
+            .ok();
+        config_sets.insert((host.clone(), *port), sets);
+        bounded_answer(check_events_on(inner, host, *port)).await?;
         let client = inner.target.cluster_node_client(host, *port)?;
         let (sink, stream) = bounded(client.get_async_pubsub()).await?.split();
         sinks.push(sink);
@@ -180,6 +200,7 @@ async fn subscribe_all(inner: &Inner) -> Result<Subscribed, Unavailable> {
     inner.set_available(true);
     let mut subscribed = Subscribed {
         masters,
+        config_sets,
         sinks,
         events: futures_util::stream::select_all(streams).boxed(),
         keys: BTreeSet::new(),
@@ -223,9 +244,24 @@ impl Subscribed {
     }
 }
 
-/// `Off` unless the master at `host:port` publishes stream events on keyspace channels. Asked
-/// through the member's control connection, routed to that node (no connection of its own).
-async fn check_events_on(inner: &Inner, host: &str, port: u16) -> Result<(), Unavailable> {
+/// `step`, given up after [`CHANNEL_CHANGE_TIMEOUT`] ([`bounded`] for steps that fail with
+/// [`Unavailable`]).
+async fn bounded_answer<T>(
+    step: impl std::future::Future<Output = Result<T, Unavailable>>,
+) -> Result<T, Unavailable> {
+    tokio::time::timeout(CHANNEL_CHANGE_TIMEOUT, step)
+        .await
+        .unwrap_or(Err(Unavailable::NoAnswer))
+}
+
+/// `cmd` on the master at `host:port`, through the member's control connection routed to that
+/// node (no connection of its own).
+async fn on_master(
+    inner: &Inner,
+    host: &str,
+    port: u16,
+    cmd: redis::Cmd,
+) -> Result<Value, Unavailable> {
     use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
     let crate::connection::RedisConnection::Cluster(conn, _) = &inner.control else {
         return Err(Unavailable::Redis(redis::RedisError::from((
@@ -233,13 +269,42 @@ async fn check_events_on(inner: &Inner, host: &str, port: u16) -> Result<(), Una
             "keyspace notifications wait on a cluster connection",
         ))));
     };
-    let mut cmd = redis::cmd("CONFIG");
-    cmd.arg("GET").arg("notify-keyspace-events");
     let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
         host: host.to_owned(),
         port,
     });
-    let reply = conn.clone().route_command(cmd, routing).await?;
+    Ok(conn.clone().route_command(cmd, routing).await?)
+}
+
+/// How many `CONFIG SET` calls the master at `host:port` has served (`INFO commandstats`; 0
+/// before the first, or after `CONFIG RESETSTAT`).
+async fn config_sets_on(inner: &Inner, host: &str, port: u16) -> Result<u64, Unavailable> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("commandstats");
+    let reply = on_master(inner, host, port, cmd).await?;
+    let info: String =
+        redis::from_redis_value(reply).map_err(|error| Unavailable::Redis(error.into()))?;
+    Ok(config_set_calls(&info))
+}
+
+/// The `calls` of `cmdstat_config|set` in an `INFO commandstats` reply; 0 when absent.
+fn config_set_calls(info: &str) -> u64 {
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_config|set:"))
+        .and_then(|stats| {
+            stats
+                .split(',')
+                .find_map(|stat| stat.strip_prefix("calls="))
+        })
+        .and_then(|calls| calls.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `Off` unless the master at `host:port` publishes stream events on keyspace channels.
+async fn check_events_on(inner: &Inner, host: &str, port: u16) -> Result<(), Unavailable> {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("notify-keyspace-events");
+    let reply = on_master(inner, host, port, cmd).await?;
     let (_, flags): (String, String) =
         redis::from_redis_value(reply).map_err(|error| Unavailable::Redis(error.into()))?;
     if publishes_stream_keyspace_events(&flags) {
@@ -300,12 +365,15 @@ fn masters_of(slots: &Value) -> BTreeSet<(String, u16)> {
 }
 
 /// Wakes the shards the events name, follows the registrations, times waits out, and every
-/// [`TOPOLOGY_CHECK`] checks the masters and their `notify-keyspace-events`; returns why it
-/// stopped listening (`None`: the shared wait was dropped).
+/// [`TOPOLOGY_CHECK`] checks the masters and their configuration beside all that; returns why
+/// it stopped listening (`None`: the shared wait was dropped).
 async fn listen(inner: &Inner, mut subscribed: Subscribed) -> Option<Unavailable> {
-    let mut check = tokio::time::interval(TOPOLOGY_CHECK);
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    check.tick().await;
+    let mut check_due = tokio::time::interval(TOPOLOGY_CHECK);
+    check_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    check_due.tick().await;
+    // The check in progress. It goes through the control connection, whose commands wait up to
+    // its response timeout: awaited in place, a paused master held every event and deadline.
+    let mut checking = std::pin::pin!(futures_util::future::Fuse::terminated());
     loop {
         let deadline = inner.next_deadline();
         tokio::select! {
@@ -319,9 +387,14 @@ async fn listen(inner: &Inner, mut subscribed: Subscribed) -> Option<Unavailable
                 // output buffer limit): subscribe again.
                 Some(None) | None => return Some(Unavailable::Changed),
             },
-            _ = check.tick() => {
-                if let Some(changed) = still_subscribed(inner, &subscribed.masters).await {
-                    return Some(changed);
+            _ = check_due.tick(), if checking.is_terminated() => {
+                let masters = subscribed.masters.clone();
+                let config_sets = subscribed.config_sets.clone();
+                checking.set(still_subscribed(inner, masters, config_sets).fuse());
+            }
+            changed = &mut checking, if !checking.is_terminated() => {
+                if changed.is_some() {
+                    return changed;
                 }
             }
             () = inner.changed.notified() => {
@@ -335,16 +408,33 @@ async fn listen(inner: &Inner, mut subscribed: Subscribed) -> Option<Unavailable
     }
 }
 
-/// `None` while the masters are those subscribed on and each still publishes the events;
-/// otherwise why not. A check that gets no answer from the cluster changes nothing (the
-/// subscriptions may be fine).
-async fn still_subscribed(inner: &Inner, masters: &BTreeSet<(String, u16)>) -> Option<Unavailable> {
+/// `None` while the masters are those subscribed on and none has served a `CONFIG SET` since
+/// (or, where `INFO` did not answer, each still publishes the events); otherwise why not. A
+/// check that gets no answer from the cluster changes nothing (the subscriptions may be fine).
+async fn still_subscribed(
+    inner: &Inner,
+    masters: BTreeSet<(String, u16)>,
+    config_sets: ConfigSets,
+) -> Option<Unavailable> {
     match self::masters(inner).await {
-        Ok(now) if now != *masters => return Some(Unavailable::Changed),
+        Ok(now) if now != masters => return Some(Unavailable::Changed),
         Ok(_) => {}
         Err(error) => tracing::debug!(%error, "checking the cluster's masters failed"),
     }
-    for (host, port) in masters {
+    for (host, port) in &masters {
+        let counted = config_sets.get(&(host.clone(), *port)).copied().flatten();
+        match (counted, config_sets_on(inner, host, *port).await) {
+            // Its configuration is as it was when subscribed.
+            (Some(counted), Ok(now)) if now == counted => continue,
+            // A `CONFIG SET` since: the events may have been off for a moment, and an entry
+            // added then sent none. Subscribing again reads the configuration and every waiting
+            // shard once.
+            (Some(_), Ok(_)) => return Some(Unavailable::Changed),
+            (None, Ok(_)) => {}
+            (_, Err(error)) => {
+                tracing::debug!(%error, node = %format!("{host}:{port}"), "counting CONFIG SET calls failed");
+            }
+        }
         match check_events_on(inner, host, *port).await {
             Ok(()) => {}
             // Turned off at runtime: wait another way until they are back.
@@ -375,6 +465,17 @@ mod tests {
     fn a_shards_channel_is_its_keyspace_channel_taken_literally() {
         assert_eq!(channel_of("{orders:7}"), "__keyspace@0__:{orders:7}");
         assert_eq!(channel_of("{ord[e]rs*:0}"), "__keyspace@0__:{ord[e]rs*:0}");
+    }
+
+    #[test]
+    fn config_set_calls_come_from_the_commandstats_line_of_config_set() {
+        let info = "# Commandstats\r\ncmdstat_config|get:calls=9,usec=5,usec_per_call=0.56,rejected_calls=0,failed_calls=0\r\ncmdstat_config|set:calls=3,usec=40,usec_per_call=13.33,rejected_calls=1,failed_calls=0\r\n";
+        assert_eq!(config_set_calls(info), 3);
+        assert_eq!(
+            config_set_calls("# Commandstats\r\ncmdstat_ping:calls=2,usec=1\r\n"),
+            0
+        );
+        assert_eq!(config_set_calls("cmdstat_config|set:calls=x"), 0);
     }
 
     #[test]

@@ -609,3 +609,90 @@ async fn on_a_cluster_a_paused_master_does_not_hold_up_the_other_masters_shards(
     );
     newcomer.abort();
 }
+
+/// Keyspace notifications turned off and on again between two of the driver's checks
+/// (docs/design.md §8.4): an entry added while they were off sent no event, and a check that
+/// only asked for the configuration would find it as before. The driver counts each master's
+/// `CONFIG SET` calls, and when they changed it subscribes again, so the waiting shards read
+/// once: the entry is read at the next check, not when the shard's next entry comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_an_entry_added_while_notifications_were_briefly_off_is_read() {
+    let cluster = crate::testing::RedisCluster::start().unwrap();
+    cluster.notify_keyspace_events().unwrap();
+    let (mut conn, wait) = keyspace_wait(&cluster).await;
+    let shard = key(0);
+    let slot = Arc::new(wait.register(shard.clone()));
+    let id = xadd(&mut conn, &shard).await;
+    // Subscribed: the first wait reads once.
+    assert_eq!(
+        tokio::time::timeout(PROMPT, slot.wait(&id, LONG)).await,
+        Ok(WaitEnd::Woken)
+    );
+    let task = waiting(slot.clone(), &id, LONG);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished(), "the wait ended without an entry");
+
+    cluster.set_notify_keyspace_events("").unwrap();
+    xadd(&mut conn, &shard).await;
+    cluster.set_notify_keyspace_events("Kt").unwrap();
+    let end = tokio::time::timeout(super::keyspace::TOPOLOGY_CHECK + PROMPT, task)
+        .await
+        .expect("the entry added while the notifications were off was never announced")
+        .unwrap();
+    // Woken by the new subscription, or sent to a connection of its own if a check fell in
+    // the moment they were off: either way it reads.
+    assert!(
+        matches!(end, WaitEnd::Woken | WaitEnd::Unavailable),
+        "{end:?}"
+    );
+}
+
+/// A master that stops answering while the driver runs its periodic check of the masters and
+/// their configuration (every 5 s, docs/design.md §8.4) must not hold up the shards of the
+/// other masters: the check runs beside the events, not in their way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_master_paused_across_the_periodic_checks_does_not_hold_up_the_others() {
+    // No failover while the master is paused: the check must cope with a silent master.
+    let cluster = crate::testing::RedisCluster::builder()
+        .node_timeout(Duration::from_secs(120))
+        .start()
+        .unwrap();
+    cluster.notify_keyspace_events().unwrap();
+    let healthy = key(0);
+    let paused = (0..cluster.nodes().len())
+        .find(|&i| cluster.is_master(i).unwrap() && i != cluster.master_of_key(&healthy).unwrap())
+        .unwrap();
+    let (mut conn, wait) = keyspace_wait(&cluster).await;
+    let slot = Arc::new(wait.register(healthy.clone()));
+    let mut last = xadd(&mut conn, &healthy).await;
+    assert_eq!(
+        tokio::time::timeout(PROMPT, slot.wait(&last, LONG)).await,
+        Ok(WaitEnd::Woken)
+    );
+
+    cluster.pause_node(paused).unwrap();
+    let started = tokio::time::Instant::now();
+    let mut slowest = Duration::ZERO;
+    // Across two checks, every entry on the healthy master ends its shard's wait at once.
+    while started.elapsed() < super::keyspace::TOPOLOGY_CHECK * 2 + Duration::from_secs(1) {
+        let task = waiting(slot.clone(), &last, LONG);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let added = tokio::time::Instant::now();
+        last = xadd(&mut conn, &healthy).await;
+        let end = tokio::time::timeout(PROMPT, task).await;
+        slowest = slowest.max(added.elapsed());
+        let Ok(Ok(end)) = end else {
+            cluster.resume_node(paused).unwrap();
+            panic!("the healthy master's shard waited on past {PROMPT:?}");
+        };
+        assert!(
+            matches!(end, WaitEnd::Woken | WaitEnd::Unavailable),
+            "{end:?}"
+        );
+    }
+    cluster.resume_node(paused).unwrap();
+    assert!(
+        slowest < Duration::from_millis(500),
+        "an entry on the healthy master waited {slowest:?}"
+    );
+}
