@@ -950,6 +950,64 @@ tests_of!(a_shard_retired_while_a_member_holds_it_is_never_created_again {
         FencingMode::Acks,
 });
 
+/// docs/design.md §10.2: a scale-in's retirement deletes a drained shard's stream while its
+/// owner still holds the shard, until the owner's next heartbeat revokes it. That is routine, and
+/// nothing is lost: the owner must not warn of lost data for it ("Redis lost data or the group
+/// was never provisioned", one warning per retry, as a new user saw on every scale-in). It asks
+/// for that heartbeat at once, and the shard is released long before its heartbeat was due
+/// (5 s here). On a current-thread runtime, so the test's own subscriber sees every task's logs.
+#[tokio::test]
+async fn a_shard_retired_under_its_owner_is_released_promptly_without_warnings() {
+    let (logs, subscriber) = support::logs::subscriber(tracing::Level::INFO);
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
+    let mut opts = options(1);
+    opts.coordination = coordination(
+        Duration::from_secs(5),
+        Duration::from_secs(20),
+        Duration::from_secs(10),
+    );
+    opts.block = Duration::from_millis(200);
+    opts.auto_create_shards = Some(2);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(30), |g| {
+        converged(g) && target_of(g).len() == 2
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    let last = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    let handled = wait_until(Duration::from_secs(10), || {
+        recorder.handled().contains(&(1, last.clone()))
+    })
+    .await;
+    assert!(handled, "{:?}", recorder.calls());
+    assert_eq!(wait_no_pending(&mut conn, 1).await, 0);
+
+    admin::scale(&mut conn, STREAM, 1).await.unwrap();
+    let report = admin::retire_drained(&mut conn, STREAM, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(report.migration_complete, "{report:?}");
+    let retired = std::time::Instant::now();
+    let (group, released) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
+        converged(g) && !target_of(g).contains_key(&1)
+    })
+    .await;
+    assert!(released, "{group:#?}");
+    let took = retired.elapsed();
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+    let warnings: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|line| line.contains("WARN"))
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "released {took:?} after the retirement (heartbeat interval 5 s)"
+    );
+}
+
 /// Sets the attempt count of `entry` for `group` on shard 0, as processes that died in the
 /// entry's handler leave it (`count_attempt` ran, the process never reached `forget_attempts`:
 /// `an_entry_that_crashes_its_handler_is_dead_lettered_after_max_deliveries_attempts` makes the

@@ -90,6 +90,10 @@ impl Member {
         let mut failures = 0u32;
         loop {
             seq += 1;
+            // A task that ended while the loop waited (its end wakes this heartbeat) is reported
+            // released now: reaped only after the response, it went out as still revoking, and
+            // its release waited a whole interval.
+            self.reap_drained(&mut shards);
             let mut request = self.ctx.shared.lock().request(seq);
             request.active_consumer_workers = self.ctx.active_workers();
             let sent_at = Instant::now();

@@ -488,9 +488,10 @@ impl ShardTask {
             if let Err(error) = step {
                 self.idle_from = None;
                 self.ctx.metrics.redis_error(&error);
-                tracing::warn!(error = %crate::report::Chain(&error), "shard operation failed; retrying");
                 if error.is_no_group() {
-                    self.recreate_consumer_group().await;
+                    self.on_missing_group("shard operation", &error).await;
+                } else {
+                    tracing::warn!(error = %crate::report::Chain(&error), "shard operation failed; retrying");
                 }
                 // What was read before the failure may be handled but not acked: go back to
                 // this consumer's pending entries before reading new ones.

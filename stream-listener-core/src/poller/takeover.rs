@@ -27,11 +27,12 @@ impl ShardTask {
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
             Err(error) => {
                 self.ctx.metrics.redis_error(&error);
-                tracing::warn!(error = %crate::report::Chain(&error), "raising the fence failed; retrying");
                 // No fence next to a missing stream: the stream must come back first (or the
                 // shard be revoked), or this raise fails for good.
                 if error.is_no_group() {
-                    self.recreate_consumer_group().await;
+                    self.on_missing_group("raising the fence", &error).await;
+                } else {
+                    tracing::warn!(error = %crate::report::Chain(&error), "raising the fence failed; retrying");
                 }
                 self.pause(ERROR_PAUSE).await;
             }
@@ -160,6 +161,28 @@ impl ShardTask {
         }
     }
 
+    /// The shard's stream or consumer group is missing (`NOGROUP`, no such key) when `failed`
+    /// ran. A scale-in's retirement deletes a drained shard's stream while its owner still holds
+    /// the shard, until the owner's next heartbeat revokes it (docs/design.md §10.2): nothing is
+    /// lost, so the owner says so at info level and asks for that heartbeat now. A warning per
+    /// retry there ("Redis lost data") came with every scale-in. On any other shard it is lost
+    /// data: warn, and create the consumer group again where the configuration allows.
+    pub(super) async fn on_missing_group(&self, failed: &str, error: &DataPlaneError) {
+        let mut conn = self.ctx.conn.clone();
+        let state = self.state_in_metadata(&mut conn).await;
+        if matches!(state, Some(ShardState::Retiring | ShardState::Retired)) {
+            tracing::info!(
+                stream = %self.shard_key,
+                ?state,
+                "the shard was retired by a scale-in: released at the heartbeat asked for now"
+            );
+            self.ctx.shared.wake_heartbeat.notify_one();
+            return;
+        }
+        tracing::warn!(error = %crate::report::Chain(error), "{failed} failed; retrying");
+        self.recreate_consumer_group(state).await;
+    }
+
     /// The shard lost its consumer group (or its stream): with `auto_create_shards` (operator
     /// intent) create the group again from `0` — nothing written in the gap is skipped;
     /// without it, keep failing closed.
@@ -176,17 +199,16 @@ impl ShardTask {
     /// created (a retirement started), the group is destroyed again (created from `0`, it would
     /// block the shard's deletion, as in docs/design.md §8.1), and a stream created here with it
     /// when it is still empty.
-    pub(super) async fn recreate_consumer_group(&self) {
+    async fn recreate_consumer_group(&self, state: Option<ShardState>) {
         if self.ctx.options.auto_create_shards.is_none() {
             return;
         }
         let mut conn = self.ctx.conn.clone();
         let key = self.ctx.stream.shard(self.shard);
-        let state = self.state_in_metadata(&mut conn).await;
         if !state.is_some_and(|s| s.is_readable()) {
             tracing::warn!(
                 stream = %key,
-                "consumer group missing on a shard that is no longer readable (retiring or retired): not created again"
+                "consumer group missing on a shard the stream metadata does not list as readable: not created again"
             );
             return;
         }
