@@ -248,6 +248,75 @@ async fn run_with_a_cluster() {
     app.shutdown_and_wait().await.expect("clean shutdown");
 }
 
+/// Redis restarted empty under a running `run_with` (docs/design.md §5.5): a listener whose
+/// stream is configured with `shards` provisions stream and group again from that
+/// configuration and handles what is published after the loss. `run()` created the stream at
+/// startup but did not give its listeners the configured shard count, so they failed closed
+/// for good ("group … is registered but its metadata … is missing") until the process was
+/// restarted, which a new user found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_lost_its_data_a_configured_stream_is_provisioned_again_and_consumed() {
+    let server = RedisServer::start().unwrap();
+    let config = config(&server.url(), "");
+    let app = run_with(config.clone()).await.unwrap();
+    assert!(
+        app.wait_for_assignment(4, Duration::from_secs(15)).await,
+        "{:?}",
+        app.status()
+    );
+    let mut conn = RedisConnection::connect(
+        &RedisTarget::standalone(server.url()),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    // The members notice at their next heartbeat.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let exists: bool = redis::cmd("EXISTS")
+            .arg("sl:{run_events}:stream")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if exists {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stream was not provisioned again: {:?}",
+            app.status()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let publisher = config.publisher("run_events").await.unwrap();
+    let events: Vec<(String, Event)> = (100_000..100_050)
+        .map(|seq| (format!("key-{seq}"), Event { seq }))
+        .collect();
+    publisher.publish_batch(&events).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen = HANDLED
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| (100_000..100_050).contains(&h.2))
+            .map(|h| h.2)
+            .collect::<std::collections::BTreeSet<u64>>()
+            .len();
+        if seen == 50 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {seen} of the 50 entries published after the loss were handled: {:?}",
+            app.status()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.shutdown_and_wait().await.expect("clean shutdown");
+}
+
 #[tokio::test]
 async fn config_overrides_apply_over_the_macro() {
     let server = RedisServer::start().unwrap();

@@ -28,9 +28,9 @@ pub enum StoreError {
         /// The missing key.
         key: String,
     },
-    /// The group metadata is missing although the group is registered (lost metadata).
+    /// The group hash is missing (lost metadata, or a group deleted under running members).
     #[error(
-        "group {group:?} of stream {prefix:?} is registered but its metadata {key} is missing: Redis lost data; it is not rebuilt from member reports. Re-create it (configure `shards` for the stream, or `stream-listener group delete` then restart the members)"
+        "group {group:?} of stream {prefix:?} has no metadata ({key} is missing): Redis lost data, or the group was deleted under running members. It is not rebuilt from member reports: members whose stream has `shards` in the config provision it again by themselves; otherwise delete what is left of the group if `stream-listener group list {prefix}` still lists it (`stream-listener group delete {prefix} {group}`), create the stream if it is gone (`stream-listener stream create {prefix} --shards N`), and restart the members, which register the group again"
     )]
     MissingGroup {
         /// The stream prefix.

@@ -258,6 +258,14 @@ fn plan(
         base.hooks = registration.hooks();
         let mut options = config.listener_options(registration.name(), base)?;
         options.events = Some(log.callback(registration.name()));
+        // The configured shard count is operator intent: with it, a member whose stream or group
+        // metadata is lost (Redis restarted empty) provisions them again while it runs
+        // (docs/design.md §5.5), as step 4 does at startup. Without it the members failed closed
+        // until the process was restarted.
+        options.auto_create_shards = config
+            .streams
+            .get(registration.stream())
+            .and_then(|stream| stream.shards);
         let handler =
             registration
                 .make_handler(states)

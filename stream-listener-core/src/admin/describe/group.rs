@@ -197,7 +197,7 @@ pub(super) fn registered<'a>(
 /// # Errors
 /// [`AdminError::InvalidName`]; [`AdminError::Store`]: [`StoreError::MissingStream`],
 /// [`StoreError::UnknownGroup`] when the group is not registered, [`StoreError::MissingGroup`]
-/// when it is registered but its metadata is gone (fail closed: never rebuilt),
+/// when it is registered but its group hash is gone (fail closed: never rebuilt),
 /// corrupt metadata, Redis failure.
 pub async fn describe_group(
     conn: &mut RedisConnection,
