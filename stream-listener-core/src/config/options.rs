@@ -56,6 +56,9 @@ impl Config {
             if let Some(batch_max_wait) = l.batch_max_wait {
                 options.batch_max_wait = batch_max_wait;
             }
+            if let Some(max_entry_bytes) = l.max_entry_bytes {
+                options.max_entry_bytes = Some(max_entry_bytes);
+            }
         }
         let handler_given = self
             .listeners

@@ -274,6 +274,10 @@ pub struct ListenerConfig {
     /// `max_in_flight`: with `ordering = "key"` or `"none"`, the most handler calls of one shard
     /// in flight at once (≥ 1, default 16); ignored with `"shard"`.
     pub max_in_flight: Option<u32>,
+    /// `max_entry_bytes`: the largest entry, in bytes of its field names and values, handed to
+    /// the handler (≥ 1, default 16 MiB); a larger one is dead-lettered `too-large` by id,
+    /// unhandled (docs/design.md §8.6).
+    pub max_entry_bytes: Option<usize>,
 }
 
 /// `[observability]`: the process's HTTP listener for `/metrics`, `/healthz` and `/readyz`

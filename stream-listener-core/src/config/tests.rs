@@ -493,6 +493,29 @@ fn zero_max_in_flight_is_an_error() {
     assert_eq!(message, "must be at least 1");
 }
 
+/// `max_entry_bytes` (README "Configuration"): the largest entry a listener hands to its
+/// handler; a larger one is dead-lettered `too-large`. Before it was a key, a config-only
+/// program (the attribute and a TOML file) could not change the 16 MiB default.
+#[test]
+fn max_entry_bytes_is_read_and_zero_is_an_error() {
+    let config = parse("[listeners.on_order]\nmax_entry_bytes = 65536\n").unwrap();
+    let options = config
+        .listener_options("on_order", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(options.max_entry_bytes, Some(65536));
+    let defaults = parse("")
+        .unwrap()
+        .listener_options("on_order", ListenerOptions::default())
+        .unwrap();
+    assert_eq!(defaults.max_entry_bytes, Some(16 * 1024 * 1024));
+    let (key, line, message) = invalid("[listeners.on_order]\nmax_entry_bytes = 0\n");
+    assert_eq!(
+        (key.as_str(), line),
+        ("listeners.on_order.max_entry_bytes", 2)
+    );
+    assert_eq!(message, "must be at least 1");
+}
+
 #[test]
 fn tls_settings_are_checked() {
     assert_invalid_at(

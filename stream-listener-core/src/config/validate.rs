@@ -280,6 +280,7 @@ impl Config {
             ("max_attempts", l.max_attempts.map(u64::from)),
             ("max_deliveries", l.max_deliveries),
             ("max_in_flight", l.max_in_flight.map(u64::from)),
+            ("max_entry_bytes", l.max_entry_bytes.map(|v| v as u64)),
         ];
         for (key, value) in at_least_one {
             if value == Some(0) {

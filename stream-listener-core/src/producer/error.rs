@@ -69,7 +69,7 @@ pub enum PublishError {
     },
     /// The stream has no ACTIVE shard (`shardCount` 0: it was fully drained).
     #[error(
-        "stream {prefix:?} has no shards to publish to (shardCount 0 at metadataVersion {metadata_version}: it was fully drained); scale it out with `stream-listener stream scale {prefix} N` first"
+        "stream {prefix:?} has no shards to publish to (shardCount 0 at metadataVersion {metadata_version}: it was fully drained); scale it out with `stream-listener stream scale {prefix} N`, after `stream-listener stream retire {prefix}` has finished the drain (or `stream-listener stream scale {prefix} --cancel` abandons it while the shards are still DRAINING)"
     )]
     NoShards {
         /// The stream prefix.
