@@ -378,6 +378,30 @@ async fn unreachable_redis_fails_after_startup_timeout() {
             "startup_timeout",
         ],
     );
+    // How long it tried, to the millisecond (not "1s 500ms 412us 19ns").
+    let message = err.to_string();
+    assert!(
+        !message.contains("us ") && !message.contains("ns "),
+        "{message}"
+    );
+}
+
+/// A publisher made from the config while Redis is unreachable: the error names the URL and the
+/// config key, and does not warn of duplicates (nothing was sent).
+#[tokio::test]
+async fn a_publisher_that_cannot_connect_names_the_url() {
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let config = Config::from_toml_str(&format!("[redis]\nurl = \"{url}\"\n"), "app.toml").unwrap();
+    let Err(err) = config.publisher("orders").await else {
+        panic!("a publisher without Redis");
+    };
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("cannot connect to Redis at {url}")),
+        "{message}"
+    );
+    assert!(message.contains("[redis] url"), "{message}");
+    assert!(!message.contains("twice"), "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -418,7 +418,7 @@ impl FromDeliveryParts for Headers {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be the return type of a listener function",
     label = "return `()` or `Result<(), E>`",
-    note = "return `()`, or `Result<(), E>` where `E: std::error::Error + Send + Sync + 'static` (errors are retried; return `HandlerError::non_retryable(e)` to dead-letter at once)"
+    note = "return `()`, or `Result<(), E>` where `E: std::error::Error + Send + Sync + 'static` (errors are retried; return `Err(HandlerError::non_retryable(e))` to dead-letter at once)"
 )]
 pub trait IntoHandlerResult {
     /// The outcome.

@@ -83,7 +83,7 @@ pub enum AdminError {
     },
     /// `group delete` of a group with a member whose lease still runs. Nothing was deleted.
     #[error(
-        "consumer group {group:?} of stream {prefix:?} still has live members ({}); stop them, wait {wait_ms} ms for their leases to run out, then retry", members.join(", ")
+        "consumer group {group:?} of stream {prefix:?} still has live members ({}): stop them (a graceful stop leaves the group at once), or, for members that crashed, retry once their leases have run out (in {wait_ms} ms at most)", members.join(", ")
     )]
     GroupActive {
         /// The stream prefix.

@@ -138,8 +138,9 @@ impl Config {
     /// retention is left to `run()` and the admin tool.
     ///
     /// # Errors
-    /// [`PublishError::Redis`](crate::producer::PublishError::Redis) when Redis cannot be
-    /// reached; [`PublishError::Provision`](crate::producer::PublishError::Provision) when the
+    /// [`PublishError::Connect`](crate::producer::PublishError::Connect) when Redis cannot be
+    /// reached, [`PublishError::Redis`](crate::producer::PublishError::Redis) when a command
+    /// fails; [`PublishError::Provision`](crate::producer::PublishError::Provision) when the
     /// declared stream cannot be created; otherwise as
     /// [`Publisher::new`](crate::producer::Publisher::new) (for example
     /// [`PublishError::UnknownStream`](crate::producer::PublishError::UnknownStream) for a
@@ -148,11 +149,16 @@ impl Config {
         &self,
         prefix: &str,
     ) -> Result<crate::producer::Publisher, crate::producer::PublishError> {
+        let target = self.redis.target();
         let mut conn = crate::connection::RedisConnection::connect(
-            &self.redis.target(),
+            &target,
             crate::connection::DEFAULT_RESPONSE_TIMEOUT,
         )
-        .await?;
+        .await
+        .map_err(|source| crate::producer::PublishError::Connect {
+            target: target.describe(),
+            source,
+        })?;
         if let Some(shards) = self.streams.get(prefix).and_then(|s| s.shards) {
             provision_declared(&mut conn, prefix, shards).await?;
         }

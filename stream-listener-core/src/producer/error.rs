@@ -122,6 +122,18 @@ pub enum PublishError {
     /// The stream metadata exists but cannot be read (corrupt JSON, another schema version).
     #[error(transparent)]
     Metadata(StoreError),
+    /// [`crate::config::Config::publisher`] could not connect to Redis (not running, wrong
+    /// address, TLS or authentication refused: the source says which). Nothing was sent.
+    #[error(
+        "cannot connect to Redis at {target}: check that Redis is running and that [redis] url / cluster_nodes (or REDIS_URL) points at it; nothing was published"
+    )]
+    Connect {
+        /// The URL or cluster nodes (passwords replaced by `***`).
+        target: String,
+        /// The connection error.
+        #[source]
+        source: redis::RedisError,
+    },
     /// Redis did not answer or refused a command (the cause is the error's source).
     #[error(
         "Redis command failed; {}, then retry (a retried batch may append some entries twice)",

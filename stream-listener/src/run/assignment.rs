@@ -94,6 +94,15 @@ impl AssignmentLog {
                     .map(|(member, owned)| format!("{member}: {owned:?}"))
                     .collect::<Vec<_>>()
                     .join(", ");
+                if shards == 0 {
+                    // "Settled" alone reads as done; an idle process is worth a why.
+                    tracing::info!(
+                        listener = %listener,
+                        members = members.len(),
+                        "assignment settled: this process owns no shard (other members hold them, the group has more members than shards, or a stopped static member's shards wait out its lease); `stream-listener group describe` shows which"
+                    );
+                    continue;
+                }
                 tracing::info!(
                     listener = %listener,
                     shards,

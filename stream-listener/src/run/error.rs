@@ -69,7 +69,7 @@ pub enum RunError {
     /// Redis did not answer within `startup_timeout`.
     #[error(
         "cannot reach Redis at {target} after {attempts} attempts in {} (startup_timeout); check that Redis is running and that [redis] url / cluster_nodes (or REDIS_URL) points at it",
-        humantime::format_duration(*waited)
+        humantime::format_duration(Duration::from_millis(u64::try_from(waited.as_millis()).unwrap_or(u64::MAX)))
     )]
     RedisUnreachable {
         /// The URL or cluster nodes (passwords replaced by `***`).
