@@ -173,8 +173,10 @@ pub struct MemberConfig {
 #[non_exhaustive]
 pub struct StreamConfig {
     /// `shards`: create the stream with this many shards at startup if it does not exist
-    /// (1 to [`MAX_SHARDS`](crate::admin::MAX_SHARDS)). An existing stream keeps its count (change it with
-    /// `stream-listener stream scale`). Without it, the stream must exist.
+    /// (1 to [`MAX_SHARDS`](crate::admin::MAX_SHARDS)), and, for `run()`'s listeners, again
+    /// with their group while running if Redis loses them (docs/design.md §5.5). An existing
+    /// stream keeps its count (change it with `stream-listener stream scale`). Without it, the
+    /// stream must exist.
     pub shards: Option<u32>,
     /// `max_payload_bytes`: the publisher's payload limit (default 1 MiB), see
     /// [`Config::publisher_options`](crate::config::Config::publisher_options).
