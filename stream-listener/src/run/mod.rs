@@ -375,21 +375,42 @@ async fn check_streams(
             listener: registration.name().to_owned(),
             source: ListenerError::Name(e),
         })?;
-        let exists = load_stream_metadata(&mut conn, &keys)
-            .await
-            .map_err(|e| RunError::Redis {
-                target: target.describe(),
-                source: Box::new(e),
-            })?
-            .is_some();
-        if !exists {
+        let metadata =
+            load_stream_metadata(&mut conn, &keys)
+                .await
+                .map_err(|e| RunError::Redis {
+                    target: target.describe(),
+                    source: Box::new(e),
+                })?;
+        let Some(metadata) = metadata else {
             return Err(RunError::MissingStream {
                 stream: registration.stream().to_owned(),
                 listener: registration.name().to_owned(),
             });
-        }
+        };
+        warn_of_idle_members(
+            registration.name(),
+            planned.listener.options().concurrency,
+            metadata.readable_shard_set().len(),
+        );
     }
     Ok(())
+}
+
+/// A listener whose members outnumber its stream's shards leaves some of them without a shard
+/// for good (a shard has one owner): say so once, at startup, rather than let `/readyz` list
+/// members that never get anything.
+fn warn_of_idle_members(listener: &str, concurrency: u32, shards: usize) {
+    let members = usize::try_from(concurrency).unwrap_or(usize::MAX);
+    if members > shards {
+        tracing::warn!(
+            listener,
+            concurrency,
+            shards,
+            "more members than the stream has shards: {} of this process's members will own no shard (each shard has one owner; lower `concurrency`, or scale the stream out with `stream-listener stream scale`)",
+            members - shards
+        );
+    }
 }
 
 /// Whether a store error means Redis could not be reached (the admin tool's exit code 3).
