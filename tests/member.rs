@@ -196,15 +196,41 @@ async fn four_members_consume_twenty_thousand_messages_in_key_order_on_a_cluster
 async fn lost_metadata_is_provisioned_again_from_the_configured_shard_count() {
     let server = RedisServer::start().unwrap();
     let target = RedisTarget::standalone(server.url());
-    let mut conn = connect(&target).await;
+    lost_metadata_is_provisioned_again(&target, || {
+        let mut conn = server.client().get_connection().unwrap();
+        let () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+    })
+    .await;
+}
+
+/// The same on a cluster, every master losing its data. The members come back with epochs the
+/// new group does not know, so the coordinator runs a correction round, which reads every
+/// shard's fence: one pipeline across the shards' slots, which a cluster refuses
+/// (`CrossSlot`), so every heartbeat failed and nothing was read again (found by review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_metadata_is_provisioned_again_on_a_cluster() {
+    let cluster = RedisCluster::start().unwrap();
+    let target = RedisTarget::cluster(cluster.urls());
+    lost_metadata_is_provisioned_again(&target, || {
+        for node in cluster.nodes() {
+            let mut conn = node.client().get_connection().unwrap();
+            // Replicas refuse writes; their masters' FLUSHALL reaches them.
+            let _: redis::RedisResult<()> = redis::cmd("FLUSHALL").query(&mut conn);
+        }
+    })
+    .await;
+}
+
+async fn lost_metadata_is_provisioned_again(target: &RedisTarget, lose_everything: impl Fn()) {
+    let mut conn = connect(target).await;
     admin::create_stream(&mut conn, "orders", 4).await.unwrap();
     let log: Log = Arc::default();
     let mut opts = options(2);
     opts.auto_create_shards = Some(4);
-    let handle = start_listener(&target, &log, opts).await;
-    publish(&target, 20, 200).await;
+    let handle = start_listener(target, &log, opts).await;
+    publish(target, 20, 200).await;
     assert!(wait_until(Duration::from_secs(20), || log.lock().unwrap().len() >= 200).await);
-    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    lose_everything();
     // The members notice on their next heartbeat and provision the stream again.
     let keys = stream_listener::core::internals::keys::StreamKeys::new("orders").unwrap();
     let mut recreated = false;
@@ -221,7 +247,7 @@ async fn lost_metadata_is_provisioned_again_from_the_configured_shard_count() {
     }
     assert!(recreated, "stream metadata not provisioned again");
     log.lock().unwrap().clear();
-    publish(&target, 20, 200).await;
+    publish(target, 20, 200).await;
     let all = wait_until(Duration::from_secs(30), || log.lock().unwrap().len() >= 200).await;
     handle.shutdown_and_wait().await.expect("clean shutdown");
     let log = log.lock().unwrap().clone();

@@ -1162,3 +1162,33 @@ async fn a_join_commits_while_other_members_renew_on_the_fast_path() {
     let group = store.load().await.unwrap().group;
     assert!(group.members.contains_key("joiner"));
 }
+
+/// A correction round reads this group's fence of every shard (docs/design.md §6.6). On a
+/// cluster the fences live in their shards' slots, and one pipeline across slots is refused
+/// (`CrossSlot`): every heartbeat of the round failed, so a cluster group that lost its
+/// coordination data never got out of it (found by review: members re-provisioning after
+/// Redis lost its data report epochs and versions the new group does not know).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_correction_round_reads_the_fences_on_a_cluster() {
+    let cluster = RedisCluster::start().unwrap();
+    let mut conn = connect(RedisTarget::cluster(cluster.urls())).await;
+    create_active_stream(&mut conn, "orders", 6).await;
+    let mut store = store_with(&conn, "orders", "g", timings(300, 1_500, 6_000));
+    store.provision(false).await.unwrap();
+    // A stream version above the stream's: evidence of lost metadata.
+    let mut req = request("a", 1, 0, &[]);
+    req.metadata_version = 5;
+    let out = store
+        .heartbeat(&req)
+        .await
+        .expect("the correction round reads the fences");
+    // The round holds every shard back until it ends (a lease).
+    assert_eq!(
+        out.response.status,
+        HeartbeatStatus::RevokePending,
+        "{out:?}"
+    );
+    assert_eq!(out.response.pending_shards, (0..6).collect::<Vec<u32>>());
+    let group = store.load().await.unwrap().group;
+    assert!(group.meta.correction_round.is_some(), "{:?}", group.meta);
+}

@@ -298,16 +298,26 @@ impl GroupStore {
     }
 
     /// This group's fence of each shard (docs/design.md §8), for a correction round. One `HGET` per
-    /// shard, pipelined (fences of different shards live in different slots on a cluster).
+    /// shard, all sent at once as commands of their own: the fences of different shards live in
+    /// different slots on a cluster, where one pipeline across them is refused (`CrossSlot`), and
+    /// a multiplexed connection sends concurrent commands together anyway.
     async fn read_fences(
         &mut self,
         shards: &[ShardIndex],
     ) -> Result<BTreeMap<ShardIndex, FenceToken>, StoreError> {
-        let mut pipe = redis::pipe();
-        for shard in shards {
-            pipe.hget(self.stream_keys.fence(*shard), self.keys.group());
-        }
-        let values: Vec<Option<String>> = match pipe.query_async(&mut self.conn).await {
+        let reads = shards.iter().map(|shard| {
+            let mut conn = self.conn.clone();
+            let fence = self.stream_keys.fence(*shard);
+            let group = self.keys.group().to_owned();
+            async move {
+                redis::cmd("HGET")
+                    .arg(fence)
+                    .arg(group)
+                    .query_async::<Option<String>>(&mut conn)
+                    .await
+            }
+        });
+        let values: Vec<Option<String>> = match futures_util::future::try_join_all(reads).await {
             Ok(values) => values,
             Err(e) => {
                 let fences: Vec<String> =
