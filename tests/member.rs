@@ -221,6 +221,108 @@ async fn lost_metadata_is_provisioned_again_on_a_cluster() {
     .await;
 }
 
+/// A stream scaled out past its configured `shards` (8 against 4), then lost: the members
+/// provision it again with the count they last saw, not the configured one, so every shard
+/// they owned exists again. Before, it came back with 4 shards, and the member, which still held
+/// shards 4 to 7, was refused every heartbeat for good ("shard 4 in ownedShards is out of
+/// range") and read nothing (found by review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_scaled_past_its_configured_shards_comes_back_with_the_count_last_seen() {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, "orders", 4).await.unwrap();
+    admin::scale(&mut conn, "orders", 8).await.unwrap();
+    let log: Log = Arc::default();
+    let mut opts = options(1);
+    opts.auto_create_shards = Some(4);
+    let handle = start_listener(&target, &log, opts).await;
+    assert!(
+        wait_until(Duration::from_secs(20), || handle.status()[0].owned.len()
+            == 8)
+        .await,
+        "{:?}",
+        handle.status()
+    );
+    let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let keys = stream_listener::core::internals::keys::StreamKeys::new("orders").unwrap();
+    let mut shard_count = None;
+    for _ in 0..200 {
+        if let Some(meta) =
+            stream_listener::core::internals::store::load_stream_metadata(&mut conn, &keys)
+                .await
+                .unwrap()
+        {
+            shard_count = Some(meta.shard_count);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        shard_count,
+        Some(8),
+        "provisioned again with the count last seen"
+    );
+    publish(&target, 20, 200).await;
+    let all = wait_until(Duration::from_secs(30), || log.lock().unwrap().len() >= 200).await;
+    let status = handle.status();
+    handle.shutdown_and_wait().await.expect("clean shutdown");
+    assert!(
+        all,
+        "{} of 200 handled: {status:?}",
+        log.lock().unwrap().len()
+    );
+}
+
+/// The stream created again with fewer shards than a member holds (by another process, or an
+/// operator, after a loss): the coordinator refuses every request that names a shard it no
+/// longer has. The member stops its shards and joins again, as after a fencing status, instead
+/// of being refused for good while it reads nothing (found by review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_holding_shards_the_stream_no_longer_has_joins_again() {
+    let server = RedisServer::start().unwrap();
+    let target = RedisTarget::standalone(server.url());
+    let mut conn = connect(&target).await;
+    admin::create_stream(&mut conn, "orders", 8).await.unwrap();
+    let log: Log = Arc::default();
+    let handle = start_listener(&target, &log, options(1)).await;
+    assert!(
+        wait_until(Duration::from_secs(20), || handle.status()[0].owned.len()
+            == 8)
+        .await,
+        "{:?}",
+        handle.status()
+    );
+    // Lost, and created again with 4 shards, the group registered as a listener's start would,
+    // then scaled to 5: metadataVersion 3, so the member reads the new shard count (a stream
+    // created again at the version the member last saw looks the same to it: docs/design.md
+    // §12.1).
+    let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    admin::create_stream(&mut conn, "orders", 4).await.unwrap();
+    stream_listener::core::internals::store::provision::register_group(
+        &mut conn,
+        "orders",
+        "billing",
+        stream_listener::core::model::StartFrom::Earliest,
+    )
+    .await
+    .unwrap();
+    admin::scale(&mut conn, "orders", 5).await.unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || handle.status()[0].owned
+            == vec![0, 1, 2, 3, 4])
+        .await,
+        "{:?} {:?}",
+        handle.status(),
+        handle.health()
+    );
+    publish(&target, 20, 200).await;
+    let all = wait_until(Duration::from_secs(30), || log.lock().unwrap().len() >= 200).await;
+    let status = handle.status();
+    handle.shutdown_and_wait().await.expect("clean shutdown");
+    assert!(all, "{} handled: {status:?}", log.lock().unwrap().len());
+}
+
 async fn lost_metadata_is_provisioned_again(target: &RedisTarget, lose_everything: impl Fn()) {
     let mut conn = connect(target).await;
     admin::create_stream(&mut conn, "orders", 4).await.unwrap();

@@ -315,6 +315,14 @@ impl Reconciler {
         }
     }
 
+    /// Forgets every shard and joins again at the next request, as after a fencing status:
+    /// for a member holding shards the stream no longer has (created again with fewer shards),
+    /// which the coordinator refuses to hear of.
+    pub(crate) fn rejoin(&mut self) {
+        self.clear();
+        self.epoch = JOIN_EPOCH;
+    }
+
     fn clear(&mut self) {
         self.owned.clear();
         self.revoking.clear();

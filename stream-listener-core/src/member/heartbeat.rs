@@ -140,6 +140,30 @@ impl Member {
                     ) {
                         self.reprovision(&mut store, &error).await;
                     }
+                    // The stream has fewer shards than this member holds (created again with
+                    // another count after a loss): every request naming them is refused, so
+                    // drop them all and join again, as after a fencing status.
+                    if let StoreError::Coordinator(
+                        crate::coordinator::CoordinatorError::ShardOutOfRange { .. },
+                    ) = &error
+                    {
+                        let epoch = {
+                            let mut reconciler = self.ctx.shared.lock();
+                            let epoch = reconciler.epoch();
+                            reconciler.rejoin();
+                            epoch
+                        };
+                        let mut stopped = Vec::new();
+                        self.stop_all(
+                            &mut shards,
+                            epoch,
+                            "shard stopped: the stream no longer has it; joining again",
+                            &mut stopped,
+                        );
+                        if !self.await_stopped(stopped).await {
+                            return Vec::new();
+                        }
+                    }
                     // Rate-limited: the first failure and then every tenth.
                     if failures == 1 || failures.is_multiple_of(10) {
                         tracing::warn!(error = %crate::report::Chain(&error), failures, "heartbeat failed; reads stop when the lease ends");
@@ -165,9 +189,13 @@ impl Member {
     /// Missing metadata: provision it again from the configured shard count (operator intent),
     /// or keep failing closed without one (docs/design.md §5).
     async fn reprovision(&self, store: &mut GroupStore, error: &StoreError) {
-        let Some(shards) = self.ctx.options.auto_create_shards else {
+        let Some(configured) = self.ctx.options.auto_create_shards else {
             return;
         };
+        // A stream scaled past its configured count comes back with the count this member last
+        // saw: with the configured one, the shards above it would be gone and their members
+        // refused.
+        let shards = configured.max(store.last_seen_shard_count().unwrap_or(0));
         tracing::warn!(error = %crate::report::Chain(error), shards, "metadata lost: provisioning stream and group again from the configuration");
         let mut conn = self.ctx.conn.clone();
         let prefix = self.ctx.stream.prefix();
@@ -246,17 +274,12 @@ impl Member {
         stopped: &mut Vec<(ShardIndex, tokio::task::JoinHandle<()>)>,
     ) -> bool {
         if changes.stop_all {
-            self.ctx.metrics.lost(shards.len());
-            for (shard, running) in std::mem::take(shards) {
-                running.stop.cancel();
-                stopped.push((shard, running.task));
-                tracing::info!(shard, "shard stopped: fencing status, rejoining");
-                self.event(ListenerEvent::Revoked {
-                    member: self.member_id(),
-                    shard,
-                    member_epoch: response.member_epoch,
-                });
-            }
+            self.stop_all(
+                shards,
+                response.member_epoch,
+                "shard stopped: fencing status, rejoining",
+                stopped,
+            );
         }
         if changes.fatal {
             let reason = "another process took this static member identity (FENCED_INSTANCE_ID): stopped for good; give each pod its own instance_id";
@@ -287,6 +310,28 @@ impl Member {
         // Re-raised tokens are picked up by the shard tasks themselves (they compare the token
         // they raised with the current one before every operation).
         false
+    }
+
+    /// Stops every shard task (moved to `stopped`, which the caller waits for before the
+    /// rejoin), logging `why` for each.
+    fn stop_all(
+        &self,
+        shards: &mut BTreeMap<ShardIndex, Running>,
+        member_epoch: crate::model::Epoch,
+        why: &'static str,
+        stopped: &mut Vec<(ShardIndex, tokio::task::JoinHandle<()>)>,
+    ) {
+        self.ctx.metrics.lost(shards.len());
+        for (shard, running) in std::mem::take(shards) {
+            running.stop.cancel();
+            stopped.push((shard, running.task));
+            tracing::info!(shard, "{why}");
+            self.event(ListenerEvent::Revoked {
+                member: self.member_id(),
+                shard,
+                member_epoch,
+            });
+        }
     }
 
     /// Waits for the shard tasks a fencing status stopped, before the rejoin: a rejoin from the

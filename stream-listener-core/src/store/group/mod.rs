@@ -336,6 +336,13 @@ impl GroupStore {
             .collect())
     }
 
+    /// The stream's `shardCount` in the last stream metadata this store read, if it read any:
+    /// what a member provisions again after a loss when the stream was scaled past its
+    /// configured count (docs/design.md §5.5).
+    pub(crate) fn last_seen_shard_count(&self) -> Option<u32> {
+        self.stream_view.as_ref().map(|view| view.shard_count)
+    }
+
     async fn read_stream_version(&mut self) -> Result<u64, StoreError> {
         super::read_metadata_version(&mut self.conn, &self.stream_keys)
             .await?
