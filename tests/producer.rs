@@ -266,6 +266,39 @@ async fn an_active_shard_whose_stream_is_gone_is_a_typed_error_and_is_not_recrea
     assert!(!exists(&mut conn, "{orders:1}").await);
 }
 
+/// The stream lost and created again with fewer shards at the same `metadataVersion` (created
+/// and scaled out: 2; created and a group registered: 2 again). An `XADD` that finds no stream
+/// makes the publisher read the whole metadata, not only compare the version, so it routes over
+/// the new shard count. It compared the version only, kept routing over 8 shards and refused
+/// half the keys with `ShardMissing` until it was restarted (found by review).
+#[tokio::test]
+async fn a_stream_created_again_at_the_same_version_with_fewer_shards_is_routed_anew() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 4).await;
+    scale_out(&mut conn, "orders", 8).await;
+    let publisher = Publisher::new(conn.clone(), "orders", never_refresh())
+        .await
+        .unwrap();
+    let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    create_stream(&mut conn, "orders", 4).await;
+    stream_listener::core::internals::store::provision::register_group(
+        &mut conn,
+        "orders",
+        "g",
+        stream_listener::core::model::StartFrom::Earliest,
+    )
+    .await
+    .unwrap();
+    let keys = StreamKeys::new("orders").unwrap();
+    assert_eq!(
+        read_metadata_version(&mut conn, &keys).await.unwrap(),
+        Some(2)
+    );
+    let key = key_on_shard(6, 8);
+    let published = publisher.publish(&key, &1).await.expect("routed anew");
+    assert_eq!(published.shard, shard_for_key(&key, 4));
+}
+
 #[tokio::test]
 async fn oversized_payloads_are_refused_before_any_xadd() {
     let (_server, mut conn) = start().await;

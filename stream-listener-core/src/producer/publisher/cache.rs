@@ -116,7 +116,10 @@ impl Publisher {
             return self.within_lease(cached);
         }
         let read_sent_at = Instant::now();
-        match self.read_routing(&cached.routing).await {
+        // After an `XADD` found no stream, the whole metadata: a stream created again at the
+        // version cached (docs/design.md §12.1) may route over another shard count.
+        let whole = nil_at.is_some();
+        match self.read_routing(&cached.routing, whole).await {
             Ok(routing) => {
                 if routing.metadata_version != cached.routing.metadata_version {
                     tracing::debug!(
@@ -181,18 +184,21 @@ impl Publisher {
     }
 
     /// One `HGET metadataVersion`; the whole metadata only when the version differs from
-    /// `current`'s.
+    /// `current`'s, or always with `whole`.
     pub(super) async fn read_routing(
         &self,
         current: &Arc<Routing>,
+        whole: bool,
     ) -> Result<Arc<Routing>, PublishError> {
         let keys = &self.inner.keys;
         let mut conn = self.inner.conn.clone();
-        let version = read_metadata_version(&mut conn, keys)
-            .await?
-            .ok_or_else(|| unknown_stream(keys))?;
-        if version == current.metadata_version {
-            return Ok(Arc::clone(current));
+        if !whole {
+            let version = read_metadata_version(&mut conn, keys)
+                .await?
+                .ok_or_else(|| unknown_stream(keys))?;
+            if version == current.metadata_version {
+                return Ok(Arc::clone(current));
+            }
         }
         let meta = load_stream_metadata(&mut conn, keys)
             .await?
