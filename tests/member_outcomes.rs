@@ -953,11 +953,13 @@ tests_of!(a_shard_retired_while_a_member_holds_it_is_never_created_again {
 /// docs/design.md §10.2: a scale-in's retirement deletes a drained shard's stream while its
 /// owner still holds the shard, until the owner's next heartbeat revokes it. That is routine, and
 /// nothing is lost: the owner must not warn of lost data for it ("Redis lost data or the group
-/// was never provisioned", one warning per retry, as a new user saw on every scale-in). It asks
-/// for that heartbeat at once, and the shard is released long before its heartbeat was due
-/// (5 s here). On a current-thread runtime, so the test's own subscriber sees every task's logs.
+/// was never provisioned", one warning per retry, as a new user saw on every scale-in). A task
+/// that meets the missing stream asks for that heartbeat at once; one idle in the member's wait
+/// may not meet it before the heartbeat that revokes the shard, so the release is bounded by one
+/// heartbeat interval (5 s here) and its report, which goes out at once. On a current-thread
+/// runtime, so the test's own subscriber sees every task's logs.
 #[tokio::test]
-async fn a_shard_retired_under_its_owner_is_released_promptly_without_warnings() {
+async fn a_shard_retired_under_its_owner_is_released_without_warnings() {
     let (logs, subscriber) = support::logs::subscriber(tracing::Level::INFO);
     let _logging = tracing::subscriber::set_default(subscriber);
     let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
@@ -1003,7 +1005,7 @@ async fn a_shard_retired_under_its_owner_is_released_promptly_without_warnings()
         .collect();
     assert!(warnings.is_empty(), "{warnings:#?}");
     assert!(
-        took < Duration::from_secs(3),
+        took < Duration::from_secs(8),
         "released {took:?} after the retirement (heartbeat interval 5 s)"
     );
 }
