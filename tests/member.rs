@@ -237,41 +237,14 @@ async fn a_stream_scaled_past_its_configured_shards_comes_back_with_the_count_la
     let mut opts = options(1);
     opts.auto_create_shards = Some(4);
     let handle = start_listener(&target, &log, opts).await;
-    assert!(
-        wait_until(Duration::from_secs(20), || handle.status()[0].owned.len()
-            == 8)
-        .await,
-        "{:?}",
-        handle.status()
-    );
+    until_owned(&handle, &(0..8).collect::<Vec<u32>>()).await;
     let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
-    let keys = stream_listener::core::internals::keys::StreamKeys::new("orders").unwrap();
-    let mut shard_count = None;
-    for _ in 0..200 {
-        if let Some(meta) =
-            stream_listener::core::internals::store::load_stream_metadata(&mut conn, &keys)
-                .await
-                .unwrap()
-        {
-            shard_count = Some(meta.shard_count);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert_eq!(
-        shard_count,
-        Some(8),
+        provisioned_again(&mut conn).await.shard_count,
+        8,
         "provisioned again with the count last seen"
     );
-    publish(&target, 20, 200).await;
-    let all = wait_until(Duration::from_secs(30), || log.lock().unwrap().len() >= 200).await;
-    let status = handle.status();
-    handle.shutdown_and_wait().await.expect("clean shutdown");
-    assert!(
-        all,
-        "{} of 200 handled: {status:?}",
-        log.lock().unwrap().len()
-    );
+    handles_200_published(&target, &log, handle).await;
 }
 
 /// The stream created again with fewer shards than a member holds (by another process, or an
@@ -286,13 +259,7 @@ async fn a_member_holding_shards_the_stream_no_longer_has_joins_again() {
     admin::create_stream(&mut conn, "orders", 8).await.unwrap();
     let log: Log = Arc::default();
     let handle = start_listener(&target, &log, options(1)).await;
-    assert!(
-        wait_until(Duration::from_secs(20), || handle.status()[0].owned.len()
-            == 8)
-        .await,
-        "{:?}",
-        handle.status()
-    );
+    until_owned(&handle, &(0..8).collect::<Vec<u32>>()).await;
     // Lost, and created again with 4 shards, the group registered as a listener's start would,
     // then scaled to 5: metadataVersion 3, so the member reads the new shard count (a stream
     // created again at the version the member last saw looks the same to it: docs/design.md
@@ -308,19 +275,52 @@ async fn a_member_holding_shards_the_stream_no_longer_has_joins_again() {
     .await
     .unwrap();
     admin::scale(&mut conn, "orders", 5).await.unwrap();
+    until_owned(&handle, &[0, 1, 2, 3, 4]).await;
+    handles_200_published(&target, &log, handle).await;
+}
+
+/// Waits (up to 20 s) until the listener's one member owns exactly `shards`.
+async fn until_owned(handle: &ListenerHandle, shards: &[u32]) {
     assert!(
         wait_until(Duration::from_secs(20), || handle.status()[0].owned
-            == vec![0, 1, 2, 3, 4])
+            == shards)
         .await,
         "{:?} {:?}",
         handle.status(),
         handle.health()
     );
-    publish(&target, 20, 200).await;
+}
+
+/// Waits (up to 10 s) until the stream metadata of `orders` exists again, and returns it.
+async fn provisioned_again(
+    conn: &mut stream_listener::core::internals::connection::RedisConnection,
+) -> stream_listener::core::model::StreamMetadata {
+    let keys = stream_listener::core::internals::keys::StreamKeys::new("orders").unwrap();
+    for _ in 0..200 {
+        if let Some(meta) =
+            stream_listener::core::internals::store::load_stream_metadata(conn, &keys)
+                .await
+                .unwrap()
+        {
+            return meta;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("stream metadata not provisioned again");
+}
+
+/// Publishes 200 entries over 20 keys, checks that `handle`'s listener handles them all within
+/// 30 s (into `log`, cleared by the caller), and shuts it down.
+async fn handles_200_published(target: &RedisTarget, log: &Log, handle: ListenerHandle) {
+    publish(target, 20, 200).await;
     let all = wait_until(Duration::from_secs(30), || log.lock().unwrap().len() >= 200).await;
     let status = handle.status();
     handle.shutdown_and_wait().await.expect("clean shutdown");
-    assert!(all, "{} handled: {status:?}", log.lock().unwrap().len());
+    assert!(
+        all,
+        "{} of 200 handled: {status:?}",
+        log.lock().unwrap().len()
+    );
 }
 
 async fn lost_metadata_is_provisioned_again(target: &RedisTarget, lose_everything: impl Fn()) {
@@ -334,20 +334,7 @@ async fn lost_metadata_is_provisioned_again(target: &RedisTarget, lose_everythin
     assert!(wait_until(Duration::from_secs(20), || log.lock().unwrap().len() >= 200).await);
     lose_everything();
     // The members notice on their next heartbeat and provision the stream again.
-    let keys = stream_listener::core::internals::keys::StreamKeys::new("orders").unwrap();
-    let mut recreated = false;
-    for _ in 0..200 {
-        if stream_listener::core::internals::store::load_stream_metadata(&mut conn, &keys)
-            .await
-            .unwrap()
-            .is_some()
-        {
-            recreated = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(recreated, "stream metadata not provisioned again");
+    provisioned_again(&mut conn).await;
     log.lock().unwrap().clear();
     publish(target, 20, 200).await;
     let all = wait_until(Duration::from_secs(30), || log.lock().unwrap().len() >= 200).await;

@@ -846,6 +846,33 @@ async fn kill_waiting_clients(conn: &mut RedisConnection) {
     }
 }
 
+/// A listener of `opts` (a 200 ms block, the stream's `shards` = 2) on the two shards, settled,
+/// whose entry on shard 1 was handled and acked: the state in which a scale-in to one shard
+/// retires shard 1 under its owner.
+async fn holding_shard_1_drained(
+    target: &RedisTarget,
+    conn: &mut RedisConnection,
+    recorder: &Arc<Recorder>,
+    mut opts: ListenerOptions,
+) -> ListenerHandle {
+    opts.block = Duration::from_millis(200);
+    opts.auto_create_shards = Some(2);
+    let listener = start_recording(target, recorder, opts, Duration::ZERO).await;
+    let (group, settled) = wait_for_group(conn, Duration::from_secs(30), |g| {
+        converged(g) && target_of(g).len() == 2
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+    let last = xadd_fields(conn, 1, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
+    let handled = wait_until(Duration::from_secs(10), || {
+        recorder.handled().contains(&(1, last.clone()))
+    })
+    .await;
+    assert!(handled, "{:?}", recorder.calls());
+    assert_eq!(wait_no_pending(conn, 1).await, 0);
+    listener
+}
+
 /// docs/design.md §8.11: `retire_drained` deletes a shard stream and its fence while a member
 /// still holds the shard (it learns of the retirement with a later heartbeat: 2 s here). Its
 /// next operation there meets the missing fence (strict: a fence refusal, then a raise) or the
@@ -861,21 +888,7 @@ async fn a_shard_retired_while_a_member_holds_it_is_never_created_again(mode: Fe
         Duration::from_secs(8),
         Duration::from_secs(3),
     );
-    opts.block = Duration::from_millis(200);
-    opts.auto_create_shards = Some(2);
-    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(20), |g| {
-        converged(g) && target_of(g).len() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
-    let last = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
-    let handled = wait_until(Duration::from_secs(10), || {
-        recorder.handled().contains(&(1, last.clone()))
-    })
-    .await;
-    assert!(handled, "{:?}", recorder.calls());
-    assert_eq!(wait_no_pending(&mut conn, 1).await, 0);
+    let listener = holding_shard_1_drained(&target, &mut conn, &recorder, opts).await;
 
     admin::scale(&mut conn, STREAM, 1).await.unwrap();
     // In strict mode the member's wait (an `XREADGROUP` that names the shard) ends with the
@@ -969,21 +982,7 @@ async fn a_shard_retired_under_its_owner_is_released_without_warnings() {
         Duration::from_secs(20),
         Duration::from_secs(10),
     );
-    opts.block = Duration::from_millis(200);
-    opts.auto_create_shards = Some(2);
-    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
-    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(30), |g| {
-        converged(g) && target_of(g).len() == 2
-    })
-    .await;
-    assert!(settled, "{group:#?}");
-    let last = xadd_fields(&mut conn, 1, &[("key", "k"), ("payload", r#"{"n":1}"#)]).await;
-    let handled = wait_until(Duration::from_secs(10), || {
-        recorder.handled().contains(&(1, last.clone()))
-    })
-    .await;
-    assert!(handled, "{:?}", recorder.calls());
-    assert_eq!(wait_no_pending(&mut conn, 1).await, 0);
+    let listener = holding_shard_1_drained(&target, &mut conn, &recorder, opts).await;
 
     admin::scale(&mut conn, STREAM, 1).await.unwrap();
     let report = admin::retire_drained(&mut conn, STREAM, Duration::ZERO)
