@@ -486,6 +486,26 @@ async fn keyspace_wait(cluster: &crate::testing::RedisCluster) -> (RedisConnecti
     (conn, wait)
 }
 
+/// `shard` registered with `wait` and an entry added to it; its first wait, which reads once
+/// after the subscription, ends; then a task waits from that entry (asserted still waiting
+/// 100 ms later). Returns the shard's slot and that task.
+async fn waiting_after_its_first_read(
+    wait: &SharedWait,
+    conn: &mut RedisConnection,
+    shard: &str,
+) -> (Arc<WaitSlot>, JoinHandle<WaitEnd>) {
+    let slot = Arc::new(wait.register(shard.to_owned()));
+    let id = xadd(conn, shard).await;
+    assert_eq!(
+        tokio::time::timeout(PROMPT, slot.wait(&id, LONG)).await,
+        Ok(WaitEnd::Woken)
+    );
+    let task = waiting(slot.clone(), &id, LONG);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished(), "the wait ended without an entry");
+    (slot, task)
+}
+
 /// `PUBSUB NUMSUB` of `key`'s keyspace channel, summed over the cluster's nodes.
 fn channel_subscribers(cluster: &crate::testing::RedisCluster, key: &str) -> i64 {
     cluster
@@ -583,16 +603,7 @@ async fn on_a_cluster_a_paused_master_does_not_hold_up_the_other_masters_shards(
         .find(|&i| cluster.is_master(i).unwrap() && i != master_of(&healthy))
         .unwrap();
     let (mut conn, wait) = keyspace_wait(&cluster).await;
-    let slot = Arc::new(wait.register(healthy.clone()));
-    let id = xadd(&mut conn, &healthy).await;
-    // Subscribed: the first wait reads once.
-    assert_eq!(
-        tokio::time::timeout(PROMPT, slot.wait(&id, LONG)).await,
-        Ok(WaitEnd::Woken)
-    );
-    let task = waiting(slot.clone(), &id, LONG);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!task.is_finished(), "the wait ended without an entry");
+    let (_slot, task) = waiting_after_its_first_read(&wait, &mut conn, &healthy).await;
 
     cluster.pause_node(paused).unwrap();
     let newcomer = waiting(Arc::new(wait.register(key(1))), "0-0", LONG);
@@ -621,16 +632,7 @@ async fn on_a_cluster_an_entry_added_while_notifications_were_briefly_off_is_rea
     cluster.notify_keyspace_events().unwrap();
     let (mut conn, wait) = keyspace_wait(&cluster).await;
     let shard = key(0);
-    let slot = Arc::new(wait.register(shard.clone()));
-    let id = xadd(&mut conn, &shard).await;
-    // Subscribed: the first wait reads once.
-    assert_eq!(
-        tokio::time::timeout(PROMPT, slot.wait(&id, LONG)).await,
-        Ok(WaitEnd::Woken)
-    );
-    let task = waiting(slot.clone(), &id, LONG);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!task.is_finished(), "the wait ended without an entry");
+    let (_slot, task) = waiting_after_its_first_read(&wait, &mut conn, &shard).await;
 
     cluster.set_notify_keyspace_events("").unwrap();
     xadd(&mut conn, &shard).await;
