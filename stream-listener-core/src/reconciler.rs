@@ -231,8 +231,7 @@ impl Reconciler {
         match response.status {
             HeartbeatStatus::Retry => {}
             HeartbeatStatus::UnknownMemberId | HeartbeatStatus::FencedMemberEpoch => {
-                self.clear();
-                self.epoch = JOIN_EPOCH;
+                self.rejoin();
                 changes.stop_all = true;
             }
             HeartbeatStatus::FencedInstanceId => {
@@ -315,9 +314,9 @@ impl Reconciler {
         }
     }
 
-    /// Forgets every shard and joins again at the next request, as after a fencing status:
-    /// for a member holding shards the stream no longer has (created again with fewer shards),
-    /// which the coordinator refuses to hear of.
+    /// Forgets every shard and joins again at the next request: after a fencing status, and for
+    /// a member holding shards the stream no longer has (created again with fewer shards), which
+    /// the coordinator refuses to hear of.
     pub(crate) fn rejoin(&mut self) {
         self.clear();
         self.epoch = JOIN_EPOCH;

@@ -146,23 +146,9 @@ impl Member {
                     if let StoreError::Coordinator(
                         crate::coordinator::CoordinatorError::ShardOutOfRange { .. },
                     ) = &error
+                        && !self.rejoin_without_shards(&mut shards).await
                     {
-                        let epoch = {
-                            let mut reconciler = self.ctx.shared.lock();
-                            let epoch = reconciler.epoch();
-                            reconciler.rejoin();
-                            epoch
-                        };
-                        let mut stopped = Vec::new();
-                        self.stop_all(
-                            &mut shards,
-                            epoch,
-                            "shard stopped: the stream no longer has it; joining again",
-                            &mut stopped,
-                        );
-                        if !self.await_stopped(stopped).await {
-                            return Vec::new();
-                        }
+                        return Vec::new();
                     }
                     // Rate-limited: the first failure and then every tenth.
                     if failures == 1 || failures.is_multiple_of(10) {
@@ -310,6 +296,25 @@ impl Member {
         // Re-raised tokens are picked up by the shard tasks themselves (they compare the token
         // they raised with the current one before every operation).
         false
+    }
+
+    /// Stops every shard task, waits for them and forgets them, so the next request joins again
+    /// with nothing. Returns `false` when the member was shut down meanwhile.
+    async fn rejoin_without_shards(&self, shards: &mut BTreeMap<ShardIndex, Running>) -> bool {
+        let epoch = {
+            let mut reconciler = self.ctx.shared.lock();
+            let epoch = reconciler.epoch();
+            reconciler.rejoin();
+            epoch
+        };
+        let mut stopped = Vec::new();
+        self.stop_all(
+            shards,
+            epoch,
+            "shard stopped: the stream no longer has it; joining again",
+            &mut stopped,
+        );
+        self.await_stopped(stopped).await
     }
 
     /// Stops every shard task (moved to `stopped`, which the caller waits for before the

@@ -139,10 +139,8 @@ type Events = futures_util::stream::BoxStream<'static, Option<redis::Msg>>;
 /// What [`subscribe_all`] set up: the masters, a sink per master to change the channels, their
 /// merged events, and the shard keys whose channels are subscribed on every master.
 struct Subscribed {
-    masters: BTreeSet<(String, u16)>,
-    /// Each master's `CONFIG SET` calls when its `notify-keyspace-events` was read; `None` where
-    /// `INFO` did not answer (the periodic check then reads the configuration itself).
-    config_sets: ConfigSets,
+    /// The masters subscribed on.
+    masters: ConfigSets,
     sinks: Vec<PubSubSink>,
     events: Events,
     keys: BTreeSet<String>,
@@ -150,17 +148,16 @@ struct Subscribed {
     version: u64,
 }
 
-/// Each master's `CONFIG SET` calls, as counted by its `INFO commandstats`.
+/// Each master (`(host, port)`) with its `CONFIG SET` calls (`INFO commandstats`) when its
+/// `notify-keyspace-events` was read; `None` where `INFO` did not answer (the periodic check then
+/// reads the configuration itself).
 type ConfigSets = BTreeMap<(String, u16), Option<u64>>;
 
 /// `step` on one master, given up after [`CHANNEL_CHANGE_TIMEOUT`].
 async fn bounded<T>(
     step: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, Unavailable> {
-    match tokio::time::timeout(CHANNEL_CHANGE_TIMEOUT, step).await {
-        Ok(result) => Ok(result?),
-        Err(_) => Err(Unavailable::NoAnswer),
-    }
+    bounded_answer(async { Ok(step.await?) }).await
 }
 
 /// The keyspace channel of shard stream `key` (database 0: a cluster has no other). `SUBSCRIBE`
@@ -176,17 +173,17 @@ async fn subscribe_all(inner: &Inner) -> Result<Subscribed, Unavailable> {
     // Until every channel is subscribed again, no shard counts as subscribed: a task that
     // waits meanwhile waits for the subscription, which then wakes it to read once.
     inner.unsubscribed_all();
-    let masters = bounded_answer(masters(inner)).await?;
-    let mut sinks = Vec::with_capacity(masters.len());
-    let mut streams = Vec::with_capacity(masters.len());
-    let mut config_sets = ConfigSets::new();
-    for (host, port) in &masters {
+    let found = bounded_answer(masters(inner)).await?;
+    let mut sinks = Vec::with_capacity(found.len());
+    let mut streams = Vec::with_capacity(found.len());
+    let mut masters = ConfigSets::new();
+    for (host, port) in &found {
         // Counted before the configuration is read: a change after the read shows as a count
         // that moved.
         let sets = bounded_answer(config_sets_on(inner, host, *port))
             .await
             .ok();
-        config_sets.insert((host.clone(), *port), sets);
+        masters.insert((host.clone(), *port), sets);
         bounded_answer(check_events_on(inner, host, *port)).await?;
         let client = inner.target.cluster_node_client(host, *port)?;
         let (sink, stream) = bounded(client.get_async_pubsub()).await?.split();
@@ -200,7 +197,6 @@ async fn subscribe_all(inner: &Inner) -> Result<Subscribed, Unavailable> {
     inner.set_available(true);
     let mut subscribed = Subscribed {
         masters,
-        config_sets,
         sinks,
         events: futures_util::stream::select_all(streams).boxed(),
         keys: BTreeSet::new(),
@@ -388,9 +384,7 @@ async fn listen(inner: &Inner, mut subscribed: Subscribed) -> Option<Unavailable
                 Some(None) | None => return Some(Unavailable::Changed),
             },
             _ = check_due.tick(), if checking.is_terminated() => {
-                let masters = subscribed.masters.clone();
-                let config_sets = subscribed.config_sets.clone();
-                checking.set(still_subscribed(inner, masters, config_sets).fuse());
+                checking.set(still_subscribed(inner, subscribed.masters.clone()).fuse());
             }
             changed = &mut checking, if !checking.is_terminated() => {
                 if changed.is_some() {
@@ -411,19 +405,14 @@ async fn listen(inner: &Inner, mut subscribed: Subscribed) -> Option<Unavailable
 /// `None` while the masters are those subscribed on and none has served a `CONFIG SET` since
 /// (or, where `INFO` did not answer, each still publishes the events); otherwise why not. A
 /// check that gets no answer from the cluster changes nothing (the subscriptions may be fine).
-async fn still_subscribed(
-    inner: &Inner,
-    masters: BTreeSet<(String, u16)>,
-    config_sets: ConfigSets,
-) -> Option<Unavailable> {
+async fn still_subscribed(inner: &Inner, masters: ConfigSets) -> Option<Unavailable> {
     match self::masters(inner).await {
-        Ok(now) if now != masters => return Some(Unavailable::Changed),
+        Ok(now) if !now.iter().eq(masters.keys()) => return Some(Unavailable::Changed),
         Ok(_) => {}
         Err(error) => tracing::debug!(%error, "checking the cluster's masters failed"),
     }
-    for (host, port) in &masters {
-        let counted = config_sets.get(&(host.clone(), *port)).copied().flatten();
-        match (counted, config_sets_on(inner, host, *port).await) {
+    for ((host, port), counted) in &masters {
+        match (*counted, config_sets_on(inner, host, *port).await) {
             // Its configuration is as it was when subscribed.
             (Some(counted), Ok(now)) if now == counted => continue,
             // A `CONFIG SET` since: the events may have been off for a moment, and an entry
