@@ -277,7 +277,7 @@ fn usage_errors_exit_2() {
 }
 
 #[tokio::test]
-async fn operation_errors_exit_1_with_what_to_do() {
+async fn operation_errors_exit_1_and_wrong_arguments_exit_2_with_what_to_do() {
     let server = RedisServer::start().unwrap();
     let url = server.url();
     let (code, out, err) = cli(&url, &["stream", "describe", "orders"]);
@@ -286,14 +286,15 @@ async fn operation_errors_exit_1_with_what_to_do() {
         err,
         "error: stream \"orders\" does not exist (no key sl:{orders}:stream); create it with `stream-listener stream create orders --shards N`, or set `shards` for it in the config so it is created at startup\n"
     );
+    // Arguments wrong in themselves are usage errors (2), whatever Redis holds.
     let (code, _, err) = cli(&url, &["stream", "create", "orders", "--shards", "0"]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         err.starts_with("error: a stream needs at least 1 shard, not 0"),
         "{err}"
     );
     let (code, _, err) = cli(&url, &["stream", "create", "{orders}", "--shards", "2"]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(err.contains("not allowed"), "{err}");
     let (code, _, _) = cli(&url, &["stream", "create", "orders", "--shards", "2"]);
     assert_eq!(code, 0);
@@ -415,6 +416,20 @@ async fn scale_retire_and_group_commands() {
         "STREAM  SHARDS  VERSION  GROUPS  MIGRATION\n\
          orders  2       9        -       -\n"
     );
+
+    // One shard is named in the singular.
+    let (code, out, _) = cli(&url, &["stream", "scale", "orders", "3"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        "scaled out orders from 2 to 3 shards: shard 2 provisioned and ACTIVE (metadataVersion 10)\n"
+    );
+    let (code, out, _) = cli(&url, &["stream", "scale", "orders", "2"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("scale-in of orders from 3 to 2 shards started: shard 2 is DRAINING (metadataVersion 11);"),
+        "{out}"
+    );
 }
 
 #[tokio::test]
@@ -511,8 +526,8 @@ async fn group_reset_and_stream_delete_print_results_and_exit_codes() {
     assert_eq!(json["shards"][0]["entriesRead"], 2);
 
     for (args, code, needle) in [
-        (vec!["--shift-by", "0"], 1, "--shift-by 0 moves nothing"),
-        (vec!["--to", "2999-01-01T00:00:00Z"], 1, "in the future"),
+        (vec!["--shift-by", "0"], 2, "--shift-by 0 moves nothing"),
+        (vec!["--to", "2999-01-01T00:00:00Z"], 2, "in the future"),
         (vec!["--to", "latest", "--shards", "0,5"], 1, "shard 5"),
         (vec!["--shift-by", "x"], 2, "invalid value"),
         (vec!["--to", "yesterday"], 2, "RFC 3339"),
@@ -687,13 +702,13 @@ async fn group_cleanup_lists_then_deletes_idle_consumers_of_members_that_left() 
     );
     assert_eq!(json["shards"][0]["kept"][0]["reason"], "liveMember");
 
-    for (args, names) in [
-        (["group", "cleanup", "orders", "nobody"], "\"nobody\""),
-        (["group", "cleanup", "nowhere", "billing"], "\"nowhere\""),
-        (["group", "cleanup", "orders", "a:b"], "a:b"),
+    for (args, expected_code, names) in [
+        (["group", "cleanup", "orders", "nobody"], 1, "\"nobody\""),
+        (["group", "cleanup", "nowhere", "billing"], 1, "\"nowhere\""),
+        (["group", "cleanup", "orders", "a:b"], 2, "a:b"),
     ] {
         let (code, out, err) = cli(&url, &args);
-        assert_eq!((code, out.as_str()), (1, ""), "{args:?}: {err}");
+        assert_eq!((code, out.as_str()), (expected_code, ""), "{args:?}: {err}");
         assert!(
             err.starts_with("error: ") && err.contains(names),
             "{args:?}: {err}"

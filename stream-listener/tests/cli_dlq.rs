@@ -262,7 +262,7 @@ async fn dlq_list_show_replay_and_purge_through_the_tool() {
         "error: no dead letter 1-1 in orders:dlq:billing; nothing was done; list the dead letters with `stream-listener dlq list`\n"
     );
     let (code, _, err) = cli(&["dlq", "show", "orders", "billing", "nope"]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         err.starts_with("error: \"nope\" is not a stream entry id"),
         "{err}"

@@ -271,6 +271,26 @@ impl AdminError {
         }
     }
 
+    /// Whether the operation's arguments are wrong in themselves, whatever Redis holds: a name
+    /// that cannot be used, a shard count of 0 or above the limit, a shift of 0, a reset time in
+    /// the future, an entry id, dead-letter reason, selection or retention bound that cannot be
+    /// used. The command-line tool exits with code 2 (usage error) then; errors that depend on
+    /// what Redis holds (an unknown stream, a shard the stream lacks) are operation failures.
+    pub fn is_invalid_argument(&self) -> bool {
+        matches!(
+            self,
+            AdminError::InvalidName(_)
+                | AdminError::ZeroShards { .. }
+                | AdminError::TooManyShards { .. }
+                | AdminError::ZeroShift
+                | AdminError::ResetTimeInFuture { .. }
+                | AdminError::InvalidEntryId { .. }
+                | AdminError::UnknownDeadLetterReason { .. }
+                | AdminError::InvalidSelection { .. }
+                | AdminError::InvalidRetention(_)
+        )
+    }
+
     /// Whether Redis refused a command or key for the user's ACL rule
     /// ([`RedisFailure::NoPermission`], README "ACL users"): the command-line tool then says
     /// which key patterns the admin rule needs.

@@ -72,6 +72,8 @@ impl From<AdminError> for Failure {
             Failure::Unreachable(format!(
                 "lost the connection to Redis: {text}; check that Redis is up, then retry"
             ))
+        } else if err.is_invalid_argument() {
+            Failure::Usage(text)
         } else {
             Failure::Operation(text)
         }

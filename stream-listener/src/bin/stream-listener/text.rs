@@ -53,21 +53,36 @@ fn upper<T: Serialize>(value: &T) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// `shard 4` or `shards 2-3,5`.
+fn named_shards(indexes: &[u32]) -> String {
+    let noun = if indexes.len() == 1 {
+        "shard"
+    } else {
+        "shards"
+    };
+    format!("{noun} {}", shards(indexes))
+}
+
 pub(crate) fn scale_text(outcome: &ScaleOutcome) -> String {
     let prefix = &outcome.stream_prefix;
     let version = outcome.metadata_version;
     match outcome.action {
         ScaleAction::ScaleOut => format!(
-            "scaled out {prefix} from {} to {} shards: shards {} provisioned and ACTIVE (metadataVersion {version})\n",
+            "scaled out {prefix} from {} to {} shards: {} provisioned and ACTIVE (metadataVersion {version})\n",
             outcome.from_shard_count,
             outcome.to_shard_count,
-            shards(&outcome.provisioned)
+            named_shards(&outcome.provisioned)
         ),
         ScaleAction::ScaleIn => format!(
-            "scale-in of {prefix} from {} to {} shards started: shards {} are DRAINING (metadataVersion {version}); producers no longer route to them and members keep consuming them; run `stream-listener stream retire {prefix}` to retire them once consumed\n",
+            "scale-in of {prefix} from {} to {} shards started: {} {} DRAINING (metadataVersion {version}); producers no longer route to them and members keep consuming them; run `stream-listener stream retire {prefix}` to retire them once consumed\n",
             outcome.from_shard_count,
             outcome.to_shard_count,
-            shards(&outcome.draining)
+            named_shards(&outcome.draining),
+            if outcome.draining.len() == 1 {
+                "is"
+            } else {
+                "are"
+            }
         ),
         ScaleAction::Unchanged => match &outcome.migration {
             Some(m) => format!(
