@@ -302,7 +302,7 @@ impl ShardTask {
         error: &str,
         attempts: u32,
     ) -> Result<(), DataPlaneError> {
-        tracing::warn!(entry = %entry.id, ?reason, attempts, error, "dead-lettering entry");
+        tracing::warn!(entry = %entry.id, %reason, attempts, error, "dead-lettering entry");
         self.client
             .clone()
             .dead_letter(self.shard, entry, reason, error, attempts)

@@ -100,7 +100,10 @@ pub enum StoreError {
     #[error(transparent)]
     Coordinator(#[from] CoordinatorError),
     /// Redis did not answer a heartbeat in time (the member keeps its work until its lease ends).
-    #[error("heartbeat got no answer within {0:?}; Redis is slow or unreachable")]
+    #[error(
+        "heartbeat got no answer within {} ms; Redis is slow or unreachable",
+        .0.as_millis()
+    )]
     Timeout(std::time::Duration),
     /// Too many concurrent changes: the compare-and-set kept failing.
     #[error(

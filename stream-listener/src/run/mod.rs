@@ -357,7 +357,10 @@ async fn provision_retention(
         .await
         .map_err(redis)?
     {
-        tracing::info!(stream = %prefix, ?previous, current = ?retention, "stream retention set from the configuration");
+        // As stored: the `retention` field's JSON (`null`: none).
+        let previous = serde_json::to_string(&previous).unwrap_or_default();
+        let current = serde_json::to_string(retention).unwrap_or_default();
+        tracing::info!(stream = %prefix, %previous, %current, "stream retention set from the configuration");
     }
     Ok(())
 }
