@@ -888,3 +888,58 @@ async fn a_dead_letter_with_a_binary_field_name_is_skipped_and_kept_by_replay() 
     assert_eq!(dead_letter_ids(&mut conn).await, ["7-0"]);
     assert_eq!(shard_len(&mut conn).await, before, "nothing was published");
 }
+
+/// A new user's crash test: a member killed after writing a dead letter but before its ack
+/// leaves the entry to the next owner, which dead-letters it again, so two dead letters name
+/// one source entry. A replay publishes that entry once and removes both (a dry run says so and
+/// removes nothing).
+#[tokio::test]
+async fn two_dead_letters_of_one_entry_are_replayed_once() {
+    let (_serial, _server, _target, mut conn, _) = Context::start(1).await.parts();
+    old_dead_letter(&mut conn, "1000000000000-0", "handler").await;
+    old_dead_letter(&mut conn, "1000000000000-1", "max-deliveries").await;
+    let shard_len = |conn: &mut RedisConnection| {
+        let mut conn = conn.clone();
+        async move { conn.xlen::<_, u64>("{orders:0}").await.unwrap() }
+    };
+    let before = shard_len(&mut conn).await;
+    let duplicates = |report: &admin::ReplayReport| -> Vec<(String, String, bool)> {
+        report
+            .duplicates
+            .iter()
+            .map(|d| (d.id.clone(), d.duplicate_of.clone(), d.removed))
+            .collect()
+    };
+
+    let dry = admin::replay_dead_letters(&mut conn, STREAM, GROUP, DeadLetterSelection::All, true)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = dry.replayed.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["1000000000000-0"]);
+    assert_eq!(
+        duplicates(&dry),
+        [(
+            "1000000000000-1".to_owned(),
+            "1000000000000-0".to_owned(),
+            false
+        )]
+    );
+    assert_eq!(dlq_len(&mut conn).await, 2, "a dry run removes nothing");
+
+    let report =
+        admin::replay_dead_letters(&mut conn, STREAM, GROUP, DeadLetterSelection::All, false)
+            .await
+            .unwrap();
+    let ids: Vec<&str> = report.replayed.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["1000000000000-0"]);
+    assert_eq!(
+        duplicates(&report),
+        [(
+            "1000000000000-1".to_owned(),
+            "1000000000000-0".to_owned(),
+            true
+        )]
+    );
+    assert_eq!(dlq_len(&mut conn).await, 0);
+    assert_eq!(shard_len(&mut conn).await, before + 1, "published once");
+}

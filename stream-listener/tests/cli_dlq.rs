@@ -368,3 +368,43 @@ async fn dlq_list_and_replay_on_a_cluster() {
         format!("purged 1 dead letter from orders:dlq:billing: {b}\n")
     );
 }
+
+/// Two dead letters of one entry (written twice after a crash between the dead letter and the
+/// ack): the replay publishes the entry once and says it removed the second.
+#[tokio::test]
+async fn dlq_replay_publishes_an_entry_dead_lettered_twice_once() {
+    let server = RedisServer::start().unwrap();
+    let url = vec!["--redis-url".to_owned(), server.url()];
+    let mut conn = connect(RedisTarget::standalone(server.url())).await;
+    admin::create_stream(&mut conn, "orders", 1).await.unwrap();
+    admin::register_group(&mut conn, "orders", "billing", StartFrom::Earliest)
+        .await
+        .unwrap();
+    for id in ["1-0", "2-0"] {
+        let fields = [
+            ("sourceStream", "{orders:0}"),
+            ("sourceId", "5-0"),
+            ("shard", "0"),
+            ("group", "billing"),
+            ("reason", "handler"),
+            ("error", "boom"),
+            ("attempts", "3"),
+            ("key", "a"),
+            ("payload", r#"{"n":1}"#),
+        ];
+        let _: String = conn.xadd(DLQ, id, &fields).await.unwrap();
+    }
+
+    let (code, out, err) = cli_with(&url, &["dlq", "replay", "orders", "billing", "--all"]);
+    assert_eq!((code, err.as_str()), (0, ""), "{out}");
+    assert!(
+        out.starts_with("replayed 1 dead letter of orders:dlq:billing:\n"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("removed 1 dead letter naming an entry replayed above (dead-lettered twice, which at-least-once delivery allows):\n  2-0 (same entry as 1-0)\n"),
+        "{out}"
+    );
+    assert_eq!(conn.xlen::<_, u64>(DLQ).await.unwrap(), 0);
+    assert_eq!(conn.xlen::<_, u64>("{orders:0}").await.unwrap(), 1);
+}

@@ -238,6 +238,25 @@ pub enum AdminError {
         #[source]
         source: Box<redis::RedisError>,
     },
+    /// A replay found a second dead letter of an entry it had replayed, but removing it (`XDEL`)
+    /// failed: it is still in the dead-letter stream, and a later replay would publish the entry
+    /// again.
+    #[error(
+        "dead letter {dead_letter} names the same entry as {duplicate_of}, which was replayed ({replayed} replayed in all), but removing it from {dead_letter_stream} failed; remove it with `stream-listener dlq purge --id {dead_letter}` (a replay would publish the entry twice), then replay the rest"
+    )]
+    DuplicateNotRemoved {
+        /// The duplicate dead letter.
+        dead_letter: String,
+        /// The dead letter replayed for the same entry.
+        duplicate_of: String,
+        /// The dead-letter stream key.
+        dead_letter_stream: String,
+        /// Dead letters replayed in this run.
+        replayed: usize,
+        /// Redis's error (boxed: it is large).
+        #[source]
+        source: Box<redis::RedisError>,
+    },
     /// A retention bound of 0 or an absurd one (docs/design.md §10.9). Nothing was written.
     #[error(transparent)]
     InvalidRetention(#[from] RetentionError),
@@ -264,7 +283,8 @@ impl AdminError {
                 crate::producer::PublishError::Redis(err) => RedisFailure::of(err).is_unreachable(),
                 _ => false,
             },
-            AdminError::ReplayNotRemoved { source, .. } => {
+            AdminError::ReplayNotRemoved { source, .. }
+            | AdminError::DuplicateNotRemoved { source, .. } => {
                 RedisFailure::of(source).is_unreachable()
             }
             _ => false,
@@ -302,7 +322,8 @@ impl AdminError {
                 crate::producer::PublishError::NoPermission { .. } => return true,
                 _ => return false,
             },
-            AdminError::ReplayNotRemoved { source, .. } => RedisFailure::of(source),
+            AdminError::ReplayNotRemoved { source, .. }
+            | AdminError::DuplicateNotRemoved { source, .. } => RedisFailure::of(source),
             _ => return false,
         };
         failure == RedisFailure::NoPermission

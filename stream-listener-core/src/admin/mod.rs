@@ -53,9 +53,9 @@ pub use describe::{
 };
 pub use dlq::{
     DEFAULT_DEAD_LETTER_PAGE, DeadLetter, DeadLetterPage, DeadLetterSelection, DeadLetterSummary,
-    EntryField, MAX_DEAD_LETTER_PAGE, PURGE_ID_LIMIT, PurgeReport, ReplayReport, ReplaySkip,
-    Replayed, SkipReason, list_dead_letters, parse_dead_letter_reason, purge_dead_letters,
-    replay_dead_letters, show_dead_letter,
+    EntryField, MAX_DEAD_LETTER_PAGE, PURGE_ID_LIMIT, PurgeReport, ReplayDuplicate, ReplayReport,
+    ReplaySkip, Replayed, SkipReason, list_dead_letters, parse_dead_letter_reason,
+    purge_dead_letters, replay_dead_letters, show_dead_letter,
 };
 pub use error::AdminError;
 pub use group::{DeletedGroup, delete_group, delete_group_with, register_group};

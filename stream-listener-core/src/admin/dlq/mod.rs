@@ -23,7 +23,9 @@ use crate::model::ShardIndex;
 use crate::store::StoreError;
 
 pub use purge::{PURGE_ID_LIMIT, PurgeReport, purge_dead_letters};
-pub use replay::{ReplayReport, ReplaySkip, Replayed, SkipReason, replay_dead_letters};
+pub use replay::{
+    ReplayDuplicate, ReplayReport, ReplaySkip, Replayed, SkipReason, replay_dead_letters,
+};
 pub use select::DeadLetterSelection;
 
 /// The default page size of [`list_dead_letters`] (the tool's `--count`).

@@ -1,6 +1,8 @@
 //! Replaying dead letters: re-publishing the original entry through the producer's routing,
 //! then removing the dead letter (docs/design.md §10.8).
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use super::select::{Cursor, DeadLetterSelection};
@@ -81,6 +83,23 @@ pub struct ReplaySkip {
     pub skipped: SkipReason,
 }
 
+/// A selected dead letter that names the same source entry (`sourceStream` and `sourceId`) as
+/// one replayed earlier in the same run: the entry was dead-lettered twice, which at-least-once
+/// delivery allows (an owner that wrote the dead letter but died before its ack leaves the entry
+/// to the next owner, which dead-letters it again). It is removed without publishing, so the
+/// replay publishes each entry once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayDuplicate {
+    /// The dead letter's id.
+    pub id: String,
+    /// The dead letter replayed in its place.
+    pub duplicate_of: String,
+    /// Whether `XDEL` removed it (`false` in a dry run, or when something else removed it
+    /// first).
+    pub removed: bool,
+}
+
 /// What [`replay_dead_letters`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -99,6 +118,9 @@ pub struct ReplayReport {
     pub replayed: Vec<Replayed>,
     /// The selected dead letters that cannot be replayed; all kept.
     pub skipped: Vec<ReplaySkip>,
+    /// The selected dead letters whose source entry was replayed earlier in this run: removed,
+    /// not published again.
+    pub duplicates: Vec<ReplayDuplicate>,
     /// The other consumer groups registered on the stream. A replayed entry is a new entry of the
     /// shard stream, so they receive it too: for a group that had handled the original, a second
     /// copy.
@@ -151,7 +173,9 @@ fn replayable(raw: &RawDeadLetter) -> Result<Replayable<'_>, SkipReason> {
 ///
 /// A dead letter without payload fields (dead-lettered by id: trimmed or too large), without a
 /// single `key` field, or without the fixed fields is skipped and kept, and listed in
-/// [`ReplayReport::skipped`]. Scans ([`DeadLetterSelection::All`], `Reason`, `OlderThan`) stop at
+/// [`ReplayReport::skipped`]. A dead letter of the same source entry (`sourceStream`, `sourceId`)
+/// as one replayed earlier in the run is removed without publishing
+/// ([`ReplayReport::duplicates`]): each entry is published once. Scans ([`DeadLetterSelection::All`], `Reason`, `OlderThan`) stop at
 /// the last dead letter present at the start, so an entry that fails again and is dead-lettered
 /// anew is not replayed twice in one run. `dry_run` reads and routes but publishes and removes
 /// nothing. A selection that matches nothing is an empty report, not an error. The entry goes
@@ -180,11 +204,20 @@ pub async fn replay_dead_letters(
         dry_run,
         replayed: Vec::new(),
         skipped: Vec::new(),
+        duplicates: Vec::new(),
         other_groups: dlq.other_groups.clone(),
     };
     let mut publisher: Option<Publisher> = None;
+    // Source entry (`sourceStream`, `sourceId`) → the dead letter replayed for it in this run.
+    let mut replayed_sources: HashMap<(String, String), String> = HashMap::new();
     while let Some(page) = cursor.next(conn, &dlq).await? {
         for raw in &page {
+            let source = (raw.text("sourceStream"), raw.text("sourceId"));
+            if let Some(first) = replayed_sources.get(&source) {
+                let duplicate = remove_duplicate(conn, &dlq, raw, first, dry_run, &report).await?;
+                report.duplicates.push(duplicate);
+                continue;
+            }
             let entry = match replayable(raw) {
                 Ok(entry) => entry,
                 Err(skipped) => {
@@ -211,10 +244,46 @@ pub async fn replay_dead_letters(
             } else {
                 publish_then_remove(conn, &dlq, publisher, raw, entry, &report).await?
             };
+            if !source.1.is_empty() {
+                replayed_sources.insert(source, raw.id.clone());
+            }
             report.replayed.push(replayed);
         }
     }
     Ok(report)
+}
+
+/// Removes `raw`, a second dead letter of the entry `first` was replayed for (in a dry run,
+/// only reports it).
+async fn remove_duplicate(
+    conn: &mut RedisConnection,
+    dlq: &DeadLetterStream,
+    raw: &RawDeadLetter,
+    first: &str,
+    dry_run: bool,
+    report: &ReplayReport,
+) -> Result<ReplayDuplicate, AdminError> {
+    let removed = if dry_run {
+        false
+    } else {
+        let removed = dlq
+            .delete(conn, &[raw.id.as_str()])
+            .await
+            .map_err(|source| AdminError::DuplicateNotRemoved {
+                dead_letter: raw.id.clone(),
+                duplicate_of: first.to_owned(),
+                dead_letter_stream: dlq.key.clone(),
+                replayed: report.replayed.len(),
+                source: Box::new(source),
+            })?;
+        tracing::info!(group = %dlq.group, dead_letter = %raw.id, duplicate_of = first, "dead letter of an entry already replayed removed");
+        removed == 1
+    };
+    Ok(ReplayDuplicate {
+        id: raw.id.clone(),
+        duplicate_of: first.to_owned(),
+        removed,
+    })
 }
 
 /// A publisher that checks the routing before every publish (a replay follows the stream's

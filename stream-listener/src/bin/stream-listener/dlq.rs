@@ -365,6 +365,16 @@ fn replay_text(r: &ReplayReport) -> String {
             r.stream_prefix
         ));
     }
+    if !r.duplicates.is_empty() {
+        out.push_str(&format!(
+            "{} {} naming an entry replayed above (dead-lettered twice, which at-least-once delivery allows):\n",
+            if r.dry_run { "would remove" } else { "removed" },
+            dead_letters(r.duplicates.len() as u64)
+        ));
+        for d in &r.duplicates {
+            out.push_str(&format!("  {} (same entry as {})\n", d.id, d.duplicate_of));
+        }
+    }
     if !r.skipped.is_empty() {
         out.push_str(&format!("skipped {} (kept):\n", r.skipped.len()));
         for s in &r.skipped {
