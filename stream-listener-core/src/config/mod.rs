@@ -58,7 +58,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use validate::{check_instance_id, check_redis_url};
+use validate::{check_instance_id, check_listen_addr, check_redis_url};
 
 pub use crate::runtime::DEFAULT_METRICS_INTERVAL;
 pub use error::{ConfigError, Location};
@@ -75,6 +75,9 @@ pub const REDIS_URL_ENV: &str = "REDIS_URL";
 /// Environment variable overriding `[member] instance_id`, so pods sharing one file stay
 /// distinct.
 pub const INSTANCE_ID_ENV: &str = "STREAM_LISTENER_INSTANCE_ID";
+/// Environment variable overriding `[observability] listen`, so processes sharing one file on
+/// one host bind different ports.
+pub const LISTEN_ENV: &str = "STREAM_LISTENER_OBSERVABILITY_LISTEN";
 /// The Redis URL used when neither `url`, `cluster_nodes` nor `REDIS_URL` is given.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// The largest shard count `[streams.<prefix>] shards` accepts (the admin limit).
@@ -197,12 +200,13 @@ impl Config {
         Ok(config)
     }
 
-    /// Applies `REDIS_URL` and `STREAM_LISTENER_INSTANCE_ID` from `env` (empty values are
-    /// ignored).
+    /// Applies `REDIS_URL`, `STREAM_LISTENER_INSTANCE_ID` and
+    /// `STREAM_LISTENER_OBSERVABILITY_LISTEN` from `env` (empty values are ignored).
     ///
     /// # Errors
     /// [`ConfigError::Env`] for a `REDIS_URL` that does not parse, one given while the file
-    /// configures `cluster_nodes`, or an unusable instance id.
+    /// configures `cluster_nodes`, an unusable instance id, or a listen address that is not an
+    /// IP address and port.
     pub fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         if let Some(url) = env(REDIS_URL_ENV).filter(|v| !v.is_empty()) {
             let invalid = |message: String| ConfigError::Env {
@@ -225,6 +229,14 @@ impl Config {
                 message,
             })?;
             self.member.instance_id = Some(id);
+        }
+        if let Some(listen) = env(LISTEN_ENV).filter(|v| !v.is_empty()) {
+            check_listen_addr(&listen).map_err(|message| ConfigError::Env {
+                var: LISTEN_ENV,
+                value: listen.clone(),
+                message,
+            })?;
+            self.observability.listen = Some(listen);
         }
         Ok(())
     }

@@ -345,6 +345,31 @@ fn environment_overrides() {
         "{err}"
     );
 
+    // Two processes on one host share a file but not the HTTP port.
+    let listen: HashMap<&str, String> = [
+        (CONFIG_ENV, path.display().to_string()),
+        (LISTEN_ENV, "127.0.0.1:9475".to_owned()),
+    ]
+    .into();
+    let config = Config::load_with_env(|k| listen.get(k).cloned()).unwrap();
+    assert_eq!(
+        config.listen_addr().unwrap(),
+        Some("127.0.0.1:9475".parse().unwrap())
+    );
+    let bad_listen: HashMap<&str, String> = [(LISTEN_ENV, "localhost:9475".to_owned())].into();
+    let err = Config::load_with_env(|k| bad_listen.get(k).cloned()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::Env {
+                var: "STREAM_LISTENER_OBSERVABILITY_LISTEN",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("\"127.0.0.1:9464\""), "{err}");
+
     let missing: HashMap<&str, String> =
         [(CONFIG_ENV, dir.join("nope.toml").display().to_string())].into();
     let err = Config::load_with_env(|k| missing.get(k).cloned()).unwrap_err();

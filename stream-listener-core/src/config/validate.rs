@@ -73,14 +73,9 @@ impl Config {
         let Some(listen) = &self.observability.listen else {
             return Ok(None);
         };
-        listen.parse().map(Some).map_err(|e| {
-            self.invalid(
-                &["observability", "listen"],
-                format!(
-                    "{listen:?} is not a socket address ({e}); write an IP address and a port, e.g. \"127.0.0.1:9464\", \"0.0.0.0:9464\" (every interface) or \"[::]:9464\", or remove the key for no HTTP listener"
-                ),
-            )
-        })
+        check_listen_addr(listen)
+            .map(Some)
+            .map_err(|message| self.invalid(&["observability", "listen"], message))
     }
 
     pub(super) fn validate_redis(&self) -> Result<(), ConfigError> {
@@ -338,6 +333,15 @@ pub(super) fn check_redis_url(url: &str) -> Result<(), String> {
                 redact_url(url)
             )
         })
+}
+
+/// `listen` parsed as a socket address, or what to write instead.
+pub(super) fn check_listen_addr(listen: &str) -> Result<std::net::SocketAddr, String> {
+    listen.parse().map_err(|e| {
+        format!(
+            "{listen:?} is not a socket address ({e}); write an IP address and a port, e.g. \"127.0.0.1:9464\", \"0.0.0.0:9464\" (every interface) or \"[::]:9464\", or remove the key for no HTTP listener"
+        )
+    })
 }
 
 pub(super) fn check_instance_id(id: &str) -> Result<(), String> {
