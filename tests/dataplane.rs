@@ -1218,3 +1218,31 @@ async fn a_corrupt_attempt_count_is_dropped_and_counted_again() {
     let stored: Vec<(String, u64)> = conn.hgetall(&attempts).await.unwrap();
     assert_eq!(stored, vec![("g|1-0".to_owned(), 1)]);
 }
+
+/// A key overwritten with another Redis type (a string where the shard stream or its fence
+/// was): the error says so and that retrying cannot help, not "check that Redis is up" (found by
+/// a hostile test: the shard stalled behind that advice).
+#[tokio::test]
+async fn a_key_of_another_type_is_an_error_that_says_so() {
+    let server = RedisServer::start().unwrap();
+    let mut conn = connect(&RedisTarget::standalone(server.url())).await;
+    let a5 = token(1, 5, "a");
+    let mut a = client(&conn, "orders", "a");
+    create_group(&mut conn, "{orders:0}").await;
+    create_group(&mut conn, "{orders:1}").await;
+    assert_eq!(a.raise_fence(0, &a5).await.unwrap(), Ok(()));
+    let _: i64 = conn.del("{orders:0}").await.unwrap();
+    let () = conn.set("{orders:0}", "junk").await.unwrap();
+    let () = conn.set("{orders:1}:fence", "junk").await.unwrap();
+    let errors = [
+        a.read_new(0, &a5, 10, STRICT).await.unwrap_err(),
+        a.read_pending(0, &a5, "0", 10, STRICT).await.unwrap_err(),
+        a.raise_fence(1, &a5).await.unwrap_err(),
+    ];
+    for error in errors {
+        let text = error.to_string();
+        assert!(matches!(error, DataPlaneError::Redis { .. }), "{error:?}");
+        assert!(text.contains("holds another Redis type"), "{text}");
+        assert!(!text.contains("check that Redis is up"), "{text}");
+    }
+}

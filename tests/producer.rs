@@ -266,6 +266,26 @@ async fn an_active_shard_whose_stream_is_gone_is_a_typed_error_and_is_not_recrea
     assert!(!exists(&mut conn, "{orders:1}").await);
 }
 
+/// A shard stream overwritten with a string: the publish error says a key holds another type,
+/// not "check that Redis is up" (found by a hostile test).
+#[tokio::test]
+async fn a_shard_key_of_another_type_is_an_error_that_says_so() {
+    let (_server, mut conn) = start().await;
+    create_stream(&mut conn, "orders", 2).await;
+    let publisher = Publisher::new(conn.clone(), "orders", PublisherOptions::default())
+        .await
+        .unwrap();
+    let _: i64 = conn.del("{orders:1}").await.unwrap();
+    let () = conn.set("{orders:1}", "junk").await.unwrap();
+    let err = publisher
+        .publish(&key_on_shard(1, 2), &1)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("holds another Redis type"), "{text}");
+    assert!(!text.contains("up and reachable"), "{text}");
+}
+
 /// The stream lost and created again with fewer shards at the same `metadataVersion` (created
 /// and scaled out: 2; created and a group registered: 2 again). An `XADD` that finds no stream
 /// makes the publisher read the whole metadata, not only compare the version, so it routes over

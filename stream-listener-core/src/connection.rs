@@ -589,8 +589,9 @@ impl RedisFailure {
     }
 
     /// What to check after `error`, for the messages of errors that wrap it: an ACL refusal
-    /// ([`RedisFailure::NoPermission`]) names the user's ACL rule and a full server
-    /// ([`RedisFailure::OutOfMemory`]) its memory; anything else says `otherwise` ("check that
+    /// ([`RedisFailure::NoPermission`]) names the user's ACL rule, a full server
+    /// ([`RedisFailure::OutOfMemory`]) its memory and [`RedisFailure::WrongType`] the overwritten
+    /// key; anything else says `otherwise` ("check that
     /// Redis is up and reachable"), which would send an operator whose permission was removed
     /// at runtime, or whose Redis filled up, looking for a network fault.
     pub(crate) fn hint(error: &redis::RedisError, otherwise: &'static str) -> &'static str {
@@ -600,6 +601,11 @@ impl RedisFailure {
             }
             RedisFailure::OutOfMemory => {
                 "Redis is at maxmemory: running listeners keep consuming (README \"Running in production\"); free memory (retention, trimming, a higher maxmemory) for this to succeed"
+            }
+            // Retrying cannot fix it, and "check that Redis is up" would send the reader the
+            // wrong way: the key was overwritten by hand or by another program.
+            RedisFailure::WrongType => {
+                "a key holds another Redis type than stream-listener keeps there (written by hand or by another program): find it among the stream's keys with TYPE (docs/design.md §2.1 lists them) and rename or delete it"
             }
             _ => otherwise,
         }
