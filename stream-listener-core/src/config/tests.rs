@@ -174,6 +174,30 @@ fn zero_concurrency_is_an_error() {
     assert_eq!(key, "listeners.x.concurrency");
 }
 
+/// A `batch_size` past what Redis takes as `COUNT` (a signed 64-bit integer) passed the check
+/// and then failed every read with "value is not an integer or out of range" (found by a
+/// hostile test); members past the largest shard count could never own a shard.
+#[test]
+fn counts_above_their_limits_are_errors() {
+    let (key, line, message) = invalid("[listeners.on_order]\nbatch_size = 18446744073709551615\n");
+    assert_eq!((key.as_str(), line), ("listeners.on_order.batch_size", 2));
+    assert_eq!(
+        message,
+        "must be at most 100000 (entries read per shard and round)"
+    );
+    let (key, _, message) = invalid("[listeners.on_order]\nconcurrency = 1025\n");
+    assert_eq!(key, "listeners.on_order.concurrency");
+    assert_eq!(
+        message,
+        "must be at most 1024 (the largest shard count: more members could never own a shard)"
+    );
+    let config = parse("[listeners.on_order]\nbatch_size = 100000\nconcurrency = 1024\n").unwrap();
+    let options = config
+        .listener_options("on_order", ListenerOptions::default())
+        .unwrap();
+    assert_eq!((options.batch_size, options.concurrency), (100_000, 1024));
+}
+
 #[test]
 fn an_unparsable_redis_url_is_an_error() {
     assert_invalid_at(

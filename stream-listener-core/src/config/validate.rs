@@ -282,6 +282,28 @@ impl Config {
                 return Err(self.invalid(&["listeners", name, key], "must be at least 1"));
             }
         }
+        let at_most = [
+            (
+                "batch_size",
+                l.batch_size.map(|v| v as u64),
+                crate::runtime::MAX_BATCH_SIZE as u64,
+                "entries read per shard and round",
+            ),
+            (
+                "concurrency",
+                l.concurrency.map(u64::from),
+                u64::from(crate::runtime::MAX_CONCURRENCY),
+                "the largest shard count: more members could never own a shard",
+            ),
+        ];
+        for (key, value, max, why) in at_most {
+            if value.is_some_and(|v| v > max) {
+                return Err(self.invalid(
+                    &["listeners", name, key],
+                    format!("must be at most {max} ({why})"),
+                ));
+            }
+        }
         for (key, value) in [
             ("block", l.block),
             ("handler_timeout", l.handler_timeout),

@@ -25,7 +25,9 @@ use crate::poller::ShardTaskContext;
 use crate::reconciler::{Identity, Reconciler};
 use crate::runtime::MemberShared;
 pub use crate::runtime::Ordering;
-pub use crate::runtime::{EventCallback, ListenerEvent, ListenerOptions};
+pub use crate::runtime::{
+    EventCallback, ListenerEvent, ListenerOptions, MAX_BATCH_SIZE, MAX_CONCURRENCY,
+};
 use crate::startup::{Connected, StartupError};
 use crate::store::provision::{ProvisionError, register_group};
 use health::HealthCell;
@@ -67,6 +69,15 @@ pub enum OptionsError {
     Zero {
         /// The option.
         name: &'static str,
+    },
+    /// A count above its limit ([`crate::runtime::MAX_BATCH_SIZE`],
+    /// [`crate::runtime::MAX_CONCURRENCY`]).
+    #[error("{name} must be at most {max}")]
+    TooLarge {
+        /// The option.
+        name: &'static str,
+        /// The limit.
+        max: u64,
     },
     /// A duration that must be positive is zero.
     #[error("{name} must be positive")]
@@ -470,6 +481,21 @@ impl Listener {
         if let Some((name, _)) = zero.iter().find(|(_, zero)| *zero) {
             return Err(OptionsError::Zero { name }.into());
         }
+        let limits = [
+            (
+                "batch_size",
+                options.batch_size as u64,
+                crate::runtime::MAX_BATCH_SIZE as u64,
+            ),
+            (
+                "concurrency",
+                u64::from(options.concurrency),
+                u64::from(crate::runtime::MAX_CONCURRENCY),
+            ),
+        ];
+        if let Some(&(name, _, max)) = limits.iter().find(|(_, value, max)| value > max) {
+            return Err(OptionsError::TooLarge { name, max }.into());
+        }
         options
             .coordination
             .validate()
@@ -727,6 +753,37 @@ mod tests {
                 name: "batch_size"
             }))
         ));
+    }
+
+    /// Counts above their limits are refused before anything starts (a `batch_size` past
+    /// Redis's `COUNT` failed every read).
+    #[test]
+    fn counts_above_their_limits_are_refused() {
+        for (options, name, max) in [
+            (
+                ListenerOptions {
+                    batch_size: crate::runtime::MAX_BATCH_SIZE + 1,
+                    ..ListenerOptions::default()
+                },
+                "batch_size",
+                100_000,
+            ),
+            (
+                ListenerOptions {
+                    concurrency: 1025,
+                    ..ListenerOptions::default()
+                },
+                "concurrency",
+                1024,
+            ),
+        ] {
+            match new_with(options) {
+                Err(ListenerError::Options(OptionsError::TooLarge { name: n, max: m })) => {
+                    assert_eq!((n, m), (name, max));
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
     }
 
     /// A zero interval would sample every shard between every two reads (a script call each).

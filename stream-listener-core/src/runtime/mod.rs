@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use crate::reconciler::Reconciler;
 pub use events::{EventCallback, ListenerEvent};
-pub use options::{DEFAULT_METRICS_INTERVAL, ListenerOptions};
+pub use options::{DEFAULT_METRICS_INTERVAL, ListenerOptions, MAX_BATCH_SIZE, MAX_CONCURRENCY};
 pub use ordering::Ordering;
 
 /// State one member's heartbeat loop and shard tasks share.

@@ -8,18 +8,27 @@ use crate::coordinator::CoordinatorConfig;
 use crate::dataplane::FencingMode;
 use crate::model::StartFrom;
 
+/// The largest [`ListenerOptions::batch_size`]: entries read per shard and round. Redis takes
+/// `COUNT` as a signed 64-bit integer, and far below that one read holds more entries in memory
+/// than a member handles in many leases.
+pub const MAX_BATCH_SIZE: usize = 100_000;
+
+/// The largest [`ListenerOptions::concurrency`]: the largest shard count
+/// ([`crate::admin::MAX_SHARDS`]), since a member past the stream's shard count never owns one.
+pub const MAX_CONCURRENCY: u32 = crate::admin::MAX_SHARDS;
+
 /// Settings of one listener (config section `[listeners.<name>]`, docs/design.md §11).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ListenerOptions {
     /// The listener's name (member name in `describe`); default `listener`.
     pub name: String,
-    /// Logical members in this process (default 1).
+    /// Logical members in this process (default 1, at most [`MAX_CONCURRENCY`]).
     pub concurrency: u32,
     /// Local workers per member (default 1); the assignor's weight. Never caps shards owned.
     pub runtime_max_concurrency: u32,
     /// Entries per read and shard (default 500, as Kafka's `max.poll.records`: fewer round trips
-    /// per entry; BENCHMARKS.md item 1).
+    /// per entry; BENCHMARKS.md item 1; at most [`MAX_BATCH_SIZE`]).
     pub batch_size: usize,
     /// Longest wait for new entries in one `XREAD BLOCK` (default 2 s), capped by the lease.
     pub block: Duration,
