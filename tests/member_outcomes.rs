@@ -1324,3 +1324,40 @@ async fn kill_data_plane_clients(conn: &mut RedisConnection) -> usize {
     }
     ids.len()
 }
+
+/// A consumer group destroyed on one shard (`XGROUP DESTROY` by hand) of a stream whose shard
+/// count is not configured: nothing re-creates it, so the shard fails closed. The warning said
+/// "let the group be provisioned again", which never happens by itself; it names the two fixes
+/// (found by a hostile test). On a current-thread runtime, so the test's own subscriber sees
+/// every task's logs.
+#[tokio::test]
+async fn a_consumer_group_destroyed_on_a_shard_without_configured_shards_names_the_fix() {
+    let (logs, subscriber) = support::logs::subscriber(tracing::Level::INFO);
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let (_serial, _server, target, mut conn, recorder) = Context::serial(2).await.parts();
+    let mut opts = options(1);
+    opts.block = Duration::from_millis(200);
+    let listener = start_recording(&target, &recorder, opts, Duration::ZERO).await;
+    let (group, settled) = wait_for_group(&mut conn, Duration::from_secs(30), |g| {
+        converged(g) && target_of(g).len() == 2
+    })
+    .await;
+    assert!(settled, "{group:#?}");
+
+    let () = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg("{orders:1}")
+        .arg(GROUP)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let fix = format!("XGROUP CREATE {{orders:1}} {GROUP} 0 MKSTREAM");
+    let named = wait_until(Duration::from_secs(10), || {
+        logs.lines()
+            .iter()
+            .any(|line| line.contains("WARN") && line.contains(&fix) && line.contains("shards"))
+    })
+    .await;
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+    assert!(named, "{:#?}", logs.lines());
+}

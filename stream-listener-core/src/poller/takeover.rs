@@ -179,13 +179,25 @@ impl ShardTask {
             self.ctx.shared.wake_heartbeat.notify_one();
             return;
         }
+        if self.ctx.options.auto_create_shards.is_none() {
+            // Nothing here creates it again, so "let the group be provisioned again" alone would
+            // leave the reader waiting for something that never happens.
+            tracing::warn!(
+                error = %crate::report::Chain(error),
+                "{failed} failed; retrying. The stream's shard count is not configured, so no member creates the consumer group again: set `shards` under [streams.{}] in the config, or create it by hand with `XGROUP CREATE {} {} 0 MKSTREAM` (from 0: entries already handled are delivered again)",
+                self.ctx.stream.prefix(),
+                self.shard_key,
+                self.ctx.group,
+            );
+            return;
+        }
         tracing::warn!(error = %crate::report::Chain(error), "{failed} failed; retrying");
         self.recreate_consumer_group(state).await;
     }
 
-    /// The shard lost its consumer group (or its stream): with `auto_create_shards` (operator
-    /// intent) create the group again from `0` — nothing written in the gap is skipped;
-    /// without it, keep failing closed.
+    /// The shard lost its consumer group (or its stream), and `auto_create_shards` is set
+    /// (operator intent; without it the caller keeps failing closed and names the fixes): create
+    /// the group again from `0` — nothing written in the gap is skipped.
     ///
     /// Only while the stream metadata lists the shard as readable: a member holds a retired
     /// shard until its next heartbeat, and re-creating it then would bring back a stream no one
@@ -200,9 +212,6 @@ impl ShardTask {
     /// block the shard's deletion, as in docs/design.md §8.1), and a stream created here with it
     /// when it is still empty.
     async fn recreate_consumer_group(&self, state: Option<ShardState>) {
-        if self.ctx.options.auto_create_shards.is_none() {
-            return;
-        }
         let mut conn = self.ctx.conn.clone();
         let key = self.ctx.stream.shard(self.shard);
         if !state.is_some_and(|s| s.is_readable()) {
