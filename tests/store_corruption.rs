@@ -85,6 +85,8 @@ enum Expect {
     /// Some step fails with an error naming `key` (when given) and containing the text; restored
     /// afterwards, as an operator would, and then the member goes on.
     Stops(Option<Key>, &'static str),
+    /// As `Stops`, and the heartbeat itself fails so: the fast path does not step around it.
+    StopsHeartbeat(Key, &'static str),
 }
 
 struct Case {
@@ -175,6 +177,28 @@ fn cases() -> Vec<Case> {
             name: "lease of a member id that is not UTF-8",
             acts: &[ZAddBytes(Leases, b"\xff\xfe", "1"), FULL],
             expect: Stops(Some(Leases), "not UTF-8"),
+        },
+        // Without FULL: the fast path checks `schema` and `meta` too (a hostile test edited them
+        // under a steady group, which kept going until the next membership change stopped it).
+        Case {
+            name: "group schema unknown, while steady",
+            acts: &[HSet(Group, "schema", "2")],
+            expect: StopsHeartbeat(Group, "schema"),
+        },
+        Case {
+            name: "group schema missing, while steady",
+            acts: &[HDel(Group, "schema")],
+            expect: StopsHeartbeat(Group, "schema"),
+        },
+        Case {
+            name: "group meta missing, while steady",
+            acts: &[HDel(Group, "meta")],
+            expect: StopsHeartbeat(Group, "meta"),
+        },
+        Case {
+            name: "stream schema unknown, while steady",
+            acts: &[HSet(Stream, "schema", "2")],
+            expect: StopsHeartbeat(Stream, "schema"),
         },
         Case {
             name: "group meta of the wrong JSON shape",
@@ -944,6 +968,15 @@ async fn garbage_in_any_coordination_key_is_repaired_or_stops_with_a_clear_error
         let verdict = match case.expect {
             Expect::Repairs | Expect::Ignored if !seen.is_empty() => {
                 Some(format!("expected no error, got {seen:?}"))
+            }
+            Expect::StopsHeartbeat(key, text) => {
+                let key = key_name(&prefix, key);
+                let names = |p: &&String| {
+                    p.starts_with("heartbeat:") && p.contains(text) && p.contains(key.as_str())
+                };
+                (!seen.iter().any(|p| names(&p))).then(|| {
+                    format!("expected a heartbeat error naming {key:?} and {text:?}, got {seen:?}")
+                })
             }
             Expect::Stops(key, text) => {
                 let key = key.map(|k| key_name(&prefix, k));

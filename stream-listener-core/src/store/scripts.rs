@@ -124,15 +124,20 @@ return 1
 /// the member's steady fingerprint. A malformed `steady`, `fast:<id>`, `fastseq:<id>` or
 /// `leaseRevision` (no separator, not a number, negative, NaN, too large for Lua's doubles or
 /// `HINCRBY`) also answers {'0'}, before anything is written: the full transition rewrites the
-/// first two, and names the others in a typed error.
+/// first two, and names the others in a typed error. So does a group hash whose `schema` is not
+/// this build's or that lacks `meta`: the full transition fails closed on them with a typed
+/// error, which the fast path would otherwise step around for as long as the group is steady.
 pub(crate) fn group_fast_path() -> &'static Script {
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         Script::new(&format!(
-            "{ALLOW_OOM}{}",
+            "{ALLOW_OOM}local schema_version = '{}'{}",
+            crate::store::SCHEMA_VERSION,
             r"
 local h = KEYS[1]
 local steady = redis.call('HGET', h, 'steady')
 if not steady then return {'0'} end
+if redis.call('HGET', h, 'schema') ~= schema_version then return {'0'} end
+if redis.call('HEXISTS', h, 'meta') == 0 then return {'0'} end
 local version, due, ge, ae = string.match(steady, '^([^|]*)|([^|]*)|(%d+)|(%d+)$')
 if not version or #ge > 18 or #ae > 18 then return {'0'} end
 if version ~= ARGV[5] then return {'0'} end

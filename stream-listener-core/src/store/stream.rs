@@ -140,24 +140,34 @@ pub async fn load_stream_metadata(
     Ok(Some(meta))
 }
 
-/// Reads only the stream's `metadataVersion` (one `HGET`, docs/design.md §5); `Ok(None)` when the
-/// stream metadata does not exist.
+/// Reads only the stream's `metadataVersion` and `schema` (one `HMGET`, docs/design.md §5);
+/// `Ok(None)` when the stream metadata does not exist. The schema is checked here because a
+/// steady member reads nothing else of the stream metadata.
 ///
 /// # Errors
 /// [`StoreError::Redis`]; [`StoreError::Malformed`] when the field is not a number below
-/// [`crate::model::COUNTER_LIMIT`]; [`StoreError::WrongType`] when the key is not a hash.
+/// [`crate::model::COUNTER_LIMIT`]; [`StoreError::UnknownSchema`] when the hash has a version
+/// but not this build's `schema`; [`StoreError::WrongType`] when the key is not a hash.
 pub async fn read_metadata_version(
     conn: &mut RedisConnection,
     keys: &StreamKeys,
 ) -> Result<Option<u64>, StoreError> {
     let key = keys.metadata();
-    let value: Option<String> = match conn.hget(&key, "metadataVersion").await {
-        Ok(value) => value,
+    let (version, schema): (Option<String>, Option<String>) = match redis::cmd("HMGET")
+        .arg(&key)
+        .arg("metadataVersion")
+        .arg("schema")
+        .query_async(conn)
+        .await
+    {
+        Ok(values) => values,
         Err(e) => return Err(wrong_type(conn, e, &[(&key, "hash", "hash")]).await),
     };
-    value
-        .map(|v| parse_u64(&key, "metadataVersion", Some(&v)))
-        .transpose()
+    let Some(version) = version else {
+        return Ok(None);
+    };
+    check_schema(&key, schema.as_ref())?;
+    parse_u64(&key, "metadataVersion", Some(&version)).map(Some)
 }
 
 /// Writes `meta` if the stored `revision` is still `expected_revision` (`None`: the key must not
