@@ -140,8 +140,8 @@ pub async fn load_stream_metadata(
     Ok(Some(meta))
 }
 
-/// Reads only the stream's `metadataVersion` and `schema` (one `HMGET`, docs/design.md §5);
-/// `Ok(None)` when the stream metadata does not exist. The schema is checked here because a
+/// Reads only the stream's `metadataVersion` and `schema` (two `HGET`s in one round trip,
+/// docs/design.md §5); `Ok(None)` when the stream metadata does not exist. The schema is checked here because a
 /// steady member reads nothing else of the stream metadata.
 ///
 /// # Errors
@@ -153,10 +153,11 @@ pub async fn read_metadata_version(
     keys: &StreamKeys,
 ) -> Result<Option<u64>, StoreError> {
     let key = keys.metadata();
-    let (version, schema): (Option<String>, Option<String>) = match redis::cmd("HMGET")
-        .arg(&key)
-        .arg("metadataVersion")
-        .arg("schema")
+    // Two `HGET`s in one round trip, not `HMGET`: the README's producer and admin ACL rules
+    // grant `+hget` only.
+    let (version, schema): (Option<String>, Option<String>) = match redis::pipe()
+        .hget(&key, "metadataVersion")
+        .hget(&key, "schema")
         .query_async(conn)
         .await
     {

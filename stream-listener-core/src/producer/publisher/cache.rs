@@ -183,8 +183,8 @@ impl Publisher {
         }
     }
 
-    /// One `HGET metadataVersion`; the whole metadata only when the version differs from
-    /// `current`'s, or always with `whole`.
+    /// `HGET metadataVersion` and `HGET schema` in one round trip; the whole metadata only when
+    /// the version differs from `current`'s, or always with `whole`.
     pub(super) async fn read_routing(
         &self,
         current: &Arc<Routing>,

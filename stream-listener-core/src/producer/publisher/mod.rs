@@ -67,7 +67,8 @@ struct Inner {
 /// are consumed in publish order.
 ///
 /// Routing is cached by `metadataVersion`: after [`PublisherOptions::refresh_interval`] the next
-/// publish sends one `HGET metadataVersion` and loads the whole metadata only when it changed.
+/// publish sends `HGET metadataVersion` (with `HGET schema`, one round trip) and loads the whole
+/// metadata only when the version changed.
 /// When `NOMKSTREAM` finds no stream (the shard was retired and deleted), the publisher refreshes
 /// at once and retries once. If refreshing fails, the cache is used until
 /// [`PublishError::RoutingLeaseExpired`] after [`PublisherOptions::routing_lease`].

@@ -29,7 +29,7 @@ pub struct PublisherOptions {
     /// them. `Some(0)` is refused.
     pub maxlen: Option<usize>,
     /// How often the routing metadata is checked (default 5 s, [`DEFAULT_REFRESH_INTERVAL`]).
-    /// Checked lazily at publish time: one `HGET metadataVersion` once this long has passed since
+    /// Checked lazily at publish time: `HGET metadataVersion` (with `schema`, one round trip) once this long has passed since
     /// the last successful read was sent, and the full metadata only when the version changed.
     /// Must be shorter than [`Self::routing_lease`]; `Duration::ZERO` checks before every publish.
     pub refresh_interval: Duration,
