@@ -942,4 +942,42 @@ async fn two_dead_letters_of_one_entry_are_replayed_once() {
     );
     assert_eq!(dlq_len(&mut conn).await, 0);
     assert_eq!(shard_len(&mut conn).await, before + 1, "published once");
+
+    // The same source but other fields (written by hand): not a copy, so replayed, never
+    // removed unpublished (found by review).
+    old_dead_letter(&mut conn, "1000000000000-2", "handler").await;
+    let _: String = redis::cmd("XADD")
+        .arg(DLQ)
+        .arg("1000000000000-3")
+        .arg(&[
+            "sourceStream",
+            "{orders:0}",
+            "sourceId",
+            "5-0",
+            "shard",
+            "0",
+            "group",
+            GROUP,
+            "reason",
+            "handler",
+            "error",
+            "old",
+            "attempts",
+            "1",
+            "key",
+            "k",
+            "payload",
+            r#"{"n":100}"#,
+        ])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let report =
+        admin::replay_dead_letters(&mut conn, STREAM, GROUP, DeadLetterSelection::All, false)
+            .await
+            .unwrap();
+    let ids: Vec<&str> = report.replayed.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["1000000000000-2", "1000000000000-3"]);
+    assert!(report.duplicates.is_empty(), "{:?}", report.duplicates);
+    assert_eq!(shard_len(&mut conn).await, before + 3);
 }

@@ -84,9 +84,9 @@ pub struct ReplaySkip {
 }
 
 /// A selected dead letter that names the same source entry (`sourceStream` and `sourceId`) as
-/// one replayed earlier in the same run: the entry was dead-lettered twice, which at-least-once
-/// delivery allows (an owner that wrote the dead letter but died before its ack leaves the entry
-/// to the next owner, which dead-letters it again). It is removed without publishing, so the
+/// one replayed earlier in the same run, with the same fields: the entry was dead-lettered twice,
+/// which at-least-once delivery allows (an owner that wrote the dead letter but died before its
+/// ack leaves the entry to the next owner, which dead-letters it again). It is removed without publishing, so the
 /// replay publishes each entry once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -174,7 +174,7 @@ fn replayable(raw: &RawDeadLetter) -> Result<Replayable<'_>, SkipReason> {
 /// A dead letter without payload fields (dead-lettered by id: trimmed or too large), without a
 /// single `key` field, or without the fixed fields is skipped and kept, and listed in
 /// [`ReplayReport::skipped`]. A dead letter of the same source entry (`sourceStream`, `sourceId`)
-/// as one replayed earlier in the run is removed without publishing
+/// and fields as one replayed earlier in the run is removed without publishing
 /// ([`ReplayReport::duplicates`]): each entry is published once. Scans ([`DeadLetterSelection::All`], `Reason`, `OlderThan`) stop at
 /// the last dead letter present at the start, so an entry that fails again and is dead-lettered
 /// anew is not replayed twice in one run. `dry_run` reads and routes but publishes and removes
@@ -186,7 +186,9 @@ fn replayable(raw: &RawDeadLetter) -> Result<Replayable<'_>, SkipReason> {
 /// As [`super::purge_dead_letters`] for the selection (nothing done then);
 /// [`AdminError::ReplayPublish`] when a publish fails (the dead letters before it are replayed,
 /// this one and the rest are kept; run again once fixed); [`AdminError::ReplayNotRemoved`] when
-/// the `XDEL` after a successful publish fails (that dead letter would be replayed again).
+/// the `XDEL` after a successful publish fails (that dead letter would be replayed again);
+/// [`AdminError::DuplicateNotRemoved`] when the `XDEL` of a copy fails (a later replay would
+/// publish its entry again).
 pub async fn replay_dead_letters(
     conn: &mut RedisConnection,
     prefix: &str,
@@ -208,13 +210,12 @@ pub async fn replay_dead_letters(
         other_groups: dlq.other_groups.clone(),
     };
     let mut publisher: Option<Publisher> = None;
-    // Source entry (`sourceStream`, `sourceId`) → the dead letter replayed for it in this run.
-    let mut replayed_sources: HashMap<(String, String), String> = HashMap::new();
+    let mut replayed_sources = ReplayedSources::default();
     while let Some(page) = cursor.next(conn, &dlq).await? {
         for raw in &page {
-            let source = (raw.text("sourceStream"), raw.text("sourceId"));
-            if let Some(first) = replayed_sources.get(&source) {
-                let duplicate = remove_duplicate(conn, &dlq, raw, first, dry_run, &report).await?;
+            if let Some(first) = replayed_sources.copy_of(raw) {
+                let first = first.to_owned();
+                let duplicate = remove_duplicate(conn, &dlq, raw, &first, dry_run, &report).await?;
                 report.duplicates.push(duplicate);
                 continue;
             }
@@ -244,13 +245,47 @@ pub async fn replay_dead_letters(
             } else {
                 publish_then_remove(conn, &dlq, publisher, raw, entry, &report).await?
             };
-            if !source.1.is_empty() {
-                replayed_sources.insert(source, raw.id.clone());
-            }
+            replayed_sources.insert(raw);
             report.replayed.push(replayed);
         }
     }
     Ok(report)
+}
+
+/// The dead letters replayed in one run, by source entry (`sourceStream`, `sourceId`), with the
+/// fields they published.
+#[derive(Default)]
+struct ReplayedSources(HashMap<Source, (String, Fields)>);
+
+/// `sourceStream` and `sourceId`.
+type Source = (String, String);
+/// A dead letter's original fields, in order.
+type Fields = Vec<(String, Vec<u8>)>;
+
+impl ReplayedSources {
+    fn source(raw: &RawDeadLetter) -> Source {
+        (raw.text("sourceStream"), raw.text("sourceId"))
+    }
+
+    /// Records `raw`, just replayed.
+    fn insert(&mut self, raw: &RawDeadLetter) {
+        let source = Self::source(raw);
+        if !source.1.is_empty() {
+            self.0
+                .insert(source, (raw.id.clone(), raw.payload().to_vec()));
+        }
+    }
+
+    /// The id of the dead letter replayed earlier for the same entry when `raw` is a copy of it:
+    /// well formed, the same source, the same fields. A dead letter that differs (written by
+    /// hand) is not a copy: it is replayed or skipped on its own.
+    fn copy_of(&self, raw: &RawDeadLetter) -> Option<&str> {
+        if !raw.well_formed() {
+            return None;
+        }
+        let (first, payload) = self.0.get(&Self::source(raw))?;
+        (payload.as_slice() == raw.payload()).then_some(first.as_str())
+    }
 }
 
 /// Removes `raw`, a second dead letter of the entry `first` was replayed for (in a dry run,

@@ -372,7 +372,15 @@ fn replay_text(r: &ReplayReport) -> String {
             dead_letters(r.duplicates.len() as u64)
         ));
         for d in &r.duplicates {
-            out.push_str(&format!("  {} (same entry as {})\n", d.id, d.duplicate_of));
+            let gone = if d.removed || r.dry_run {
+                ""
+            } else {
+                "; already removed by something else"
+            };
+            out.push_str(&format!(
+                "  {} (same entry as {}{gone})\n",
+                d.id, d.duplicate_of
+            ));
         }
     }
     if !r.skipped.is_empty() {
