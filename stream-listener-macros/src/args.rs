@@ -187,12 +187,18 @@ pub(crate) fn parse(tokens: TokenStream) -> syn::Result<Args> {
                     "`concurrency` takes an integer, the number of group members in this process, e.g. `concurrency = 4`",
                 ));
             };
-            let n: u32 = int.base10_parse().map_err(|_| {
+            // 1024: the core's `MAX_CONCURRENCY` (the largest shard count), which `Listener::new`
+            // enforces too; said here at the value instead of at `run()`.
+            let too_large = || {
                 syn::Error::new(
                     int.span(),
-                    "`concurrency` must be an integer from 1 to 4294967295",
+                    "`concurrency` must be an integer from 1 to 1024 (the largest shard count: more members could never own a shard)",
                 )
-            })?;
+            };
+            let n: u32 = int.base10_parse().map_err(|_| too_large())?;
+            if n > 1024 {
+                return Err(too_large());
+            }
             if n == 0 {
                 return Err(syn::Error::new(
                     int.span(),
@@ -235,6 +241,26 @@ pub(crate) fn parse(tokens: TokenStream) -> syn::Result<Args> {
 
 #[cfg(test)]
 mod tests {
+    /// The runtime refuses more members than the largest shard count (`MAX_CONCURRENCY`); the
+    /// attribute says so at compile time, at the value.
+    #[test]
+    fn concurrency_is_1_to_1024() {
+        let parse =
+            |text: &str| super::parse(text.parse().unwrap()).map(|a| a.concurrency.map(|c| c.0));
+        assert_eq!(
+            parse("stream = \"s\", group = \"g\", concurrency = 1024").unwrap(),
+            Some(1024)
+        );
+        for text in ["concurrency = 1025", "concurrency = 4294967296"] {
+            let error = parse(&format!("stream = \"s\", group = \"g\", {text}")).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                "`concurrency` must be an integer from 1 to 1024 (the largest shard count: more members could never own a shard)",
+                "{text}"
+            );
+        }
+    }
+
     #[test]
     fn close_keys_are_suggested() {
         assert_eq!(super::distance("strem", "stream"), 1);

@@ -227,11 +227,13 @@ impl StreamConfig {
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct ListenerConfig {
-    /// `concurrency`: logical members in this process (≥ 1).
+    /// `concurrency`: logical members in this process (1 to
+    /// [`MAX_CONCURRENCY`](crate::member::MAX_CONCURRENCY)).
     pub concurrency: Option<u32>,
     /// `runtime_max_concurrency`: local workers per member (≥ 1, default 1).
     pub runtime_max_concurrency: Option<u32>,
-    /// `batch_size`: entries per read and shard (≥ 1, default 500).
+    /// `batch_size`: entries per read and shard (1 to
+    /// [`MAX_BATCH_SIZE`](crate::member::MAX_BATCH_SIZE), default 500).
     pub batch_size: Option<usize>,
     /// `block`: longest wait for new entries (> 0, default 2 s).
     #[serde(with = "humantime_serde")]

@@ -403,8 +403,8 @@ impl Listener {
     /// # Errors
     /// [`ListenerError::Name`] for a prefix with `{`/`}` or a group with `:`/`{`/`}`;
     /// [`ListenerError::Options`] for zero concurrency, workers, batch size, attempts or
-    /// `max_in_flight`, a
-    /// timing above the protocol's limit, a zero `metrics_interval`
+    /// `max_in_flight`, a concurrency above [`MAX_CONCURRENCY`] or a batch size above
+    /// [`MAX_BATCH_SIZE`] ([`OptionsError::TooLarge`]), a timing above the protocol's limit, a zero `metrics_interval`
     /// ([`OptionsError::NotPositive`]), or a `hook_timeout` that is zero or not below the
     /// rebalance timeout ([`OptionsError::HookTimeout`]).
     pub fn new(
