@@ -130,6 +130,18 @@ fn cases() -> Vec<Case> {
             expect: Stops(Some(Stream), "shard index"),
         },
         Case {
+            // A stored name reached the admin tool's `keys.group(..)?` as an invalid-name error,
+            // which the tool reports as a usage error (exit 2) though its arguments were fine.
+            name: "stream meta with a registered group name that cannot be used",
+            acts: &[
+                Edit(Stream, "meta", |v| {
+                    set_json(v, |j| j["groups"][0]["consumerGroup"] = "a:b".into())
+                }),
+                FULL,
+            ],
+            expect: Stops(Some(Stream), "cannot be used"),
+        },
+        Case {
             name: "stream revision not a number",
             acts: &[HSet(Stream, "revision", "twelve"), FULL],
             expect: Stops(Some(Stream), "revision"),

@@ -292,10 +292,12 @@ impl AdminError {
     }
 
     /// Whether the operation's arguments are wrong in themselves, whatever Redis holds: a name
-    /// that cannot be used, a shard count of 0 or above the limit, a shift of 0, a reset time in
-    /// the future, an entry id, dead-letter reason, selection or retention bound that cannot be
-    /// used. The command-line tool exits with code 2 (usage error) then; errors that depend on
-    /// what Redis holds (an unknown stream, a shard the stream lacks) are operation failures.
+    /// that cannot be used, a shard count of 0 or above the limit, a shift of 0, an entry id,
+    /// dead-letter reason, selection or retention bound that cannot be used. The command-line
+    /// tool exits with code 2 (usage error) then; errors that depend on what Redis holds (an
+    /// unknown stream, a shard the stream lacks, a reset time after Redis's clock) are operation
+    /// failures. A stored name that cannot be used is corrupt metadata
+    /// ([`StoreError::Malformed`]), not [`AdminError::InvalidName`].
     pub fn is_invalid_argument(&self) -> bool {
         matches!(
             self,
@@ -303,7 +305,6 @@ impl AdminError {
                 | AdminError::ZeroShards { .. }
                 | AdminError::TooManyShards { .. }
                 | AdminError::ZeroShift
-                | AdminError::ResetTimeInFuture { .. }
                 | AdminError::InvalidEntryId { .. }
                 | AdminError::UnknownDeadLetterReason { .. }
                 | AdminError::InvalidSelection { .. }

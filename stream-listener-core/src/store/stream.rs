@@ -137,6 +137,21 @@ pub async fn load_stream_metadata(
             ),
         ));
     }
+    // Every reader builds the group's keys from these names: a name that cannot be used is
+    // corrupt metadata, named as such, not an invalid argument of whoever read it.
+    if let Some((group, error)) = meta
+        .groups
+        .iter()
+        .find_map(|g| keys.group(&g.consumer_group).err().map(|e| (g, e)))
+    {
+        return Err(StoreError::malformed(
+            &key,
+            format!(
+                "registered group {:?} in field meta has a name that cannot be used ({error})",
+                group.consumer_group
+            ),
+        ));
+    }
     Ok(Some(meta))
 }
 
