@@ -181,18 +181,30 @@ impl ShardTask {
         }
         if self.ctx.options.auto_create_shards.is_none() {
             // Nothing here creates it again, so "let the group be provisioned again" alone would
-            // leave the reader waiting for something that never happens.
-            tracing::warn!(
-                error = %crate::report::Chain(error),
-                "{failed} failed; retrying. The stream's shard count is not configured, so no member creates the consumer group again: set `shards` under [streams.{}] in the config, or create it by hand with `XGROUP CREATE {} {} 0 MKSTREAM` (from 0: entries already handled are delivered again)",
-                self.ctx.stream.prefix(),
-                self.shard_key,
-                self.ctx.group,
-            );
+            // leave the reader waiting for something that never happens: name the fixes.
+            tracing::warn!(error = %crate::report::Chain(error), "{failed} failed; retrying. {}", self.without_auto_create(state));
             return;
         }
         tracing::warn!(error = %crate::report::Chain(error), "{failed} failed; retrying");
         self.recreate_consumer_group(state).await;
+    }
+
+    /// What to do about a lost consumer group when no member creates it again (no
+    /// `auto_create_shards`): by hand only where a member would (a readable shard, its stream
+    /// only while ACTIVE: [`Self::recreate_consumer_group`]).
+    fn without_auto_create(&self, state: Option<ShardState>) -> String {
+        let (key, group) = (&self.shard_key, &self.ctx.group);
+        let by_hand = match state {
+            Some(ShardState::Active) => format!("XGROUP CREATE {key} {group} 0 MKSTREAM"),
+            Some(s) if s.is_readable() => format!("XGROUP CREATE {key} {group} 0"),
+            _ => {
+                return "The stream metadata does not list the shard as readable, so it is not created again; the shard is released when the assignment drops it".to_owned();
+            }
+        };
+        format!(
+            "The stream's shard count is not configured, so no member creates the consumer group again: set `shards` under [streams.{}] in the config (`ListenerOptions::auto_create_shards` without one), or create it by hand with `{by_hand}` (from 0: entries already handled are delivered again)",
+            self.ctx.stream.prefix()
+        )
     }
 
     /// The shard lost its consumer group (or its stream), and `auto_create_shards` is set
