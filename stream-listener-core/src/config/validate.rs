@@ -73,9 +73,12 @@ impl Config {
         let Some(listen) = &self.observability.listen else {
             return Ok(None);
         };
-        check_listen_addr(listen)
-            .map(Some)
-            .map_err(|message| self.invalid(&["observability", "listen"], message))
+        check_listen_addr(listen).map(Some).map_err(|message| {
+            self.invalid(
+                &["observability", "listen"],
+                format!("{message}, or remove the key for no HTTP listener"),
+            )
+        })
     }
 
     pub(super) fn validate_redis(&self) -> Result<(), ConfigError> {
@@ -361,7 +364,7 @@ pub(super) fn check_redis_url(url: &str) -> Result<(), String> {
 pub(super) fn check_listen_addr(listen: &str) -> Result<std::net::SocketAddr, String> {
     listen.parse().map_err(|e| {
         format!(
-            "{listen:?} is not a socket address ({e}); write an IP address and a port, e.g. \"127.0.0.1:9464\", \"0.0.0.0:9464\" (every interface) or \"[::]:9464\", or remove the key for no HTTP listener"
+            "{listen:?} is not a socket address ({e}); write an IP address and a port, e.g. \"127.0.0.1:9464\", \"0.0.0.0:9464\" (every interface) or \"[::]:9464\""
         )
     })
 }
