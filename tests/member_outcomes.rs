@@ -1352,12 +1352,18 @@ async fn a_consumer_group_destroyed_on_a_shard_without_configured_shards_names_t
         .await
         .unwrap();
     let fix = format!("XGROUP CREATE {{orders:1}} {GROUP} 0 MKSTREAM");
-    let named = wait_until(Duration::from_secs(10), || {
+    let warnings = || {
         logs.lines()
-            .iter()
-            .any(|line| line.contains("WARN") && line.contains(&fix) && line.contains("shards"))
-    })
-    .await;
-    listener.shutdown_and_wait().await.expect("clean shutdown");
+            .into_iter()
+            .filter(|line| line.contains("WARN") && line.contains(&fix) && line.contains("shards"))
+            .count()
+    };
+    let named = wait_until(Duration::from_secs(10), || warnings() > 0).await;
     assert!(named, "{:#?}", logs.lines());
+    // The shard retries every 500 ms; the warning comes with the first failure and then every
+    // twentieth, not twice a second for good.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let repeated = warnings();
+    listener.shutdown_and_wait().await.expect("clean shutdown");
+    assert_eq!(repeated, 1, "{:#?}", logs.lines());
 }

@@ -218,6 +218,9 @@ pub(crate) struct ShardTask {
     /// Whether the gauges were sampled since the shard went idle (`idle_from` set): then it is not
     /// sampled again until it reads.
     sampled_while_idle: bool,
+    /// Operations (raises, reads, claims) failed in a row since the last that succeeded: what
+    /// [`ShardTask::failed_again`] logs by.
+    failures: u32,
     /// The shard's place in the member's shared wait, made with the task.
     wait_slot: WaitSlot,
     /// The shard's own blocking connection, made at its first wait when the shared wait is
@@ -290,6 +293,7 @@ impl ShardTask {
             behind: false,
             idle_from: None,
             sampled_while_idle: false,
+            failures: 0,
             wait_slot,
             waiter: None,
             raised: None,
@@ -485,24 +489,36 @@ impl ShardTask {
                 Phase::Pending(after) => self.read_pending(&token, &after).await,
                 Phase::New => self.read_new(&token).await,
             };
-            if let Err(error) = step {
-                self.idle_from = None;
-                self.ctx.metrics.redis_error(&error);
-                if error.is_no_group() {
-                    self.on_missing_group("shard operation", &error).await;
-                } else {
-                    tracing::warn!(error = %crate::report::Chain(&error), "shard operation failed; retrying");
-                }
-                // What was read before the failure may be handled but not acked: go back to
-                // this consumer's pending entries before reading new ones.
-                if self.phase == Phase::New {
-                    self.phase = Phase::Pending("0".into());
-                }
-                self.pause(ERROR_PAUSE).await;
+            let Err(error) = step else {
+                self.failures = 0;
+                continue;
+            };
+            self.idle_from = None;
+            self.ctx.metrics.redis_error(&error);
+            let log = self.failed_again();
+            if error.is_no_group() {
+                self.on_missing_group("shard operation", &error, log).await;
+            } else if log {
+                tracing::warn!(error = %crate::report::Chain(&error), failures = self.failures, "shard operation failed; retrying");
             }
+            // What was read before the failure may be handled but not acked: go back to
+            // this consumer's pending entries before reading new ones.
+            if self.phase == Phase::New {
+                self.phase = Phase::Pending("0".into());
+            }
+            self.pause(ERROR_PAUSE).await;
         }
         // Drained or stopped: ack what finished while the lease (or the drain) allows.
         self.flush_final_acks().await
+    }
+
+    /// Counts a failed operation; whether to log it: the first of a run, then every twentieth
+    /// (every 10 s at [`ERROR_PAUSE`]), so a shard that fails for good (a lost consumer group,
+    /// a key of another type) does not write two warnings a second for as long as it lasts. The
+    /// metrics count every one.
+    fn failed_again(&mut self) -> bool {
+        self.failures = self.failures.saturating_add(1);
+        self.failures == 1 || self.failures.is_multiple_of(20)
     }
 
     /// The shard's lag and pending gauges when due (docs/design.md §13.1): one script call per

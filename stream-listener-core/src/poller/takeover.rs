@@ -19,6 +19,7 @@ impl ShardTask {
     pub(super) async fn raise(&mut self, token: &FenceToken) {
         match self.client.raise_fence(self.shard, token).await {
             Ok(Ok(())) => {
+                self.failures = 0;
                 self.raised = Some(token.clone());
                 self.phase = Phase::Claim;
                 self.idle_from = None;
@@ -29,10 +30,12 @@ impl ShardTask {
                 self.ctx.metrics.redis_error(&error);
                 // No fence next to a missing stream: the stream must come back first (or the
                 // shard be revoked), or this raise fails for good.
+                let log = self.failed_again();
                 if error.is_no_group() {
-                    self.on_missing_group("raising the fence", &error).await;
-                } else {
-                    tracing::warn!(error = %crate::report::Chain(&error), "raising the fence failed; retrying");
+                    self.on_missing_group("raising the fence", &error, log)
+                        .await;
+                } else if log {
+                    tracing::warn!(error = %crate::report::Chain(&error), failures = self.failures, "raising the fence failed; retrying");
                 }
                 self.pause(ERROR_PAUSE).await;
             }
@@ -166,8 +169,9 @@ impl ShardTask {
     /// the shard, until the owner's next heartbeat revokes it (docs/design.md §10.2): nothing is
     /// lost, so the owner says so at info level and asks for that heartbeat now. A warning per
     /// retry there ("Redis lost data") came with every scale-in. On any other shard it is lost
-    /// data: warn, and create the consumer group again where the configuration allows.
-    pub(super) async fn on_missing_group(&self, failed: &str, error: &DataPlaneError) {
+    /// data: warn (when `log`: [`ShardTask::failed_again`]), and create the consumer group again
+    /// where the configuration allows.
+    pub(super) async fn on_missing_group(&self, failed: &str, error: &DataPlaneError, log: bool) {
         let mut conn = self.ctx.conn.clone();
         let state = self.state_in_metadata(&mut conn).await;
         if matches!(state, Some(ShardState::Retiring | ShardState::Retired)) {
@@ -182,10 +186,14 @@ impl ShardTask {
         if self.ctx.options.auto_create_shards.is_none() {
             // Nothing here creates it again, so "let the group be provisioned again" alone would
             // leave the reader waiting for something that never happens: name the fixes.
-            tracing::warn!(error = %crate::report::Chain(error), "{failed} failed; retrying. {}", self.without_auto_create(state));
+            if log {
+                tracing::warn!(error = %crate::report::Chain(error), failures = self.failures, "{failed} failed; retrying. {}", self.without_auto_create(state));
+            }
             return;
         }
-        tracing::warn!(error = %crate::report::Chain(error), "{failed} failed; retrying");
+        if log {
+            tracing::warn!(error = %crate::report::Chain(error), failures = self.failures, "{failed} failed; retrying");
+        }
         self.recreate_consumer_group(state).await;
     }
 
