@@ -384,8 +384,18 @@ async fn a_dead_letter_without_payload_is_skipped_and_kept_by_replay() {
 }
 
 /// Writes a dead letter of `GROUP` by hand at `id` with the fixed fields (for ages in the past,
-/// which `XADD *` cannot give).
+/// which `XADD *` cannot give), from entry `5-0` of shard 0.
 async fn old_dead_letter(conn: &mut RedisConnection, id: &str, reason: &str) {
+    dead_letter_with_payload(conn, id, reason, r#"{"n":99}"#).await;
+}
+
+/// As [`old_dead_letter`], with `payload`.
+async fn dead_letter_with_payload(
+    conn: &mut RedisConnection,
+    id: &str,
+    reason: &str,
+    payload: &str,
+) {
     let _: String = redis::cmd("XADD")
         .arg(DLQ)
         .arg(id)
@@ -407,7 +417,7 @@ async fn old_dead_letter(conn: &mut RedisConnection, id: &str, reason: &str) {
             "key",
             "k",
             "payload",
-            r#"{"n":99}"#,
+            payload,
         ])
         .query_async(conn)
         .await
@@ -946,32 +956,7 @@ async fn two_dead_letters_of_one_entry_are_replayed_once() {
     // The same source but other fields (written by hand): not a copy, so replayed, never
     // removed unpublished (found by review).
     old_dead_letter(&mut conn, "1000000000000-2", "handler").await;
-    let _: String = redis::cmd("XADD")
-        .arg(DLQ)
-        .arg("1000000000000-3")
-        .arg(&[
-            "sourceStream",
-            "{orders:0}",
-            "sourceId",
-            "5-0",
-            "shard",
-            "0",
-            "group",
-            GROUP,
-            "reason",
-            "handler",
-            "error",
-            "old",
-            "attempts",
-            "1",
-            "key",
-            "k",
-            "payload",
-            r#"{"n":100}"#,
-        ])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    dead_letter_with_payload(&mut conn, "1000000000000-3", "handler", r#"{"n":100}"#).await;
     let report =
         admin::replay_dead_letters(&mut conn, STREAM, GROUP, DeadLetterSelection::All, false)
             .await
