@@ -208,25 +208,27 @@ fn assert_handled_in_order(handled: &[(u32, String)], published: &[Published], s
 /// for 3 s. Redis's `total_commands_processed` counts the commands a script runs as well as the
 /// script call itself, so the bound counts both, from the configuration:
 ///
-/// - heartbeats: ≤ 1 / (0.9 × 200 ms) = 5.6 per second per member (±10% jitter), each one
-///   steady-state fast-path script of at most 12 commands (`EVALSHA` and, inside, `TIME`, the
-///   stream's `metadataVersion`, the member's fields, the earliest lease and deadline, the lease
-///   move and its revision — 11 measured, 1 spare): 2 × 5.6 × 12 = 133/s;
+/// - heartbeats: ≤ 1 / (0.9 × 200 ms) = 5.6 per second per member (±10% jitter), each the
+///   stream's `metadataVersion` and `schema` (two `HGET`s) and one steady-state fast-path script,
+///   at most 15 commands in all (`EVALSHA` and, inside, `steady` and `schema`, `meta`'s
+///   presence, `TIME`, the member's fields, the earliest lease and deadline, the lease move and
+///   its revision — 14 measured, 1 spare): 2 × 5.6 × 15 = 168/s;
 /// - idle shards: none of their own. A member waits on all its caught-up shards with one
 ///   `XREAD BLOCK` (docs/design.md §8.4), and a shard whose wait timed out waits again without a
 ///   read: one `XREAD` per member per `block` (500 ms): 2 × 2 = 4/s.
 ///
-/// Bound: 140 commands per second (137.3 rounded up); before the shared wait, 215 (a read script
-/// and an `XREAD BLOCK` per shard per `block`). A member polling without blocking would send
+/// Bound: 172 commands per second. The `schema` and `meta` checks of a steady group added 3
+/// commands per heartbeat to the 12 before (bound 140 then); before the shared wait the bound was
+/// 215 (a read script and an `XREAD BLOCK` per shard per `block`). A member polling without blocking would send
 /// thousands. Also, structurally: at most one `XREAD BLOCK` per member per `block` (+1), 2
 /// commands per member per block with the `CLIENT UNBLOCK` that can come with it.
 ///
 /// With `fencing = "acks"` (STREAM_LISTENER_TEST_FENCING=acks), on top, the periodic sweep: once
 /// per lease TTL (1.5 s) each shard claims other consumers' entries (`EVALSHA`, the fence `HGET`,
 /// `XINFO CONSUMERS`), reads its own pending ones (`EVALSHA`, `XREADGROUP`) and reads new ones
-/// again (5): 8 × 10 / 1.5 s = 53.3/s. Bound: 195.
-const IDLE_COMMANDS_PER_SECOND: f64 = 140.0;
-const IDLE_COMMANDS_PER_SECOND_ACKS: f64 = 195.0;
+/// again (5): 8 × 10 / 1.5 s = 53.3/s. Bound: 226 (225.3 rounded up).
+const IDLE_COMMANDS_PER_SECOND: f64 = 172.0;
+const IDLE_COMMANDS_PER_SECOND_ACKS: f64 = 226.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_members_send_a_bounded_number_of_commands_per_second() {

@@ -134,9 +134,9 @@ pub(crate) fn group_fast_path() -> &'static Script {
             crate::store::SCHEMA_VERSION,
             r"
 local h = KEYS[1]
-local steady = redis.call('HGET', h, 'steady')
+local steady, schema = unpack(redis.call('HMGET', h, 'steady', 'schema'))
 if not steady then return {'0'} end
-if redis.call('HGET', h, 'schema') ~= schema_version then return {'0'} end
+if schema ~= schema_version then return {'0'} end
 if redis.call('HEXISTS', h, 'meta') == 0 then return {'0'} end
 local version, due, ge, ae = string.match(steady, '^([^|]*)|([^|]*)|(%d+)|(%d+)$')
 if not version or #ge > 18 or #ae > 18 then return {'0'} end
