@@ -217,7 +217,7 @@ fn assert_handled_in_order(handled: &[(u32, String)], published: &[Published], s
 ///   `XREAD BLOCK` (docs/design.md §8.4), and a shard whose wait timed out waits again without a
 ///   read: one `XREAD` per member per `block` (500 ms): 2 × 2 = 4/s.
 ///
-/// Bound: 172 commands per second. The `schema` and `meta` checks of a steady group added 3
+/// Bound: 172 commands per second. The `schema` and `meta` checks of a steady group added 2
 /// commands per heartbeat to the 12 before (bound 140 then); before the shared wait the bound was
 /// 215 (a read script and an `XREAD BLOCK` per shard per `block`). A member polling without blocking would send
 /// thousands. Also, structurally: at most one `XREAD BLOCK` per member per `block` (+1), 2
