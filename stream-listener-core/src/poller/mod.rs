@@ -494,13 +494,7 @@ impl ShardTask {
                 continue;
             };
             self.idle_from = None;
-            self.ctx.metrics.redis_error(&error);
-            let log = self.failed_again();
-            if error.is_no_group() {
-                self.on_missing_group("shard operation", &error, log).await;
-            } else if log {
-                tracing::warn!(error = %crate::report::Chain(&error), failures = self.failures, "shard operation failed; retrying");
-            }
+            self.on_failure("shard operation", &error).await;
             // What was read before the failure may be handled but not acked: go back to
             // this consumer's pending entries before reading new ones.
             if self.phase == Phase::New {
@@ -510,6 +504,18 @@ impl ShardTask {
         }
         // Drained or stopped: ack what finished while the lease (or the drain) allows.
         self.flush_final_acks().await
+    }
+
+    /// A raise, read or claim (`failed`) failed: counts it in the metrics and
+    /// [`Self::failed_again`], and warns (a lost consumer group: [`Self::on_missing_group`]).
+    async fn on_failure(&mut self, failed: &str, error: &crate::dataplane::DataPlaneError) {
+        self.ctx.metrics.redis_error(error);
+        let log = self.failed_again();
+        if error.is_no_group() {
+            self.on_missing_group(failed, error, log).await;
+        } else if log {
+            tracing::warn!(error = %crate::report::Chain(error), failures = self.failures, "{failed} failed; retrying");
+        }
     }
 
     /// Counts a failed operation; whether to log it: the first of a run, then every twentieth

@@ -27,16 +27,9 @@ impl ShardTask {
             }
             Ok(Err(fenced)) => self.conflict("read", fenced, token).await,
             Err(error) => {
-                self.ctx.metrics.redis_error(&error);
                 // No fence next to a missing stream: the stream must come back first (or the
                 // shard be revoked), or this raise fails for good.
-                let log = self.failed_again();
-                if error.is_no_group() {
-                    self.on_missing_group("raising the fence", &error, log)
-                        .await;
-                } else if log {
-                    tracing::warn!(error = %crate::report::Chain(&error), failures = self.failures, "raising the fence failed; retrying");
-                }
+                self.on_failure("raising the fence", &error).await;
                 self.pause(ERROR_PAUSE).await;
             }
         }

@@ -86,8 +86,8 @@ pub struct ReplaySkip {
 /// A selected dead letter that names the same source entry (`sourceStream` and `sourceId`) as
 /// one replayed earlier in the same run, with the same fields: the entry was dead-lettered twice,
 /// which at-least-once delivery allows (an owner that wrote the dead letter but died before its
-/// ack leaves the entry to the next owner, which dead-letters it again). It is removed without publishing, so the
-/// replay publishes each entry once.
+/// ack leaves the entry to the next owner, which dead-letters it again). It is removed without
+/// publishing, so the replay publishes each entry once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplayDuplicate {
@@ -175,8 +175,8 @@ fn replayable(raw: &RawDeadLetter) -> Result<Replayable<'_>, SkipReason> {
 /// single `key` field, or without the fixed fields is skipped and kept, and listed in
 /// [`ReplayReport::skipped`]. A dead letter of the same source entry (`sourceStream`, `sourceId`)
 /// and fields as one replayed earlier in the run is removed without publishing
-/// ([`ReplayReport::duplicates`]): each entry is published once. Scans ([`DeadLetterSelection::All`], `Reason`, `OlderThan`) stop at
-/// the last dead letter present at the start, so an entry that fails again and is dead-lettered
+/// ([`ReplayReport::duplicates`]): each entry is published once. Scans
+/// ([`DeadLetterSelection::All`], `Reason`, `OlderThan`) stop at the last dead letter present at the start, so an entry that fails again and is dead-lettered
 /// anew is not replayed twice in one run. `dry_run` reads and routes but publishes and removes
 /// nothing. A selection that matches nothing is an empty report, not an error. The entry goes
 /// to the shard stream, so every consumer group of the stream receives it, not only `group`
